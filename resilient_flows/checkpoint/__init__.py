@@ -1,0 +1,22 @@
+"""Asynchronous, sharded, two-level checkpoints of PyTorch training state.
+
+Nothing here imports Parsl: the engine is useful, and tested, on its own.
+"""
+
+from resilient_flows.checkpoint.catalog import CheckpointInfo, scan
+from resilient_flows.checkpoint.engine import Checkpointer, CheckpointStats, SkippedCheckpoint
+from resilient_flows.checkpoint.state import Stateful, TrainState
+from resilient_flows.errors import CheckpointError, CorruptCheckpointError, StateMismatchError
+
+__all__ = [
+    "CheckpointError",
+    "CheckpointInfo",
+    "CheckpointStats",
+    "Checkpointer",
+    "CorruptCheckpointError",
+    "SkippedCheckpoint",
+    "StateMismatchError",
+    "Stateful",
+    "TrainState",
+    "scan",
+]

@@ -1,0 +1,113 @@
+"""The few collectives the engine needs, over mpi4py, torch.distributed, or a single process.
+
+Background threads run collectives while the training thread may run its own on the user's
+communicator (gradient all-reduce). Collectives of two threads on one communicator may interleave
+differently on different ranks and deadlock, so every background thread gets its own duplicate
+(``MPI_Comm_dup`` / ``new_group``), created collectively in the Checkpointer's constructor.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol, runtime_checkable
+
+__all__ = ["Comm", "MPIComm", "SingleProcess", "TorchComm", "as_comm"]
+
+
+@runtime_checkable
+class Comm(Protocol):
+    """A group of ranks that all call each collective in the same order."""
+
+    rank: int
+    size: int
+
+    def allgather(self, obj: Any) -> list[Any]:
+        """Every rank's ``obj``, indexed by rank, on every rank."""
+
+    def bcast(self, obj: Any, root: int = 0) -> Any:
+        """``root``'s ``obj`` on every rank."""
+
+    def dup(self) -> Comm:
+        """A new communicator over the same ranks (collective)."""
+
+
+class SingleProcess:
+    """The world of one rank: collectives are identities."""
+
+    rank = 0
+    size = 1
+
+    def allgather(self, obj: Any) -> list[Any]:
+        return [obj]
+
+    def bcast(self, obj: Any, root: int = 0) -> Any:
+        return obj
+
+    def dup(self) -> SingleProcess:
+        return self
+
+
+class MPIComm:
+    """An ``mpi4py.MPI.Comm``. Object collectives pickle, but only between our own ranks."""
+
+    def __init__(self, comm: Any) -> None:
+        self._comm = comm
+        self.rank = comm.Get_rank()
+        self.size = comm.Get_size()
+
+    def allgather(self, obj: Any) -> list[Any]:
+        return self._comm.allgather(obj)
+
+    def bcast(self, obj: Any, root: int = 0) -> Any:
+        return self._comm.bcast(obj, root=root)
+
+    def dup(self) -> MPIComm:
+        return MPIComm(self._comm.Dup())
+
+
+class TorchComm:
+    """A ``torch.distributed`` process group (``None``: the default group). Uses gloo for objects."""
+
+    def __init__(self, group: Any = None) -> None:
+        import torch.distributed as dist
+
+        self._dist = dist
+        self._group = group
+        self.rank = dist.get_rank(group)
+        self.size = dist.get_world_size(group)
+
+    def allgather(self, obj: Any) -> list[Any]:
+        out: list[Any] = [None] * self.size
+        self._dist.all_gather_object(out, obj, group=self._group)
+        return out
+
+    def bcast(self, obj: Any, root: int = 0) -> Any:
+        box = [obj]
+        self._dist.broadcast_object_list(
+            box,
+            src=self._dist.get_global_rank(self._group, root) if self._group is not None else root,
+            group=self._group,
+        )
+        return box[0]
+
+    def dup(self) -> TorchComm:
+        ranks = self._dist.get_process_group_ranks(self._group or self._dist.group.WORLD)
+        return TorchComm(self._dist.new_group(ranks=ranks, backend="gloo"))
+
+
+def as_comm(comm: Any) -> Comm:
+    """Accept ``None``, an mpi4py communicator, a torch.distributed group, or a ready ``Comm``."""
+    if comm is None:
+        return SingleProcess()
+    if isinstance(comm, SingleProcess | MPIComm | TorchComm):
+        return comm
+    if hasattr(comm, "Get_rank") and hasattr(comm, "Dup"):
+        return MPIComm(comm)
+    try:
+        import torch.distributed as dist
+    except ImportError:  # pragma: no cover - torch without distributed support
+        dist = None
+    if dist is not None and dist.is_available() and isinstance(comm, dist.ProcessGroup):
+        return TorchComm(comm)
+    raise TypeError(
+        f"comm must be None, an mpi4py communicator or a torch.distributed ProcessGroup, got {type(comm).__name__}"
+    )

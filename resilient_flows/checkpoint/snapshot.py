@@ -1,0 +1,144 @@
+"""Copy the pieces this rank writes into one reusable host arena, now or behind the next step.
+
+Allocating fresh host memory for every checkpoint costs page faults that make the copy about ten
+times slower than a copy into memory already touched, so the arena is allocated once and reused
+while the state's layout stays the same (it changes, for instance, when an optimizer creates its
+state on the first step). On a CUDA machine the arena is pinned and device tensors are copied on a
+side stream, so the copies run at PCIe speed and do not queue behind the training stream's kernels.
+
+Order of operations the caller guarantees (the contract of :class:`Snapshot`):
+
+1. ``start`` is called with the live leaves. Leaves marked *eager* are copied before it returns;
+   the others are copied on a background thread (``overlap``) or also before it returns.
+2. The caller does not mutate a deferred leaf until ``wait_copied`` has returned (the engine
+   enforces this with an optimizer step pre-hook).
+3. The arena is not reused until the writer has finished with it (``release``).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from resilient_flows.checkpoint.shardfile import ShardEntry
+from resilient_flows.checkpoint.shards import Piece
+from resilient_flows.checkpoint.tree import Leaf
+
+__all__ = ["CopyTask", "HostArena", "Snapshot"]
+
+
+class HostArena:
+    """One contiguous uint8 host buffer laid out as a shard's data section."""
+
+    def __init__(self, pin_memory: bool) -> None:
+        self.pin_memory = pin_memory
+        self.buffer = torch.empty(0, dtype=torch.uint8)
+        self._layout: tuple[ShardEntry, ...] = ()
+        self._views: list[torch.Tensor] = []
+        self.allocations = 0
+
+    @property
+    def nbytes(self) -> int:
+        return self.buffer.numel()
+
+    def views(self, entries: Sequence[ShardEntry]) -> list[torch.Tensor]:
+        """Flat typed views, one per entry; reallocates only if the layout changed."""
+        layout = tuple(entries)
+        if layout != self._layout:
+            total = sum(e.numel * e.dtype.itemsize for e in layout)
+            self.buffer = torch.empty(0, dtype=torch.uint8)  # drop the old arena before the new one
+            self.buffer = torch.empty(total, dtype=torch.uint8, pin_memory=self.pin_memory)
+            self._views, offset = [], 0
+            for e in layout:
+                nbytes = e.numel * e.dtype.itemsize
+                self._views.append(self.buffer[offset : offset + nbytes].view(e.dtype))
+                offset += nbytes
+            self._layout = layout
+            self.allocations += 1
+        return self._views
+
+
+@dataclass
+class CopyTask:
+    """Copy elements ``piece.start:piece.stop`` of ``leaf`` into ``dst``."""
+
+    piece: Piece
+    leaf: Leaf
+    dst: torch.Tensor
+    eager: bool
+
+    def source(self) -> torch.Tensor:
+        leaf = self.leaf
+        if isinstance(leaf, np.ndarray):
+            leaf = torch.from_numpy(np.ascontiguousarray(leaf))
+        flat = leaf.detach().reshape(-1)
+        return flat if self.piece.whole else flat[self.piece.start : self.piece.stop]
+
+
+class Snapshot:
+    """The copy of one checkpoint into the arena, possibly still running."""
+
+    def __init__(self, tasks: Sequence[CopyTask], overlap: bool) -> None:
+        self._copied = threading.Event()
+        self._error: BaseException | None = None
+        self._stream, self._ready = _side_stream(tasks)
+        eager = [t for t in tasks if t.eager or not overlap]
+        deferred = [t for t in tasks if not t.eager and overlap]
+        self._copy(eager)
+        if deferred:
+            threading.Thread(target=self._background, args=(deferred,), name="rf-snapshot", daemon=True).start()
+        else:
+            self._copied.set()
+
+    def _copy(self, tasks: Sequence[CopyTask]) -> None:
+        """Copy host tensors here; queue device tensors on the side stream behind ``_ready``."""
+        if self._stream is None:
+            for t in tasks:
+                t.dst.copy_(t.source())
+            return
+        with torch.cuda.device(self._stream.device), torch.cuda.stream(self._stream):
+            self._stream.wait_event(self._ready)
+            for t in tasks:
+                t.dst.copy_(t.source(), non_blocking=True)
+        self._stream.synchronize()
+
+    def _background(self, tasks: Sequence[CopyTask]) -> None:
+        try:
+            self._copy(tasks)
+        except BaseException as exc:  # reported through wait_copied, never lost in a thread
+            self._error = exc
+        finally:
+            self._copied.set()
+
+    @property
+    def done(self) -> bool:
+        return self._copied.is_set()
+
+    def wait_copied(self) -> None:
+        """Block until every piece is in the arena; re-raise a failed copy."""
+        self._copied.wait()
+        if self._error is not None:
+            raise self._error
+
+
+def _side_stream(tasks: Sequence[CopyTask]) -> tuple[torch.cuda.Stream | None, torch.cuda.Event | None]:
+    """A per-device copy stream, and an event marking where the training stream stands now."""
+    devices = {t.leaf.device for t in tasks if isinstance(t.leaf, torch.Tensor) and t.leaf.is_cuda}
+    if not devices:
+        return None, None
+    if len(devices) > 1:
+        raise ValueError(f"a checkpointed state spans several GPUs {sorted(map(str, devices))}; use one per rank")
+    (device,) = devices
+    if device.index not in _STREAMS:
+        _STREAMS[device.index] = torch.cuda.Stream(device)
+    stream = _STREAMS[device.index]
+    ready = torch.cuda.Event()
+    ready.record(torch.cuda.current_stream(device))
+    return stream, ready
+
+
+_STREAMS: dict[int, torch.cuda.Stream] = {}

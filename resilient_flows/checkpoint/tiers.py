@@ -1,0 +1,128 @@
+"""A storage tier: one directory of step checkpoints, its debris, its retention, its ``latest``.
+
+A job writes to up to two tiers: a node-local one (fast, lost with the node) and a shared one
+(slow, survives the job). The engine commits in the first and flushes to the second in the
+background; this module only knows what lies in one directory.
+
+Several ranks of one node share a node-local directory, and a rank's background flush may still
+read a shard there while a sibling rank prunes; so pruning a local tier removes only this rank's
+own shards, and the last rank out removes the directory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import re
+import shutil
+from pathlib import Path
+
+from resilient_flows.checkpoint.manifest import MANIFEST
+from resilient_flows.checkpoint.shardfile import fsync_dir
+
+__all__ = ["Tier", "shard_filename", "step_dirname"]
+
+logger = logging.getLogger(__name__)
+
+_STEP_DIR = re.compile(r"^step-(\d{8,})$")
+
+
+def step_dirname(step: int) -> str:
+    return f"step-{step:08d}"
+
+
+def shard_filename(rank: int, world_size: int) -> str:
+    return f"shard-{rank:05d}-of-{world_size:05d}.safetensors"
+
+
+class Tier:
+    """One checkpoint directory. ``name`` is ``"local"`` or ``"shared"``, as reported to users."""
+
+    def __init__(self, path: str | os.PathLike, name: str) -> None:
+        self.path = Path(path)
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"Tier({self.name}: {self.path})"
+
+    def step_dir(self, step: int) -> Path:
+        return self.path / step_dirname(step)
+
+    def step_dirs(self) -> dict[int, Path]:
+        """Every step directory, committed or not."""
+        if not self.path.is_dir():
+            return {}
+        found = {}
+        for entry in self.path.iterdir():
+            match = _STEP_DIR.match(entry.name)
+            if match and entry.is_dir():
+                found[int(match.group(1))] = entry
+        return found
+
+    def committed_steps(self) -> list[int]:
+        """Steps whose manifest is in place, newest first. Says nothing of their validity."""
+        return sorted((s for s, d in self.step_dirs().items() if (d / MANIFEST).is_file()), reverse=True)
+
+    def clean_debris(self) -> list[str]:
+        """Remove what interrupted writes left behind; returns what was removed.
+
+        Only call this while no writer of this directory runs (the Checkpointer's constructor,
+        which all ranks leave through a barrier).
+        """
+        removed = []
+        for _step, path in self.step_dirs().items():
+            if not (path / MANIFEST).is_file():
+                shutil.rmtree(path, ignore_errors=True)
+                removed.append(path.name)
+                continue
+            for tmp in path.glob("*.tmp"):
+                tmp.unlink(missing_ok=True)
+                removed.append(f"{path.name}/{tmp.name}")
+        for tmp in self.path.glob("*.tmp") if self.path.is_dir() else ():
+            tmp.unlink(missing_ok=True)
+            removed.append(tmp.name)
+        if removed:
+            logger.info("%s tier %s: removed debris of interrupted writes: %s", self.name, self.path, removed)
+        return removed
+
+    def write_latest(self, step: int) -> None:
+        tmp = self.path / f"latest.{os.getpid()}.tmp"
+        with open(tmp, "w") as out:
+            out.write(f"{step}\n")
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(tmp, self.path / "latest")
+        fsync_dir(self.path)
+
+    def read_latest(self) -> int | None:
+        try:
+            return int((self.path / "latest").read_text().strip())
+        except (FileNotFoundError, ValueError):
+            return None
+
+    def prune(self, keep: int, protect: set[int], own_files: list[str] | None = None) -> list[int]:
+        """Drop checkpoints older than the newest ``keep`` committed ones, except ``protect``.
+
+        The manifest goes first, so a crash midway leaves debris, never a checkpoint with missing
+        shards. With ``own_files`` only those files are removed (node-local tier shared by ranks),
+        and the directory once it is empty.
+        """
+        committed = self.committed_steps()
+        if len(committed) <= keep:
+            return []
+        oldest_kept = committed[keep - 1]
+        dropped = []
+        for step, path in sorted(self.step_dirs().items()):
+            if step >= oldest_kept or step in protect:
+                continue
+            (path / MANIFEST).unlink(missing_ok=True)
+            if own_files is None:
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                for name in own_files:
+                    (path / name).unlink(missing_ok=True)
+                with contextlib.suppress(OSError):  # a sibling rank's shard is left: it removes the dir
+                    path.rmdir()
+            dropped.append(step)
+        return dropped

@@ -1,0 +1,25 @@
+"""One exception hierarchy for the whole project.
+
+The CLI turns any :class:`ResilientFlowsError` into a single line and a non-zero exit; anything
+else is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+__all__ = ["CheckpointError", "CorruptCheckpointError", "ResilientFlowsError", "StateMismatchError"]
+
+
+class ResilientFlowsError(Exception):
+    """Root of every error this library raises on purpose."""
+
+
+class CheckpointError(ResilientFlowsError):
+    """A checkpoint could not be written, committed or restored."""
+
+
+class CorruptCheckpointError(CheckpointError):
+    """A committed checkpoint failed verification (checksum, size, manifest)."""
+
+
+class StateMismatchError(CheckpointError):
+    """The state to restore into does not have the keys, shapes or dtypes of the checkpoint."""
