@@ -26,7 +26,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return args.handler(args)
     except (ResilientFlowsError, FileNotFoundError, NotADirectoryError, PermissionError) as exc:
-        Console(stderr=True).print(f"[bold red]error:[/] {exc}", highlight=False)
+        _console(stderr=True).print(f"[bold red]error:[/] {exc}")
         return 2
 
 
@@ -45,8 +45,14 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _console(stderr: bool = False) -> Console:
+    """A terminal gets tables fitted to its width; a pipe or a log file gets unwrapped lines."""
+    stream = sys.stderr if stderr else sys.stdout
+    return Console(file=stream, width=None if stream.isatty() else 200, highlight=False)
+
+
 def _checkpoints(args: argparse.Namespace) -> int:
-    console = Console()
+    console = _console()
     infos = [info for directory in args.dirs for info in scan(directory, verify=args.verify)]
     if not infos:
         console.print(f"no committed checkpoints under {', '.join(args.dirs)}")
@@ -57,7 +63,8 @@ def _checkpoints(args: argparse.Namespace) -> int:
     check = "checksums verified" if args.verify else "manifests and sizes checked; `verify` reads the data"
     invalid_newest = 0
     for tier, tier_infos in by_tier.items():
-        console.print(_table(tier, tier_infos, check))
+        console.print(f"[bold]{tier}[/]")
+        console.print(_table(tier_infos, check))
         newest = tier_infos[0]
         if not newest.valid:
             invalid_newest += 1
@@ -67,8 +74,8 @@ def _checkpoints(args: argparse.Namespace) -> int:
     return 1 if invalid_newest else 0
 
 
-def _table(tier: str, infos: list[CheckpointInfo], check: str) -> Table:
-    table = Table(title=tier, caption=check, title_justify="left")
+def _table(infos: list[CheckpointInfo], check: str) -> Table:
+    table = Table(caption=check)
     for column in ("step", "time", "size", "ranks"):
         table.add_column(column, justify="left" if column == "time" else "right")
     table.add_column("valid", overflow="fold")

@@ -210,7 +210,9 @@ class Checkpointer:
         full = dict(stateful.state_dict())
         local_state = full.pop(RANK_LOCAL, None)
         skeleton, arrays = flatten(full)
-        local_skeleton, local_arrays = flatten(local_state, f"{RANK_LOCAL}/{self.rank}")
+        local_skeleton, local_arrays = (
+            ({}, {}) if local_state is None else flatten(local_state, f"{RANK_LOCAL}/{self.rank}")
+        )
         specs = tuple(ArraySpec(name, _dtype_of(name, leaf), tuple(leaf.shape)) for name, leaf in arrays.items())
         plan = self._plan(specs)
         mine = list(plan[self.rank])
@@ -280,10 +282,13 @@ class Checkpointer:
 
     def wait(self) -> None:
         """Block until every checkpoint saved so far is committed (and flushed, if asked)."""
+        self._drain()
+        self._raise_pending()
+
+    def _drain(self) -> None:
         self._write_q.join()
         if self.local is not None:
             self._flush_q.join()
-        self._raise_pending()
 
     def close(self) -> None:
         """Wait for pending checkpoints, then stop the background threads. Idempotent."""
@@ -509,6 +514,7 @@ class Checkpointer:
                 shard.close()
 
     def _open_valid(self, step: int | None) -> tuple[Manifest, list[MappedShard]] | None:
+        self._drain()  # read our own writes; their errors still surface at the next save or wait
         mine = [(s, i) for i, tier in enumerate(self.tiers) for s in tier.committed_steps() if step in (None, s)]
         candidates = sorted({c for cs in self.comm.allgather(mine) for c in cs}, key=lambda c: (-c[0], c[1]))
         for s, index in candidates:

@@ -79,13 +79,14 @@ def _register(path: str, leaf: Leaf, arrays: dict[str, Leaf]) -> str:
     return path
 
 
-def unflatten(skeleton: dict, arrays: Mapping[str, torch.Tensor]) -> Any:
-    """Rebuild the nested state; tensor leaves come from ``arrays`` (numpy leaves as numpy)."""
+def unflatten(skeleton: dict, arrays: Mapping[str, Leaf]) -> Any:
+    """Rebuild the nested state from ``arrays``; leaves saved from numpy come back as numpy."""
     ((kind, body),) = skeleton.items()
     if kind == "tensor":
         return arrays[body]
     if kind == "ndarray":
-        return arrays[body].numpy()
+        leaf = arrays[body]
+        return leaf if isinstance(leaf, np.ndarray) else leaf.numpy()
     if kind == "npscalar":
         dtype, value = body
         return np.dtype(dtype).type(value)

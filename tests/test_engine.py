@@ -1,0 +1,220 @@
+"""The Checkpointer's contract on one process: exact resume, overlap, tiers, retention, stats."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from trainkit import Problem, digest
+
+from resilient_flows.checkpoint import Checkpointer, CheckpointError, TrainState
+
+
+def run(problem: Problem, steps: range) -> list[float]:
+    return [problem.step(s) for s in steps]
+
+
+@pytest.mark.parametrize("overlap", [False, True], ids=["plain", "overlap"])
+@pytest.mark.parametrize("two_tiers", [False, True], ids=["shared-only", "local+shared"])
+def test_resume_continues_bit_for_bit(tiers: tuple[Path, Path], overlap: bool, two_tiers: bool) -> None:
+    shared, local = tiers
+    reference = Problem()
+    expected = run(reference, range(30))
+
+    first = Problem()
+    with Checkpointer(shared, local_dir=local if two_tiers else None) as ck:
+        run(first, range(12))
+        ck.save(11, first.state, overlap=overlap)
+        run(first, range(12, 15))  # work after the checkpoint is lost on restart
+
+    resumed = Problem(seed=99)  # different initial weights and generators: all must be restored
+    with Checkpointer(shared, local_dir=local if two_tiers else None) as ck:
+        assert ck.restore(resumed.state) == 11
+    assert resumed.state.extra == {"step": 11, "seen": 12 * 32}
+    assert run(resumed, range(12, 30)) == expected[12:]
+
+
+def test_overlap_commits_the_state_at_save_time(tiers: tuple[Path, Path]) -> None:
+    """Parameters copied behind the next steps must still be those of the moment of save()."""
+    shared, _ = tiers
+    problem = Problem(width=256, depth=4)
+    run(problem, range(3))
+    at_save = copy.deepcopy(problem.state.state_dict())
+    at_save.pop("rank_local")
+    with Checkpointer(shared) as ck:
+        ck.save(2, problem.state, overlap=True)
+        run(problem, range(3, 6))  # forward passes change BatchNorm statistics, steps change weights
+    loaded = Checkpointer(shared).load()
+    loaded.pop("rank_local")
+    assert digest(loaded) == digest(at_save)
+    assert digest(loaded) != digest({k: v for k, v in problem.state.state_dict().items() if k != "rank_local"})
+
+
+def test_overlap_needs_an_optimizer(tiers: tuple[Path, Path]) -> None:
+    with Checkpointer(tiers[0]) as ck, pytest.raises(ValueError, match="optimizer"):
+        ck.save(0, {"w": torch.zeros(3)}, overlap=True)
+
+
+def test_dict_state_restores_in_place_and_keeps_identity(tiers: tuple[Path, Path]) -> None:
+    shared, local = tiers
+    w = torch.arange(12, dtype=torch.float32).reshape(3, 4)
+    a = np.arange(5, dtype=np.int16)
+    state = {"w": w, "nested": {"a": a, "ids": [1, 2, 3], "key": (0, "x")}, "lr": 0.1, "n": 7, "inf": float("inf")}
+    with Checkpointer(shared, local_dir=local) as ck:
+        ck.save(5, state)
+    w.zero_()
+    a[:] = -1
+    state["lr"], state["n"] = 9.0, 0
+    with Checkpointer(shared, local_dir=local) as ck:
+        assert ck.restore(state) == 5
+    assert state["w"] is w and torch.equal(w, torch.arange(12, dtype=torch.float32).reshape(3, 4))
+    assert state["nested"]["a"] is a and a.tolist() == [0, 1, 2, 3, 4]
+    assert state["lr"] == 0.1 and state["n"] == 7 and state["inf"] == float("inf")
+    assert state["nested"]["key"] == (0, "x") and isinstance(state["nested"]["key"], tuple)
+
+
+def test_load_returns_cpu_tensors_and_numpy_arrays(tiers: tuple[Path, Path]) -> None:
+    shared, _ = tiers
+    with Checkpointer(shared) as ck:
+        ck.save(1, {"t": torch.ones(2, dtype=torch.bfloat16), "a": np.eye(2), "opt": {0: {"m": torch.zeros(1)}}})
+        loaded = ck.load()
+    assert loaded["t"].dtype == torch.bfloat16 and loaded["t"].tolist() == [1.0, 1.0]
+    assert isinstance(loaded["a"], np.ndarray) and (loaded["a"] == np.eye(2)).all()
+    assert list(loaded["opt"]) == [0]  # integer keys survive
+
+
+def test_nothing_to_restore_returns_none(tiers: tuple[Path, Path]) -> None:
+    with Checkpointer(tiers[0], local_dir=tiers[1]) as ck:
+        assert ck.latest_step() is None
+        assert ck.restore(Problem().state) is None
+        assert ck.load() is None
+        with pytest.raises(CheckpointError, match="no valid checkpoint of step 3"):
+            ck.load(step=3)
+
+
+def test_retention_keeps_the_newest_per_tier_and_latest_points_at_newest(tiers: tuple[Path, Path]) -> None:
+    shared, local = tiers
+    problem = Problem()
+    with Checkpointer(shared, local_dir=local, keep=2, persist_every=3) as ck:
+        for s in range(10):
+            problem.step(s)
+            ck.save(s, problem.state)
+        ck.wait()
+        assert ck.latest_step() == 9
+    assert sorted(p.name for p in local.iterdir()) == ["latest", "step-00000008", "step-00000009"]
+    # every 3rd save is persisted: saves 3, 6, 9 are steps 2, 5, 8
+    assert sorted(p.name for p in shared.iterdir()) == ["latest", "step-00000005", "step-00000008"]
+    assert (local / "latest").read_text().strip() == "9"
+    assert (shared / "latest").read_text().strip() == "8"
+
+
+def test_restore_prefers_the_fastest_tier_holding_the_newest(tiers: tuple[Path, Path]) -> None:
+    shared, local = tiers
+    problem = Problem()
+    with Checkpointer(shared, local_dir=local, persist_every=2) as ck:
+        for s in range(4):
+            problem.step(s)
+            ck.save(s, problem.state, persist=s == 3)
+    # local holds 1..3 (keep=3); shared holds 1 and 3. Corrupting local's step 3 makes restore use shared's.
+    shard = next((local / "step-00000003").glob("shard-*"))
+    data = bytearray(shard.read_bytes())
+    data[-1] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    with Checkpointer(shared, local_dir=local) as ck:
+        assert ck.restore(Problem().state) == 3
+        assert [(s.step, s.tier) for s in ck.skipped] == [(3, "local")]
+
+
+def test_backpressure_and_bounded_staging_memory(tiers: tuple[Path, Path]) -> None:
+    problem = Problem(width=512, depth=3)
+    model_bytes = sum(t.numel() * t.element_size() for t in problem.model.state_dict().values())
+    param_bytes = sum(p.numel() * p.element_size() for p in problem.model.parameters())
+    problem.step(0)
+    with Checkpointer(tiers[0], local_dir=tiers[1]) as ck:
+        for s in range(1, 6):
+            problem.step(s)
+            stats = ck.save(s, problem.state)
+        ck.wait()
+        # model + two Adam moments (+ small RNG/step tensors), allocated once and reused
+        assert model_bytes + 2 * param_bytes <= stats.staging_bytes <= model_bytes + 2 * param_bytes + 64 * 1024
+        assert stats.arena_allocations == 1
+        assert stats.saves == 5 and stats.committed == 5 and stats.persisted == 5
+        assert stats.total_wait >= 0 and stats.last_wait <= stats.last_stall
+
+
+def test_saving_a_committed_step_again_keeps_the_committed_one(tiers: tuple[Path, Path]) -> None:
+    with Checkpointer(tiers[0]) as ck:
+        ck.save(4, {"x": torch.zeros(2)})
+        ck.wait()
+        ck.save(4, {"x": torch.ones(2)})
+        ck.wait()
+        assert ck.load()["x"].tolist() == [0.0, 0.0]
+
+
+def test_manifest_format_and_shards_readable_by_safetensors(tiers: tuple[Path, Path]) -> None:
+    from safetensors import safe_open
+
+    shared, _ = tiers
+    with Checkpointer(shared) as ck:
+        ck.save(120, {"model": {"w": torch.arange(6.0).reshape(2, 3)}, "epoch": 3})
+    step_dir = shared / "step-00000120"
+    manifest = json.loads((step_dir / "manifest.json").read_text())
+    assert manifest["format"] == "resilient-flows-checkpoint" and manifest["step"] == 120
+    assert manifest["world_size"] == 1 and manifest["shards"][0]["file"] == "shard-00000-of-00001.safetensors"
+    assert manifest["arrays"]["model/w"]["shape"] == [2, 3]
+    assert (shared / "latest").read_text() == "120\n"
+    with safe_open(step_dir / "shard-00000-of-00001.safetensors", framework="pt") as f:
+        assert f.get_tensor("model/w").tolist() == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [({"keep": 0}, "keep must be an integer >= 1"), ({"persist_every": 1.5}, "persist_every must be an integer")],
+)
+def test_bad_arguments_name_the_problem(tmp_path: Path, kwargs: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        Checkpointer(tmp_path, **kwargs)
+
+
+def test_bad_steps_and_states_name_the_problem(tmp_path: Path) -> None:
+    with Checkpointer(tmp_path / "c") as ck:
+        with pytest.raises(ValueError, match="step must be a non-negative integer"):
+            ck.save(-1, {"x": torch.zeros(1)})
+        with pytest.raises(TypeError, match="cannot checkpoint a str"):
+            ck.save(1, "weights")
+        with pytest.raises(CheckpointError, match="cannot checkpoint fn of type builtin_function"):
+            ck.save(1, {"fn": print})
+    with pytest.raises(ValueError, match="same directory"):
+        Checkpointer(tmp_path / "c", local_dir=tmp_path / "c")
+
+
+def test_closed_checkpointer_refuses_to_save(tmp_path: Path) -> None:
+    ck = Checkpointer(tmp_path)
+    ck.close()
+    ck.close()
+    with pytest.raises(CheckpointError, match="closed"):
+        ck.save(1, {"x": torch.zeros(1)})
+
+
+def test_state_dict_of_any_stateful_object(tiers: tuple[Path, Path]) -> None:
+    model = torch.nn.Linear(3, 2)
+    with Checkpointer(tiers[0]) as ck:
+        ck.save(1, model)
+        other = torch.nn.Linear(3, 2)
+        assert ck.restore(other) == 1
+    assert torch.equal(other.weight, model.weight) and torch.equal(other.bias, model.bias)
+
+
+def test_trainstate_without_rng_leaves_generators_alone(tiers: tuple[Path, Path]) -> None:
+    model = torch.nn.Linear(2, 2)
+    with Checkpointer(tiers[0]) as ck:
+        ck.save(1, TrainState(model, rng=False))
+        torch.manual_seed(5)
+        expected = torch.rand(3)
+        torch.manual_seed(5)
+        ck.restore(TrainState(model, rng=False))
+        assert torch.equal(torch.rand(3), expected)

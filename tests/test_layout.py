@@ -1,0 +1,88 @@
+"""The state skeleton round trip and the balanced shard plan."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from resilient_flows.checkpoint import CheckpointError
+from resilient_flows.checkpoint.shards import MIN_PIECE_BYTES, ArraySpec, plan_shards
+from resilient_flows.checkpoint.tree import flatten, unflatten
+
+
+def test_skeleton_round_trips_types_json_would_lose() -> None:
+    state = {
+        "state": {0: {"step": torch.tensor(3.0)}, "0": 1},
+        "groups": [{"params": [0, 1], "betas": (0.9, 0.999), "lr": 0.1, "amsgrad": False, "name": None}],
+        "np": np.float32(1.5),
+        "specials": [float("inf"), float("-inf"), float("nan")],
+        "arr": np.arange(3),
+    }
+    skeleton, arrays = flatten(state)
+    back = unflatten(json.loads(json.dumps(skeleton, allow_nan=False)), arrays)
+    assert list(back["state"]) == [0, "0"]
+    assert back["groups"][0]["betas"] == (0.9, 0.999) and isinstance(back["groups"][0]["betas"], tuple)
+    assert isinstance(back["np"], np.float32) and back["np"] == np.float32(1.5)
+    assert back["specials"][:2] == [math.inf, -math.inf] and math.isnan(back["specials"][2])
+    assert back["arr"] is state["arr"] and back["state"][0]["step"] is state["state"][0]["step"]
+
+
+@pytest.mark.parametrize(
+    ("state", "message"),
+    [
+        ({"x": {1.5: 2}}, "keys must be str or int"),
+        ({"x": object()}, "cannot checkpoint x of type object"),
+        ({"x": np.array([object()])}, "object arrays would need pickle"),
+        ({"x": torch.zeros(2).to_sparse()}, "only dense tensors"),
+        ({1: torch.zeros(1), "1": torch.zeros(1)}, "same name '1'"),
+    ],
+)
+def test_unsupported_leaves_name_their_key(state: dict, message: str) -> None:
+    with pytest.raises(CheckpointError, match=message):
+        flatten(state)
+
+
+def specs_of(sizes: list[int]) -> list[ArraySpec]:
+    return [ArraySpec(f"t{i}", torch.float32, (n,)) for i, n in enumerate(sizes)]
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4, 8])
+def test_plan_covers_every_element_once_and_balances_bytes(world: int) -> None:
+    rng = np.random.default_rng(world)
+    # one huge embedding plus many small layers: balancing by count would fail here
+    sizes = [50_000_000] + rng.integers(1, 2_000_000, size=40).tolist()
+    specs = specs_of(sizes)
+    plan = plan_shards(specs, world)
+    covered: dict[str, list[tuple[int, int]]] = {}
+    loads = []
+    for pieces in plan:
+        loads.append(sum((p.stop - p.start) * 4 for p in pieces))
+        for p in pieces:
+            covered.setdefault(p.name, []).append((p.start, p.stop))
+    for spec in specs:
+        ranges = sorted(covered[spec.name])
+        assert ranges[0][0] == 0 and ranges[-1][1] == spec.numel
+        assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:], strict=False))
+    average = sum(loads) / world
+    assert max(loads) <= average * 1.25 + MIN_PIECE_BYTES
+
+
+def test_plan_is_deterministic_and_keys_are_unique_per_shard() -> None:
+    specs = specs_of([10_000_000, 3, 7_000_000])
+    assert plan_shards(specs, 3) == plan_shards(list(reversed(specs)), 3)
+    for pieces in plan_shards(specs, 3):
+        assert len({p.key for p in pieces}) == len(pieces)
+
+
+def test_plan_orders_wide_dtypes_first_for_alignment() -> None:
+    specs = [
+        ArraySpec("b", torch.uint8, (3,)),
+        ArraySpec("d", torch.float64, (2,)),
+        ArraySpec("h", torch.float16, (5,)),
+    ]
+    (pieces,) = plan_shards(specs, 1)
+    assert [p.name for p in pieces] == ["d", "h", "b"]
