@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 
@@ -54,7 +55,7 @@ def specs_of(sizes: list[int]) -> list[ArraySpec]:
 def test_plan_covers_every_element_once_and_balances_bytes(world: int) -> None:
     rng = np.random.default_rng(world)
     # one huge embedding plus many small layers: balancing by count would fail here
-    sizes = [50_000_000] + rng.integers(1, 2_000_000, size=40).tolist()
+    sizes = [50000000, *rng.integers(1, 2000000, size=40).tolist()]
     specs = specs_of(sizes)
     plan = plan_shards(specs, world)
     covered: dict[str, list[tuple[int, int]]] = {}
@@ -66,7 +67,7 @@ def test_plan_covers_every_element_once_and_balances_bytes(world: int) -> None:
     for spec in specs:
         ranges = sorted(covered[spec.name])
         assert ranges[0][0] == 0 and ranges[-1][1] == spec.numel
-        assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:], strict=False))
+        assert all(a[1] == b[0] for a, b in itertools.pairwise(ranges))
     average = sum(loads) / world
     assert max(loads) <= average * 1.25 + MIN_PIECE_BYTES
 
