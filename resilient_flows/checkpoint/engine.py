@@ -114,7 +114,10 @@ class Checkpointer:
     comm:
         An ``mpi4py`` communicator or ``torch.distributed`` process group over data-parallel
         ranks holding replicated state. Each rank then writes about ``1/N`` of the bytes. All
-        ranks must construct, save, restore and close together.
+        ranks must construct, save, restore and close together. The replicated state must be
+        identical on every rank when ``save`` is called: under DDP, BatchNorm buffers differ per
+        rank between forward passes (use ``SyncBatchNorm`` or broadcast them before saving).
+        Values that legitimately differ per rank go in ``TrainState(rank_extra=...)``.
     pin_memory:
         Pin the host staging arena. Default: when CUDA is available.
     """
