@@ -426,9 +426,9 @@ def print_report(report: Report) -> None:
     figures = Table(title="Figures (medians)")
     for column in ("section", "quantity", "value", "unit"):
         figures.add_column(column, justify="right" if column == "value" else "left")
-    for key, fig in report.figures.items():
+    for fig in report.figures.values():
         value = fig["value"]
-        figures.add_row(fig["section"], fig["label"], f"{value:.4g}", fig["unit"], key=key)
+        figures.add_row(fig["section"], fig["label"], f"{value:.4g}", fig["unit"])
     console.print(figures)
     ratios = Table(title="Ratios against targets")
     for column in ("ratio", "value", "target", "result"):

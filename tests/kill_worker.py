@@ -1,0 +1,50 @@
+"""A trainer that checkpoints every step, to be killed with SIGKILL by tests/test_faults.py.
+
+It appends to a log what it restored and what it saved (with digests of the state), and which
+step was committed when, so the test can check every restart against what was really committed.
+
+usage: python kill_worker.py DIR TOTAL_STEPS LOG
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+from trainkit import Problem, replicated_digest
+
+from resilient_flows.checkpoint import Checkpointer
+
+
+def debris(*tiers: Path) -> int:
+    """Leftovers of interrupted writes: temporary files and step directories without a manifest."""
+    found = 0
+    for tier in tiers:
+        if tier.is_dir():
+            found += len(list(tier.glob("**/*.tmp")))
+            found += sum(1 for d in tier.glob("step-*") if not (d / "manifest.json").exists())
+    return found
+
+
+def main(directory: Path, total: int, log_path: Path) -> None:
+    torch.set_num_threads(1)
+    shared, local = directory / "shared", directory / "local"
+    with open(log_path, "a", buffering=1) as log:
+        log.write(f"debris {debris(shared, local)}\n")
+        problem = Problem(seed=0, width=512, depth=4)
+        ck = Checkpointer(shared, local_dir=local, persist_every=2, keep=2)
+        restored = ck.restore(problem.state)
+        log.write(f"restored {restored} {replicated_digest(problem.state)}\n")
+        start = 0 if restored is None else restored + 1
+        for step in range(start, total):
+            problem.step(step)
+            ck.save(step, problem.state)
+            log.write(f"saved {step} {replicated_digest(problem.state)}\n")
+            log.write(f"committed {ck.latest_step()}\n")
+        ck.close()
+        log.write(f"done {replicated_digest(problem.state)}\n")
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]), int(sys.argv[2]), Path(sys.argv[3]))
