@@ -82,11 +82,8 @@ class TorchComm:
 
     def bcast(self, obj: Any, root: int = 0) -> Any:
         box = [obj]
-        self._dist.broadcast_object_list(
-            box,
-            src=self._dist.get_global_rank(self._group, root) if self._group is not None else root,
-            group=self._group,
-        )
+        source = root if self._group is None else self._dist.get_global_rank(self._group, root)
+        self._dist.broadcast_object_list(box, src=source, group=self._group)
         return box[0]
 
     def dup(self) -> TorchComm:
