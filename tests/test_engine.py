@@ -218,3 +218,24 @@ def test_trainstate_without_rng_leaves_generators_alone(tiers: tuple[Path, Path]
         torch.manual_seed(5)
         ck.restore(TrainState(model, rng=False))
         assert torch.equal(torch.rand(3), expected)
+
+
+def test_optimizer_step_right_after_an_overlap_save_waits_for_the_copy(tiers: tuple[Path, Path]) -> None:
+    """No forward pass to hide behind: the step pre-hook must hold the update until the copy is done."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(2048, 2048)
+    optimizer = torch.optim.Adam(model.parameters())
+    state = TrainState(model, optimizer)
+    for _ in range(2):
+        model(torch.randn(4, 2048)).sum().backward()
+        optimizer.step()
+    expected = digest({k: v for k, v in copy.deepcopy(state.state_dict()).items() if k != "rank_local"})
+    with Checkpointer(tiers[0]) as ck:
+        for step in range(3):
+            ck.save(step, state, overlap=True)
+            optimizer.step()  # changes every parameter and moment in place, at once
+            ck.wait()
+            loaded = ck.load(step)
+            loaded.pop("rank_local")
+            assert digest(loaded) == expected
+            expected = digest({k: v for k, v in copy.deepcopy(state.state_dict()).items() if k != "rank_local"})
