@@ -39,7 +39,7 @@ import xxhash
 from resilient_flows.checkpoint.catalog import open_checkpoint
 from resilient_flows.checkpoint.comm import as_comm
 from resilient_flows.checkpoint.manifest import MANIFEST, ArrayRecord, Manifest, PieceRecord, write_manifest
-from resilient_flows.checkpoint.shardfile import CHUNK, MappedShard, ShardEntry, ShardRecord, copy_shard, write_shard
+from resilient_flows.checkpoint.shardfile import MappedShard, ShardEntry, ShardRecord, copy_shard, write_shard
 from resilient_flows.checkpoint.shards import ArraySpec, Piece, plan_shards, shard_order
 from resilient_flows.checkpoint.snapshot import CopyTask, HostArena, Snapshot
 from resilient_flows.checkpoint.state import RANK_LOCAL, Stateful, TrainState
@@ -174,7 +174,6 @@ class Checkpointer:
             threading.Thread(target=self._serve, args=(self._write_q, self._write), name="rf-writer", daemon=True)
         ]
         if self.local is not None:
-            self._copy_buffer = bytearray(CHUNK)
             self._threads.append(
                 threading.Thread(target=self._serve, args=(self._flush_q, self._flush), name="rf-flusher", daemon=True)
             )
@@ -392,7 +391,7 @@ class Checkpointer:
             if not exists:
                 try:
                     dst_dir.mkdir(parents=True, exist_ok=True)
-                    copy_shard(src, dst_dir / self._shard_name, job.record, self._copy_buffer)
+                    copy_shard(src, dst_dir / self._shard_name, job.record)
                 except Exception as exc:
                     problem = f"copying {src} to {dst_dir} failed: {exc}"
                 problem = _first_problem(comm.allgather(problem))

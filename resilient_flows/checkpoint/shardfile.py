@@ -124,21 +124,28 @@ def write_shard(path: Path, entries: Sequence[ShardEntry], data: torch.Tensor, m
     return ShardRecord(path.name, len(head) + len(view), digest.hexdigest())
 
 
-def copy_shard(src: Path, dst: Path, record: ShardRecord, buffer: bytearray) -> None:
-    """Copy a committed shard to another tier, verifying it on the way and fsyncing the copy."""
-    digest = xxhash.xxh3_64()
+def copy_shard(src: Path, dst: Path, record: ShardRecord) -> None:
+    """Copy a committed shard to another tier, verifying it on the way and fsyncing the copy.
+
+    The source is mapped rather than read, so each byte is copied once (page cache to page cache)
+    and hashed from the same pages.
+    """
     tmp = dst.with_name(dst.name + ".tmp")
-    view = memoryview(buffer)
-    copied = 0
-    with open(src, "rb", buffering=0) as inp, open(tmp, "wb") as out:
-        while n := inp.readinto(view):
-            digest.update(view[:n])
-            out.write(view[:n])
-            copied += n
-        if copied != record.nbytes or digest.hexdigest() != record.xxh3_64:
-            raise CorruptCheckpointError(f"{src} changed since it was committed; not copying it to {dst.parent}")
-        out.flush()
-        os.fsync(out.fileno())
+    with open(src, "rb") as inp:
+        size = os.fstat(inp.fileno()).st_size
+        if size != record.nbytes:
+            raise CorruptCheckpointError(f"{src} has {size} bytes, the manifest says {record.nbytes}; not copying it")
+        digest = xxhash.xxh3_64()
+        with mmap.mmap(inp.fileno(), 0, prot=mmap.PROT_READ) as source, open(tmp, "wb") as out:
+            with memoryview(source) as view:
+                for start in range(0, size, CHUNK):
+                    with view[start : start + CHUNK] as chunk:  # released before the map closes
+                        digest.update(chunk)
+                        out.write(chunk)
+            if digest.hexdigest() != record.xxh3_64:
+                raise CorruptCheckpointError(f"{src} changed since it was committed; not copying it to {dst.parent}")
+            out.flush()
+            os.fsync(out.fileno())
     os.replace(tmp, dst)
 
 
