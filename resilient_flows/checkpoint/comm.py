@@ -8,6 +8,7 @@ differently on different ranks and deadlock, so every background thread gets its
 
 from __future__ import annotations
 
+import time
 from typing import Any, Protocol, runtime_checkable
 
 __all__ = ["Comm", "MPIComm", "SingleProcess", "TorchComm", "as_comm"]
@@ -47,17 +48,32 @@ class SingleProcess:
 
 
 class MPIComm:
-    """An ``mpi4py.MPI.Comm``. Object collectives pickle, but only between our own ranks."""
+    """An ``mpi4py.MPI.Comm``. Object collectives pickle, but only between our own ranks.
+
+    MPICH and Open MPI busy-wait in blocking collectives. A background thread waiting there for
+    a slower rank would burn the core that training needs, so each collective first waits for
+    every rank in a non-blocking barrier polled every millisecond.
+    """
+
+    POLL_SECONDS = 0.001
 
     def __init__(self, comm: Any) -> None:
         self._comm = comm
         self.rank = comm.Get_rank()
         self.size = comm.Get_size()
 
+    def _arrive(self) -> None:
+        if self.size > 1:
+            request = self._comm.Ibarrier()
+            while not request.Test():
+                time.sleep(self.POLL_SECONDS)
+
     def allgather(self, obj: Any) -> list[Any]:
+        self._arrive()
         return self._comm.allgather(obj)
 
     def bcast(self, obj: Any, root: int = 0) -> Any:
+        self._arrive()
         return self._comm.bcast(obj, root=root)
 
     def dup(self) -> MPIComm:

@@ -41,7 +41,7 @@ from resilient_flows.checkpoint.comm import as_comm
 from resilient_flows.checkpoint.manifest import MANIFEST, ArrayRecord, Manifest, PieceRecord, write_manifest
 from resilient_flows.checkpoint.shardfile import MappedShard, ShardEntry, ShardRecord, copy_shard, write_shard
 from resilient_flows.checkpoint.shards import ArraySpec, Piece, plan_shards, shard_order
-from resilient_flows.checkpoint.snapshot import CopyTask, HostArena, Snapshot
+from resilient_flows.checkpoint.snapshot import CopyTask, CopyWorker, HostArena, Snapshot
 from resilient_flows.checkpoint.state import RANK_LOCAL, Stateful, TrainState
 from resilient_flows.checkpoint.tiers import Tier, shard_filename
 from resilient_flows.checkpoint.tree import Leaf, flatten, unflatten
@@ -159,6 +159,7 @@ class Checkpointer:
 
         pin = torch.cuda.is_available() if pin_memory is None else pin_memory
         self._arena = HostArena(pin_memory=pin)
+        self._copier = CopyWorker()
         self._plans: dict[tuple[ArraySpec, ...], list[list[Piece]]] = {}
         self._arena_free = threading.Event()
         self._arena_free.set()
@@ -225,13 +226,13 @@ class Checkpointer:
         mine = shard_order(mine, {n: d.itemsize for n, d in dtypes.items()})
         entries = [ShardEntry(p.key, dtypes[p.name], p.stop - p.start) for p in mine]
         leaves = {**arrays, **local_arrays}
-        deferrable = stateful.deferrable() if overlap else set()
+        deferrable = stateful.deferrable() if overlap else lambda name: False
 
         self._arena_free.clear()
         try:
             views = self._arena.views(entries)
-            tasks = [CopyTask(p, leaves[p.name], v, p.name not in deferrable) for p, v in zip(mine, views, strict=True)]
-            snapshot = Snapshot(tasks, overlap)
+            tasks = [CopyTask(p, leaves[p.name], v, not deferrable(p.name)) for p, v in zip(mine, views, strict=True)]
+            snapshot = Snapshot(tasks, overlap, self._copier)
         except BaseException:
             self._arena_free.set()
             raise
@@ -308,6 +309,7 @@ class Checkpointer:
             for handle in self._hooked.values():
                 handle.remove()
             self._hooked.clear()
+            self._copier.stop()
 
     def __enter__(self) -> Checkpointer:
         return self

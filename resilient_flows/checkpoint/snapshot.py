@@ -17,8 +17,9 @@ Order of operations the caller guarantees (the contract of :class:`Snapshot`):
 
 from __future__ import annotations
 
+import queue
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -28,7 +29,7 @@ from resilient_flows.checkpoint.shardfile import ShardEntry
 from resilient_flows.checkpoint.shards import Piece
 from resilient_flows.checkpoint.tree import Leaf
 
-__all__ = ["CopyTask", "HostArena", "Snapshot"]
+__all__ = ["CopyTask", "CopyWorker", "HostArena", "Snapshot"]
 
 
 class HostArena:
@@ -79,10 +80,30 @@ class CopyTask:
         return flat if self.piece.whole else flat[self.piece.start : self.piece.stop]
 
 
+class CopyWorker:
+    """One long-lived thread for deferred copies: starting a thread per checkpoint costs more."""
+
+    def __init__(self) -> None:
+        self._jobs: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name="rf-snapshot", daemon=True)
+        self._thread.start()
+
+    def submit(self, job: Callable[[], None]) -> None:
+        self._jobs.put(job)
+
+    def stop(self) -> None:
+        self._jobs.put(None)
+        self._thread.join()
+
+    def _run(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            job()
+
+
 class Snapshot:
     """The copy of one checkpoint into the arena, possibly still running."""
 
-    def __init__(self, tasks: Sequence[CopyTask], overlap: bool) -> None:
+    def __init__(self, tasks: Sequence[CopyTask], overlap: bool, worker: CopyWorker) -> None:
         self._copied = threading.Event()
         self._error: BaseException | None = None
         self._stream, self._ready = _side_stream(tasks)
@@ -90,7 +111,7 @@ class Snapshot:
         deferred = [t for t in tasks if not t.eager and overlap]
         self._copy(eager)
         if deferred:
-            threading.Thread(target=self._background, args=(deferred,), name="rf-snapshot", daemon=True).start()
+            worker.submit(lambda: self._background(deferred))
         else:
             self._copied.set()
 

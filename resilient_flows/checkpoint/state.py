@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import random
+from collections.abc import Callable
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
@@ -92,15 +93,13 @@ class TrainState:
         if self.rng and "rng" in local:
             restore_rng(local["rng"])
 
-    def deferrable(self) -> set[str]:
-        """Leaf names that only ``optimizer.step()`` changes: safe to copy during the next pass."""
-        names: set[str] = set()
+    def deferrable(self) -> Callable[[str], bool]:
+        """Which leaves only ``optimizer.step()`` changes: safe to copy during the next pass."""
+        params = set()
         if isinstance(self.model, torch.nn.Module):
-            names |= {f"model/{n}" for n, _ in self.model.named_parameters(remove_duplicate=False)}
-        if self.optimizer is not None:
-            for index, per_param in self.optimizer.state_dict()["state"].items():
-                names |= {f"optimizer/state/{index}/{k}" for k, v in per_param.items() if isinstance(v, torch.Tensor)}
-        return names
+            params = {f"model/{n}" for n, _ in self.model.named_parameters(remove_duplicate=False)}
+        optimizer_state = "optimizer/state/" if self.optimizer is not None else None
+        return lambda name: name in params or (optimizer_state is not None and name.startswith(optimizer_state))
 
     def lazy_prefixes(self) -> tuple[str, ...]:
         """Where a checkpoint may hold arrays the live state does not have yet.
@@ -118,10 +117,11 @@ def _replace(target: dict, values: dict) -> None:
 
 def capture_rng() -> dict[str, Any]:
     """The state of every generator a training loop typically draws from."""
+    version, internal, gauss = random.getstate()
     state: dict[str, Any] = {
         "torch": torch.get_rng_state(),
         "numpy": np.random.get_state(legacy=False),
-        "random": random.getstate(),
+        "random": {"version": version, "internal": np.array(internal, dtype=np.uint32), "gauss": gauss},
     }
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         state["cuda"] = torch.cuda.get_rng_state_all()
@@ -131,8 +131,8 @@ def capture_rng() -> dict[str, Any]:
 def restore_rng(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
     np.random.set_state(state["numpy"])
-    version, internal, gauss = state["random"]
-    random.setstate((version, tuple(internal), gauss))
+    py = state["random"]
+    random.setstate((py["version"], tuple(int(i) for i in py["internal"]), py["gauss"]))
     cuda = state.get("cuda")
     if cuda:
         if torch.cuda.is_available() and torch.cuda.device_count() == len(cuda):
