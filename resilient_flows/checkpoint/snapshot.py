@@ -17,6 +17,7 @@ Order of operations the caller guarantees (the contract of :class:`Snapshot`):
 
 from __future__ import annotations
 
+import mmap
 import queue
 import threading
 from collections.abc import Callable, Sequence
@@ -52,7 +53,7 @@ class HostArena:
         if layout != self._layout:
             total = sum(e.numel * e.dtype.itemsize for e in layout)
             self.buffer = torch.empty(0, dtype=torch.uint8)  # drop the old arena before the new one
-            self.buffer = torch.empty(total, dtype=torch.uint8, pin_memory=self.pin_memory)
+            self.buffer = _allocate(total, self.pin_memory)
             self._views, offset = [], 0
             for e in layout:
                 nbytes = e.numel * e.dtype.itemsize
@@ -61,6 +62,13 @@ class HostArena:
             self._layout = layout
             self.allocations += 1
         return self._views
+
+
+def _allocate(nbytes: int, pin_memory: bool) -> torch.Tensor:
+    """Pinned memory for CUDA copies; otherwise an anonymous map, page-aligned for direct I/O."""
+    if pin_memory or nbytes == 0:
+        return torch.empty(nbytes, dtype=torch.uint8, pin_memory=pin_memory)
+    return torch.frombuffer(mmap.mmap(-1, nbytes), dtype=torch.uint8)
 
 
 @dataclass
