@@ -17,21 +17,19 @@ from trainkit import Problem, replicated_digest
 from resilient_flows.checkpoint import Checkpointer
 
 
-def debris(*tiers: Path) -> int:
+def debris(tier: Path) -> int:
     """Leftovers of interrupted writes: temporary files and step directories without a manifest."""
-    found = 0
-    for tier in tiers:
-        if tier.is_dir():
-            found += len(list(tier.glob("**/*.tmp")))
-            found += sum(1 for d in tier.glob("step-*") if not (d / "manifest.json").exists())
-    return found
+    if not tier.is_dir():
+        return 0
+    partial = sum(1 for d in tier.glob("step-*") if not (d / "manifest.json").exists())
+    return partial + len(list(tier.glob("**/*.tmp")))
 
 
 def main(directory: Path, total: int, log_path: Path) -> None:
     torch.set_num_threads(1)
     shared, local = directory / "shared", directory / "local"
     with open(log_path, "a", buffering=1) as log:
-        log.write(f"debris {debris(shared, local)}\n")
+        log.write(f"debris {debris(local)} {debris(shared)}\n")
         problem = Problem(seed=0, width=512, depth=4)
         ck = Checkpointer(shared, local_dir=local, persist_every=2, keep=2)
         restored = ck.restore(problem.state)
