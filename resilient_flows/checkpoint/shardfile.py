@@ -18,9 +18,11 @@ import fcntl
 import json
 import mmap
 import os
+import queue
 import struct
+import threading
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -120,38 +122,84 @@ def write_shard(path: Path, entries: Sequence[ShardEntry], data: torch.Tensor, m
     digest = xxhash.xxh3_64()
     tmp = path.with_name(path.name + ".tmp")
     view = memoryview(data.numpy())
-    _write_durably(tmp, head, view, digest, aligned=data.data_ptr() % PAGE == 0)
+    nbytes = _write_durably(tmp, head, _chunks(view), digest, aligned=data.data_ptr() % PAGE == 0)
     os.replace(tmp, path)
-    return ShardRecord(path.name, len(head) + len(view), digest.hexdigest())
+    return ShardRecord(path.name, nbytes, digest.hexdigest())
 
 
 def copy_shard(src: Path, dst: Path, record: ShardRecord) -> None:
     """Copy a committed shard to another tier, verifying it on the way and fsyncing the copy.
 
-    The source is mapped rather than read, so each byte is copied once and hashed from the same
-    pages; the map is page-aligned, so the copy can be written with direct I/O.
+    A reader thread fills page-aligned buffers (with direct I/O where possible) while this thread
+    hashes and writes the previous one, so reading the node-local copy and writing the shared one
+    overlap instead of adding up.
     """
+    size = src.stat().st_size
+    if size != record.nbytes:
+        raise CorruptCheckpointError(f"{src} has {size} bytes, the manifest says {record.nbytes}; not copying it")
     tmp = dst.with_name(dst.name + ".tmp")
-    with open(src, "rb") as inp:
-        size = os.fstat(inp.fileno()).st_size
-        if size != record.nbytes:
-            raise CorruptCheckpointError(f"{src} has {size} bytes, the manifest says {record.nbytes}; not copying it")
-        digest = xxhash.xxh3_64()
-        with mmap.mmap(inp.fileno(), 0, prot=mmap.PROT_READ) as source, memoryview(source) as view:
-            _write_durably(tmp, b"", view, digest, aligned=True)
-    if digest.hexdigest() != record.xxh3_64:
+    digest = xxhash.xxh3_64()
+    with _ChunkReader(src) as chunks:
+        copied = _write_durably(tmp, b"", chunks, digest, aligned=True)
+    if copied != record.nbytes or digest.hexdigest() != record.xxh3_64:
         tmp.unlink()
         raise CorruptCheckpointError(f"{src} changed since it was committed; not copying it to {dst.parent}")
     os.replace(tmp, dst)
 
 
-def _write_durably(path: Path, head: bytes, body: memoryview, digest: xxhash.xxh3_64, aligned: bool) -> None:
-    """Write ``head + body`` to ``path`` and fsync it, hashing every byte into ``digest``.
+class _ChunkReader:
+    """Iterate over a file's contents in page-aligned chunks read ahead by a background thread."""
 
-    Where the file system allows it and ``head`` is whole pages, the page-aligned ``body`` goes to
-    the disk with ``O_DIRECT``: buffered writes would copy every byte into the page cache and leave
-    the kernel to write it back, costing the training process memory bandwidth and a core's time
-    on a small node. The unaligned tail, if any, goes through the page cache.
+    DEPTH = 3
+
+    def __init__(self, path: Path) -> None:
+        self._fd = _open_for_read(path)
+        self._free: queue.SimpleQueue[mmap.mmap | None] = queue.SimpleQueue()
+        self._full: queue.SimpleQueue[tuple[mmap.mmap, int] | BaseException] = queue.SimpleQueue()
+        for _ in range(self.DEPTH):
+            self._free.put(mmap.mmap(-1, CHUNK))
+        self._thread = threading.Thread(target=self._read, name="rf-readahead", daemon=True)
+        self._thread.start()
+
+    def _read(self) -> None:
+        try:
+            while (buffer := self._free.get()) is not None:
+                count = os.readv(self._fd, [buffer])
+                self._full.put((buffer, count))
+                if count == 0:
+                    return
+        except BaseException as exc:  # handed to the consumer, never lost in a thread
+            self._full.put(exc)
+
+    def __iter__(self) -> Iterator[memoryview]:
+        while True:
+            item = self._full.get()
+            if isinstance(item, BaseException):
+                raise item
+            buffer, count = item
+            if count == 0:
+                return
+            with memoryview(buffer) as view, view[:count] as chunk:
+                yield chunk
+            self._free.put(buffer)
+
+    def __enter__(self) -> _ChunkReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._free.put(None)
+        self._thread.join()
+        os.close(self._fd)
+
+
+def _write_durably(path: Path, head: bytes, chunks: Iterable[memoryview], digest: xxhash.xxh3_64, aligned: bool) -> int:
+    """Write ``head`` and then ``chunks`` to ``path``, fsync it, hash every byte; the size written.
+
+    Where the file system allows it, ``head`` is whole pages and the chunks are page-aligned
+    memory, the data goes to the disk with ``O_DIRECT``: buffered writes would copy every byte into
+    the page cache and leave the kernel to write it back, costing the training process memory
+    bandwidth and a core's time on a small node. From the first chunk that is not a whole number
+    of pages (the file's tail) on, writes go through the page cache.
     """
     fd = _open_for_write(path, direct=aligned and len(head) % PAGE == 0)
     try:
@@ -163,19 +211,32 @@ def _write_durably(path: Path, head: bytes, body: memoryview, digest: xxhash.xxh
                 _write_all(fd, staged)
         else:
             _write_all(fd, head)
-        bulk = len(body) - len(body) % PAGE if direct else len(body)
-        for start in range(0, bulk, CHUNK):
-            with body[start : min(start + CHUNK, bulk)] as chunk:
-                digest.update(chunk)
-                _write_all(fd, chunk)
-        if bulk < len(body):
-            fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_DIRECT)
-            with body[bulk:] as tail:
-                digest.update(tail)
-                _write_all(fd, tail)
+        written = len(head)
+        for chunk in chunks:
+            digest.update(chunk)
+            bulk = len(chunk) - len(chunk) % PAGE if direct else len(chunk)
+            with chunk[:bulk] as pages:
+                _write_all(fd, pages)
+            if bulk < len(chunk):
+                fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_DIRECT)
+                direct = False
+                with chunk[bulk:] as tail:
+                    _write_all(fd, tail)
+            written += len(chunk)
         os.fsync(fd)
     finally:
         os.close(fd)
+    return written
+
+
+def _open_for_read(path: Path) -> int:
+    if hasattr(os, "O_DIRECT"):
+        try:
+            return os.open(path, os.O_RDONLY | os.O_DIRECT)
+        except OSError as exc:
+            if exc.errno != errno.EINVAL:
+                raise
+    return os.open(path, os.O_RDONLY)
 
 
 def _open_for_write(path: Path, direct: bool) -> int:
