@@ -373,7 +373,10 @@ class Checkpointer:
             self._abandon(tier, step_dir, f"checkpoint of step {step} to the {tier.name} tier {tier.path}: {problem}")
             return
         if tier is self.local and self.rank != 0 and not (step_dir / MANIFEST).is_file():
-            write_manifest(step_dir, job.manifest)  # this rank's node has no copy yet
+            try:
+                write_manifest(step_dir, job.manifest)  # this rank's node has no copy yet
+            except OSError as exc:  # this node's copy is unusable; restore falls back to another tier
+                logger.warning("cannot commit step %d in this node's %s tier: %s", step, tier.name, exc)
         self.stats.committed += 1
         self.stats.bytes_written += job.record.nbytes
         self.stats.last_commit_latency = time.perf_counter() - job.started
@@ -435,11 +438,12 @@ class Checkpointer:
         )
 
     def _abandon(self, tier: Tier, step_dir: Path, message: str) -> None:
-        """Remove what a failed checkpoint wrote; the committed ones are untouched."""
-        for name in (self._shard_name, self._shard_name + ".tmp"):
+        """Remove what a failed checkpoint wrote; a committed one (even of this step) is untouched."""
+        committed = (step_dir / MANIFEST).is_file()
+        for name in (self._shard_name + ".tmp",) if committed else (self._shard_name, self._shard_name + ".tmp"):
             with contextlib.suppress(OSError):
                 (step_dir / name).unlink(missing_ok=True)
-        if self.rank == 0 and not (step_dir / MANIFEST).is_file():
+        if self.rank == 0 and not committed:
             shutil.rmtree(step_dir, ignore_errors=True)
         self._record(message)
 
