@@ -4,7 +4,7 @@ Each rank trains on its own slice of every batch with its own dropout masks (its
 generator), and gradients are averaged and buffers broadcast with MPI, so parameters stay replicated while the RNG
 states differ per rank: resuming is exact only if every rank gets its own generator back.
 
-usage: mpiexec -n N python mpi_worker.py MODE DIR   (MODE: reference, save, resume, load)
+usage: mpiexec -n N python mpi_worker.py MODE DIR   (MODE: reference, save, resume, load, damaged)
 """
 
 from __future__ import annotations
@@ -67,6 +67,9 @@ def main(mode: str, directory: Path) -> None:
     elif mode == "resume":
         out["restored"] = ck.restore(problem.state)
         out["losses"] = [dp_step(problem, comm, s) for s in range(SAVE_AT + 1, TOTAL)]
+    elif mode == "damaged":
+        out["restored"] = ck.restore(problem.state)
+        out["skipped"] = [[s.step, s.tier, s.reason] for s in ck.skipped]
     elif mode == "load":
         out["restored"] = ck.restore(problem.state)
         out["digest"] = replicated_digest(problem.state)

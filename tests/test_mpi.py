@@ -69,3 +69,20 @@ def test_single_process_reads_a_two_rank_checkpoint(saved_by_two: tuple[Path, li
         state = ck.load()
     assert state["extra"]["step"] == 11
     assert state["rank_local"]["extra"] == {"rank": 0}
+
+
+def test_each_rank_verifies_its_share_and_all_agree_to_skip(
+    saved_by_two: tuple[Path, list[dict]], tmp_path: Path
+) -> None:
+    directory, _ = saved_by_two
+    shutil.copytree(directory / "shared", tmp_path / "shared")
+    shard = tmp_path / "shared" / "step-00000011" / "shard-00001-of-00002.safetensors"
+    data = bytearray(shard.read_bytes())
+    data[-1] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    ranks = mpirun(2, "damaged", tmp_path)
+    assert [r["restored"] for r in ranks] == [None, None]
+    for r in ranks:
+        ((step, tier, reason),) = r["skipped"]
+        assert (step, tier) == (11, "shared")
+        assert reason.startswith("rank 1: shard-00001-of-00002.safetensors fails its checksum")

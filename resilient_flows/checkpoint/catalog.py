@@ -30,18 +30,25 @@ class CheckpointInfo:
         return self.problem is None
 
 
-def open_checkpoint(step_dir: Path, step: int) -> tuple[Manifest, list[MappedShard]]:
-    """The manifest and every shard, mapped and checksum-verified; raises CorruptCheckpointError."""
+def open_checkpoint(
+    step_dir: Path, step: int, reader: tuple[int, int] = (0, 1)
+) -> tuple[Manifest, dict[int, MappedShard]]:
+    """The manifest and the shards this reader maps, checksum-verified; raises CorruptCheckpointError.
+
+    ``reader`` is ``(rank, ranks)``: rank r of R maps shards r, r + R, ... (all of them for one).
+    """
+    rank, ranks = reader
     try:
         manifest = read_manifest(step_dir)
         if manifest.step != step:
             raise CorruptCheckpointError(f"{step_dir.name}: the manifest says step {manifest.step}")
-        shards: list[MappedShard] = []
+        shards: dict[int, MappedShard] = {}
         try:
-            for record in manifest.shards:
-                shards.append(MappedShard(step_dir / record.file, record))
+            for index in range(rank, manifest.world_size, ranks):
+                record = manifest.shards[index]
+                shards[index] = MappedShard(step_dir / record.file, record)
         except BaseException:
-            for shard in shards:
+            for shard in shards.values():
                 shard.close()
             raise
         return manifest, shards
@@ -90,7 +97,7 @@ def scan(path: str | os.PathLike, verify: bool = True) -> list[CheckpointInfo]:
             try:
                 manifest = read_manifest(step_dir)
                 if verify:
-                    for shard in open_checkpoint(step_dir, step)[1]:
+                    for shard in open_checkpoint(step_dir, step)[1].values():
                         shard.close()
                 else:
                     _check_sizes(step_dir, manifest)

@@ -11,6 +11,8 @@ from __future__ import annotations
 import time
 from typing import Any, Protocol, runtime_checkable
 
+import torch
+
 __all__ = ["Comm", "MPIComm", "SingleProcess", "TorchComm", "as_comm"]
 
 
@@ -27,6 +29,9 @@ class Comm(Protocol):
     def bcast(self, obj: Any, root: int = 0) -> Any:
         """``root``'s ``obj`` on every rank."""
 
+    def bcast_buffer(self, buffer: torch.Tensor, root: int) -> None:
+        """Fill the contiguous CPU tensor ``buffer`` on every rank with ``root``'s, in place."""
+
     def dup(self) -> Comm:
         """A new communicator over the same ranks (collective)."""
 
@@ -42,6 +47,9 @@ class SingleProcess:
 
     def bcast(self, obj: Any, root: int = 0) -> Any:
         return obj
+
+    def bcast_buffer(self, buffer: torch.Tensor, root: int) -> None:
+        pass
 
     def dup(self) -> SingleProcess:
         return self
@@ -76,6 +84,10 @@ class MPIComm:
         self._arrive()
         return self._comm.bcast(obj, root=root)
 
+    def bcast_buffer(self, buffer: torch.Tensor, root: int) -> None:
+        if buffer.numel():
+            self._comm.Bcast(buffer.view(torch.uint8).numpy(), root=root)  # bytes: any dtype, no copy
+
     def dup(self) -> MPIComm:
         return MPIComm(self._comm.Dup())
 
@@ -101,6 +113,11 @@ class TorchComm:
         source = root if self._group is None else self._dist.get_global_rank(self._group, root)
         self._dist.broadcast_object_list(box, src=source, group=self._group)
         return box[0]
+
+    def bcast_buffer(self, buffer: torch.Tensor, root: int) -> None:
+        if buffer.numel():
+            source = root if self._group is None else self._dist.get_global_rank(self._group, root)
+            self._dist.broadcast(buffer.view(torch.uint8), src=source, group=self._group)  # gloo knows bytes
 
     def dup(self) -> TorchComm:
         ranks = self._dist.get_process_group_ranks(self._group or self._dist.group.WORLD)

@@ -27,7 +27,7 @@ import shutil
 import threading
 import time
 import weakref
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -486,7 +486,8 @@ class Checkpointer:
         """Load the newest valid checkpoint (or ``step``) into ``state``; its step, or None.
 
         Checkpoints failing verification are skipped, logged and listed in ``self.skipped``.
-        Collective: with ``comm``, every rank calls it and all restore the same step.
+        Collective: with ``comm``, every rank calls it and all restore the same step; each rank
+        reads and verifies about ``1/N`` of the shards and broadcasts what it read.
         """
         stateful = _as_stateful(state)
         opened = self._open_valid(step)
@@ -498,10 +499,17 @@ class Checkpointer:
             target.pop(RANK_LOCAL, None)
             _, live = flatten(target)
             lazy = stateful.lazy_prefixes() if isinstance(stateful, TrainState) else ()
-            _check_compatible(manifest, live, lazy)
+            mismatch = None
+            try:
+                _check_compatible(manifest, live, lazy)
+            except StateMismatchError as exc:
+                mismatch = str(exc)
+            mismatches = self.comm.allgather(mismatch)  # no rank starts broadcasting if one must stop
+            if any(mismatches):
+                raise StateMismatchError(_first_problem(mismatches))
             loaded = self._materialize(manifest, shards, live)
         finally:
-            for shard in shards:
+            for shard in shards.values():
                 shard.close()
         stateful.load_state_dict(loaded)
         logger.info(
@@ -518,25 +526,26 @@ class Checkpointer:
         try:
             return self._materialize(manifest, shards, {})
         finally:
-            for shard in shards:
+            for shard in shards.values():
                 shard.close()
 
-    def _open_valid(self, step: int | None) -> tuple[Manifest, list[MappedShard]] | None:
+    def _open_valid(self, step: int | None) -> tuple[Manifest, dict[int, MappedShard]] | None:
+        """The newest checkpoint every rank could verify its share of; each rank maps its shards."""
         self._drain()  # read our own writes; their errors still surface at the next save or wait
         mine = [(s, i) for i, tier in enumerate(self.tiers) for s in tier.committed_steps() if step in (None, s)]
         candidates = sorted({c for cs in self.comm.allgather(mine) for c in cs}, key=lambda c: (-c[0], c[1]))
         for s, index in candidates:
             tier = self.tiers[index]
-            shards: list[MappedShard] = []
+            shards: dict[int, MappedShard] = {}
             problem = None
             try:
-                manifest, shards = open_checkpoint(tier.step_dir(s), s)
+                manifest, shards = open_checkpoint(tier.step_dir(s), s, reader=(self.rank, self.world_size))
             except CorruptCheckpointError as exc:
                 problem = str(exc)
             problems = self.comm.allgather(problem)
             if not any(problems):
                 return manifest, shards
-            for shard in shards:
+            for shard in shards.values():
                 shard.close()
             reason = "; ".join(f"rank {r}: {p}" if self.world_size > 1 else p for r, p in enumerate(problems) if p)
             logger.warning("skipping checkpoint step %d in the %s tier %s: %s", s, tier.name, tier.path, reason)
@@ -545,7 +554,14 @@ class Checkpointer:
             raise CheckpointError(f"no valid checkpoint of step {step} in {', '.join(str(t.path) for t in self.tiers)}")
         return None
 
-    def _materialize(self, manifest: Manifest, shards: list[MappedShard], live: Mapping[str, Leaf]) -> dict[str, Any]:
+    def _materialize(
+        self, manifest: Manifest, shards: dict[int, MappedShard], live: Mapping[str, Leaf]
+    ) -> dict[str, Any]:
+        """Every array this rank needs; a piece comes from the rank that read its shard.
+
+        All ranks walk the manifest in the same order and take part in every broadcast, also of
+        other ranks' per-rank values (a few kilobytes), so that the collectives line up.
+        """
         source_rank = self.rank % manifest.world_size
         if manifest.world_size != self.world_size and manifest.rank_local[source_rank]:
             logger.warning(
@@ -558,9 +574,20 @@ class Checkpointer:
         own_local = f"{RANK_LOCAL}/{source_rank}/"
         loaded: dict[str, Any] = {}
         for name, record in manifest.arrays.items():
-            if name.startswith(f"{RANK_LOCAL}/") and not name.startswith(own_local):
+            needed = not name.startswith(f"{RANK_LOCAL}/") or name.startswith(own_local)
+            if not needed and self.world_size == 1:
                 continue
-            loaded[name] = _fill(record, shards, live.get(name))
+            flat, finish = _receiver(record, live.get(name))
+            with torch.no_grad():
+                for piece in record.pieces:
+                    part = flat[piece.start : piece.stop]
+                    reader = piece.shard % self.world_size
+                    if reader == self.rank:
+                        part.copy_(shards[piece.shard].piece(piece.key, record.dtype, piece.stop - piece.start))
+                    if self.world_size > 1:
+                        self.comm.bcast_buffer(part, reader)
+            if needed:
+                loaded[name] = finish()
         state = unflatten(manifest.skeleton, loaded)
         local_skeleton = manifest.rank_local[source_rank]
         if local_skeleton:
@@ -568,29 +595,29 @@ class Checkpointer:
         return state
 
 
-def _fill(record: ArrayRecord, shards: list[MappedShard], target: Leaf | None) -> Leaf:
-    """The array's data, copied into ``target`` in place when it fits, else into a new tensor."""
+def _receiver(record: ArrayRecord, target: Leaf | None) -> tuple[torch.Tensor, Callable[[], Leaf]]:
+    """A flat, contiguous CPU tensor to fill with the array, and what turns it into the result.
+
+    The live array is filled in place when it is such a tensor already (no second copy, and other
+    references see the restored values); otherwise through a staging tensor.
+    """
     if isinstance(target, np.ndarray) and target.flags.c_contiguous and target.flags.writeable:
-        flat = torch.from_numpy(target).view(-1)
-        result: Leaf = target
-    elif isinstance(target, torch.Tensor) and target.is_contiguous():
-        flat = target.detach().view(-1)
-        result = target
-    else:
-        flat = torch.empty(record.numel, dtype=record.dtype)
-        result = flat.view(record.shape)
-    with torch.no_grad():
-        for piece in record.pieces:
-            data = shards[piece.shard].piece(piece.key, record.dtype, piece.stop - piece.start)
-            flat[piece.start : piece.stop].copy_(data)
-    if target is not None and result is not target:
+        return torch.from_numpy(target).view(-1), lambda: target
+    if isinstance(target, torch.Tensor) and target.is_contiguous() and target.device.type == "cpu":
+        return target.detach().view(-1), lambda: target
+    flat = torch.empty(record.numel, dtype=record.dtype)
+    if target is None:
+        return flat, lambda: flat.view(record.shape)
+
+    def into_target() -> Leaf:
         if isinstance(target, np.ndarray):
-            np.copyto(target, result.numpy())
+            np.copyto(target, flat.view(record.shape).numpy())
         else:
             with torch.no_grad():
-                target.copy_(result)
+                target.copy_(flat.view(record.shape))
         return target
-    return result
+
+    return flat, into_target
 
 
 def _check_compatible(manifest: Manifest, live: Mapping[str, Leaf], lazy: tuple[str, ...]) -> None:
