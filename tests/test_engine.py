@@ -239,3 +239,34 @@ def test_optimizer_step_right_after_an_overlap_save_waits_for_the_copy(tiers: tu
             loaded.pop("rank_local")
             assert digest(loaded) == expected
             expected = digest({k: v for k, v in copy.deepcopy(state.state_dict()).items() if k != "rank_local"})
+
+
+def test_a_new_optimizer_at_a_recycled_address_is_still_guarded(tiers: tuple[Path, Path]) -> None:
+    """Hooks are kept per optimizer object, not per id(): a garbage-collected one's id comes back."""
+    model = torch.nn.Linear(1024, 1024)
+    with Checkpointer(tiers[0], keep=1) as ck:
+        for step in range(12):
+            optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+            model(torch.randn(2, 1024)).sum().backward()
+            state = TrainState(model, optimizer, rng=False)
+            expected = digest(copy.deepcopy(model.state_dict()))
+            ck.save(step, state, overlap=True)
+            optimizer.step()
+            ck.wait()
+            assert digest(ck.load(step)["model"]) == expected
+            del optimizer, state
+
+
+def test_prune_of_a_node_local_tier_shared_by_two_ranks_leaves_nothing_behind(tmp_path: Path) -> None:
+    from resilient_flows.checkpoint.tiers import Tier, shard_filename
+
+    tier = Tier(tmp_path, "local")
+    for step in range(1, 6):
+        step_dir = tier.step_dir(step)
+        step_dir.mkdir()
+        (step_dir / "manifest.json").write_text("{}")
+        for rank in range(2):
+            (step_dir / shard_filename(rank, 2)).write_bytes(b"x")
+    for rank in range(2):  # each rank removes its own shards; the first also the manifests
+        tier.prune(2, protect=set(), own_files=[shard_filename(rank, 2)])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-00000004", "step-00000005"]

@@ -13,6 +13,9 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
+#: Largest single broadcast: below the 2 GiB that 32-bit MPI counts allow.
+BCAST_BYTES = 1 << 30
+
 __all__ = ["Comm", "MPIComm", "SingleProcess", "TorchComm", "as_comm"]
 
 
@@ -35,6 +38,9 @@ class Comm(Protocol):
     def dup(self) -> Comm:
         """A new communicator over the same ranks (collective)."""
 
+    def free(self) -> None:
+        """Release a communicator made by ``dup`` (collective)."""
+
 
 class SingleProcess:
     """The world of one rank: collectives are identities."""
@@ -53,6 +59,9 @@ class SingleProcess:
 
     def dup(self) -> SingleProcess:
         return self
+
+    def free(self) -> None:
+        pass
 
 
 class MPIComm:
@@ -85,11 +94,15 @@ class MPIComm:
         return self._comm.bcast(obj, root=root)
 
     def bcast_buffer(self, buffer: torch.Tensor, root: int) -> None:
-        if buffer.numel():
-            self._comm.Bcast(buffer.view(torch.uint8).numpy(), root=root)  # bytes: any dtype, no copy
+        data = buffer.view(torch.uint8).numpy()  # bytes: any dtype, no copy
+        for start in range(0, len(data), BCAST_BYTES):  # MPI-3 counts are 32-bit
+            self._comm.Bcast(data[start : start + BCAST_BYTES], root=root)
 
     def dup(self) -> MPIComm:
         return MPIComm(self._comm.Dup())
+
+    def free(self) -> None:
+        self._comm.Free()
 
 
 class TorchComm:
@@ -121,7 +134,11 @@ class TorchComm:
 
     def dup(self) -> TorchComm:
         ranks = self._dist.get_process_group_ranks(self._group or self._dist.group.WORLD)
-        return TorchComm(self._dist.new_group(ranks=ranks, backend="gloo"))
+        group = self._dist.new_group(ranks=ranks, backend="gloo", use_local_synchronization=True)
+        return TorchComm(group)
+
+    def free(self) -> None:
+        self._dist.destroy_process_group(self._group)
 
 
 def as_comm(comm: Any) -> Comm:

@@ -144,15 +144,17 @@ class Checkpointer:
         self.rank, self.world_size = self.comm.rank, self.comm.size
         self.stats = CheckpointStats()
         self.skipped: list[SkippedCheckpoint] = []
-        for tier in self.tiers:
-            try:
+        problem = None
+        try:
+            for tier in self.tiers:
                 tier.path.mkdir(parents=True, exist_ok=True)
-            except OSError as exc:
-                raise CheckpointError(f"cannot create the {tier.name} checkpoint directory {tier.path}: {exc}") from exc
-        if self.rank == 0:
-            self.shared.clean_debris()
-        if self.local is not None:
-            self.local.clean_debris()
+                if tier is self.local or self.rank == 0:
+                    tier.clean_debris()
+        except OSError as exc:
+            problem = f"cannot prepare the {tier.name} checkpoint directory {tier.path}: {exc}"
+        problems = self.comm.allgather(problem)  # every rank fails together, none waits in dup()
+        if any(problems):
+            raise CheckpointError(_first_problem(problems))
         self._write_comm = self.comm.dup()
         self._flush_comm = self.comm.dup() if self.local is not None else None
         self._write_comm.allgather(None)  # nobody writes before every rank has cleaned up
@@ -167,7 +169,7 @@ class Checkpointer:
         self._lock = threading.Lock()
         self._flush_pending: set[int] = set()
         self._pending_snapshot: Snapshot | None = None
-        self._hooked: dict[int, Any] = {}
+        self._hooked: weakref.WeakKeyDictionary[torch.optim.Optimizer, Any] = weakref.WeakKeyDictionary()
         self._closed = False
         self._write_q: queue.Queue[_Job | None] = queue.Queue()
         self._flush_q: queue.Queue[_Job | None] = queue.Queue(maxsize=1)
@@ -196,16 +198,16 @@ class Checkpointer:
         checkpoint is staged at a time; ``stats.last_wait`` says how long). With ``overlap=True``
         parameters and optimizer state are copied while the next forward/backward pass runs and
         ``optimizer.step()`` waits for that copy; everything else is copied before returning.
+        A failure of an earlier checkpoint is raised as :class:`CheckpointError` after this one is
+        queued, so that all ranks always queue the same checkpoints.
         """
         self._check_open()
         if isinstance(step, bool) or not isinstance(step, int | np.integer) or step < 0:
             raise ValueError(f"step must be a non-negative integer, got {step!r}")
         step = int(step)
         started = time.perf_counter()
-        self._raise_pending()
         self._arena_free.wait()
         waited = time.perf_counter() - started
-        self._raise_pending()
 
         stateful = _as_stateful(state)
         if overlap and not (isinstance(stateful, TrainState) and stateful.optimizer is not None):
@@ -232,12 +234,13 @@ class Checkpointer:
         try:
             views = self._arena.views(entries)
             tasks = [CopyTask(p, leaves[p.name], v, not deferrable(p.name)) for p, v in zip(mine, views, strict=True)]
+            if overlap:
+                self._guard_optimizer(stateful.optimizer)
             snapshot = Snapshot(tasks, overlap, self._copier)
+            self._pending_snapshot = snapshot if overlap else self._pending_snapshot
         except BaseException:
             self._arena_free.set()
             raise
-        if overlap:
-            self._guard_optimizer(stateful.optimizer, snapshot)
 
         self.stats.saves += 1
         if persist is None:
@@ -262,6 +265,7 @@ class Checkpointer:
         self.stats.total_wait += waited
         self.stats.staging_bytes = self._arena.nbytes
         self.stats.arena_allocations = self._arena.allocations
+        self._raise_pending()  # after queueing: every rank queues the same checkpoints, errors or not
         return self.stats
 
     def _plan(self, specs: tuple[ArraySpec, ...]) -> list[list[Piece]]:
@@ -269,19 +273,18 @@ class Checkpointer:
             self._plans = {specs: plan_shards(specs, self.world_size)}
         return self._plans[specs]
 
-    def _guard_optimizer(self, optimizer: torch.optim.Optimizer, snapshot: Snapshot) -> None:
+    def _guard_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
         """Make ``optimizer.step()`` wait for the copy of the state it is about to change."""
-        self._pending_snapshot = snapshot
-        if id(optimizer) in self._hooked:
+        if optimizer in self._hooked:
             return
 
         def wait_for_copy(_optimizer: Any, _args: Any, _kwargs: Any) -> None:
-            pending = self._pending_snapshot
+            pending, self._pending_snapshot = self._pending_snapshot, None
             if pending is not None:
-                pending.wait_copied()
-                self._pending_snapshot = None
+                with contextlib.suppress(Exception):  # a failed copy is the writer's to report
+                    pending.wait_copied()
 
-        self._hooked[id(optimizer)] = optimizer.register_step_pre_hook(wait_for_copy)
+        self._hooked[optimizer] = optimizer.register_step_pre_hook(wait_for_copy)
 
     def wait(self) -> None:
         """Block until every checkpoint saved so far is committed (and flushed, if asked)."""
@@ -306,10 +309,12 @@ class Checkpointer:
             if self.local is not None:
                 self._flush_q.put(None)
                 self._threads[1].join()
-            for handle in self._hooked.values():
+            for handle in list(self._hooked.values()):
                 handle.remove()
             self._hooked.clear()
             self._copier.stop()
+            for comm in {id(c): c for c in (self._write_comm, self._flush_comm) if c is not None}.values():
+                comm.free()
 
     def __enter__(self) -> Checkpointer:
         return self
@@ -384,7 +389,7 @@ class Checkpointer:
             with self._lock:
                 self._flush_pending.add(step)
             self._flush_q.put(job)
-        self._prune(tier)
+        self._prune(tier, step)
 
     def _flush(self, job: _Job) -> None:
         comm, step = self._flush_comm, job.step
@@ -417,7 +422,7 @@ class Checkpointer:
             self.stats.persisted += 1
             self.stats.last_persist_latency = time.perf_counter() - job.started
             if self.rank == 0:
-                self.shared.prune(self.keep, protect=set())
+                self.shared.prune(self.keep, protect={step})
         finally:
             with self._lock:
                 self._flush_pending.discard(step)
@@ -447,13 +452,13 @@ class Checkpointer:
             shutil.rmtree(step_dir, ignore_errors=True)
         self._record(message)
 
-    def _prune(self, tier: Tier) -> None:
+    def _prune(self, tier: Tier, step: int) -> None:
         with self._lock:
             protect = set(self._flush_pending)
         if tier is self.local:
-            tier.prune(self.keep, protect, own_files=[self._shard_name])
+            tier.prune(self.keep, protect | {step}, own_files=[self._shard_name])
         elif self.rank == 0:
-            tier.prune(self.keep, protect)
+            tier.prune(self.keep, protect | {step})
 
     @property
     def _shard_name(self) -> str:
@@ -504,7 +509,7 @@ class Checkpointer:
                 _check_compatible(manifest, live, lazy)
             except StateMismatchError as exc:
                 mismatch = str(exc)
-            mismatches = self.comm.allgather(mismatch)  # no rank starts broadcasting if one must stop
+            mismatches = self._write_comm.allgather(mismatch)  # no rank broadcasts if one must stop
             if any(mismatches):
                 raise StateMismatchError(_first_problem(mismatches))
             loaded = self._materialize(manifest, shards, live)
@@ -533,16 +538,18 @@ class Checkpointer:
         """The newest checkpoint every rank could verify its share of; each rank maps its shards."""
         self._drain()  # read our own writes; their errors still surface at the next save or wait
         mine = [(s, i) for i, tier in enumerate(self.tiers) for s in tier.committed_steps() if step in (None, s)]
-        candidates = sorted({c for cs in self.comm.allgather(mine) for c in cs}, key=lambda c: (-c[0], c[1]))
+        comm = self._write_comm  # idle once drained; a gloo group even when the user's is NCCL
+        candidates = sorted({c for cs in comm.allgather(mine) for c in cs}, key=lambda c: (-c[0], c[1]))
         for s, index in candidates:
             tier = self.tiers[index]
             shards: dict[int, MappedShard] = {}
             problem = None
             try:
                 manifest, shards = open_checkpoint(tier.step_dir(s), s, reader=(self.rank, self.world_size))
+                _check_pieces(manifest, shards)
             except CorruptCheckpointError as exc:
                 problem = str(exc)
-            problems = self.comm.allgather(problem)
+            problems = comm.allgather(problem)
             if not any(problems):
                 return manifest, shards
             for shard in shards.values():
@@ -585,7 +592,7 @@ class Checkpointer:
                     if reader == self.rank:
                         part.copy_(shards[piece.shard].piece(piece.key, record.dtype, piece.stop - piece.start))
                     if self.world_size > 1:
-                        self.comm.bcast_buffer(part, reader)
+                        self._write_comm.bcast_buffer(part, reader)
             if needed:
                 loaded[name] = finish()
         state = unflatten(manifest.skeleton, loaded)
@@ -593,6 +600,14 @@ class Checkpointer:
         if local_skeleton:
             state[RANK_LOCAL] = unflatten(local_skeleton, loaded)
         return state
+
+
+def _check_pieces(manifest: Manifest, shards: dict[int, MappedShard]) -> None:
+    """Every piece the manifest places in a mapped shard is there, before any rank broadcasts."""
+    for record in manifest.arrays.values():
+        for piece in record.pieces:
+            if piece.shard in shards:
+                shards[piece.shard].piece(piece.key, record.dtype, piece.stop - piece.start)
 
 
 def _receiver(record: ArrayRecord, target: Leaf | None) -> tuple[torch.Tensor, Callable[[], Leaf]]:

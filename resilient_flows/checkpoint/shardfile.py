@@ -164,7 +164,13 @@ class _ChunkReader:
     def _read(self) -> None:
         try:
             while (buffer := self._free.get()) is not None:
-                count = os.readv(self._fd, [buffer])
+                try:
+                    count = os.readv(self._fd, [buffer])
+                except OSError as exc:  # O_DIRECT accepted at open but not at read: read buffered
+                    if exc.errno != errno.EINVAL:
+                        raise
+                    fcntl.fcntl(self._fd, fcntl.F_SETFL, fcntl.fcntl(self._fd, fcntl.F_GETFL) & ~os.O_DIRECT)
+                    count = os.readv(self._fd, [buffer])
                 self._full.put((buffer, count))
                 if count == 0:
                     return
@@ -216,7 +222,15 @@ def _write_durably(path: Path, head: bytes, chunks: Iterable[memoryview], digest
             digest.update(chunk)
             bulk = len(chunk) - len(chunk) % PAGE if direct else len(chunk)
             with chunk[:bulk] as pages:
-                _write_all(fd, pages)
+                try:
+                    _write_all(fd, pages)
+                except OSError as exc:  # some FUSE/NFS mounts accept O_DIRECT at open, not at write
+                    if not direct or exc.errno != errno.EINVAL:
+                        raise
+                    fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_DIRECT)
+                    direct = False
+                    os.lseek(fd, written, os.SEEK_SET)
+                    _write_all(fd, pages)
             if bulk < len(chunk):
                 fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_DIRECT)
                 direct = False
@@ -269,7 +283,9 @@ class MappedShard:
         if size != record.nbytes:
             raise CorruptCheckpointError(f"{path.name} has {size} bytes, the manifest says {record.nbytes}")
         with open(path, "rb") as f:
-            self._map = mmap.mmap(f.fileno(), 0, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE, prot=mmap.PROT_READ)
+            self._map = mmap.mmap(
+                f.fileno(), 0, flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0), prot=mmap.PROT_READ
+            )
         view = memoryview(self._map)
         digest = xxhash.xxh3_64()
         for chunk in _chunks(view):

@@ -52,7 +52,7 @@ class HostArena:
         layout = tuple(entries)
         if layout != self._layout:
             total = sum(e.numel * e.dtype.itemsize for e in layout)
-            self.buffer = torch.empty(0, dtype=torch.uint8)  # drop the old arena before the new one
+            self.buffer, self._views = torch.empty(0, dtype=torch.uint8), []  # free the old arena first
             self.buffer = _allocate(total, self.pin_memory)
             self._views, offset = [], 0
             for e in layout:

@@ -109,10 +109,10 @@ class Tier:
         and the directory once it is empty.
         """
         committed = self.committed_steps()
-        if len(committed) <= keep:
+        if not committed:
             return []
-        oldest_kept = committed[keep - 1]
-        dropped = []
+        oldest_kept = committed[: max(keep, 1)][-1]
+        dropped = []  # older directories, committed or already uncommitted by a sibling rank
         for step, path in sorted(self.step_dirs().items()):
             if step >= oldest_kept or step in protect:
                 continue
