@@ -143,10 +143,6 @@ class Snapshot:
         finally:
             self._copied.set()
 
-    @property
-    def done(self) -> bool:
-        return self._copied.is_set()
-
     def wait_copied(self) -> None:
         """Block until every piece is in the arena; re-raise a failed copy."""
         self._copied.wait()

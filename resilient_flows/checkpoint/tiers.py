@@ -95,12 +95,6 @@ class Tier:
         os.replace(tmp, self.path / "latest")
         fsync_dir(self.path)
 
-    def read_latest(self) -> int | None:
-        try:
-            return int((self.path / "latest").read_text().strip())
-        except (FileNotFoundError, ValueError):
-            return None
-
     def prune(self, keep: int, protect: set[int], own_files: list[str] | None = None) -> list[int]:
         """Drop checkpoints older than the newest ``keep`` committed ones, except ``protect``.
 
