@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from trainkit import Problem, digest
+from trainkit import Problem, digest, replicated_digest
 
 from resilient_flows.checkpoint import Checkpointer, CheckpointError, TrainState
 
@@ -270,3 +270,26 @@ def test_prune_of_a_node_local_tier_shared_by_two_ranks_leaves_nothing_behind(tm
     for rank in range(2):  # each rank removes its own shards; the first also the manifests
         tier.prune(2, protect=set(), own_files=[shard_filename(rank, 2)])
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step-00000004", "step-00000005"]
+
+
+def test_rolling_back_to_an_older_checkpoint_needs_the_newer_ones_discarded(tiers: tuple[Path, Path]) -> None:
+    shared, local = tiers
+    problem = Problem()
+    with Checkpointer(shared, local_dir=local) as ck:
+        for s in range(1, 6):
+            problem.step(s)
+            ck.save(s, problem.state)
+    rolled_back = Problem(seed=4)
+    with Checkpointer(shared, local_dir=local) as ck:
+        assert ck.restore(rolled_back.state, step=3) == 3
+        rolled_back.step(4)
+        with pytest.raises(CheckpointError, match=r"step 4 is older than step 5,.* discard_newer_than\(3\)"):
+            ck.save(4, rolled_back.state)
+        assert ck.discard_newer_than(3) == [4, 5]
+        ck.save(4, rolled_back.state)
+        expected = replicated_digest(rolled_back.state)
+    assert (shared / "latest").read_text().strip() == "4" and (local / "latest").read_text().strip() == "4"
+    fresh = Problem(seed=8)
+    with Checkpointer(shared, local_dir=local) as ck:
+        assert ck.restore(fresh.state) == 4
+    assert replicated_digest(fresh.state) == expected

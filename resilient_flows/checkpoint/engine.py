@@ -155,6 +155,8 @@ class Checkpointer:
         problems = self.comm.allgather(problem)  # every rank fails together, none waits in dup()
         if any(problems):
             raise CheckpointError(_first_problem(problems))
+        newest = [tier.committed_steps()[:1] for tier in self.tiers]
+        self._newest = max((s for steps in self.comm.allgather(newest) for t in steps for s in t), default=-1)
         self._write_comm = self.comm.dup()
         self._flush_comm = self.comm.dup() if self.local is not None else None
         self._write_comm.allgather(None)  # nobody writes before every rank has cleaned up
@@ -205,6 +207,12 @@ class Checkpointer:
         if isinstance(step, bool) or not isinstance(step, int | np.integer) or step < 0:
             raise ValueError(f"step must be a non-negative integer, got {step!r}")
         step = int(step)
+        if step < self._newest:
+            raise CheckpointError(
+                f"step {step} is older than step {self._newest}, already committed under {self.shared.path}: "
+                f"to branch off an older checkpoint, call discard_newer_than({step - 1}) first"
+            )
+        self._newest = step
         started = time.perf_counter()
         self._arena_free.wait()
         waited = time.perf_counter() - started
@@ -481,6 +489,24 @@ class Checkpointer:
             raise CheckpointError("this Checkpointer is closed")
 
     # ---------------------------------------------------------------- reading
+
+    def discard_newer_than(self, step: int) -> list[int]:
+        """Delete the committed checkpoints after ``step`` in every tier; the steps removed.
+
+        For rolling back: after ``restore(state, step=80)`` the checkpoints of steps after 80
+        belong to an abandoned run, and saving step 85 next to step 100 would make a later
+        ``restore()`` pick 100. Collective with ``comm``.
+        """
+        self._drain()
+        removed: set[int] = set()
+        for tier in self.tiers:
+            if tier is self.local:
+                removed.update(tier.discard_after(step, own_files=[self._shard_name]))
+            elif self.rank == 0:
+                removed.update(tier.discard_after(step))
+        self._write_comm.allgather(None)  # nobody saves before the branch is gone everywhere
+        self._newest = min(self._newest, step)
+        return sorted(removed)
 
     def latest_step(self) -> int | None:
         """Newest committed step in any tier (committed, not yet verified)."""

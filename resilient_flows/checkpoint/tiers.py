@@ -98,18 +98,31 @@ class Tier:
     def prune(self, keep: int, protect: set[int], own_files: list[str] | None = None) -> list[int]:
         """Drop checkpoints older than the newest ``keep`` committed ones, except ``protect``.
 
-        The manifest goes first, so a crash midway leaves debris, never a checkpoint with missing
-        shards. With ``own_files`` only those files are removed (node-local tier shared by ranks),
-        and the directory once it is empty.
+        With ``own_files`` only those files are removed (node-local tier shared by ranks), and the
+        directory once it is empty.
         """
         committed = self.committed_steps()
         if not committed:
             return []
         oldest_kept = committed[: max(keep, 1)][-1]
-        dropped = []  # older directories, committed or already uncommitted by a sibling rank
-        for step, path in sorted(self.step_dirs().items()):
-            if step >= oldest_kept or step in protect:
-                continue
+        # older directories, committed or already uncommitted by a sibling rank
+        doomed = [s for s in self.step_dirs() if s < oldest_kept and s not in protect]
+        return self._remove(doomed, own_files)
+
+    def discard_after(self, step: int, own_files: list[str] | None = None) -> list[int]:
+        """Drop every checkpoint newer than ``step`` (a branch abandoned by a rollback)."""
+        dropped = self._remove([s for s in self.step_dirs() if s > step], own_files)
+        remaining = self.committed_steps()
+        if remaining:
+            self.write_latest(remaining[0])
+        else:
+            (self.path / "latest").unlink(missing_ok=True)
+        return dropped
+
+    def _remove(self, steps: list[int], own_files: list[str] | None) -> list[int]:
+        """The manifest goes first, so a crash midway leaves debris, never a partial checkpoint."""
+        for step in sorted(steps):
+            path = self.step_dir(step)
             (path / MANIFEST).unlink(missing_ok=True)
             if own_files is None:
                 shutil.rmtree(path, ignore_errors=True)
@@ -118,5 +131,4 @@ class Tier:
                     (path / name).unlink(missing_ok=True)
                 with contextlib.suppress(OSError):  # a sibling rank's shard is left: it removes the dir
                     path.rmdir()
-            dropped.append(step)
-        return dropped
+        return sorted(steps)
