@@ -255,3 +255,14 @@ def test_wrong_dtype_is_named(saved_problem: Path) -> None:
         pytest.raises(StateMismatchError, match=r"is torch.float32 in the checkpoint but torch.float64"),
     ):
         ck.restore(TrainState(problem.model))
+
+
+def test_optimizer_with_other_parameter_groups_is_refused_before_anything_changes(saved_problem: Path) -> None:
+    problem = Problem(width=32)
+    params = list(problem.model.parameters())
+    optimizer = torch.optim.AdamW([{"params": params[:2]}, {"params": params[2:]}])
+    state = TrainState(problem.model, optimizer)
+    before = replicated_digest(state)
+    with Checkpointer(saved_problem) as ck, pytest.raises(StateMismatchError, match="parameter groups of sizes"):
+        ck.restore(state)
+    assert replicated_digest(state) == before

@@ -533,6 +533,8 @@ class Checkpointer:
             mismatch = None
             try:
                 _check_compatible(manifest, live, lazy)
+                if isinstance(stateful, TrainState):
+                    stateful.check_loadable(unflatten(manifest.skeleton, _Placeholders()))
             except StateMismatchError as exc:
                 mismatch = str(exc)
             mismatches = self._write_comm.allgather(mismatch)  # no rank broadcasts if one must stop
@@ -626,6 +628,13 @@ class Checkpointer:
         if local_skeleton:
             state[RANK_LOCAL] = unflatten(local_skeleton, loaded)
         return state
+
+
+class _Placeholders(dict):
+    """Stands in for every array, to look at a checkpoint's structure without reading it."""
+
+    def __missing__(self, name: str) -> torch.Tensor:
+        return torch.zeros(())
 
 
 def _check_pieces(manifest: Manifest, shards: dict[int, MappedShard]) -> None:

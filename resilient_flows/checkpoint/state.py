@@ -16,6 +16,8 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 import torch
 
+from resilient_flows.errors import StateMismatchError
+
 __all__ = ["RANK_LOCAL", "Stateful", "TrainState", "capture_rng", "restore_rng"]
 
 logger = logging.getLogger(__name__)
@@ -92,6 +94,23 @@ class TrainState:
         _replace(self.rank_extra, local.get("extra", {}))
         if self.rng and "rng" in local:
             restore_rng(local["rng"])
+
+    def check_loadable(self, saved: dict[str, Any]) -> None:
+        """Raise StateMismatchError where ``load_state_dict`` would fail after tensors were copied.
+
+        ``saved`` is the checkpoint's structure (tensor values need not be real). The engine calls
+        this before touching the state, so a refused checkpoint leaves the state as it was.
+        """
+        for key in ("model", "optimizer", "scheduler"):
+            if getattr(self, key) is not None and key not in saved:
+                raise StateMismatchError(f"the checkpoint has no {key}, which this TrainState has")
+        if self.optimizer is not None:
+            live = [len(g["params"]) for g in self.optimizer.state_dict()["param_groups"]]
+            stored = [len(g["params"]) for g in saved["optimizer"]["param_groups"]]
+            if live != stored:
+                raise StateMismatchError(
+                    f"the checkpoint's optimizer has parameter groups of sizes {stored}, this one {live}"
+                )
 
     def deferrable(self) -> Callable[[str], bool]:
         """Which leaves only ``optimizer.step()`` changes: safe to copy during the next pass."""
