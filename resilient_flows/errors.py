@@ -6,7 +6,13 @@ else is a bug and keeps its traceback.
 
 from __future__ import annotations
 
-__all__ = ["CheckpointError", "CorruptCheckpointError", "ResilientFlowsError", "StateMismatchError"]
+__all__ = [
+    "CheckpointError",
+    "CorruptCheckpointError",
+    "ResilientFlowsError",
+    "SiteConfigError",
+    "StateMismatchError",
+]
 
 
 class ResilientFlowsError(Exception):
@@ -23,3 +29,7 @@ class CorruptCheckpointError(CheckpointError):
 
 class StateMismatchError(CheckpointError):
     """The state to restore into does not have the keys, shapes or dtypes of the checkpoint."""
+
+
+class SiteConfigError(ResilientFlowsError):
+    """A site configuration names an unknown class, key or value; the message says which and where."""
