@@ -123,14 +123,16 @@ class TorchComm:
 
     def bcast(self, obj: Any, root: int = 0) -> Any:
         box = [obj]
-        source = root if self._group is None else self._dist.get_global_rank(self._group, root)
-        self._dist.broadcast_object_list(box, src=source, group=self._group)
+        self._dist.broadcast_object_list(box, src=self._global(root), group=self._group)
         return box[0]
 
     def bcast_buffer(self, buffer: torch.Tensor, root: int) -> None:
-        if buffer.numel():
-            source = root if self._group is None else self._dist.get_global_rank(self._group, root)
-            self._dist.broadcast(buffer.view(torch.uint8), src=source, group=self._group)  # gloo knows bytes
+        if buffer.numel():  # as bytes: gloo has no bfloat16 or bool
+            self._dist.broadcast(buffer.view(torch.uint8), src=self._global(root), group=self._group)
+
+    def _global(self, rank: int) -> int:
+        """torch.distributed names the root of a collective by its rank in the default group."""
+        return rank if self._group is None else self._dist.get_global_rank(self._group, rank)
 
     def dup(self) -> TorchComm:
         ranks = self._dist.get_process_group_ranks(self._group or self._dist.group.WORLD)

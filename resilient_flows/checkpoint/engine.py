@@ -245,7 +245,8 @@ class Checkpointer:
             if overlap:
                 self._guard_optimizer(stateful.optimizer)
             snapshot = Snapshot(tasks, overlap, self._copier)
-            self._pending_snapshot = snapshot if overlap else self._pending_snapshot
+            if overlap:
+                self._pending_snapshot = snapshot
         except BaseException:
             self._arena_free.set()
             raise

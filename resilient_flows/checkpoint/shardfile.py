@@ -91,11 +91,11 @@ class ShardRecord:
         return cls(file=str(data["file"]), nbytes=int(data["bytes"]), xxh3_64=str(data["xxh3_64"]))
 
 
-def header_bytes(entries: Sequence[ShardEntry], metadata: dict[str, str], align: int = 8) -> bytes:
-    """The safetensors header for ``entries`` packed back to back, padded so data starts aligned.
+def header_bytes(entries: Sequence[ShardEntry], metadata: dict[str, str]) -> bytes:
+    """The safetensors header for ``entries`` packed back to back, padded so data starts on a page.
 
-    Padding with spaces is part of the format; aligning the data section to a page lets it be
-    written with direct I/O.
+    Padding with spaces is part of the format; a page-aligned data section can be written with
+    direct I/O.
     """
     header: dict[str, object] = {"__metadata__": metadata}
     offset = 0
@@ -108,7 +108,7 @@ def header_bytes(entries: Sequence[ShardEntry], metadata: dict[str, str], align:
         }
         offset += nbytes
     text = json.dumps(header, separators=(",", ":")).encode()
-    text += b" " * (-(len(text) + 8) % align)
+    text += b" " * (-(len(text) + 8) % PAGE)
     return struct.pack("<Q", len(text)) + text
 
 
@@ -118,7 +118,7 @@ def write_shard(path: Path, entries: Sequence[ShardEntry], data: torch.Tensor, m
     The file is written under a temporary name, fsynced, then renamed: a reader sees either no
     shard or a complete one. The directory entry is made durable by the caller's commit.
     """
-    head = header_bytes(entries, metadata, align=PAGE)
+    head = header_bytes(entries, metadata)
     digest = xxhash.xxh3_64()
     tmp = path.with_name(path.name + ".tmp")
     view = memoryview(data.numpy())
@@ -153,7 +153,7 @@ class _ChunkReader:
     DEPTH = 3
 
     def __init__(self, path: Path) -> None:
-        self._fd = _open_for_read(path)
+        self._fd = _open(path, os.O_RDONLY, direct=True)
         self._free: queue.SimpleQueue[mmap.mmap | None] = queue.SimpleQueue()
         self._full: queue.SimpleQueue[tuple[mmap.mmap, int] | BaseException] = queue.SimpleQueue()
         for _ in range(self.DEPTH):
@@ -169,7 +169,7 @@ class _ChunkReader:
                 except OSError as exc:  # O_DIRECT accepted at open but not at read: read buffered
                     if exc.errno != errno.EINVAL:
                         raise
-                    fcntl.fcntl(self._fd, fcntl.F_SETFL, fcntl.fcntl(self._fd, fcntl.F_GETFL) & ~os.O_DIRECT)
+                    _drop_direct(self._fd)
                     count = os.readv(self._fd, [buffer])
                 self._full.put((buffer, count))
                 if count == 0:
@@ -207,7 +207,7 @@ def _write_durably(path: Path, head: bytes, chunks: Iterable[memoryview], digest
     bandwidth and a core's time on a small node. From the first chunk that is not a whole number
     of pages (the file's tail) on, writes go through the page cache.
     """
-    fd = _open_for_write(path, direct=aligned and len(head) % PAGE == 0)
+    fd = _open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, direct=aligned and len(head) % PAGE == 0)
     try:
         direct = bool(fcntl.fcntl(fd, fcntl.F_GETFL) & getattr(os, "O_DIRECT", 0))
         digest.update(head)
@@ -227,12 +227,12 @@ def _write_durably(path: Path, head: bytes, chunks: Iterable[memoryview], digest
                 except OSError as exc:  # some FUSE/NFS mounts accept O_DIRECT at open, not at write
                     if not direct or exc.errno != errno.EINVAL:
                         raise
-                    fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_DIRECT)
+                    _drop_direct(fd)
                     direct = False
                     os.lseek(fd, written, os.SEEK_SET)
                     _write_all(fd, pages)
             if bulk < len(chunk):
-                fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_DIRECT)
+                _drop_direct(fd)
                 direct = False
                 with chunk[bulk:] as tail:
                     _write_all(fd, tail)
@@ -243,18 +243,8 @@ def _write_durably(path: Path, head: bytes, chunks: Iterable[memoryview], digest
     return written
 
 
-def _open_for_read(path: Path) -> int:
-    if hasattr(os, "O_DIRECT"):
-        try:
-            return os.open(path, os.O_RDONLY | os.O_DIRECT)
-        except OSError as exc:
-            if exc.errno != errno.EINVAL:
-                raise
-    return os.open(path, os.O_RDONLY)
-
-
-def _open_for_write(path: Path, direct: bool) -> int:
-    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
+def _open(path: Path, flags: int, direct: bool) -> int:
+    """Open with ``O_DIRECT`` when asked and the file system has it, else without."""
     if direct and hasattr(os, "O_DIRECT"):
         try:
             return os.open(path, flags | os.O_DIRECT, 0o644)
@@ -262,6 +252,11 @@ def _open_for_write(path: Path, direct: bool) -> int:
             if exc.errno != errno.EINVAL:  # EINVAL: this file system has no direct I/O
                 raise
     return os.open(path, flags, 0o644)
+
+
+def _drop_direct(fd: int) -> None:
+    """Switch ``fd`` from direct to buffered I/O."""
+    fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_DIRECT)
 
 
 def _write_all(fd: int, data: bytes | memoryview) -> None:
