@@ -11,7 +11,7 @@ from parsl.executors import HighThroughputExecutor
 from parsl.providers import LocalProvider
 
 from resilient_flows.errors import SiteConfigError
-from resilient_flows.sites import load_site, site_names
+from resilient_flows.sites import SiteFacts, load_site, site_facts, site_names
 from resilient_flows.units import parse_size
 
 
@@ -74,3 +74,155 @@ def test_an_app_runs_on_the_local_site(tmp_path: Path) -> None:
         futures = [size(text) for text in ("1KiB", "2MiB", "3GiB")]
         assert [f.result(timeout=120) for f in futures] == [1 << 10, 2 << 20, 3 << 30]
         assert {f.task_record["executor"] for f in futures} == {"local"}
+
+
+# --- site files for real machines, user values from the environment, facts ---------------------
+
+PROVIDERS = {
+    "local": "LocalProvider",
+    "theta": "CobaltProvider",
+    "polaris": "PBSProProvider",
+    "aurora": "PBSProProvider",
+    "slurm": "SlurmProvider",
+}
+
+
+@pytest.fixture
+def user_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What a user exports before using the ALCF and Slurm site files; optional ones unset."""
+    monkeypatch.setenv("PROJECT", "MyAlloc")
+    monkeypatch.setenv("VIRTUAL_ENV", "/home/me/venv")
+    monkeypatch.setenv("SHARED_FS", "/shared/me")
+    for name in ("PBS_QUEUE", "COBALT_QUEUE", "SLURM_PARTITION", "SLURM_ACCOUNT", "LOCAL_SCRATCH"):
+        monkeypatch.delenv(name, raising=False)
+
+
+def test_the_machine_site_files_are_there() -> None:
+    assert set(PROVIDERS) <= set(site_names())
+
+
+@pytest.mark.parametrize("name", site_names())
+def test_every_site_file_loads_with_its_facts(user_env: None, name: str) -> None:
+    config = load_site(name)
+    (executor,) = config.executors
+    assert isinstance(executor, HighThroughputExecutor)
+    assert type(executor.provider).__name__ == PROVIDERS.get(name, type(executor.provider).__name__)
+    facts = site_facts(name)
+    assert facts.name == name and facts.nodes == executor.provider.nodes_per_block
+    if name in PROVIDERS and name != "local":
+        assert "/home/me/venv/bin/activate" in executor.provider.worker_init
+        assert facts.walltime_s == 3600 and facts.node_mtbf_s == 1825 * 86400
+
+
+def test_alcf_sites_take_the_allocation_from_the_environment(user_env: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    polaris = load_site("polaris").executors[0]
+    assert polaris.provider.account == "MyAlloc" and polaris.provider.queue == "debug"
+    assert polaris.provider.select_options == "ngpus=4"
+    assert polaris.provider.scheduler_options == "#PBS -l filesystems=home:eagle"
+    assert polaris.provider.launcher.bind_cmd == "--cpu-bind"
+    assert polaris.provider.launcher.overrides == "--depth=64 --ppn 1"
+    assert polaris.available_accelerators == ["0", "1", "2", "3"] and polaris.cpu_affinity == "block-reverse"
+    aurora = load_site("aurora").executors[0]
+    assert aurora.available_accelerators == [f"{gpu}.{tile}" for gpu in range(6) for tile in range(2)]
+    assert aurora.cpu_affinity.startswith("list:0-7,104-111:") and aurora.cpu_affinity.count(":") == 12
+    monkeypatch.setenv("PBS_QUEUE", "prod")
+    assert load_site("polaris").executors[0].provider.queue == "prod"
+    assert load_site("theta").executors[0].provider.account == "MyAlloc"
+
+
+def test_site_facts_describe_the_machine(user_env: None) -> None:
+    assert site_facts("polaris") == SiteFacts(
+        name="polaris",
+        nodes=1,
+        cores_per_node=32,
+        gpus_per_node=4,
+        local_scratch="/local/scratch",
+        shared_fs="/eagle/MyAlloc",
+        node_mtbf_s=1825 * 86400.0,
+        walltime_s=3600.0,
+    )
+    assert site_facts("theta").shared_fs == "/lus/theta-fs0/projects/MyAlloc"
+    assert site_facts("aurora").gpus_per_node == 12 and site_facts("aurora").local_scratch == "/tmp"
+    local = site_facts("local")
+    assert local.cores_per_node == os.cpu_count() and local.local_scratch is None and local.walltime_s is None
+
+
+def test_an_unset_variable_names_the_file_the_key_and_the_variable(
+    user_env: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("PROJECT")
+    with pytest.raises(
+        SiteConfigError,
+        match=r"polaris\.yaml: executors\[0\]\.provider\.account uses \$\{PROJECT\}, which is not set; "
+        r"export PROJECT=<your allocation>",
+    ):
+        load_site("polaris")
+    with pytest.raises(SiteConfigError, match=r"theta\.yaml: facts\.shared_fs uses \$\{PROJECT\}, which is not set"):
+        site_facts("theta")
+
+
+def test_environment_references(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RF_QUEUE", "")
+    monkeypatch.setenv("RF_ACCOUNT", "acct")
+    monkeypatch.delenv("RF_UNSET", raising=False)
+    site = write(
+        tmp_path,
+        "executors:\n  - type: HighThroughputExecutor\n    label: ${RF_UNSET:-x}-${RF_ACCOUNT}\n"
+        "    provider:\n      type: PBSProProvider\n      queue: ${RF_QUEUE:-debug}\n      account: ${RF_QUEUE}\n"
+        "      worker_init: cd $${PBS_O_WORKDIR} && echo $HOME $$\n",
+    )
+    executor = load_site(site).executors[0]
+    assert executor.label == "x-acct"
+    assert executor.provider.queue == "debug" and executor.provider.account == ""
+    assert executor.provider.worker_init == "cd ${PBS_O_WORKDIR} && echo $HOME $$"
+
+    site.write_text("executors:\n  - type: HighThroughputExecutor\n    label: ${RF_UNSET}\n")
+    with pytest.raises(SiteConfigError, match=r"executors\[0\]\.label uses \$\{RF_UNSET\}.*export RF_UNSET=<value>"):
+        load_site(site)
+    site.write_text("executors:\n  - type: HighThroughputExecutor\n    label: ${RF_QUEUE:?a queue}\n")
+    with pytest.raises(SiteConfigError, match=r"export RF_QUEUE=<a queue>"):
+        load_site(site)
+    site.write_text("executors:\n  - type: HighThroughputExecutor\n    label: ${1bad}\n")
+    with pytest.raises(SiteConfigError, match=r"executors\[0\]\.label has a '\$\{' that is not"):
+        load_site(site)
+
+
+LOCAL = "executors:\n  - type: ThreadPoolExecutor\n"
+
+
+@pytest.mark.parametrize(
+    ("facts", "message"),
+    [
+        (
+            "  nodes: 1\n  cores_per_node: 8\n  node_mtfb: 100d\n",
+            r"facts: unknown key 'node_mtfb' \(did you mean 'node_mtbf'\?\)",
+        ),
+        ("  nodes: '2'\n  cores_per_node: 8\n", r"facts\.nodes must be an integer >= 1, got '2'"),
+        ("  nodes: 1\n  cores_per_node: true\n", r"facts\.cores_per_node must be an integer >= 1 or 'auto'"),
+        ("  nodes: 1\n", r"facts: missing 'cores_per_node'"),
+        ("  nodes: 1\n  cores_per_node: 8\n  node_mtbf: 5y\n", r"facts\.node_mtbf must be a duration like 1825d"),
+        ("  nodes: 1\n  cores_per_node: 8\n  shared_fs: scratch\n", r"facts\.shared_fs must be an absolute path"),
+        ("  nodes: 1\n  cores_per_node: 8\n  walltime: 0s\n", r"facts\.walltime must be positive"),
+    ],
+)
+def test_bad_facts_name_the_file_and_key(tmp_path: Path, facts: str, message: str) -> None:
+    site = write(tmp_path, LOCAL + "facts:\n" + facts)
+    with pytest.raises(SiteConfigError, match=r"site\.yaml: " + message):
+        site_facts(site)
+    load_site(site)  # Parsl never sees the facts
+
+
+def test_facts_are_required_and_take_either_walltime_form(tmp_path: Path) -> None:
+    with pytest.raises(SiteConfigError, match=r"site\.yaml: needs a 'facts' mapping with nodes, cores_per_node"):
+        site_facts(write(tmp_path, LOCAL))
+    facts = site_facts(write(tmp_path, LOCAL + "facts:\n  nodes: 3\n  cores_per_node: 8\n  walltime: '02:30:00'\n"))
+    assert facts == SiteFacts("site", 3, 8, walltime_s=9000.0)
+    assert (
+        site_facts(write(tmp_path, LOCAL + "facts:\n  nodes: 3\n  cores_per_node: 8\n  walltime: 90m\n")).walltime_s
+        == 5400
+    )
+
+
+def test_site_files_name_only_known_classes(tmp_path: Path) -> None:
+    with pytest.raises(SiteConfigError, match=r"unknown type 'subprocess\.Popen'"):
+        load_site(write(tmp_path, "executors:\n  - type: subprocess.Popen\n"))

@@ -3,8 +3,20 @@
 Each mapping with a ``type:`` key names a Parsl class (an executor, provider or launcher); its
 other keys are that class's constructor arguments, checked against its signature so that a typo
 is reported with the file, the key and the allowed names instead of surfacing as a TypeError
-deep inside Parsl. Only classes from Parsl's executor, provider and launcher packages can be
-named: a site file selects configuration, it does not import arbitrary code.
+deep inside Parsl. Only classes from Parsl's executor, provider and launcher packages, and the
+providers of :mod:`resilient_flows.sites.cobalt`, can be named: a site file selects
+configuration, it does not import arbitrary code.
+
+String values may use the environment, so that one site file serves every user of a machine:
+
+* ``${NAME}`` is the value of ``NAME``; an error if ``NAME`` is not set;
+* ``${NAME:-default}`` is ``default`` when ``NAME`` is unset or empty;
+* ``${NAME:?hint}`` is an error when ``NAME`` is unset or empty, and the error shows ``hint``;
+* ``$${`` is a literal ``${`` (for variables the job's own shell should expand).
+
+Nothing else is touched: ``$NAME`` without braces passes through unchanged, keys are never
+expanded, and an expanded value stays a string. The top-level ``facts:`` mapping describes the
+machine for resilient-flows (see :mod:`resilient_flows.sites.facts`) and never reaches Parsl.
 """
 
 from __future__ import annotations
@@ -12,20 +24,46 @@ from __future__ import annotations
 import difflib
 import inspect
 import os
+import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import parsl.executors
 import parsl.launchers
 import parsl.providers
+import typeguard
 import yaml
 from parsl.config import Config
 
 from resilient_flows.errors import SiteConfigError
+from resilient_flows.sites import cobalt
 
-__all__ = ["build_config", "read_site"]
+__all__ = ["SITE_DIR", "build_config", "expand_env", "read_site", "site_names", "site_path"]
 
-_NAMESPACES = (parsl.executors, parsl.providers, parsl.launchers)
+#: The site files of this checkout; ``RESILIENT_FLOWS_SITES`` points elsewhere.
+SITE_DIR = Path(os.environ.get("RESILIENT_FLOWS_SITES", Path(__file__).resolve().parents[2] / "site-configs"))
+
+_NAMESPACES = (parsl.executors, parsl.providers, parsl.launchers, cobalt)
+
+# ``$${`` (an escaped brace), a well-formed reference, or any other ``${`` (an error).
+_REFERENCE = re.compile(r"\$\$\{|\$\{([A-Za-z_][A-Za-z0-9_]*)(?:(:-|:\?)([^}]*))?\}|\$\{")
+
+
+def site_names() -> list[str]:
+    """The names of the site files in :data:`SITE_DIR`."""
+    return sorted(p.stem for p in SITE_DIR.glob("*.yaml"))
+
+
+def site_path(name_or_path: str | os.PathLike) -> Path:
+    """The file of a named site (``local``, ``polaris``, ...) or the given YAML path."""
+    text = os.fspath(name_or_path)
+    path = Path(text) if text.endswith((".yaml", ".yml")) or os.sep in text else SITE_DIR / f"{text}.yaml"
+    if not path.exists() and path.parent == SITE_DIR:
+        raise SiteConfigError(
+            f"unknown site {text!r}; known sites: {', '.join(site_names()) or 'none'} (in {SITE_DIR})"
+        )
+    return path
 
 
 def _classes() -> dict[str, type]:
@@ -39,7 +77,7 @@ def _classes() -> dict[str, type]:
 
 
 def read_site(path: Path) -> dict[str, Any]:
-    """The site file as a mapping (``yaml.safe_load``)."""
+    """The site file as a mapping (``yaml.safe_load``), environment references not yet expanded."""
     try:
         data = yaml.safe_load(path.read_text())
     except FileNotFoundError:
@@ -51,9 +89,48 @@ def read_site(path: Path) -> dict[str, Any]:
     return data
 
 
+def expand_env(value: Any, where: str, key_path: str = "", environ: Mapping[str, str] | None = None) -> Any:
+    """``value`` with the ``${...}`` references in its strings replaced from the environment.
+
+    Mappings and lists are walked; ``key_path`` names ``value`` in error messages
+    (``executors[0].provider.account``).
+    """
+    env = os.environ if environ is None else environ
+    if isinstance(value, dict):
+        return {k: expand_env(v, where, f"{key_path}.{k}" if key_path else str(k), env) for k, v in value.items()}
+    if isinstance(value, list):
+        return [expand_env(v, where, f"{key_path}[{i}]", env) for i, v in enumerate(value)]
+    if not isinstance(value, str) or "${" not in value:
+        return value
+
+    def replace(match: re.Match[str]) -> str:
+        text, name, form, word = match.group(0), match.group(1), match.group(2), match.group(3)
+        if text == "$${":
+            return "${"
+        if name is None:
+            raise SiteConfigError(
+                f"{where}: {key_path} has a '${{' that is not ${{NAME}}, ${{NAME:-default}} or ${{NAME:?hint}} "
+                f"in {value!r}; write '$${{' for a literal '${{'"
+            )
+        current = env.get(name)
+        if form == ":-":
+            return current if current else word
+        if current is None or (form == ":?" and not current):
+            hint = word if form == ":?" and word else "value"
+            raise SiteConfigError(f"{where}: {key_path} uses ${{{name}}}, which is not set; export {name}=<{hint}>")
+        return current
+
+    return _REFERENCE.sub(replace, value)
+
+
 def build_config(data: dict[str, Any], where: str, **overrides: Any) -> Config:
-    """A ``parsl.Config`` from a site mapping; ``overrides`` replace top-level Config arguments."""
-    data = {**data, **overrides}
+    """A ``parsl.Config`` from a site mapping; ``overrides`` replace top-level Config arguments.
+
+    The ``facts`` mapping is left out, and ``${...}`` references are expanded in everything else
+    (not in ``overrides``, which are Python values already).
+    """
+    data = expand_env({k: v for k, v in data.items() if k != "facts"}, where)
+    data.update(overrides)
     executors = data.pop("executors", None)
     if not isinstance(executors, list) or not executors:
         raise SiteConfigError(f"{where}: 'executors' must be a non-empty list of executor mappings")
@@ -72,12 +149,14 @@ def _build(spec: Any, where: str, classes: dict[str, type]) -> Any:
     if cls is None:
         close = difflib.get_close_matches(str(name), classes, n=3)
         hint = f"; did you mean {', '.join(close)}?" if close else ""
-        raise SiteConfigError(f"{where}: unknown type {name!r}{hint} (Parsl executors, providers and launchers)")
+        raise SiteConfigError(
+            f"{where}: unknown type {name!r}{hint} (Parsl executors, providers and launchers, and CobaltProvider)"
+        )
     _check_keys(cls, spec, f"{where} ({name})")
     args = {key: _value(key, value, f"{where}.{key}", classes) for key, value in spec.items()}
     try:
         return cls(**args)
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError, typeguard.TypeCheckError) as exc:
         raise SiteConfigError(f"{where} ({name}): {exc}") from None
 
 

@@ -1,0 +1,121 @@
+"""What resilient-flows needs to know about a machine that Parsl does not: the ``facts:`` of a site.
+
+A site file's top-level ``facts:`` mapping sits beside its Parsl configuration and never reaches
+Parsl::
+
+    facts:
+      nodes: 2                      # nodes per block (one batch job)
+      cores_per_node: 32            # or "auto": this machine's core count
+      gpus_per_node: 4              # default 0
+      local_scratch: /local/scratch # node-local disk: the local checkpoint tier; null if none
+      shared_fs: /eagle/${PROJECT}  # the parallel file system: the shared tier; null if none
+      node_mtbf: 1825d              # mean time between failures of one node; null if unknown
+      walltime: "01:00:00"          # of one block: 6h, 90m or HH:MM:SS; null if unlimited
+
+Durations take the units of :func:`resilient_flows.units.parse_duration` (s, m, h, d);
+``walltime`` also takes Parsl's ``HH:MM:SS``, so a YAML anchor can share it with the provider.
+String values expand ``${VAR}`` like the rest of the file (see :mod:`resilient_flows.sites.build`).
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from resilient_flows.errors import SiteConfigError
+from resilient_flows.sites.build import expand_env, read_site, site_path
+from resilient_flows.units import parse_duration
+
+__all__ = ["SiteFacts", "site_facts"]
+
+_REQUIRED = ("nodes", "cores_per_node")
+_OPTIONAL = ("gpus_per_node", "local_scratch", "shared_fs", "node_mtbf", "walltime")
+
+
+@dataclass(frozen=True)
+class SiteFacts:
+    """The machine behind a site, as its ``facts:`` describe it.
+
+    ``node_mtbf_s`` and ``walltime_s`` are seconds, ``None`` when the site file says ``null``
+    (unknown MTBF, no walltime limit). ``local_scratch`` and ``shared_fs`` are absolute paths
+    or ``None`` when the machine has no such storage.
+    """
+
+    name: str
+    nodes: int
+    cores_per_node: int
+    gpus_per_node: int = 0
+    local_scratch: str | None = None
+    shared_fs: str | None = None
+    node_mtbf_s: float | None = None
+    walltime_s: float | None = None
+
+
+def site_facts(name_or_path: str | os.PathLike = "local") -> SiteFacts:
+    """The facts of a named site (``local``, ``polaris``, ...) or of a site YAML file."""
+    path = site_path(name_or_path)
+    return parse_facts(read_site(path).get("facts"), name=path.stem, where=str(path))
+
+
+def parse_facts(raw: Any, name: str, where: str) -> SiteFacts:
+    """:class:`SiteFacts` from the ``facts`` mapping of the site file ``where``."""
+    if not isinstance(raw, dict):
+        raise SiteConfigError(
+            f"{where}: needs a 'facts' mapping with {', '.join(_REQUIRED)} (optional: {', '.join(_OPTIONAL)})"
+        )
+    raw = expand_env(raw, where, "facts")
+    allowed = _REQUIRED + _OPTIONAL
+    for key in raw:
+        if key not in allowed:
+            close = difflib.get_close_matches(str(key), allowed, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise SiteConfigError(f"{where}: facts: unknown key {key!r}{hint}; allowed: {', '.join(sorted(allowed))}")
+    for key in _REQUIRED:
+        if key not in raw:
+            raise SiteConfigError(f"{where}: facts: missing {key!r}")
+
+    cores = raw["cores_per_node"]
+    return SiteFacts(
+        name=name,
+        nodes=_count(raw["nodes"], "nodes", where, least=1),
+        cores_per_node=(os.cpu_count() or 1) if cores == "auto" else _count(cores, "cores_per_node", where, least=1),
+        gpus_per_node=_count(raw.get("gpus_per_node", 0), "gpus_per_node", where, least=0),
+        local_scratch=_path(raw.get("local_scratch"), "local_scratch", where),
+        shared_fs=_path(raw.get("shared_fs"), "shared_fs", where),
+        node_mtbf_s=_seconds(raw.get("node_mtbf"), "node_mtbf", where),
+        walltime_s=_seconds(raw.get("walltime"), "walltime", where, clock=True),
+    )
+
+
+def _count(value: Any, key: str, where: str, least: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        extra = " or 'auto'" if key == "cores_per_node" else ""
+        raise SiteConfigError(f"{where}: facts.{key} must be an integer >= {least}{extra}, got {value!r}")
+    return value
+
+
+def _path(value: Any, key: str, where: str) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not os.path.isabs(value):
+        raise SiteConfigError(f"{where}: facts.{key} must be an absolute path or null, got {value!r}")
+    return value
+
+
+def _seconds(value: Any, key: str, where: str, clock: bool = False) -> float | None:
+    if value is None:
+        return None
+    try:
+        if clock and isinstance(value, str) and value.count(":") == 2:
+            hours, minutes, seconds = (int(part) for part in value.split(":"))
+            result = float(hours * 3600 + minutes * 60 + seconds)
+        else:
+            result = parse_duration(value, f"facts.{key}")
+    except ValueError as exc:
+        form = "a duration like 6h or HH:MM:SS" if clock else "a duration like 1825d"
+        raise SiteConfigError(f"{where}: facts.{key} must be {form} or null: {exc}") from None
+    if result <= 0:
+        raise SiteConfigError(f"{where}: facts.{key} must be positive, got {value!r}")
+    return result
