@@ -1,0 +1,101 @@
+"""Helpers for tests that need a real Slurm cluster, such as the one ``.ci/slurm-up`` starts.
+
+The Slurm commands find the cluster through ``SLURM_CONF`` (``eval "$(.ci/slurm-up)"`` sets it).
+Without a cluster the tests skip, except where ``RESILIENT_FLOWS_REQUIRE_SLURM=1`` (as in CI): there
+they fail, so that a broken cluster can never pass for a green run.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+from collections.abc import Iterable
+
+import pytest
+
+__all__ = ["cancel", "cancel_all", "require_slurm", "slurm_jobs", "slurm_problem", "worker_job_id"]
+
+SKIP_REASON = "no Slurm cluster: run .ci/slurm-up"
+#: Node states (``sinfo %t``) in which the node can run jobs now or soon.
+_USABLE = {"idle", "mix", "alloc", "comp"}
+
+
+def _run(*args: str, timeout: float = 20) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(args, capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def slurm_problem() -> str | None:
+    """Why the Slurm cluster cannot run jobs now, or None when it can."""
+    if shutil.which("sinfo") is None:
+        return "sinfo is not on PATH"
+    try:
+        result = _run("sinfo", "-h", "-o", "%t")
+    except subprocess.TimeoutExpired:
+        return "sinfo timed out"
+    if result.returncode != 0:
+        lines = (result.stderr.strip() or result.stdout.strip() or f"exit status {result.returncode}").splitlines()
+        return f"sinfo failed: {lines[-1]}"
+    states = set(result.stdout.split())
+    if not states & _USABLE:
+        return f"no node can run jobs (node states: {', '.join(sorted(states)) or 'none'})"
+    return None
+
+
+def require_slurm() -> None:
+    """Return if a Slurm controller answers and a node can run jobs; skip the test otherwise.
+
+    With ``RESILIENT_FLOWS_REQUIRE_SLURM=1`` a missing cluster fails the test instead of skipping it.
+    """
+    problem = slurm_problem()
+    if problem is None:
+        return
+    where = f"SLURM_CONF={os.environ.get('SLURM_CONF', '(unset)')}"
+    if os.environ.get("RESILIENT_FLOWS_REQUIRE_SLURM") == "1":
+        pytest.fail(f"RESILIENT_FLOWS_REQUIRE_SLURM=1 but {problem} ({where})", pytrace=False)
+    pytest.skip(f"{SKIP_REASON} ({problem}; {where})")
+
+
+def slurm_jobs(name_prefix: str | None = None) -> list[tuple[str, str]]:
+    """``(job_id, state)`` of the jobs the controller knows, finished ones included (for ``MinJobAge``).
+
+    ``name_prefix`` keeps only jobs whose name starts with it (Parsl names its blocks
+    ``parsl.<executor label>.block-<n>.<time>``).
+    """
+    result = _run("squeue", "-h", "-t", "all", "-o", "%i|%T|%j")
+    if result.returncode != 0:
+        raise RuntimeError(f"squeue failed: {result.stderr.strip()}")
+    jobs = []
+    for line in result.stdout.splitlines():
+        job_id, state, name = line.split("|", 2)
+        if name_prefix is None or name.startswith(name_prefix):
+            jobs.append((job_id, state))
+    return jobs
+
+
+def cancel(job_ids: Iterable[str]) -> None:
+    """``scancel`` these jobs (finished or unknown ones are fine)."""
+    ids = [str(job_id) for job_id in job_ids]
+    if ids:
+        _run("scancel", *ids)
+
+
+_ACTIVE = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED", "RESIZING"}
+
+
+def cancel_all(name_prefix: str | None = None) -> list[str]:
+    """Cancel every pending or running job (whose name starts with ``name_prefix``); their ids."""
+    ids = [job_id for job_id, state in slurm_jobs(name_prefix) if state in _ACTIVE]
+    cancel(ids)
+    return ids
+
+
+def worker_job_id(sleep_s: float = 0) -> str | None:
+    """A Parsl app body: sleep, then return the Slurm job the worker runs in (``SLURM_JOB_ID``).
+
+    Workers import it from this module, so ``tests/`` must be on their ``PYTHONPATH``; a pilot job
+    inherits the environment that ``sbatch`` ran in.
+    """
+    time.sleep(sleep_s)
+    return os.environ.get("SLURM_JOB_ID")
