@@ -1,4 +1,14 @@
-"""resilient-flows: resilient machine-learning workflows on supercomputers, for Parsl."""
+"""resilient-flows: resilient machine-learning workflows on supercomputers, for Parsl.
+
+The checkpoint engine and the training contract import without Parsl; the Parsl-facing names
+(apps, sites, workflows) are imported on first use, so that ``import resilient_flows`` stays light
+on a compute node that only checkpoints.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
 
 from resilient_flows.checkpoint import (
     Checkpointer,
@@ -9,20 +19,60 @@ from resilient_flows.checkpoint import (
     Stateful,
     StateMismatchError,
     TrainState,
+    read_checkpoint,
 )
-from resilient_flows.errors import ResilientFlowsError
+from resilient_flows.errors import ResilientFlowsError, SiteConfigError, WorkflowError
+from resilient_flows.training import MemberSpec, Preempted, TrainContext, run_member
 
 __version__ = "0.1.0"
+
+_LAZY = {
+    "ResumingRetryHandler": "resilient_flows.apps",
+    "analytics_app": "resilient_flows.apps",
+    "mpi_train_app": "resilient_flows.apps",
+    "train_app": "resilient_flows.apps",
+    "CobaltProvider": "resilient_flows.sites",
+    "load_site": "resilient_flows.sites",
+    "site_facts": "resilient_flows.sites",
+    "Workflow": "resilient_flows.workflow",
+    "load_workflow": "resilient_flows.workflow",
+    "resume_run": "resilient_flows.workflow",
+    "start_run": "resilient_flows.workflow",
+}
 
 __all__ = [
     "CheckpointError",
     "CheckpointInfo",
     "CheckpointStats",
     "Checkpointer",
+    "CobaltProvider",
     "CorruptCheckpointError",
+    "MemberSpec",
+    "Preempted",
     "ResilientFlowsError",
+    "ResumingRetryHandler",
+    "SiteConfigError",
     "StateMismatchError",
     "Stateful",
+    "TrainContext",
     "TrainState",
+    "Workflow",
+    "WorkflowError",
     "__version__",
+    "analytics_app",
+    "load_site",
+    "load_workflow",
+    "mpi_train_app",
+    "read_checkpoint",
+    "resume_run",
+    "run_member",
+    "site_facts",
+    "start_run",
+    "train_app",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'resilient_flows' has no attribute {name!r}")

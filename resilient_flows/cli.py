@@ -10,8 +10,10 @@ import argparse
 import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from resilient_flows.checkpoint.catalog import CheckpointInfo, scan
@@ -26,7 +28,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return args.handler(args)
     except (ResilientFlowsError, FileNotFoundError, NotADirectoryError, PermissionError) as exc:
-        _console(stderr=True).print(f"[bold red]error:[/] {exc}")
+        _console(stderr=True).print(f"[bold red]error:[/] {escape(str(exc))}", soft_wrap=True)
         return 2
 
 
@@ -42,6 +44,22 @@ def _parser() -> argparse.ArgumentParser:
         cmd = sub.add_parser(name, help=text, description=text + ". Exit code 1 if a tier's newest is invalid.")
         cmd.add_argument("dirs", nargs="+", metavar="DIR", help="a checkpoint tier, or a directory holding tiers")
         cmd.set_defaults(handler=_checkpoints, verify=verify)
+
+    validate = commands.add_parser("validate", help="check a workflow file and the site it names")
+    validate.add_argument("file", metavar="FILE", help="a workflow YAML file")
+    validate.add_argument("--site", help="check against this site instead of the workflow's")
+    validate.set_defaults(handler=_validate)
+    run = commands.add_parser("run", help="run a workflow through Parsl")
+    run.add_argument("file", metavar="FILE", help="a workflow YAML file")
+    run.add_argument("--site", help="a site name (see site-configs/) or site YAML file; default: the workflow's")
+    run.add_argument("--run-dir", help="where the run's files go; default: runs/<name>-<time>")
+    run.set_defaults(handler=_run)
+    status = commands.add_parser("status", help="show what each member of a run is doing")
+    status.add_argument("run_dir", metavar="RUN_DIR")
+    status.set_defaults(handler=_status)
+    resume = commands.add_parser("resume", help="continue a run: finished members are skipped")
+    resume.add_argument("run_dir", metavar="RUN_DIR")
+    resume.set_defaults(handler=_resume)
     return parser
 
 
@@ -49,6 +67,37 @@ def _console(stderr: bool = False) -> Console:
     """A terminal gets tables fitted to its width; a pipe or a log file gets unwrapped lines."""
     stream = sys.stderr if stderr else sys.stdout
     return Console(file=stream, width=None if stream.isatty() else 200, highlight=False)
+
+
+def _validate(args: argparse.Namespace) -> int:
+    from resilient_flows.workflow import load_workflow, plan_workflow
+
+    plan = plan_workflow(load_workflow(args.file), args.site)
+    names = ", ".join(m.name for m in plan.members)
+    _console().print(f"{args.file}: valid; {len(plan.members)} member(s) on site {plan.site}: {names}")
+    return 0
+
+
+def _run(args: argparse.Namespace) -> int:
+    from resilient_flows.workflow import start_run
+
+    return start_run(args.file, site=args.site, run_dir=args.run_dir, console=_console())
+
+
+def _resume(args: argparse.Namespace) -> int:
+    from resilient_flows.workflow import resume_run
+
+    return resume_run(args.run_dir, console=_console())
+
+
+def _status(args: argparse.Namespace) -> int:
+    from resilient_flows.workflow import member_statuses, read_plan
+    from resilient_flows.workflow.report import status_table
+
+    plan = read_plan(Path(args.run_dir))
+    statuses = member_statuses(args.run_dir, [(m.name, m.steps) for m in plan.members])
+    _console().print(status_table(statuses, f"{plan.workflow.name} on {plan.site}: {args.run_dir}"))
+    return 0 if all(s.state == "finished" for s in statuses.values()) else 1
 
 
 def _checkpoints(args: argparse.Namespace) -> int:

@@ -12,6 +12,7 @@ __all__ = [
     "ResilientFlowsError",
     "SiteConfigError",
     "StateMismatchError",
+    "WorkflowError",
 ]
 
 
@@ -33,3 +34,7 @@ class StateMismatchError(CheckpointError):
 
 class SiteConfigError(ResilientFlowsError):
     """A site configuration names an unknown class, key or value; the message says which and where."""
+
+
+class WorkflowError(ResilientFlowsError):
+    """A workflow file or run directory is not usable; the message names the file, line and key."""

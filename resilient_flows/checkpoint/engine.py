@@ -37,7 +37,7 @@ import torch
 import xxhash
 
 from resilient_flows.checkpoint.catalog import open_checkpoint
-from resilient_flows.checkpoint.comm import as_comm
+from resilient_flows.checkpoint.comm import SingleProcess, as_comm
 from resilient_flows.checkpoint.manifest import MANIFEST, ArrayRecord, Manifest, PieceRecord, write_manifest
 from resilient_flows.checkpoint.shardfile import MappedShard, ShardEntry, ShardRecord, copy_shard, write_shard
 from resilient_flows.checkpoint.shards import ArraySpec, Piece, plan_shards, shard_order
@@ -541,7 +541,7 @@ class Checkpointer:
             mismatches = self._write_comm.allgather(mismatch)  # no rank broadcasts if one must stop
             if any(mismatches):
                 raise StateMismatchError(_first_problem(mismatches))
-            loaded = self._materialize(manifest, shards, live)
+            loaded = _materialize(manifest, shards, live, self._write_comm)
         finally:
             for shard in shards.values():
                 shard.close()
@@ -558,7 +558,7 @@ class Checkpointer:
             return None
         manifest, shards = opened
         try:
-            return self._materialize(manifest, shards, {})
+            return _materialize(manifest, shards, {}, self._write_comm)
         finally:
             for shard in shards.values():
                 shard.close()
@@ -590,45 +590,70 @@ class Checkpointer:
             raise CheckpointError(f"no valid checkpoint of step {step} in {', '.join(str(t.path) for t in self.tiers)}")
         return None
 
-    def _materialize(
-        self, manifest: Manifest, shards: dict[int, MappedShard], live: Mapping[str, Leaf]
-    ) -> dict[str, Any]:
-        """Every array this rank needs; a piece comes from the rank that read its shard.
 
-        All ranks walk the manifest in the same order and take part in every broadcast, also of
-        other ranks' per-rank values (a few kilobytes), so that the collectives line up.
-        """
-        source_rank = self.rank % manifest.world_size
-        if manifest.world_size != self.world_size and manifest.rank_local[source_rank]:
-            logger.warning(
-                "checkpoint was saved by %d ranks, restoring on %d: rank %d takes rank %d's per-rank values",
-                manifest.world_size,
-                self.world_size,
-                self.rank,
-                source_rank,
-            )
-        own_local = f"{RANK_LOCAL}/{source_rank}/"
-        loaded: dict[str, Any] = {}
-        for name, record in manifest.arrays.items():
-            needed = not name.startswith(f"{RANK_LOCAL}/") or name.startswith(own_local)
-            if not needed and self.world_size == 1:
-                continue
-            flat, finish = _receiver(record, live.get(name))
-            with torch.no_grad():
-                for piece in record.pieces:
-                    part = flat[piece.start : piece.stop]
-                    reader = piece.shard % self.world_size
-                    if reader == self.rank:
-                        part.copy_(shards[piece.shard].piece(piece.key, record.dtype, piece.stop - piece.start))
-                    if self.world_size > 1:
-                        self._write_comm.bcast_buffer(part, reader)
-            if needed:
-                loaded[name] = finish()
-        state = unflatten(manifest.skeleton, loaded)
-        local_skeleton = manifest.rank_local[source_rank]
-        if local_skeleton:
-            state[RANK_LOCAL] = unflatten(local_skeleton, loaded)
-        return state
+def _materialize(
+    manifest: Manifest, shards: dict[int, MappedShard], live: Mapping[str, Leaf], comm: Any
+) -> dict[str, Any]:
+    """Every array this rank needs; a piece comes from the rank that read its shard.
+
+    All ranks walk the manifest in the same order and take part in every broadcast, also of
+    other ranks' per-rank values (a few kilobytes), so that the collectives line up.
+    """
+    source_rank = comm.rank % manifest.world_size
+    if manifest.world_size != comm.size and manifest.rank_local[source_rank]:
+        logger.warning(
+            "checkpoint was saved by %d ranks, restoring on %d: rank %d takes rank %d's per-rank values",
+            manifest.world_size,
+            comm.size,
+            comm.rank,
+            source_rank,
+        )
+    own_local = f"{RANK_LOCAL}/{source_rank}/"
+    loaded: dict[str, Any] = {}
+    for name, record in manifest.arrays.items():
+        needed = not name.startswith(f"{RANK_LOCAL}/") or name.startswith(own_local)
+        if not needed and comm.size == 1:
+            continue
+        flat, finish = _receiver(record, live.get(name))
+        with torch.no_grad():
+            for piece in record.pieces:
+                part = flat[piece.start : piece.stop]
+                reader = piece.shard % comm.size
+                if reader == comm.rank:
+                    part.copy_(shards[piece.shard].piece(piece.key, record.dtype, piece.stop - piece.start))
+                if comm.size > 1:
+                    comm.bcast_buffer(part, reader)
+        if needed:
+            loaded[name] = finish()
+    state = unflatten(manifest.skeleton, loaded)
+    local_skeleton = manifest.rank_local[source_rank]
+    if local_skeleton:
+        state[RANK_LOCAL] = unflatten(local_skeleton, loaded)
+    return state
+
+
+def read_checkpoint(directory: str | os.PathLike, step: int | None = None) -> tuple[int, dict[str, Any]] | None:
+    """The newest valid checkpoint (or ``step``) in one tier as ``(step, nested dict)``, or None.
+
+    For readers beside a live writer (analytics on a member that keeps training): unlike a
+    :class:`Checkpointer` it cleans no debris, since the writer's half-written step is not debris
+    yet, and it takes part in no collectives.
+    """
+    tier = Tier(directory, "shared")
+    for s in tier.committed_steps():
+        if step not in (None, s):
+            continue
+        shards: dict[int, MappedShard] = {}
+        try:
+            manifest, shards = open_checkpoint(tier.step_dir(s), s)
+            _check_pieces(manifest, shards)
+            return s, _materialize(manifest, shards, {}, SingleProcess())
+        except CorruptCheckpointError as exc:
+            logger.warning("skipping checkpoint step %d in %s: %s", s, tier.path, exc)
+        finally:
+            for shard in shards.values():
+                shard.close()
+    return None
 
 
 class _Placeholders(dict):

@@ -1,0 +1,121 @@
+"""Parsl apps for training members and on-demand analytics, and a retry handler that resumes.
+
+A retried app runs :func:`~resilient_flows.training.run_member` again with the same member spec,
+which restores the latest committed checkpoint: every retry is a resume. What a retry costs is
+decided by :class:`ResumingRetryHandler`: stopping on request is free, losing the process after
+making progress (a walltime, a lost node, a killed worker) is free, a real error costs one.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shlex
+import sys
+from pathlib import Path
+from typing import Any
+
+from parsl import bash_app, python_app
+from parsl.app.errors import BashExitFailure
+from parsl.executors.high_throughput.errors import ManagerLost, WorkerLost
+
+from resilient_flows.checkpoint.tiers import Tier
+from resilient_flows.training import EventLog, MemberSpec, Preempted, evaluate_members, member_dir, run_member
+from resilient_flows.training.mpi_member import EXIT_PREEMPTED
+
+__all__ = ["ResumingRetryHandler", "analytics_app", "mpi_train_app", "train_app"]
+
+logger = logging.getLogger(__name__)
+
+
+@python_app
+def train_app(spec: dict[str, Any], run_dir: str) -> dict[str, Any]:
+    """Train one member (a :class:`MemberSpec` as a dict) in a worker; resumes from its checkpoint."""
+    return run_member(spec, run_dir)
+
+
+@python_app
+def analytics_app(specs: list[dict[str, Any]], run_dir: str, request: str = "analytics") -> dict[str, Any]:
+    """Evaluate members' newest committed checkpoints while they keep training."""
+    return evaluate_members(specs, run_dir, request)
+
+
+@bash_app
+def mpi_train_app(
+    spec: dict[str, Any], run_dir: str, ranks: int = 2, parsl_resource_specification: dict | None = None
+) -> str:
+    """Train one data-parallel member on ``ranks`` MPI ranks sharing one checkpointer.
+
+    Under Parsl's ``MPIExecutor`` the launch prefix comes from ``$PARSL_MPI_PREFIX`` (pass
+    ``parsl_resource_specification={"num_ranks": ...}``); elsewhere ``mpiexec -n ranks``.
+    """
+    directory = member_dir(run_dir, spec["name"])
+    directory.mkdir(parents=True, exist_ok=True)
+    spec_path = directory / "spec.json"
+    spec_path.write_text(json.dumps(spec))
+    prefix = os.environ.get("PARSL_MPI_PREFIX") or f"mpiexec -n {int(ranks)}"
+    module = [sys.executable, "-m", "resilient_flows.training.mpi_member", str(spec_path), str(run_dir)]
+    return f"{prefix} {shlex.join(module)}"
+
+
+class ResumingRetryHandler:
+    """A ``parsl.Config(retry_handler=...)`` for member apps; pair it with ``retries=N``.
+
+    - :class:`Preempted` (or the MPI variant's exit status 75): cost 0, the member stopped cleanly.
+    - A lost worker or manager (SIGKILL, node failure, walltime): cost 0 when the member
+      committed a newer checkpoint than at its previous failure, else 1, so a task that dies
+      before making progress cannot loop forever.
+    - Anything else: cost 1.
+
+    Failures and retries go to the run's ``events.jsonl``.
+    """
+
+    def __init__(self, retries: int) -> None:
+        self.retries = retries
+        self._progress: dict[int, int] = {}
+
+    def __call__(self, exception: Exception, task_record: dict[str, Any]) -> float:
+        found = _member_task(task_record)
+        if found is None:
+            return 1.0
+        spec, run_dir = found
+        latest = _latest_committed(spec, run_dir)
+        if isinstance(exception, Preempted) or (
+            isinstance(exception, BashExitFailure) and exception.exitcode == EXIT_PREEMPTED
+        ):
+            cost, why = 0.0, "preempted"
+        elif isinstance(exception, WorkerLost | ManagerLost):
+            before = self._progress.get(task_record["id"], -1)
+            cost, why = (0.0, "lost after progress") if latest > before else (1.0, "lost without progress")
+        else:
+            cost, why = 1.0, "error"
+        self._progress[task_record["id"]] = latest
+        events = EventLog(run_dir)
+        events.emit(
+            "failed",
+            spec.name,
+            error=f"{type(exception).__name__}: {exception}",
+            cause=why,
+            cost=cost,
+            checkpoint=None if latest < 0 else latest,
+        )
+        if task_record["fail_cost"] + cost <= self.retries:
+            events.emit(
+                "retried", spec.name, attempt=task_record["try_id"] + 2, from_step=None if latest < 0 else latest
+            )
+        return cost
+
+
+def _member_task(task_record: dict[str, Any]) -> tuple[MemberSpec, str] | None:
+    args = task_record.get("args") or ()
+    if task_record.get("func_name") not in ("train_app", "mpi_train_app") or len(args) < 2:
+        return None
+    return MemberSpec.from_dict(args[0]), str(args[1])
+
+
+def _latest_committed(spec: MemberSpec, run_dir: str) -> int:
+    tiers = [Path(member_dir(run_dir, spec.name)) / "checkpoints"]
+    if spec.checkpoint.local_dir is not None:
+        tiers.append(Path(spec.checkpoint.local_dir))
+    return max((s for path in tiers if path.is_dir() for s in Tier(path, "any").committed_steps()[:1]), default=-1)

@@ -1,0 +1,28 @@
+"""The training loop contract (:class:`TrainContext`), built-in workloads, and member runs.
+
+Nothing here imports Parsl: ``apps`` wraps :func:`run_member` and :func:`evaluate_members`.
+"""
+
+from resilient_flows.training.context import Preempted, TrainContext, member_dir, state_digest
+from resilient_flows.training.events import EventLog, read_events
+from resilient_flows.training.run import evaluate_members, run_member
+from resilient_flows.training.spec import CheckpointSpec, FaultSpec, MemberSpec
+from resilient_flows.training.workloads import BUILTIN_WORKLOADS, Workload, load_dataset, resolve_workload
+
+__all__ = [
+    "BUILTIN_WORKLOADS",
+    "CheckpointSpec",
+    "EventLog",
+    "FaultSpec",
+    "MemberSpec",
+    "Preempted",
+    "TrainContext",
+    "Workload",
+    "evaluate_members",
+    "load_dataset",
+    "member_dir",
+    "read_events",
+    "resolve_workload",
+    "run_member",
+    "state_digest",
+]

@@ -1,0 +1,252 @@
+"""The training loop contract: a user function receives a :class:`TrainContext` and gets
+checkpointing, resume, preemption handling and metrics without writing any of them.
+
+A member's files live in ``<run_dir>/members/<name>/``::
+
+    checkpoints/      the shared checkpoint tier
+    metrics.jsonl     one line per logged step (a resumed attempt logs the redone steps again)
+    control.json      requests from the runner (preempt), consumed by the member
+    attempts          how many attempts have started
+    result.json       written once the member finished
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import signal
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from resilient_flows.checkpoint import Checkpointer, TrainState
+from resilient_flows.errors import ResilientFlowsError
+from resilient_flows.training.events import EventLog
+from resilient_flows.training.spec import MemberSpec
+
+__all__ = ["Preempted", "TrainContext", "member_dir", "state_digest"]
+
+logger = logging.getLogger(__name__)
+
+#: Signals a batch system sends before it stops a job (walltime, preemption).
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+
+
+class Preempted(ResilientFlowsError):
+    """A member stopped on request after committing a checkpoint of ``step``; resubmit to continue."""
+
+    def __init__(self, member: str, step: int, reason: str) -> None:
+        super().__init__(member, step, reason)
+        self.member, self.step, self.reason = member, step, reason
+
+    def __str__(self) -> str:
+        return f"member {self.member} preempted ({self.reason}) after committing step {self.step}"
+
+
+def member_dir(run_dir: str | os.PathLike, name: str) -> Path:
+    return Path(run_dir) / "members" / name
+
+
+def state_digest(module: Any) -> str:
+    """SHA-256 over a ``state_dict``'s tensors in key order: equal digests mean equal weights, bit for bit."""
+    digest = hashlib.sha256()
+    for key, value in module.state_dict().items():
+        digest.update(key.encode())
+        if isinstance(value, torch.Tensor):
+            digest.update(value.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+        else:
+            digest.update(repr(value).encode())
+    return digest.hexdigest()
+
+
+class TrainContext:
+    """What a training function sees of its member: parameters, checkpointing, metrics, stop requests.
+
+    Attributes
+    ----------
+    params:
+        The member's parameters from the workflow (``steps`` included).
+    seed, name, attempt:
+        The member's seed, its name, and which attempt this is (1 for the first).
+    restored_step:
+        The step restored by :meth:`track`, or None on a fresh start.
+    directory:
+        The member's directory in the run directory.
+    """
+
+    def __init__(self, spec: MemberSpec, run_dir: str | os.PathLike, comm: Any = None) -> None:
+        self.spec = spec
+        self.name = spec.name
+        self.seed = spec.seed
+        self.params = {**spec.params, "steps": spec.steps}
+        self.run_dir = Path(run_dir)
+        self.directory = member_dir(run_dir, spec.name)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.events = EventLog(run_dir)
+        self.restored_step: int | None = None
+        self.state: TrainState | None = None
+        self._last_metrics: dict[str, Any] = {}
+        self._last_saved: int | None = None
+        self._last_save_time = time.monotonic()
+        self._stop_reason: str | None = None
+        self._metrics = None
+        ck = spec.checkpoint
+        self.checkpointer = Checkpointer(
+            self.directory / "checkpoints",
+            local_dir=ck.local_dir,
+            persist_every=ck.persist_every,
+            keep=ck.keep,
+            comm=comm,
+        )
+        self._rank = self.checkpointer.rank
+        self.attempt: int = self.checkpointer.comm.bcast(self._count_attempt() if self._rank == 0 else None)
+        torch.set_num_threads(spec.threads)
+        self._emit("started", attempt=self.attempt, host=socket.gethostname(), pid=os.getpid())
+
+    # ------------------------------------------------------------------ the contract
+
+    def track(
+        self,
+        model: Any = None,
+        optimizer: torch.optim.Optimizer | None = None,
+        scheduler: Any = None,
+        extra: dict[str, Any] | None = None,
+    ) -> int | None:
+        """Declare what a checkpoint holds and restore it from the latest checkpoint; the step restored."""
+        self.state = TrainState(model, optimizer, scheduler, extra=extra)
+        self.restored_step = self.checkpointer.restore(self.state)
+        self._last_saved = self.restored_step
+        if self.restored_step is not None:
+            self._emit("resumed", attempt=self.attempt, step=self.restored_step)
+        return self.restored_step
+
+    def steps(self, total: int) -> Iterator[int]:
+        """Steps ``0 .. total-1``, after the restored one; checkpoints and honours stop requests between them."""
+        if self.state is None:
+            raise ResilientFlowsError("call ctx.track(model=..., optimizer=...) before ctx.steps()")
+        start = 0 if self.restored_step is None else self.restored_step + 1
+        with self._stop_signals():
+            for step in range(start, total):
+                yield step
+                self._after_step(step)
+            if total > 0 and self._last_saved != total - 1:
+                self._save(total - 1, persist=True)
+            self.checkpointer.wait()
+
+    def log(self, step: int, **metrics: float) -> None:
+        """Record metrics of ``step`` (floats, or 0-d tensors) in ``metrics.jsonl``."""
+        values = {k: float(v.detach()) if isinstance(v, torch.Tensor) else float(v) for k, v in metrics.items()}
+        self._last_metrics = {"step": step, **values}
+        if self._rank != 0:
+            return
+        if self._metrics is None:
+            self._metrics = (self.directory / "metrics.jsonl").open("a", buffering=1)
+        self._metrics.write(json.dumps({"step": step, "attempt": self.attempt, "time": time.time(), **values}) + "\n")
+
+    def result(self, model: Any = None, **values: Any) -> dict[str, Any]:
+        """The member's result: its last metrics, the weights' digest, and ``values``."""
+        out: dict[str, Any] = {"member": self.name, "attempts": self.attempt, **self._last_metrics, **values}
+        if model is not None:
+            out["digest"] = state_digest(model)
+        return out
+
+    # ------------------------------------------------------------------ internals
+
+    def close(self) -> None:
+        if self._metrics is not None:
+            self._metrics.close()
+            self._metrics = None
+        self.checkpointer.close()
+
+    def _after_step(self, step: int) -> None:
+        self._fire_faults(step)
+        reason = self._stop_reason or self._read_control()
+        if self.checkpointer.world_size > 1:  # every rank stops at the same step, or none does
+            reason = next((r for r in self.checkpointer.comm.allgather(reason) if r is not None), None)
+        if reason is not None:
+            self._save(step, persist=True)
+            self.checkpointer.wait()
+            with contextlib.suppress(FileNotFoundError):
+                (self.directory / "control.json").unlink()
+            self._emit("preempted", attempt=self.attempt, step=step, reason=reason)
+            raise Preempted(self.name, step, reason)
+        ck = self.spec.checkpoint
+        due_steps = ck.interval_steps is not None and (step + 1) % ck.interval_steps == 0
+        due_time = ck.interval_s is not None and time.monotonic() - self._last_save_time >= ck.interval_s
+        if due_steps or due_time:
+            self._save(step)
+
+    def _save(self, step: int, persist: bool | None = None) -> None:
+        stats = self.checkpointer.save(step, self.state, overlap=self.spec.checkpoint.overlap, persist=persist)
+        self._last_saved = step
+        self._last_save_time = time.monotonic()
+        self._emit("checkpointed", step=step, stall_ms=round(1000 * stats.last_stall, 3))
+
+    def _read_control(self) -> str | None:
+        path = self.directory / "control.json"
+        try:
+            request = json.loads(path.read_text())
+        except (OSError, ValueError):
+            return None  # absent, or being written: read again after the next step
+        if isinstance(request, dict) and request.get("action") == "preempt":
+            return str(request.get("reason", "preemption requested"))
+        return None
+
+    def _fire_faults(self, step: int) -> None:
+        """Injected faults hit the first attempt only, so that the retry shows the recovery."""
+        for fault in self.spec.faults:
+            if fault.at_step != step or self.attempt != 1:
+                continue
+            logger.warning("member %s: injecting fault %s at step %d", self.name, fault.kind, step)
+            if self._metrics is not None:
+                self._metrics.flush()
+            if fault.kind == "kill":
+                os.kill(os.getpid(), signal.SIGKILL)
+            elif fault.kind == "preempt":
+                os.kill(os.getpid(), signal.SIGTERM)
+            else:
+                raise RuntimeError(f"injected error in member {self.name} at step {step}")
+
+    @contextlib.contextmanager
+    def _stop_signals(self) -> Iterator[None]:
+        """Turn SIGTERM/SIGUSR1 into a request that the next step boundary honours."""
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+
+        def request_stop(signum: int, _frame: Any) -> None:
+            self._stop_reason = f"signal {signal.Signals(signum).name}"
+
+        previous = {sig: signal.signal(sig, request_stop) for sig in STOP_SIGNALS}
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    def _count_attempt(self) -> int:
+        path = self.directory / "attempts"
+        attempt = (int(path.read_text() or 0) if path.exists() else 0) + 1
+        _write_durably(path, str(attempt))
+        return attempt
+
+    def _emit(self, kind: str, **fields: Any) -> None:
+        if self._rank == 0:
+            self.events.emit(kind, self.name, **fields)
+
+
+def _write_durably(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with tmp.open("w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)

@@ -1,0 +1,35 @@
+"""``python -m resilient_flows.training.mpi_member SPEC.json RUN_DIR``: one rank of a data-parallel member.
+
+Launched by ``mpiexec`` (or Parsl's ``$PARSL_MPI_PREFIX``); the ranks share one checkpointer over
+``MPI.COMM_WORLD``. Exit status :data:`EXIT_PREEMPTED` tells the retry handler that the member
+stopped on request after committing a checkpoint, which is not a failure.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from resilient_flows.training.context import Preempted
+from resilient_flows.training.run import run_member
+
+#: ``EX_TEMPFAIL`` from sysexits.h: try again later.
+EXIT_PREEMPTED = 75
+
+
+def main(argv: list[str] | None = None) -> int:
+    spec_path, run_dir = argv if argv is not None else sys.argv[1:]
+    from mpi4py import MPI
+
+    spec = json.loads(Path(spec_path).read_text())
+    try:
+        run_member(spec, run_dir, comm=MPI.COMM_WORLD)
+    except Preempted as exc:
+        print(exc, file=sys.stderr)
+        return EXIT_PREEMPTED
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

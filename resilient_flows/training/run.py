@@ -1,0 +1,71 @@
+"""Run one member to completion (or preemption), and evaluate members' latest checkpoints.
+
+These are the bodies of the Parsl apps; they know nothing of Parsl, so that they can also run in
+a plain process, under ``mpiexec``, or in a test.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from resilient_flows.checkpoint import read_checkpoint
+from resilient_flows.training.context import TrainContext, member_dir
+from resilient_flows.training.events import EventLog
+from resilient_flows.training.spec import MemberSpec
+from resilient_flows.training.workloads import resolve_workload
+
+__all__ = ["evaluate_members", "run_member"]
+
+
+def run_member(spec: dict[str, Any], run_dir: str, comm: Any = None) -> dict[str, Any]:
+    """Train one member from its latest checkpoint to its last step; its result.
+
+    Raises :class:`~resilient_flows.training.Preempted` after committing a checkpoint when asked to
+    stop. ``comm`` (mpi4py or torch.distributed) makes the ranks share one checkpointer.
+    """
+    member = MemberSpec.from_dict(spec)
+    workload = resolve_workload(member.workload, member.evaluate)
+    ctx = TrainContext(member, run_dir, comm=comm)
+    try:
+        result = workload.train(ctx)
+    finally:
+        ctx.close()
+    if not isinstance(result, dict):
+        result = {"member": member.name, "value": result}
+    if ctx.checkpointer.rank == 0:
+        path = ctx.directory / "result.json"
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(result, indent=2, default=str))
+        os.replace(tmp, path)
+        ctx.events.emit("finished", member.name, attempt=ctx.attempt, **_scalars(result))
+    return result
+
+
+def evaluate_members(specs: list[dict[str, Any]], run_dir: str, request: str = "analytics") -> dict[str, Any]:
+    """Evaluate each member's newest committed checkpoint while the members keep training.
+
+    Reads only committed checkpoints, without cleaning anything: a member writing its next
+    checkpoint meanwhile is never disturbed. Members without a checkpoint yet, or whose workload
+    has no evaluation, are reported as such.
+    """
+    report: dict[str, Any] = {}
+    for raw in specs:
+        member = MemberSpec.from_dict(raw)
+        workload = resolve_workload(member.workload, member.evaluate)
+        found = read_checkpoint(Path(member_dir(run_dir, member.name)) / "checkpoints")
+        if found is None:
+            report[member.name] = {"step": None, "note": "no committed checkpoint yet"}
+        elif workload.evaluate is None:
+            report[member.name] = {"step": found[0], "note": f"workload {member.workload} has no evaluate function"}
+        else:
+            step, state = found
+            report[member.name] = {"step": step, **workload.evaluate({**member.params, "steps": member.steps}, state)}
+    EventLog(run_dir).emit("analytics", None, request=request, members=report)
+    return report
+
+
+def _scalars(result: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in result.items() if isinstance(v, int | float | str) and k not in ("member", "attempts")}

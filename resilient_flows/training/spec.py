@@ -1,0 +1,64 @@
+"""What one ensemble member is, as a plain value that travels to a Parsl worker.
+
+The workflow planner produces these from YAML; a worker receives one as a JSON-compatible dict,
+so nothing on the worker side unpickles objects a workflow file described.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+__all__ = ["CheckpointSpec", "FaultSpec", "MemberSpec"]
+
+
+@dataclass(frozen=True)
+class CheckpointSpec:
+    """When and where a member checkpoints.
+
+    ``interval_steps`` and ``interval_s`` may both be set: whichever comes first triggers a
+    checkpoint. ``local_dir`` is the node-local tier (the site's scratch), or None for the shared
+    tier only.
+    """
+
+    interval_steps: int | None = 10
+    interval_s: float | None = None
+    keep: int = 3
+    overlap: bool = False
+    persist_every: int = 1
+    local_dir: str | None = None
+
+
+@dataclass(frozen=True)
+class FaultSpec:
+    """A fault injected once, on a member's first attempt, for demonstrations and tests.
+
+    ``kill`` sends SIGKILL to the worker process, ``error`` raises an exception, ``preempt`` sends
+    the worker SIGTERM as a batch system does before a walltime.
+    """
+
+    kind: str
+    at_step: int
+
+
+@dataclass(frozen=True)
+class MemberSpec:
+    name: str
+    workload: str
+    params: dict[str, Any]
+    seed: int = 0
+    steps: int = 100
+    checkpoint: CheckpointSpec = field(default_factory=CheckpointSpec)
+    faults: tuple[FaultSpec, ...] = ()
+    evaluate: str | None = None
+    threads: int = 1
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> MemberSpec:
+        values = dict(data)
+        values["checkpoint"] = CheckpointSpec(**values.get("checkpoint", {}))
+        values["faults"] = tuple(FaultSpec(**f) for f in values.get("faults", ()))
+        return cls(**values)

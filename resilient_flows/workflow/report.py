@@ -1,0 +1,86 @@
+"""The run's report: a summary table (terminal and text file) and a loss plot with failures marked."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import numpy as np
+from rich.console import Console
+from rich.table import Table
+
+from resilient_flows.workflow.status import MemberStatus
+
+__all__ = ["plot_losses", "status_table", "write_report"]
+
+
+def status_table(statuses: dict[str, MemberStatus], title: str) -> Table:
+    table = Table(title=title)
+    for column in ("member", "state", "step", "loss", "checkpoint", "attempts", "failures", "test acc."):
+        table.add_column(column, justify="left" if column in ("member", "state") else "right")
+    for s in statuses.values():
+        accuracy = None if s.result is None else s.result.get("test_accuracy")
+        table.add_row(
+            s.name,
+            s.state,
+            "-" if s.step is None else f"{s.step + 1}/{s.steps}",
+            "-" if s.loss is None else f"{s.loss:.4f}",
+            "-" if s.checkpoint is None else str(s.checkpoint),
+            str(s.attempts),
+            str(s.failures),
+            "-" if accuracy is None else f"{accuracy:.3f}",
+        )
+    return table
+
+
+def plot_losses(statuses: dict[str, MemberStatus], path: Path, title: str) -> None:
+    """Each member's loss against steps (raw, faint, and a running mean); X where an attempt was
+    lost, o where the next one resumed from a checkpoint."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(figsize=(8, 4.5))
+    for s in statuses.values():
+        if s.metrics is None or not s.metrics.curve:
+            continue
+        steps = sorted(s.metrics.curve)
+        losses = np.array([s.metrics.curve[k] for k in steps])
+        smooth = _running_mean(losses, max(1, len(steps) // 50))
+        (line,) = axes.plot(steps, losses, linewidth=0.6, alpha=0.25)
+        color = line.get_color()
+        axes.plot(steps, smooth, color=color, linewidth=1.6, label=s.name)
+        at = dict(zip(steps, smooth, strict=True))
+        spans = sorted(s.metrics.attempt_spans.values())
+        for (_, died), (resumed, _) in itertools.pairwise(spans):
+            axes.axvline(died, color=color, linestyle=":", linewidth=1)
+            axes.plot(died, at.get(died, np.nan), "X", color=color, markersize=10, markeredgecolor="black")
+            axes.plot(resumed, at.get(resumed, np.nan), "o", color=color, markersize=8, markeredgecolor="black")
+    axes.set_yscale("log")
+    axes.set_xlabel("step")
+    axes.set_ylabel("training loss")
+    axes.set_title(f"{title}\nX: attempt lost, o: resumed from its checkpoint", fontsize="medium")
+    axes.legend(fontsize="small")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+
+
+def _running_mean(values: np.ndarray, window: int) -> np.ndarray:
+    """Mean over the last ``window`` values (fewer at the start), so the curve keeps its length."""
+    sums = np.cumsum(np.insert(values, 0, 0.0))
+    index = np.arange(1, len(values) + 1)
+    start = np.maximum(index - window, 0)
+    return (sums[index] - sums[start]) / (index - start)
+
+
+def write_report(statuses: dict[str, MemberStatus], summary: Path, plot: Path, title: str) -> Table:
+    """Write the summary text and the plot; the table, for the terminal."""
+    table = status_table(statuses, title)
+    summary.parent.mkdir(parents=True, exist_ok=True)
+    with summary.open("w") as f:
+        Console(file=f, width=120, color_system=None).print(table)
+    plot_losses(statuses, plot, title)
+    return table

@@ -1,0 +1,80 @@
+"""The run directory: everything a run needs to be inspected or resumed later.
+
+::
+
+    workflow.yaml      the workflow file as given
+    plan.json          the validated workflow, the site and every member's spec (no pickle)
+    events.jsonl       everything that happened (see resilient_flows.training.events)
+    members/<name>/    checkpoints, metrics and result of each member
+    parsl/             Parsl's run directory: submit scripts, interchange and worker logs
+    report/            summary table and loss plot
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from resilient_flows.errors import WorkflowError
+from resilient_flows.training.spec import MemberSpec
+from resilient_flows.workflow.schema import Workflow
+
+__all__ = ["Plan", "create_run_dir", "default_run_dir", "read_plan"]
+
+PLAN = "plan.json"
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A validated workflow bound to a site: what ``run`` starts and ``resume`` continues."""
+
+    workflow: Workflow
+    site: str
+    members: tuple[MemberSpec, ...]
+
+    def ranks(self, name: str) -> int:
+        return self.workflow.ranks_of(name)
+
+
+def default_run_dir(workflow: Workflow) -> Path:
+    return Path("runs") / f"{workflow.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def create_run_dir(path: Path, plan: Plan, source_text: str) -> Path:
+    """Create ``path`` for a new run; refuses one that already holds a run, which ``resume`` continues."""
+    if (path / PLAN).exists():
+        raise WorkflowError(f"{path} already holds a run; continue it with `resilient-flows resume {path}`")
+    if path.exists() and any(path.iterdir()):
+        raise WorkflowError(f"run directory {path} exists and is not empty; choose another with --run-dir")
+    (path / "members").mkdir(parents=True, exist_ok=True)
+    (path / "workflow.yaml").write_text(source_text)
+    document = {
+        "site": plan.site,
+        "workflow": plan.workflow.model_dump(mode="json"),
+        "members": [m.to_dict() for m in plan.members],
+    }
+    tmp = path / (PLAN + ".tmp")
+    tmp.write_text(json.dumps(document, indent=2))
+    os.replace(tmp, path / PLAN)
+    return path.resolve()
+
+
+def read_plan(path: Path) -> Plan:
+    """The plan of the run in ``path``."""
+    try:
+        document = json.loads((path / PLAN).read_text())
+    except FileNotFoundError:
+        raise WorkflowError(
+            f"{path} is not a run directory (no {PLAN}); start one with `resilient-flows run`"
+        ) from None
+    except (OSError, ValueError) as exc:
+        raise WorkflowError(f"{path / PLAN}: unreadable ({exc})") from None
+    try:
+        workflow = Workflow.model_validate(document["workflow"])
+        members = tuple(MemberSpec.from_dict(m) for m in document["members"])
+        return Plan(workflow, str(document["site"]), members)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise WorkflowError(f"{path / PLAN}: not a plan this version understands ({exc})") from None

@@ -1,0 +1,116 @@
+"""Run a workflow's members as Parsl apps, show their progress, and report.
+
+Parsl does the scheduling and the retries; a retry is a resume because the member restores its
+latest checkpoint (see :mod:`resilient_flows.apps`). The runner submits, watches the run
+directory, fires analytics requests on time, and writes the report.
+"""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import Future
+from pathlib import Path
+
+import parsl
+from rich.console import Console
+from rich.live import Live
+
+from resilient_flows.apps import ResumingRetryHandler, analytics_app, mpi_train_app, train_app
+from resilient_flows.sites import load_site, site_facts
+from resilient_flows.training.events import EventLog
+from resilient_flows.workflow.report import status_table, write_report
+from resilient_flows.workflow.rundir import Plan, create_run_dir, default_run_dir, read_plan
+from resilient_flows.workflow.schema import Workflow, load_workflow, run_path
+from resilient_flows.workflow.status import MemberStatus, member_statuses
+
+__all__ = ["plan_workflow", "resume_run", "start_run"]
+
+POLL_SECONDS = 0.5
+
+
+def plan_workflow(workflow: Workflow, site: str | None = None, run_name: str | None = None) -> Plan:
+    """Bind a workflow to a site (the workflow's own unless ``site`` is given), checked to load."""
+    site_name = site or workflow.site
+    facts = site_facts(site_name)
+    local_root = None
+    if facts.local_scratch:
+        local_root = f"{facts.local_scratch}/resilient-flows/{run_name or workflow.name}"
+    load_site(site_name)
+    return Plan(workflow, site_name, tuple(workflow.member_specs(local_root)))
+
+
+def start_run(
+    path: str | Path, site: str | None = None, run_dir: str | Path | None = None, console: Console | None = None
+) -> int:
+    """Run a workflow file from the start; 0 when every member finished."""
+    workflow = load_workflow(path)
+    target = Path(run_dir) if run_dir is not None else default_run_dir(workflow)
+    plan = plan_workflow(workflow, site, run_name=target.name)
+    directory = create_run_dir(target, plan, Path(path).read_text())
+    return _execute(directory, plan, list(plan.members), console or Console())
+
+
+def resume_run(run_dir: str | Path, console: Console | None = None) -> int:
+    """Continue a run: finished members are skipped, the others resume from their checkpoints."""
+    directory = Path(run_dir).resolve()
+    plan = read_plan(directory)
+    console = console or Console()
+    pending = [m for m in plan.members if not (directory / "members" / m.name / "result.json").exists()]
+    skipped = len(plan.members) - len(pending)
+    if skipped:
+        console.print(f"{skipped} member(s) already finished; resuming {len(pending)}")
+    return _execute(directory, plan, pending, console)
+
+
+def _execute(run_dir: Path, plan: Plan, members: list, console: Console) -> int:
+    workflow = plan.workflow
+    events = EventLog(run_dir)
+    config = load_site(
+        plan.site,
+        run_dir=str(run_dir / "parsl"),
+        retries=workflow.retries,
+        retry_handler=ResumingRetryHandler(workflow.retries),
+    )
+    everyone = [(m.name, m.steps) for m in plan.members]
+    statuses: dict[str, MemberStatus] = {}
+    started = time.monotonic()
+    console.print(f"run [bold]{workflow.name}[/] on site [bold]{plan.site}[/]: {run_dir}")
+    with parsl.load(config):
+        futures: dict[str, Future] = {}
+        for member in members:
+            ranks = plan.ranks(member.name)
+            if ranks > 1:
+                futures[member.name] = mpi_train_app(member.to_dict(), str(run_dir), ranks=ranks)
+            else:
+                futures[member.name] = train_app(member.to_dict(), str(run_dir))
+            events.emit("submitted", member.name, ranks=ranks)
+        pending_analytics = list(workflow.analytics)
+        analytics: list[Future] = []
+        with Live(console=console, refresh_per_second=4, transient=True) as live:
+            while not all(f.done() for f in [*futures.values(), *analytics]):
+                elapsed = time.monotonic() - started
+                for request in [r for r in pending_analytics if r.after_s <= elapsed]:
+                    pending_analytics.remove(request)
+                    chosen = [
+                        m.to_dict() for m in plan.members if request.members == "all" or m.name in request.members
+                    ]
+                    analytics.append(analytics_app(chosen, str(run_dir), request.name))
+                statuses = member_statuses(run_dir, everyone, statuses)
+                live.update(status_table(statuses, f"{workflow.name} ({elapsed:.0f} s)"))
+                time.sleep(POLL_SECONDS)
+        failed = {name: f.exception() for name, f in futures.items() if f.exception() is not None}
+        reports = [f.result() for f in analytics if f.exception() is None]
+    statuses = member_statuses(run_dir, everyone, statuses)
+    title = f"{workflow.name}: {time.monotonic() - started:.0f} s on {plan.site}"
+    table = write_report(
+        statuses, run_path(run_dir, workflow.report.summary), run_path(run_dir, workflow.report.plot), title
+    )
+    console.print(table)
+    for report in reports:
+        for name, values in report.items():
+            shown = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in values.items())
+            console.print(f"analytics {name}: {shown}")
+    for name, exc in failed.items():
+        console.print(f"[bold red]member {name} failed:[/] {type(exc).__name__}: {exc}")
+    console.print(f"report: {run_path(run_dir, workflow.report.summary)}, {run_path(run_dir, workflow.report.plot)}")
+    return 1 if failed else 0

@@ -1,0 +1,302 @@
+"""The workflow file: typed, strict, and expanded into one :class:`MemberSpec` per ensemble member.
+
+Unknown keys and wrong types are errors naming the key and its line (see :func:`load_workflow`).
+Member names become directory names in the run directory, so they are restricted to a safe
+alphabet; every other path a workflow names is resolved inside the run directory.
+"""
+
+from __future__ import annotations
+
+import difflib
+import itertools
+import typing
+from pathlib import Path, PurePosixPath
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from resilient_flows.errors import WorkflowError
+from resilient_flows.training.spec import CheckpointSpec, FaultSpec, MemberSpec
+from resilient_flows.training.workloads import BUILTIN_WORKLOADS
+from resilient_flows.units import parse_duration
+from resilient_flows.workflow.yamlsource import YamlSource
+
+__all__ = ["AnalyticsConfig", "CheckpointConfig", "FaultConfig", "MemberConfig", "Workflow", "load_workflow"]
+
+Name = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")]
+FAULT_KINDS = ("kill", "preempt", "error")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def _duration(value: Any, what: str) -> float:
+    try:
+        return parse_duration(value, what)
+    except ValueError as exc:
+        raise ValueError(str(exc)) from None
+
+
+class CheckpointConfig(_Strict):
+    """``interval`` is a number of steps (``25``) or a duration (``30s``)."""
+
+    interval: int | str = 10
+    keep: Annotated[int, Field(ge=1)] = 3
+    overlap: bool = False
+    tiers: list[Literal["local", "shared"]] = ["local", "shared"]
+    persist_every: Annotated[int, Field(ge=1)] = 1
+
+    @field_validator("interval")
+    @classmethod
+    def _interval(cls, value: int | str) -> int | str:
+        if isinstance(value, int):
+            if value < 1:
+                raise ValueError("a step interval must be at least 1")
+        else:
+            _duration(value, "interval")
+        return value
+
+    @field_validator("tiers")
+    @classmethod
+    def _tiers(cls, value: list[str]) -> list[str]:
+        if "shared" not in value:
+            raise ValueError("'shared' must be among the tiers: a checkpoint must survive the node")
+        return value
+
+    def spec(self, local_dir: str | None) -> CheckpointSpec:
+        steps = self.interval if isinstance(self.interval, int) else None
+        seconds = None if isinstance(self.interval, int) else _duration(self.interval, "interval")
+        return CheckpointSpec(
+            interval_steps=steps,
+            interval_s=seconds,
+            keep=self.keep,
+            overlap=self.overlap,
+            persist_every=self.persist_every,
+            local_dir=local_dir if "local" in self.tiers else None,
+        )
+
+
+class MemberConfig(_Strict):
+    """One entry of ``members``; ``seeds``, ``count`` and ``grid`` expand it into several members."""
+
+    name: Name
+    workload: str
+    steps: Annotated[int, Field(ge=0)]
+    params: dict[str, Any] = {}
+    seed: int = 0
+    seeds: list[int] | None = None
+    count: Annotated[int, Field(ge=1)] | None = None
+    grid: dict[str, list[Any]] | None = None
+    evaluate: str | None = None
+    ranks: Annotated[int, Field(ge=1)] = 1
+    threads: Annotated[int, Field(ge=1)] = 1
+
+    @field_validator("workload")
+    @classmethod
+    def _workload(cls, value: str) -> str:
+        module, _, function = value.partition(":")
+        if value not in BUILTIN_WORKLOADS and not (module and function):
+            raise ValueError(
+                f"unknown workload {value!r}: a built-in ({', '.join(BUILTIN_WORKLOADS)}) or 'module:function'"
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _one_way_to_seed(self) -> MemberConfig:
+        if self.seeds is not None and self.count is not None:
+            raise ValueError("give 'seeds' or 'count', not both")
+        if self.grid is not None and any(not values for values in self.grid.values()):
+            raise ValueError("every 'grid' entry needs at least one value")
+        return self
+
+    def expand(self) -> list[tuple[str, int, dict[str, Any]]]:
+        """(name, seed, params) per member: the grid's product times the seeds, in file order."""
+        seeds = self.seeds or ([self.seed + i for i in range(self.count)] if self.count else [self.seed])
+        keys = list(self.grid or {})
+        points = [dict(zip(keys, combo, strict=True)) for combo in itertools.product(*(self.grid or {}).values())]
+        variants = [(seed, {**self.params, **point}) for point in points for seed in seeds]
+        if len(variants) == 1:
+            return [(self.name, *variants[0])]
+        return [(f"{self.name}-{i}", seed, params) for i, (seed, params) in enumerate(variants)]
+
+
+class FaultConfig(_Strict):
+    """``{kill: m1, at_step: 30}``: on its first attempt, member m1 is killed after step 30."""
+
+    kill: str | None = None
+    preempt: str | None = None
+    error: str | None = None
+    at_step: Annotated[int, Field(ge=0)]
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> FaultConfig:
+        given = [k for k in FAULT_KINDS if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError(f"name exactly one of {', '.join(FAULT_KINDS)} (the member to hit)")
+        return self
+
+    @property
+    def kind(self) -> str:
+        return next(k for k in FAULT_KINDS if getattr(self, k) is not None)
+
+    @property
+    def member(self) -> str:
+        return getattr(self, self.kind)
+
+
+class AnalyticsConfig(_Strict):
+    """Evaluate members' latest checkpoints ``after`` this long, while they keep training."""
+
+    after: int | str
+    members: list[str] | Literal["all"] = "all"
+    name: Name = "analytics"
+
+    @field_validator("after")
+    @classmethod
+    def _after(cls, value: int | str) -> int | str:
+        _duration(value, "after")
+        return value
+
+    @property
+    def after_s(self) -> float:
+        return _duration(self.after, "after")
+
+
+class ReportConfig(_Strict):
+    """Where the report goes, relative to the run directory."""
+
+    plot: str = "report/loss.png"
+    summary: str = "report/summary.txt"
+
+    @field_validator("plot", "summary")
+    @classmethod
+    def _inside(cls, value: str) -> str:
+        return confined(value)
+
+
+class Workflow(_Strict):
+    name: Name
+    site: str = "local"
+    retries: Annotated[int, Field(ge=0)] = 2
+    checkpoint: CheckpointConfig = CheckpointConfig()
+    members: Annotated[list[MemberConfig], Field(min_length=1)]
+    faults: list[FaultConfig] = []
+    analytics: list[AnalyticsConfig] = []
+    report: ReportConfig = ReportConfig()
+
+    @model_validator(mode="after")
+    def _names(self) -> Workflow:
+        names = [name for member in self.members for name, _, _ in member.expand()]
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            raise ValueError(f"member names must be unique; repeated: {', '.join(duplicates)}")
+        for fault in self.faults:
+            if fault.member not in names:
+                raise ValueError(f"fault names member {fault.member!r}, which is not one of {', '.join(names)}")
+        for request in self.analytics:
+            unknown = [] if request.members == "all" else sorted(set(request.members) - set(names))
+            if unknown:
+                raise ValueError(f"analytics names unknown members {', '.join(unknown)}")
+        return self
+
+    def member_specs(self, local_root: str | None) -> list[MemberSpec]:
+        """One spec per expanded member; ``local_root`` is this run's directory on node-local scratch."""
+        specs = []
+        for member in self.members:
+            for name, seed, params in member.expand():
+                local = None if local_root is None else str(PurePosixPath(local_root) / name)
+                faults = tuple(FaultSpec(f.kind, f.at_step) for f in self.faults if f.member == name)
+                specs.append(
+                    MemberSpec(
+                        name=name,
+                        workload=member.workload,
+                        params=params,
+                        seed=seed,
+                        steps=member.steps,
+                        checkpoint=self.checkpoint.spec(local),
+                        faults=faults,
+                        evaluate=member.evaluate,
+                        threads=member.threads,
+                    )
+                )
+        return specs
+
+    def ranks_of(self, name: str) -> int:
+        return next(m.ranks for m in self.members for n, _, _ in m.expand() if n == name)
+
+
+def confined(value: str) -> str:
+    """``value`` as a relative path that cannot leave the directory it is resolved in."""
+    path = PurePosixPath(value)
+    if path.is_absolute() or ".." in path.parts or not path.parts:
+        raise ValueError(f"path {value!r} must be relative and stay inside the run directory")
+    return value
+
+
+def load_workflow(path: str | Path) -> Workflow:
+    """The workflow in ``path``; a :class:`WorkflowError` naming the line and key of the first problem."""
+    source = YamlSource.read(path)
+    return parse_workflow(source)
+
+
+def parse_workflow(source: YamlSource) -> Workflow:
+    if not isinstance(source.data, dict):
+        raise WorkflowError(f"{source.path}: expected a mapping with 'name' and 'members'")
+    try:
+        return Workflow.model_validate(source.data)
+    except ValidationError as exc:
+        errors = sorted(exc.errors(), key=lambda e: (e["type"] != "extra_forbidden", source.line(tuple(e["loc"])) or 0))
+        first = errors[0]
+        loc = tuple(first["loc"])
+        line = source.line(loc)
+        more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+        raise WorkflowError(f"{source.path}:{line}: {_dotted(loc) or 'workflow'}: {_explain(first)}{more}") from None
+
+
+def _dotted(loc: tuple[Any, ...]) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def _explain(error: dict[str, Any]) -> str:
+    kind = error["type"]
+    if kind == "extra_forbidden":
+        allowed = _allowed_keys(tuple(error["loc"])[:-1])
+        close = difflib.get_close_matches(str(error["loc"][-1]), allowed, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        return f"unknown key{hint}; allowed: {', '.join(allowed)}"
+    if kind == "missing":
+        return "required key is missing"
+    message = error["msg"]
+    return message.removeprefix("Value error, ")
+
+
+def _allowed_keys(loc: tuple[Any, ...]) -> list[str]:
+    """The keys allowed at ``loc``: walk the models along the path, through lists."""
+    model: Any = Workflow
+    for part in loc:
+        if isinstance(part, int):
+            continue
+        field = model.model_fields.get(part) if isinstance(model, type) and issubclass(model, BaseModel) else None
+        if field is None:
+            return []
+        model = _model_in(field.annotation)
+    return list(model.model_fields) if isinstance(model, type) and issubclass(model, BaseModel) else []
+
+
+def _model_in(annotation: Any) -> Any:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in typing.get_args(annotation):
+        found = _model_in(arg)
+        if found is not None:
+            return found
+    return None
+
+
+def run_path(run_dir: Path, relative: str) -> Path:
+    """``relative`` (already :func:`confined`) resolved in ``run_dir``."""
+    return run_dir / confined(relative)

@@ -1,0 +1,78 @@
+"""Data-parallel members: two real MPI ranks share one checkpointer, directly and through Parsl."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from conftest import python_env
+
+from resilient_flows.cli import main
+from resilient_flows.training import CheckpointSpec, FaultSpec, MemberSpec, read_events, run_member
+from resilient_flows.training.mpi_member import EXIT_PREEMPTED
+
+pytestmark = [pytest.mark.mpi, pytest.mark.slow]
+
+SPEC = MemberSpec(
+    name="dp",
+    workload="mlp-digits",
+    params={"hidden": 48},
+    seed=1,
+    steps=60,
+    checkpoint=CheckpointSpec(interval_steps=10),
+)
+
+
+def mpi_member(spec: MemberSpec, run_dir: Path) -> int:
+    mpiexec = shutil.which("mpiexec") or pytest.fail("mpiexec not found: pip install mpich mpi4py")
+    spec_path = run_dir.parent / f"{spec.name}.json"
+    spec_path.write_text(json.dumps(spec.to_dict()))
+    command = [
+        mpiexec,
+        "-n",
+        "2",
+        sys.executable,
+        "-m",
+        "resilient_flows.training.mpi_member",
+        str(spec_path),
+        str(run_dir),
+    ]
+    return subprocess.run(command, env=python_env(), timeout=180, capture_output=True).returncode
+
+
+def test_two_ranks_preempted_then_resumed_end_like_one_uninterrupted_rank(tmp_path: Path) -> None:
+    reference = run_member(SPEC.to_dict(), str(tmp_path / "ref"))
+    preempted = replace(SPEC, faults=(FaultSpec("preempt", 26),))  # SIGTERM on both ranks' first attempt
+    run_dir = tmp_path / "run"
+    assert mpi_member(preempted, run_dir) == EXIT_PREEMPTED
+    latest = run_dir / "members/dp/checkpoints/step-00000026"
+    assert sorted(p.name for p in latest.iterdir()) == [
+        "manifest.json",
+        "shard-00000-of-00002.safetensors",
+        "shard-00001-of-00002.safetensors",
+    ]
+    assert mpi_member(preempted, run_dir) == 0
+    result = json.loads((run_dir / "members/dp/result.json").read_text())
+    assert result["digest"] == reference["digest"]
+    kinds = [(e["kind"], e.get("step")) for e in read_events(run_dir) if e["kind"] in ("preempted", "resumed")]
+    assert kinds == [("preempted", 26), ("resumed", 26)]  # rank 0 reports for both
+
+
+def test_a_two_rank_member_in_a_workflow_is_requeued_free_after_preemption(tmp_path: Path, capsys) -> None:
+    workflow = tmp_path / "wf.yaml"
+    workflow.write_text(
+        "name: dp\nretries: 0\ncheckpoint: {interval: 10}\n"
+        "members:\n  - {name: dp, workload: mlp-digits, steps: 60, seed: 1, params: {hidden: 48}, ranks: 2}\n"
+        "faults:\n  - {preempt: dp, at_step: 26}\n"
+    )
+    run_dir = tmp_path / "run"
+    assert main(["run", str(workflow), "--run-dir", str(run_dir)]) == 0  # retries: 0, yet it continued
+    (failed,) = [e for e in read_events(run_dir) if e["kind"] == "failed"]
+    assert failed["cause"] == "preempted" and failed["cost"] == 0.0 and failed["checkpoint"] == 26
+    reference = run_member(SPEC.to_dict(), str(tmp_path / "ref"))
+    assert json.loads((run_dir / "members/dp/result.json").read_text())["digest"] == reference["digest"]

@@ -1,0 +1,124 @@
+"""Parsl apps on a real Slurm cluster (``.ci/slurm-up``) through the ``local-slurm`` site.
+
+Skipped without a cluster, failed without one where ``RESILIENT_FLOWS_REQUIRE_SLURM=1`` (CI).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import parsl
+import pytest
+from parsl.dataflow.dflow import DataFlowKernel
+from parsl.providers import SlurmProvider
+from rich.console import Console
+from slurm import cancel, cancel_all, require_slurm, slurm_jobs, worker_job_id
+
+from resilient_flows.sites import load_site
+from resilient_flows.training import read_events, run_member
+from resilient_flows.units import parse_size
+from resilient_flows.workflow import read_plan, start_run
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(150)]
+
+LABEL = "local-slurm"
+#: How often Parsl asks Slurm about its blocks here; SlurmProvider hard-codes 60 s, too slow for a test.
+POLL_S = 2
+
+
+@pytest.fixture
+def dfk(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[DataFlowKernel]:
+    """Parsl loaded with the ``local-slurm`` site; afterwards its pilot jobs are gone."""
+    require_slurm()
+    # Workers import `worker_job_id` from tests/slurm.py: pilot jobs inherit this environment.
+    tests_dir = str(Path(__file__).parent)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (tests_dir, os.environ.get("PYTHONPATH")) if p))
+    monkeypatch.setattr(SlurmProvider, "status_polling_interval", property(lambda self: POLL_S))
+    kernel = parsl.load(load_site(LABEL, run_dir=str(tmp_path / "runinfo"), strategy_period=POLL_S))
+    provider = kernel.executors[LABEL].provider
+    try:
+        yield kernel
+    finally:
+        job_ids = list(provider.resources)
+        try:
+            kernel.cleanup()
+        finally:
+            cancel(job_ids)
+
+
+def wait_for(predicate: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.5)
+
+
+def test_an_app_runs_in_a_slurm_pilot_job(dfk: DataFlowKernel) -> None:
+    assert parsl.python_app(parse_size)("3MiB").result(timeout=120) == 3 << 20
+
+    job_id = parsl.python_app(worker_job_id)().result(timeout=30)
+    provider = dfk.executors[LABEL].provider
+    assert job_id is not None, "the app did not run inside a Slurm job"
+    assert list(provider.resources) == [job_id], "one block, submitted by SlurmProvider"
+    assert (job_id, "RUNNING") in slurm_jobs(name_prefix=f"parsl.{LABEL}.block-")
+
+
+def test_a_cancelled_pilot_job_is_replaced_and_its_task_retried(dfk: DataFlowKernel) -> None:
+    app = parsl.python_app(worker_job_id)
+    first = app().result(timeout=120)
+    assert first is not None
+
+    sleeper = app(8)  # busy in the first block when that block is cancelled
+    time.sleep(2)
+    cancel([first])
+    wait_for(lambda: dict(slurm_jobs()).get(first) == "CANCELLED", 30, f"Slurm job {first} to end")
+
+    # A new task after the loss runs in a new block; the interrupted one is retried there.
+    second = app().result(timeout=120)
+    assert second not in (None, first)
+    assert sleeper.result(timeout=60) == second
+    assert sleeper.task_record["fail_count"] >= 1, "the sleeper was retried, not finished in the first block"
+    assert set(dfk.executors[LABEL].provider.resources) == {first, second}
+
+
+def test_a_workflow_member_survives_scancel_of_its_pilot_job(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The member trains in a Slurm pilot job; we scancel the job; it finishes on a new block from its checkpoint."""
+    require_slurm()
+    monkeypatch.setattr(SlurmProvider, "status_polling_interval", property(lambda self: POLL_S))
+    workflow = tmp_path / "wf.yaml"
+    workflow.write_text(
+        "name: slurm\nsite: local-slurm\nretries: 1\ncheckpoint: {interval: 250}\n"
+        "members:\n  - {name: m, workload: cnn-digits, steps: 6000, seed: 5}\n"
+    )
+    run_dir = tmp_path / "run"
+    outcome: list[int] = []
+    runner = threading.Thread(
+        target=lambda: outcome.append(start_run(workflow, run_dir=run_dir, console=Console(file=io.StringIO())))
+    )
+    runner.start()
+    try:
+        wait_for(lambda: any(e["kind"] == "checkpointed" for e in read_events(run_dir)), 120, "a first checkpoint")
+        (job,) = [j for j, state in slurm_jobs(name_prefix=f"parsl.{LABEL}.block-") if state == "RUNNING"]
+        cancel([job])
+        runner.join(timeout=150)
+    finally:
+        if runner.is_alive():
+            cancel_all(name_prefix=f"parsl.{LABEL}.block-")
+            runner.join(timeout=60)
+    assert outcome == [0]
+    events = list(read_events(run_dir))
+    (failed,) = [e for e in events if e["kind"] == "failed"]
+    assert failed["cost"] == 0.0, failed  # lost (or preempted by Slurm's SIGTERM) after progress: free
+    resumed = [e["step"] for e in events if e["kind"] == "resumed"]
+    assert resumed and resumed[0] >= 249
+    workers = {e["pid"] for e in events if e["kind"] == "started"}
+    assert len(workers) == 2  # two attempts in two worker processes (two pilot jobs)
+    reference = run_member(read_plan(run_dir).members[0].to_dict(), str(tmp_path / "ref"))
+    assert json.loads((run_dir / "members/m/result.json").read_text())["digest"] == reference["digest"]

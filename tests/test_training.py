@@ -1,0 +1,115 @@
+"""The training contract without Parsl: exact resume after errors and preemption, metrics, analytics."""
+
+from __future__ import annotations
+
+import json
+import pickle
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from resilient_flows.errors import ResilientFlowsError
+from resilient_flows.training import (
+    CheckpointSpec,
+    FaultSpec,
+    MemberSpec,
+    Preempted,
+    TrainContext,
+    evaluate_members,
+    read_events,
+    run_member,
+)
+from resilient_flows.workflow.status import MetricsReader
+
+
+def spec(name: str = "m", workload: str = "mlp-digits", steps: int = 60, **changes) -> MemberSpec:
+    base = MemberSpec(
+        name=name,
+        workload=workload,
+        params={"hidden": 32},
+        seed=3,
+        steps=steps,
+        checkpoint=CheckpointSpec(interval_steps=10),
+    )
+    return replace(base, **changes)
+
+
+def curve(run_dir: Path, name: str) -> dict[int, float]:
+    reader = MetricsReader(run_dir / "members" / name / "metrics.jsonl")
+    reader.update()
+    return reader.curve
+
+
+@pytest.mark.parametrize("workload", ["mlp-digits", "cnn-digits", "mlp-breast-cancer", "userworkload:train"])
+def test_a_failed_member_rerun_ends_bit_for_bit_like_an_uninterrupted_one(tmp_path: Path, workload: str) -> None:
+    reference = run_member(spec(workload=workload).to_dict(), str(tmp_path / "ref"))
+    faulty = spec(workload=workload, faults=(FaultSpec("error", 34),)).to_dict()
+    with pytest.raises(RuntimeError, match="injected error in member m at step 34"):
+        run_member(faulty, str(tmp_path / "run"))
+    resumed = run_member(faulty, str(tmp_path / "run"))  # what a Parsl retry does
+    assert resumed["digest"] == reference["digest"]
+    assert resumed["attempts"] == 2
+    assert curve(tmp_path / "run", "m") == curve(tmp_path / "ref", "m")
+    kinds = [(e["kind"], e.get("step")) for e in read_events(tmp_path / "run") if e["kind"] != "checkpointed"]
+    assert kinds == [("started", None), ("started", None), ("resumed", 29), ("finished", 59)]
+
+
+def test_preemption_commits_a_checkpoint_of_the_current_step_and_raises(tmp_path: Path) -> None:
+    reference = run_member(spec().to_dict(), str(tmp_path / "ref"))
+    preempted = spec(faults=(FaultSpec("preempt", 22),)).to_dict()  # SIGTERM to this process
+    with pytest.raises(Preempted) as caught:
+        run_member(preempted, str(tmp_path / "run"))
+    assert (caught.value.step, caught.value.reason) == (22, "signal SIGTERM")
+    assert (tmp_path / "run/members/m/checkpoints/latest").read_text().strip() == "22"
+    again = pickle.loads(pickle.dumps(caught.value))  # Parsl ships it from the worker
+    assert (again.member, again.step, str(again)) == ("m", 22, str(caught.value))
+    assert run_member(preempted, str(tmp_path / "run"))["digest"] == reference["digest"]
+
+
+def test_a_control_file_request_preempts_at_the_next_step(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    directory = run_dir / "members" / "m"
+    directory.mkdir(parents=True)
+    (directory / "control.json").write_text(json.dumps({"action": "preempt", "reason": "analytics job a1"}))
+    with pytest.raises(Preempted, match=r"preempted \(analytics job a1\) after committing step 0"):
+        run_member(spec().to_dict(), str(run_dir))
+    assert not (directory / "control.json").exists()  # consumed: the retry runs on
+    assert run_member(spec().to_dict(), str(run_dir))["step"] == 59
+
+
+def test_time_interval_checkpoints_and_final_checkpoint(tmp_path: Path) -> None:
+    timed = spec(checkpoint=CheckpointSpec(interval_steps=None, interval_s=3600.0))
+    run_member(timed.to_dict(), str(tmp_path))
+    saved = [e["step"] for e in read_events(tmp_path) if e["kind"] == "checkpointed"]
+    assert saved == [59]  # nothing was due within the hour, the last step always is
+
+
+def test_steps_before_track_is_a_clear_error(tmp_path: Path) -> None:
+    ctx = TrainContext(spec(), tmp_path)
+    try:
+        with pytest.raises(ResilientFlowsError, match=r"call ctx.track\(model=..., optimizer=...\) before"):
+            next(iter(ctx.steps(3)))
+    finally:
+        ctx.close()
+
+
+def test_analytics_reads_latest_checkpoints_without_disturbing_members(tmp_path: Path) -> None:
+    user = spec(name="u", workload="userworkload:train", evaluate="userworkload:evaluate")
+    run_member(user.to_dict(), str(tmp_path))
+    absent = spec(name="later")
+    debris = tmp_path / "members/u/checkpoints/step-00000099.tmp"  # a write in progress
+    debris.mkdir()
+    report = evaluate_members([user.to_dict(), absent.to_dict()], str(tmp_path), "a1")
+    assert report["u"]["step"] == 59 and isinstance(report["u"]["prediction_at_ones"], float)
+    assert report["later"] == {"step": None, "note": "no committed checkpoint yet"}
+    assert debris.exists()
+    (event,) = [e for e in read_events(tmp_path) if e["kind"] == "analytics"]
+    assert event["request"] == "a1" and event["members"]["u"]["step"] == 59
+
+
+def test_unknown_workloads_name_the_choices(tmp_path: Path) -> None:
+    with pytest.raises(ResilientFlowsError, match=r"unknown workload 'resnet'.*mlp-digits.*module:function"):
+        run_member(spec(workload="resnet").to_dict(), str(tmp_path))
+    with pytest.raises(ResilientFlowsError, match=r"userworkload has no function 'trian'"):
+        run_member(spec(workload="userworkload:trian").to_dict(), str(tmp_path))

@@ -1,0 +1,172 @@
+"""Workflow files, the CLI, and runs on a real local Parsl executor (HTEX workers, real SIGKILL)."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from resilient_flows.cli import main
+from resilient_flows.training import read_events, run_member
+from resilient_flows.workflow import load_workflow, read_plan
+from resilient_flows.workflow.status import MetricsReader
+
+REPO = Path(__file__).resolve().parents[1]
+
+GOOD = """\
+name: demo
+checkpoint:
+  interval: 10
+members:
+  - name: mlp
+    workload: mlp-digits
+    steps: 40
+    params: {hidden: 16}
+    grid: {lr: [0.01, 0.1]}
+    seeds: [0, 1]
+  - name: solo
+    workload: userworkload:train
+    steps: 20
+faults:
+  - kill: mlp-1
+    at_step: 25
+"""
+
+
+def write(tmp_path: Path, text: str, name: str = "wf.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def test_members_expand_grid_times_seeds_in_file_order(tmp_path: Path) -> None:
+    workflow = load_workflow(write(tmp_path, GOOD))
+    specs = workflow.member_specs(local_root="/scratch/run")
+    assert [(s.name, s.seed, s.params.get("lr")) for s in specs] == [
+        ("mlp-0", 0, 0.01),
+        ("mlp-1", 1, 0.01),
+        ("mlp-2", 0, 0.1),
+        ("mlp-3", 1, 0.1),
+        ("solo", 0, None),
+    ]
+    assert specs[1].faults[0].kind == "kill" and specs[1].faults[0].at_step == 25
+    assert not specs[0].faults
+    assert specs[4].checkpoint.local_dir == "/scratch/run/solo" and specs[4].checkpoint.interval_steps == 10
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (
+            ("    steps: 40\n", "    stepz: 40\n"),
+            r"wf.yaml:7: members\[0\].stepz: unknown key \(did you mean 'steps'\?\); allowed",
+        ),
+        (("    steps: 40\n", "    steps: forty\n"), r"wf.yaml:7: members\[0\].steps: Input should be a valid integer"),
+        (("    workload: mlp-digits\n", ""), r"wf.yaml:5: members\[0\].workload: required key is missing"),
+        (("    workload: mlp-digits\n", "    workload: resnet\n"), r"wf.yaml:6: .*unknown workload 'resnet'"),
+        (("  interval: 10\n", "  interval: 10 parsecs\n"), r"wf.yaml:3: checkpoint.interval: interval '10 parsecs'"),
+        (
+            ("name: demo\n", "name: demo\nreport: {plot: ../../outside.png}\n"),
+            r"wf.yaml:2: report.plot: path '../../outside.png' must be relative and stay inside the run directory",
+        ),
+        (("  - name: solo\n", "  - name: ../solo\n"), r"members\[1\].name: String should match pattern"),
+        (("  - kill: mlp-1\n", "  - kill: mlp-9\n"), r"fault names member 'mlp-9', which is not one of mlp-0"),
+        (("name: demo\n", "name: demo\nsite: thetta\n"), r"unknown site 'thetta'; known sites: .*local"),
+        (("members:\n", "members: [\n"), r"wf.yaml:\d+: not valid YAML"),
+    ],
+)
+def test_bad_workflows_give_one_line_and_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture, change, message) -> None:
+    old, new = change
+    assert old in GOOD
+    path = write(tmp_path, GOOD.replace(old, new))
+    assert main(["validate", str(path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    assert __import__("re").search(message, err), err
+
+
+def test_validate_names_the_members_and_site(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    assert main(["validate", str(write(tmp_path, GOOD))]) == 0
+    assert "valid; 5 member(s) on site local: mlp-0, mlp-1, mlp-2, mlp-3, solo" in capsys.readouterr().out
+
+
+def test_status_and_resume_of_a_directory_that_is_not_a_run(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    assert main(["status", str(tmp_path)]) == 2
+    assert "is not a run directory (no plan.json)" in capsys.readouterr().err
+
+
+def test_python_tags_are_refused(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    path = write(tmp_path, "name: !!python/object/apply:os.system ['true']\nmembers: []\n")
+    assert main(["validate", str(path)]) == 2
+    assert "not valid YAML" in capsys.readouterr().err
+
+
+def curve(run_dir: Path, name: str) -> dict[int, float]:
+    reader = MetricsReader(run_dir / "members" / name / "metrics.jsonl")
+    reader.update()
+    return reader.curve
+
+
+@pytest.mark.slow
+def test_a_killed_worker_is_retried_and_ends_like_an_uninterrupted_run(tmp_path: Path, capsys, monkeypatch) -> None:
+    """SIGKILL of the real HTEX worker process running mlp-1; Parsl retries; the member resumes."""
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(REPO / "tests"), os.environ.get("PYTHONPATH", "")]))
+    workflow = (
+        "name: kill\ncheckpoint: {interval: 10}\nmembers:\n"
+        "  - {name: mlp, workload: mlp-digits, steps: 300, params: {hidden: 16}, seeds: [0, 1]}\n"
+        "  - {name: solo, workload: 'userworkload:train', steps: 200}\n"
+        "faults:\n  - {kill: mlp-1, at_step: 175}\n"
+    )
+    path = write(tmp_path, workflow)
+    run_dir = tmp_path / "run"
+    assert main(["run", str(path), "--run-dir", str(run_dir)]) == 0
+    out = capsys.readouterr().out
+    assert "mlp-1" in out and (run_dir / "report/loss.png").stat().st_size > 10_000
+
+    events = list(read_events(run_dir))
+    mine = [e for e in events if e["member"] == "mlp-1"]
+    first_pid = next(e["pid"] for e in mine if e["kind"] == "started")
+    with pytest.raises(ProcessLookupError):
+        os.kill(first_pid, 0)  # the first attempt's worker is really gone
+    (failed,) = [e for e in mine if e["kind"] == "failed"]
+    assert failed["error"].startswith("WorkerLost") and failed["cost"] == 0.0
+    # the checkpoint of step 169 may still have been in flight when the worker died
+    assert failed["checkpoint"] in (159, 169)
+    assert [e["step"] for e in mine if e["kind"] == "resumed"] == [failed["checkpoint"]]
+    assert [e["kind"] for e in events if e["member"] == "mlp-0"].count("started") == 1
+
+    plan = read_plan(run_dir)
+    for spec in plan.members:
+        reference = run_member(replace(spec, faults=()).to_dict(), str(tmp_path / "ref"))
+        result = json.loads((run_dir / "members" / spec.name / "result.json").read_text())
+        assert result["digest"] == reference["digest"], spec.name
+        assert curve(run_dir, spec.name) == curve(tmp_path / "ref", spec.name)
+    assert main(["status", str(run_dir)]) == 0
+
+
+@pytest.mark.slow
+def test_resume_skips_finished_members_and_continues_failed_ones(tmp_path: Path, capsys) -> None:
+    workflow = (
+        "name: r\nretries: 0\ncheckpoint: {interval: 5}\n"
+        "members:\n  - {name: a, workload: mlp-breast-cancer, steps: 30}\n"
+        "  - {name: b, workload: mlp-breast-cancer, steps: 30, seed: 4}\n"
+        "faults:\n  - {error: b, at_step: 12}\n"
+    )
+    path = write(tmp_path, workflow)
+    run_dir = tmp_path / "run"
+    assert main(["run", str(path), "--run-dir", str(run_dir)]) == 1  # b failed, no retries left
+    assert "member b failed: RuntimeError: injected error in member b at step 12" in capsys.readouterr().out
+    assert main(["status", str(run_dir)]) == 1
+    finished_a = (run_dir / "members/a/result.json").read_text()
+
+    assert main(["resume", str(run_dir)]) == 0
+    assert "1 member(s) already finished; resuming 1" in capsys.readouterr().out
+    assert (run_dir / "members/a/result.json").read_text() == finished_a
+    b_events = [e for e in read_events(run_dir) if e["member"] == "b"]
+    assert [e["step"] for e in b_events if e["kind"] == "resumed"] == [9]
+    reference = run_member(replace(read_plan(run_dir).members[1], faults=()).to_dict(), str(tmp_path / "ref"))
+    assert json.loads((run_dir / "members/b/result.json").read_text())["digest"] == reference["digest"]
+    assert main(["run", str(path), "--run-dir", str(run_dir)]) == 2  # a run directory is not reused
