@@ -17,7 +17,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from resilient_flows.checkpoint.catalog import CheckpointInfo, scan
-from resilient_flows.errors import ResilientFlowsError
+from resilient_flows.errors import ResilientFlowsError, WorkflowError
 
 __all__ = ["main"]
 
@@ -60,6 +60,11 @@ def _parser() -> argparse.ArgumentParser:
     resume = commands.add_parser("resume", help="continue a run: finished members are skipped")
     resume.add_argument("run_dir", metavar="RUN_DIR")
     resume.set_defaults(handler=_resume)
+    preempt = commands.add_parser("preempt", help="ask a running member to checkpoint and stop; Parsl requeues it")
+    preempt.add_argument("run_dir", metavar="RUN_DIR")
+    preempt.add_argument("member", metavar="MEMBER")
+    preempt.add_argument("--reason", default="requested from the command line")
+    preempt.set_defaults(handler=_preempt)
     return parser
 
 
@@ -98,6 +103,18 @@ def _status(args: argparse.Namespace) -> int:
     statuses = member_statuses(args.run_dir, [(m.name, m.steps) for m in plan.members])
     _console().print(status_table(statuses, f"{plan.workflow.name} on {plan.site}: {args.run_dir}"))
     return 0 if all(s.state == "finished" for s in statuses.values()) else 1
+
+
+def _preempt(args: argparse.Namespace) -> int:
+    from resilient_flows.training import request_preemption
+    from resilient_flows.workflow import read_plan
+
+    names = [m.name for m in read_plan(Path(args.run_dir)).members]
+    if args.member not in names:
+        raise WorkflowError(f"{args.run_dir} has no member {args.member!r}; its members: {', '.join(names)}")
+    request_preemption(args.run_dir, args.member, args.reason)
+    _console().print(f"{args.member} will commit a checkpoint and stop after its current step, then be requeued")
+    return 0
 
 
 def _checkpoints(args: argparse.Namespace) -> int:

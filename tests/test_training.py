@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import pickle
 from dataclasses import replace
 from pathlib import Path
@@ -18,6 +17,7 @@ from resilient_flows.training import (
     TrainContext,
     evaluate_members,
     read_events,
+    request_preemption,
     run_member,
 )
 from resilient_flows.workflow.status import MetricsReader
@@ -70,8 +70,7 @@ def test_preemption_commits_a_checkpoint_of_the_current_step_and_raises(tmp_path
 def test_a_control_file_request_preempts_at_the_next_step(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     directory = run_dir / "members" / "m"
-    directory.mkdir(parents=True)
-    (directory / "control.json").write_text(json.dumps({"action": "preempt", "reason": "analytics job a1"}))
+    request_preemption(run_dir, "m", "analytics job a1")
     with pytest.raises(Preempted, match=r"preempted \(analytics job a1\) after committing step 0"):
         run_member(spec().to_dict(), str(run_dir))
     assert not (directory / "control.json").exists()  # consumed: the retry runs on

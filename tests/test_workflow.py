@@ -98,6 +98,19 @@ def test_status_and_resume_of_a_directory_that_is_not_a_run(tmp_path: Path, caps
     assert "is not a run directory (no plan.json)" in capsys.readouterr().err
 
 
+def test_preempt_writes_the_control_request_of_a_known_member(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    from resilient_flows.workflow import plan_workflow
+    from resilient_flows.workflow.rundir import create_run_dir
+
+    workflow = load_workflow(write(tmp_path, GOOD))
+    run_dir = create_run_dir(tmp_path / "run", plan_workflow(workflow), GOOD)
+    assert main(["preempt", str(run_dir), "mlp-2", "--reason", "analytics a1"]) == 0
+    request = json.loads((run_dir / "members/mlp-2/control.json").read_text())
+    assert request == {"action": "preempt", "reason": "analytics a1"}
+    assert main(["preempt", str(run_dir), "mlp-9"]) == 2
+    assert "has no member 'mlp-9'; its members: mlp-0, mlp-1, mlp-2, mlp-3, solo" in capsys.readouterr().err
+
+
 def test_python_tags_are_refused(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     path = write(tmp_path, "name: !!python/object/apply:os.system ['true']\nmembers: []\n")
     assert main(["validate", str(path)]) == 2

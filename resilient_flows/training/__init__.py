@@ -3,7 +3,7 @@
 Nothing here imports Parsl: ``apps`` wraps :func:`run_member` and :func:`evaluate_members`.
 """
 
-from resilient_flows.training.context import Preempted, TrainContext, member_dir, state_digest
+from resilient_flows.training.context import Preempted, TrainContext, member_dir, request_preemption, state_digest
 from resilient_flows.training.events import EventLog, read_events
 from resilient_flows.training.run import evaluate_members, run_member
 from resilient_flows.training.spec import CheckpointSpec, FaultSpec, MemberSpec
@@ -22,6 +22,7 @@ __all__ = [
     "load_dataset",
     "member_dir",
     "read_events",
+    "request_preemption",
     "resolve_workload",
     "run_member",
     "state_digest",

@@ -32,7 +32,7 @@ from resilient_flows.errors import ResilientFlowsError
 from resilient_flows.training.events import EventLog
 from resilient_flows.training.spec import MemberSpec
 
-__all__ = ["Preempted", "TrainContext", "member_dir", "state_digest"]
+__all__ = ["Preempted", "TrainContext", "member_dir", "request_preemption", "state_digest"]
 
 logger = logging.getLogger(__name__)
 
@@ -53,6 +53,18 @@ class Preempted(ResilientFlowsError):
 
 def member_dir(run_dir: str | os.PathLike, name: str) -> Path:
     return Path(run_dir) / "members" / name
+
+
+def request_preemption(run_dir: str | os.PathLike, name: str, reason: str = "preemption requested") -> Path:
+    """Ask a running member to commit a checkpoint and stop after its current step.
+
+    Parsl cannot cancel a running task; this file is our channel to it. The member consumes the
+    request, raises :class:`Preempted`, and the retry handler requeues it without spending a retry.
+    """
+    path = member_dir(run_dir, name) / "control.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    _write_durably(path, json.dumps({"action": "preempt", "reason": reason}))
+    return path
 
 
 def state_digest(module: Any) -> str:
