@@ -65,6 +65,17 @@ def _parser() -> argparse.ArgumentParser:
     preempt.add_argument("member", metavar="MEMBER")
     preempt.add_argument("--reason", default="requested from the command line")
     preempt.set_defaults(handler=_preempt)
+    clone = commands.add_parser("clone", help="fork a running member into variants without stopping it")
+    clone.add_argument("run_dir", metavar="RUN_DIR")
+    clone.add_argument("member", metavar="MEMBER")
+    clone.add_argument("-n", type=int, default=1, help="how many clones (default 1)")
+    clone.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="override for every clone, e.g. lr=0.01"
+    )
+    clone.set_defaults(handler=_clone)
+    lineage = commands.add_parser("lineage", help="show which member was cloned from which, and how")
+    lineage.add_argument("run_dir", metavar="RUN_DIR")
+    lineage.set_defaults(handler=_lineage)
     return parser
 
 
@@ -98,9 +109,11 @@ def _resume(args: argparse.Namespace) -> int:
 def _status(args: argparse.Namespace) -> int:
     from resilient_flows.workflow import member_statuses, read_plan
     from resilient_flows.workflow.report import status_table
+    from resilient_flows.workflow.rundir import run_members
 
     plan = read_plan(Path(args.run_dir))
-    statuses = member_statuses(args.run_dir, [(m.name, m.steps) for m in plan.members])
+    members = run_members(Path(args.run_dir), plan)
+    statuses = member_statuses(args.run_dir, [(m.name, m.steps) for m in members])
     _console().print(status_table(statuses, f"{plan.workflow.name} on {plan.site}: {args.run_dir}"))
     return 0 if all(s.state == "finished" for s in statuses.values()) else 1
 
@@ -114,6 +127,36 @@ def _preempt(args: argparse.Namespace) -> int:
         raise WorkflowError(f"{args.run_dir} has no member {args.member!r}; its members: {', '.join(names)}")
     request_preemption(args.run_dir, args.member, args.reason)
     _console().print(f"{args.member} will commit a checkpoint and stop after its current step, then be requeued")
+    return 0
+
+
+def _clone(args: argparse.Namespace) -> int:
+    import yaml
+
+    from resilient_flows.clone import request_clone
+    from resilient_flows.workflow import read_plan
+
+    read_plan(Path(args.run_dir))  # a run directory, or a clear error
+    overrides = {}
+    for item in args.set:
+        key, sep, text = item.partition("=")
+        if not sep or not key:
+            raise WorkflowError(f"--set {item!r}: expected KEY=VALUE, e.g. --set lr=0.01")
+        overrides[key.strip()] = yaml.safe_load(text)
+    names = request_clone(args.run_dir, args.member, args.n, overrides)
+    _console().print(f"cloning {args.member} into {', '.join(names)} at its next step; the runner starts them")
+    return 0
+
+
+def _lineage(args: argparse.Namespace) -> int:
+    from resilient_flows.clone import lineage_tree
+    from resilient_flows.workflow import member_statuses, read_plan
+    from resilient_flows.workflow.rundir import run_members
+
+    members = run_members(Path(args.run_dir), read_plan(Path(args.run_dir)))
+    statuses = member_statuses(args.run_dir, [(m.name, m.steps) for m in members])
+    states = {n: f"{s.state}, step {'-' if s.step is None else s.step + 1}/{s.steps}" for n, s in statuses.items()}
+    _console().print(lineage_tree(args.run_dir, states))
     return 0
 
 

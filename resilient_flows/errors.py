@@ -8,6 +8,7 @@ from __future__ import annotations
 
 __all__ = [
     "CheckpointError",
+    "CloneError",
     "CorruptCheckpointError",
     "ResilientFlowsError",
     "SiteConfigError",
@@ -38,3 +39,7 @@ class SiteConfigError(ResilientFlowsError):
 
 class WorkflowError(ResilientFlowsError):
     """A workflow file or run directory is not usable; the message names the file, line and key."""
+
+
+class CloneError(ResilientFlowsError):
+    """A clone request names a missing or finished member, or an override a clone cannot apply."""

@@ -183,3 +183,25 @@ def test_resume_skips_finished_members_and_continues_failed_ones(tmp_path: Path,
     reference = run_member(replace(read_plan(run_dir).members[1], faults=()).to_dict(), str(tmp_path / "ref"))
     assert json.loads((run_dir / "members/b/result.json").read_text())["digest"] == reference["digest"]
     assert main(["run", str(path), "--run-dir", str(run_dir)]) == 2  # a run directory is not reused
+
+
+@pytest.mark.slow
+def test_clones_from_a_workflow_branch_off_and_the_unchanged_one_matches(tmp_path: Path, capsys) -> None:
+    workflow = (
+        "name: c\ncheckpoint: {interval: 50}\n"
+        "members:\n  - {name: m, workload: cnn-digits, steps: 400, seed: 2}\n"
+        "clones:\n  - {member: m, at_step: 150, n: 2, overrides: [{}, {lr: 0.01, steps: 300}]}\n"
+    )
+    run_dir = tmp_path / "run"
+    assert main(["run", str(write(tmp_path, workflow)), "--run-dir", str(run_dir)]) == 0
+    out = capsys.readouterr().out
+    assert "m.c1" in out and "m.c2" in out
+    results = {n: json.loads((run_dir / f"members/{n}/result.json").read_text()) for n in ("m", "m.c1", "m.c2")}
+    assert results["m.c1"]["digest"] == results["m"]["digest"]
+    assert results["m.c2"]["step"] == 299 and results["m.c2"]["digest"] != results["m"]["digest"]
+    assert min(curve(run_dir, "m.c1")) == 151 and curve(run_dir, "m.c1")[151] == curve(run_dir, "m")[151]
+    cloned = {e["member"]: e for e in read_events(run_dir) if e["kind"] == "cloned"}
+    assert set(cloned) == {"m.c1", "m.c2"} and all(e["step"] == 150 for e in cloned.values())
+    assert main(["lineage", str(run_dir)]) == 0
+    tree = capsys.readouterr().out
+    assert "m.c2" in tree and "from step 150 via shared tier (hard link); lr=0.01, steps=300" in tree

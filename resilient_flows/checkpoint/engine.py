@@ -92,6 +92,7 @@ class _Job:
     local_skeleton: dict
     local_arrays: dict[str, tuple[torch.dtype, tuple[int, ...]]]
     started: float
+    on_commit: Callable[[Tier, int], None] | None = None
     manifest: Manifest | None = field(default=None)
     record: ShardRecord | None = field(default=None)
 
@@ -193,7 +194,15 @@ class Checkpointer:
 
     # ------------------------------------------------------------------ saving
 
-    def save(self, step: int, state: Any, *, overlap: bool = False, persist: bool | None = None) -> CheckpointStats:
+    def save(
+        self,
+        step: int,
+        state: Any,
+        *,
+        overlap: bool = False,
+        persist: bool | None = None,
+        on_commit: Callable[[Tier, int], None] | None = None,
+    ) -> CheckpointStats:
         """Checkpoint ``state`` as of ``step``; return once later mutation cannot alter it.
 
         Blocks first while the previous checkpoint still occupies the host arena (at most one
@@ -202,6 +211,11 @@ class Checkpointer:
         ``optimizer.step()`` waits for that copy; everything else is copied before returning.
         A failure of an earlier checkpoint is raised as :class:`CheckpointError` after this one is
         queued, so that all ranks always queue the same checkpoints.
+
+        ``on_commit(tier, step)`` runs on every rank in a background thread once this checkpoint is
+        committed in a tier (the local one, then the shared one), before retention may prune it:
+        the place to hand the checkpoint to someone else (a clone) without stalling training.
+        Its exceptions are logged, never raised.
         """
         self._check_open()
         if isinstance(step, bool) or not isinstance(step, int | np.integer) or step < 0:
@@ -266,6 +280,7 @@ class Checkpointer:
             local_skeleton=local_skeleton,
             local_arrays={n: (dtypes[n], tuple(leaf.shape)) for n, leaf in local_arrays.items()},
             started=started,
+            on_commit=on_commit,
         )
         self._write_q.put(job)
         stall = time.perf_counter() - started
@@ -398,6 +413,7 @@ class Checkpointer:
             with self._lock:
                 self._flush_pending.add(step)
             self._flush_q.put(job)
+        self._committed(job, tier)
         self._prune(tier, step)
 
     def _flush(self, job: _Job) -> None:
@@ -430,6 +446,7 @@ class Checkpointer:
                 return
             self.stats.persisted += 1
             self.stats.last_persist_latency = time.perf_counter() - job.started
+            self._committed(job, self.shared)
             if self.rank == 0:
                 self.shared.prune(self.keep, protect={step})
         finally:
@@ -450,6 +467,14 @@ class Checkpointer:
             arrays=arrays,
             shards=[record for record, *_ in gathered],
         )
+
+    def _committed(self, job: _Job, tier: Tier) -> None:
+        if job.on_commit is None:
+            return
+        try:
+            job.on_commit(tier, job.step)
+        except Exception:
+            logger.exception("on_commit of step %d in the %s tier failed", job.step, tier.name)
 
     def _abandon(self, tier: Tier, step_dir: Path, message: str) -> None:
         """Remove what a failed checkpoint wrote; a committed one (even of this step) is untouched."""

@@ -82,6 +82,9 @@ class Tier:
         for tmp in self.path.glob("*.tmp") if self.path.is_dir() else ():
             tmp.unlink(missing_ok=True)
             removed.append(tmp.name)
+        for staging in self.path.glob(".adopt-*") if self.path.is_dir() else ():
+            shutil.rmtree(staging, ignore_errors=True)
+            removed.append(staging.name)
         if removed:
             logger.info("%s tier %s: removed debris of interrupted writes: %s", self.name, self.path, removed)
         return removed
@@ -108,6 +111,33 @@ class Tier:
         # older directories, committed or already uncommitted by a sibling rank
         doomed = [s for s in self.step_dirs() if s < oldest_kept and s not in protect]
         return self._remove(doomed, own_files)
+
+    def adopt(self, source: Path, step: int) -> Path:
+        """Make the committed checkpoint in ``source`` a committed checkpoint of this tier.
+
+        Files are hard-linked (copied across file systems), so the two tiers then own the data
+        independently: either may prune its copy. The step directory appears with its manifest
+        in one rename, so a reader sees all of it or nothing.
+        """
+        target = self.step_dir(step)
+        if (target / MANIFEST).is_file():
+            return target
+        staging = self.path / f".adopt-{step}-{os.getpid()}"
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir(parents=True)
+        for item in sorted(source.iterdir(), key=lambda p: p.name == MANIFEST):  # the manifest last
+            if item.suffix == ".tmp" or not item.is_file():
+                continue
+            try:
+                os.link(item, staging / item.name)
+            except OSError:
+                shutil.copy2(item, staging / item.name)
+        fsync_dir(staging)
+        shutil.rmtree(target, ignore_errors=True)  # debris of an interrupted write, never committed
+        os.replace(staging, target)
+        fsync_dir(self.path)
+        self.write_latest(max(self.committed_steps()))
+        return target
 
     def discard_after(self, step: int, own_files: list[str] | None = None) -> list[int]:
         """Drop every checkpoint newer than ``step`` (a branch abandoned by a rollback)."""

@@ -3,10 +3,11 @@
 Nothing here imports Parsl: ``apps`` wraps :func:`run_member` and :func:`evaluate_members`.
 """
 
-from resilient_flows.training.context import Preempted, TrainContext, member_dir, request_preemption, state_digest
+from resilient_flows.training.context import Preempted, TrainContext, state_digest
+from resilient_flows.training.control import member_dir, request_preemption
 from resilient_flows.training.events import EventLog, read_events
 from resilient_flows.training.run import evaluate_members, run_member
-from resilient_flows.training.spec import CheckpointSpec, FaultSpec, MemberSpec
+from resilient_flows.training.spec import CheckpointSpec, FaultSpec, MemberSpec, ParentSpec
 from resilient_flows.training.workloads import BUILTIN_WORKLOADS, Workload, load_dataset, resolve_workload
 
 __all__ = [
@@ -15,6 +16,7 @@ __all__ = [
     "EventLog",
     "FaultSpec",
     "MemberSpec",
+    "ParentSpec",
     "Preempted",
     "TrainContext",
     "Workload",

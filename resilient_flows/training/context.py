@@ -29,10 +29,19 @@ import torch
 
 from resilient_flows.checkpoint import Checkpointer, TrainState
 from resilient_flows.errors import ResilientFlowsError
+from resilient_flows.training.control import (
+    CloneOrder,
+    RequestWatch,
+    member_dir,
+    read_clone_orders,
+    read_preemption,
+    write_durably,
+)
 from resilient_flows.training.events import EventLog
+from resilient_flows.training.fork import Handoff, Seed, apply_overrides, mark_forking, wait_for_seed
 from resilient_flows.training.spec import MemberSpec
 
-__all__ = ["Preempted", "TrainContext", "member_dir", "request_preemption", "state_digest"]
+__all__ = ["Preempted", "TrainContext", "state_digest"]
 
 logger = logging.getLogger(__name__)
 
@@ -49,22 +58,6 @@ class Preempted(ResilientFlowsError):
 
     def __str__(self) -> str:
         return f"member {self.member} preempted ({self.reason}) after committing step {self.step}"
-
-
-def member_dir(run_dir: str | os.PathLike, name: str) -> Path:
-    return Path(run_dir) / "members" / name
-
-
-def request_preemption(run_dir: str | os.PathLike, name: str, reason: str = "preemption requested") -> Path:
-    """Ask a running member to commit a checkpoint and stop after its current step.
-
-    Parsl cannot cancel a running task; this file is our channel to it. The member consumes the
-    request, raises :class:`Preempted`, and the retry handler requeues it without spending a retry.
-    """
-    path = member_dir(run_dir, name) / "control.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    _write_durably(path, json.dumps({"action": "preempt", "reason": reason}))
-    return path
 
 
 def state_digest(module: Any) -> str:
@@ -110,6 +103,9 @@ class TrainContext:
         self._last_save_time = time.monotonic()
         self._stop_reason: str | None = None
         self._metrics = None
+        self._seed: Seed | None = None
+        self._watch = RequestWatch(self.directory)
+        self._orders: list[CloneOrder] = []
         ck = spec.checkpoint
         self.checkpointer = Checkpointer(
             self.directory / "checkpoints",
@@ -134,9 +130,16 @@ class TrainContext:
     ) -> int | None:
         """Declare what a checkpoint holds and restore it from the latest checkpoint; the step restored."""
         self.state = TrainState(model, optimizer, scheduler, extra=extra)
+        parent = self.spec.parent
+        if parent is not None and _read_seed_step(self.directory) is None:  # a clone's first start
+            self._seed = self.checkpointer.comm.bcast(
+                wait_for_seed(self.run_dir, self.spec, self.checkpointer) if self._rank == 0 else None
+            )
         self.restored_step = self.checkpointer.restore(self.state)
         self._last_saved = self.restored_step
-        if self.restored_step is not None:
+        if parent is not None and self.restored_step == self._seed_step():
+            apply_overrides(self.state, parent.overrides)  # after the state, so that they win
+        elif self.restored_step is not None:
             self._emit("resumed", attempt=self.attempt, step=self.restored_step)
         return self.restored_step
 
@@ -145,6 +148,8 @@ class TrainContext:
         if self.state is None:
             raise ResilientFlowsError("call ctx.track(model=..., optimizer=...) before ctx.steps()")
         start = 0 if self.restored_step is None else self.restored_step + 1
+        if self._seed is not None and self.restored_step == self._seed.step:
+            self._report_clone()
         with self._stop_signals():
             for step in range(start, total):
                 yield step
@@ -180,37 +185,70 @@ class TrainContext:
 
     def _after_step(self, step: int) -> None:
         self._fire_faults(step)
-        reason = self._stop_reason or self._read_control()
-        if self.checkpointer.world_size > 1:  # every rank stops at the same step, or none does
-            reason = next((r for r in self.checkpointer.comm.allgather(reason) if r is not None), None)
+        look = self._rank == 0 and self._watch.due()
+        reason = self._stop_reason or (read_preemption(self.directory) if look else None)
+        if look:
+            self._orders = read_clone_orders(self.directory)  # those due later wait here, not on disk
+        orders = [o for o in self._orders if o.at_step is None or step >= o.at_step]
+        self._orders = [o for o in self._orders if o not in orders]
+        if self.checkpointer.world_size > 1:  # every rank stops or forks at the same step, or none does
+            gathered = self.checkpointer.comm.allgather(reason)
+            reason = next((r for r in gathered if r is not None), None)
+            orders = self.checkpointer.comm.bcast(orders)
+        ck = self.spec.checkpoint
+        due = (ck.interval_steps is not None and (step + 1) % ck.interval_steps == 0) or (
+            ck.interval_s is not None and time.monotonic() - self._last_save_time >= ck.interval_s
+        )
+        handoff = self._handoff(step, orders) if orders else None
+        if due or reason is not None or handoff is not None:
+            self._save(step, persist=True if reason or handoff else None, on_commit=handoff)
+        if handoff is not None:
+            clones = [c for order in orders for c in order.clones]
+            self._emit("forked", step=step, clones=clones, stall_ms=round(1000 * self.checkpointer.stats.last_stall, 3))
         if reason is not None:
-            self._save(step, persist=True)
             self.checkpointer.wait()
-            with contextlib.suppress(FileNotFoundError):
-                (self.directory / "control.json").unlink()
+            if self._rank == 0:
+                (self.directory / "control.json").unlink(missing_ok=True)
             self._emit("preempted", attempt=self.attempt, step=step, reason=reason)
             raise Preempted(self.name, step, reason)
-        ck = self.spec.checkpoint
-        due_steps = ck.interval_steps is not None and (step + 1) % ck.interval_steps == 0
-        due_time = ck.interval_s is not None and time.monotonic() - self._last_save_time >= ck.interval_s
-        if due_steps or due_time:
-            self._save(step)
 
-    def _save(self, step: int, persist: bool | None = None) -> None:
-        stats = self.checkpointer.save(step, self.state, overlap=self.spec.checkpoint.overlap, persist=persist)
+    def _seed_step(self) -> int | None:
+        """The step this clone started from: its oldest own checkpoint was adopted from the source."""
+        if self._seed is not None:
+            return self._seed.step
+        return _read_seed_step(self.directory)
+
+    def _report_clone(self) -> None:
+        parent, seed = self.spec.parent, self._seed
+        assert parent is not None and seed is not None
+        now = time.time()
+        record = {"step": seed.step, "transport": seed.transport, "fallback": seed.fallback}
+        if self._rank == 0:
+            write_durably(self.directory / "seed.json", json.dumps({"parent": parent.member, **record}))
+        self._emit(
+            "cloned",
+            parent=parent.member,
+            request=parent.request,
+            overrides=parent.overrides,
+            standby_s=round(seed.receiving_at - parent.requested_at, 4),
+            readiness_s=round(now - parent.requested_at, 4),
+            **record,
+        )
+
+    def _handoff(self, step: int, orders: list[CloneOrder]) -> Handoff:
+        """Serve clone orders with this step's checkpoint: linked into the clones' tiers on commit."""
+        if self._rank == 0:
+            for order in orders:
+                mark_forking(self.run_dir, self.name, order, step, self.attempt)
+        return Handoff(self.run_dir, self.name, orders, self._rank, self.checkpointer.world_size)
+
+    def _save(self, step: int, persist: bool | None = None, on_commit: Handoff | None = None) -> None:
+        stats = self.checkpointer.save(
+            step, self.state, overlap=self.spec.checkpoint.overlap, persist=persist, on_commit=on_commit
+        )
         self._last_saved = step
         self._last_save_time = time.monotonic()
         self._emit("checkpointed", step=step, stall_ms=round(1000 * stats.last_stall, 3))
-
-    def _read_control(self) -> str | None:
-        path = self.directory / "control.json"
-        try:
-            request = json.loads(path.read_text())
-        except (OSError, ValueError):
-            return None  # absent, or being written: read again after the next step
-        if isinstance(request, dict) and request.get("action") == "preempt":
-            return str(request.get("reason", "preemption requested"))
-        return None
 
     def _fire_faults(self, step: int) -> None:
         """Injected faults hit the first attempt only, so that the retry shows the recovery."""
@@ -247,7 +285,7 @@ class TrainContext:
     def _count_attempt(self) -> int:
         path = self.directory / "attempts"
         attempt = (int(path.read_text() or 0) if path.exists() else 0) + 1
-        _write_durably(path, str(attempt))
+        write_durably(path, str(attempt))
         return attempt
 
     def _emit(self, kind: str, **fields: Any) -> None:
@@ -255,10 +293,8 @@ class TrainContext:
             self.events.emit(kind, self.name, **fields)
 
 
-def _write_durably(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with tmp.open("w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+def _read_seed_step(directory: Path) -> int | None:
+    try:
+        return int(json.loads((directory / "seed.json").read_text())["step"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None

@@ -27,6 +27,9 @@ EVENT_KINDS = (
     "preempted",
     "finished",
     "analytics",
+    "clone_requested",
+    "forked",
+    "cloned",
 )
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-__all__ = ["CheckpointSpec", "FaultSpec", "MemberSpec"]
+__all__ = ["CheckpointSpec", "FaultSpec", "MemberSpec", "ParentSpec"]
 
 
 @dataclass(frozen=True)
@@ -42,6 +42,21 @@ class FaultSpec:
 
 
 @dataclass(frozen=True)
+class ParentSpec:
+    """Where a clone comes from: its source member, the request, and what it changes.
+
+    ``overrides`` are applied after the source's state is restored: optimizer hyperparameters
+    (``lr``, ``momentum``, ``weight_decay``, ...) go into every parameter group, ``seed`` and
+    ``steps`` replace the member's, other keys replace the workload's ``params``.
+    """
+
+    member: str
+    request: str
+    overrides: dict[str, Any] = field(default_factory=dict)
+    requested_at: float = 0.0
+
+
+@dataclass(frozen=True)
 class MemberSpec:
     name: str
     workload: str
@@ -52,6 +67,8 @@ class MemberSpec:
     faults: tuple[FaultSpec, ...] = ()
     evaluate: str | None = None
     threads: int = 1
+    ranks: int = 1
+    parent: ParentSpec | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -61,4 +78,6 @@ class MemberSpec:
         values = dict(data)
         values["checkpoint"] = CheckpointSpec(**values.get("checkpoint", {}))
         values["faults"] = tuple(FaultSpec(**f) for f in values.get("faults", ()))
+        if values.get("parent") is not None:
+            values["parent"] = ParentSpec(**values["parent"])
         return cls(**values)

@@ -22,10 +22,23 @@ from torch import nn
 from resilient_flows.errors import ResilientFlowsError
 from resilient_flows.training.context import TrainContext
 
-__all__ = ["BUILTIN_WORKLOADS", "Dataset", "Workload", "load_dataset", "resolve_workload"]
+__all__ = [
+    "BUILTIN_WORKLOADS",
+    "DEFAULTS",
+    "STRUCTURAL",
+    "Dataset",
+    "Workload",
+    "batch_indices",
+    "builtin_model",
+    "evaluate_model",
+    "load_dataset",
+    "resolve_workload",
+]
 
 #: Defaults of the built-ins; a member's ``params`` override them.
 DEFAULTS = {"lr": 0.05, "momentum": 0.9, "hidden": 64, "batch_size": 64, "dropout": 0.1, "weight_decay": 0.0}
+#: Params that decide the shape of a model: a clone cannot change them.
+STRUCTURAL = frozenset({"hidden", "channels"})
 
 
 @dataclass(frozen=True)
@@ -96,35 +109,37 @@ _BUILDERS: dict[str, tuple[Callable[[Dataset, dict[str, Any]], nn.Module], str]]
 }
 
 
-def _params(params: dict[str, Any]) -> dict[str, Any]:
-    return {**DEFAULTS, **params}
+def builtin_model(workload: str, params: dict[str, Any]) -> tuple[nn.Module, Dataset, dict[str, Any]]:
+    """A built-in workload's model (from the current torch RNG), its data, and its full params."""
+    build, dataset = _BUILDERS[workload]
+    full = {**DEFAULTS, **params}
+    data = load_dataset(dataset)
+    return build(data, full), data, full
 
 
-def _batch(seed: int, step: int, n: int, size: int) -> torch.Tensor:
+def batch_indices(seed: int, step: int, n: int, size: int) -> torch.Tensor:
+    """The training batch of ``step``: a function of (seed, step) only, so resumes need no sampler state."""
     generator = torch.Generator().manual_seed(seed * 1_000_003 + step)
     return torch.randint(n, (size,), generator=generator)
 
 
 def _train_builtin(kind: str, ctx: TrainContext) -> dict[str, Any]:
-    build, dataset = _BUILDERS[kind]
-    p = _params(ctx.params)
-    data = load_dataset(dataset)
     torch.manual_seed(ctx.seed)
-    model = build(data, p)
+    model, data, p = builtin_model(kind, ctx.params)
     optimizer = torch.optim.SGD(model.parameters(), lr=p["lr"], momentum=p["momentum"], weight_decay=p["weight_decay"])
     ctx.track(model=model, optimizer=optimizer)
     model.train()
     for step in ctx.steps(p["steps"]):
-        index = _batch(ctx.seed, step, len(data.x_train), int(p["batch_size"]))
+        index = batch_indices(ctx.seed, step, len(data.x_train), int(p["batch_size"]))
         loss = nn.functional.cross_entropy(model(data.x_train[index]), data.y_train[index])
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
         ctx.log(step, loss=loss.item())
-    return ctx.result(model, **_evaluate_model(model, data))
+    return ctx.result(model, **evaluate_model(model, data))
 
 
-def _evaluate_model(model: nn.Module, data: Dataset) -> dict[str, float]:
+def evaluate_model(model: nn.Module, data: Dataset) -> dict[str, float]:
     was_training = model.training
     model.eval()
     with torch.no_grad():
@@ -136,11 +151,9 @@ def _evaluate_model(model: nn.Module, data: Dataset) -> dict[str, float]:
 
 
 def _evaluate_builtin(kind: str, params: dict[str, Any], state: dict[str, Any]) -> dict[str, float]:
-    build, dataset = _BUILDERS[kind]
-    data = load_dataset(dataset)
-    model = build(data, _params(params))
+    model, data, _ = builtin_model(kind, params)
     model.load_state_dict(state["model"])
-    return _evaluate_model(model, data)
+    return evaluate_model(model, data)
 
 
 @dataclass(frozen=True)

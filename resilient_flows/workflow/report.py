@@ -35,7 +35,7 @@ def status_table(statuses: dict[str, MemberStatus], title: str) -> Table:
 
 def plot_losses(statuses: dict[str, MemberStatus], path: Path, title: str) -> None:
     """Each member's loss against steps (raw, faint, and a running mean); X where an attempt was
-    lost, o where the next one resumed from a checkpoint."""
+    lost, o where the next one resumed from a checkpoint, ^ where a clone branched off."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -52,6 +52,8 @@ def plot_losses(statuses: dict[str, MemberStatus], path: Path, title: str) -> No
         color = line.get_color()
         axes.plot(steps, smooth, color=color, linewidth=1.6, label=s.name)
         at = dict(zip(steps, smooth, strict=True))
+        if steps[0] > 0:  # a clone: its curve branches off its source's at the fork
+            axes.plot(steps[0], smooth[0], "^", color=color, markersize=9, markeredgecolor="black")
         spans = sorted(s.metrics.attempt_spans.values())
         for (_, died), (resumed, _) in itertools.pairwise(spans):
             axes.axvline(died, color=color, linestyle=":", linewidth=1)
@@ -60,7 +62,8 @@ def plot_losses(statuses: dict[str, MemberStatus], path: Path, title: str) -> No
     axes.set_yscale("log")
     axes.set_xlabel("step")
     axes.set_ylabel("training loss")
-    axes.set_title(f"{title}\nX: attempt lost, o: resumed from its checkpoint", fontsize="medium")
+    legend = "X: attempt lost, o: resumed from its checkpoint, ^: clone branches off"
+    axes.set_title(f"{title}\n{legend}", fontsize="medium")
     axes.legend(fontsize="small")
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.tight_layout()

@@ -5,7 +5,7 @@
     workflow.yaml      the workflow file as given
     plan.json          the validated workflow, the site and every member's spec (no pickle)
     events.jsonl       everything that happened (see resilient_flows.training.events)
-    members/<name>/    checkpoints, metrics and result of each member
+    members/<name>/    spec, checkpoints, metrics and result of each member, clones included
     parsl/             Parsl's run directory: submit scripts, interchange and worker logs
     report/            summary table and loss plot
 """
@@ -19,10 +19,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from resilient_flows.errors import WorkflowError
+from resilient_flows.training.control import register_member, registered_members
 from resilient_flows.training.spec import MemberSpec
 from resilient_flows.workflow.schema import Workflow
 
-__all__ = ["Plan", "create_run_dir", "default_run_dir", "read_plan"]
+__all__ = ["Plan", "create_run_dir", "default_run_dir", "read_plan", "run_members"]
 
 PLAN = "plan.json"
 
@@ -34,9 +35,6 @@ class Plan:
     workflow: Workflow
     site: str
     members: tuple[MemberSpec, ...]
-
-    def ranks(self, name: str) -> int:
-        return self.workflow.ranks_of(name)
 
 
 def default_run_dir(workflow: Workflow) -> Path:
@@ -51,6 +49,8 @@ def create_run_dir(path: Path, plan: Plan, source_text: str) -> Path:
         raise WorkflowError(f"run directory {path} exists and is not empty; choose another with --run-dir")
     (path / "members").mkdir(parents=True, exist_ok=True)
     (path / "workflow.yaml").write_text(source_text)
+    for member in plan.members:
+        register_member(path, member)
     document = {
         "site": plan.site,
         "workflow": plan.workflow.model_dump(mode="json"),
@@ -60,6 +60,12 @@ def create_run_dir(path: Path, plan: Plan, source_text: str) -> Path:
     tmp.write_text(json.dumps(document, indent=2))
     os.replace(tmp, path / PLAN)
     return path.resolve()
+
+
+def run_members(path: Path, plan: Plan) -> list[MemberSpec]:
+    """The plan's members in plan order, then the clones requested since, oldest request first."""
+    planned = {m.name for m in plan.members}
+    return [*plan.members, *(m for m in registered_members(path) if m.name not in planned)]
 
 
 def read_plan(path: Path) -> Plan:

@@ -16,10 +16,13 @@ from rich.console import Console
 from rich.live import Live
 
 from resilient_flows.apps import ResumingRetryHandler, analytics_app, mpi_train_app, train_app
+from resilient_flows.clone import request_clone
 from resilient_flows.sites import load_site, site_facts
+from resilient_flows.training.control import clone_order_path, member_dir
 from resilient_flows.training.events import EventLog
+from resilient_flows.training.spec import MemberSpec
 from resilient_flows.workflow.report import status_table, write_report
-from resilient_flows.workflow.rundir import Plan, create_run_dir, default_run_dir, read_plan
+from resilient_flows.workflow.rundir import Plan, create_run_dir, default_run_dir, read_plan, run_members
 from resilient_flows.workflow.schema import Workflow, load_workflow, run_path
 from resilient_flows.workflow.status import MemberStatus, member_statuses
 
@@ -47,6 +50,8 @@ def start_run(
     target = Path(run_dir) if run_dir is not None else default_run_dir(workflow)
     plan = plan_workflow(workflow, site, run_name=target.name)
     directory = create_run_dir(target, plan, Path(path).read_text())
+    for clone in workflow.clones:  # registered now: the sources fork when they reach the step
+        request_clone(directory, clone.member, clone.n, clone.overrides, at_step=clone.at_step)
     return _execute(directory, plan, list(plan.members), console or Console())
 
 
@@ -55,52 +60,86 @@ def resume_run(run_dir: str | Path, console: Console | None = None) -> int:
     directory = Path(run_dir).resolve()
     plan = read_plan(directory)
     console = console or Console()
-    pending = [m for m in plan.members if not (directory / "members" / m.name / "result.json").exists()]
-    skipped = len(plan.members) - len(pending)
-    if skipped:
-        console.print(f"{skipped} member(s) already finished; resuming {len(pending)}")
+    members = run_members(directory, plan)
+    pending = [m for m in members if not _finished(directory, m.name)]
+    if len(pending) < len(members):
+        console.print(f"{len(members) - len(pending)} member(s) already finished; resuming {len(pending)}")
     return _execute(directory, plan, pending, console)
 
 
-def _execute(run_dir: Path, plan: Plan, members: list, console: Console) -> int:
+def _finished(run_dir: Path, name: str) -> bool:
+    return (member_dir(run_dir, name) / "result.json").exists()
+
+
+class _Submitter:
+    """Submits members as Parsl apps, once each: the planned ones, then clones as they are requested."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.run_dir = run_dir
+        self.events = EventLog(run_dir)
+        self.futures: dict[str, Future] = {}
+
+    def submit(self, member: MemberSpec) -> None:
+        if member.ranks > 1:
+            future = mpi_train_app(member.to_dict(), str(self.run_dir), ranks=member.ranks)
+        else:
+            future = train_app(member.to_dict(), str(self.run_dir))
+        self.futures[member.name] = future
+        self.events.emit("submitted", member.name, ranks=member.ranks, parent=member.parent and member.parent.member)
+
+    def submit_new_clones(self, members: list[MemberSpec]) -> None:
+        """Submit each clone once its source serves the order (or can no longer): a clone submitted
+        earlier would hold a worker while it waits, possibly the one its source needs to start."""
+        for member in members:
+            parent = member.parent
+            if parent is None or member.name in self.futures or _finished(self.run_dir, member.name):
+                continue
+            source = member_dir(self.run_dir, parent.member)
+            source_done = source.joinpath("result.json").exists() or self._failed(parent.member)
+            if source_done or not clone_order_path(source, parent.request).exists():
+                self.submit(member)
+
+    def _failed(self, name: str) -> bool:
+        future = self.futures.get(name)
+        return future is not None and future.done() and future.exception() is not None
+
+
+def _execute(run_dir: Path, plan: Plan, members: list[MemberSpec], console: Console) -> int:
     workflow = plan.workflow
-    events = EventLog(run_dir)
     config = load_site(
         plan.site,
         run_dir=str(run_dir / "parsl"),
         retries=workflow.retries,
         retry_handler=ResumingRetryHandler(workflow.retries),
     )
-    everyone = [(m.name, m.steps) for m in plan.members]
     statuses: dict[str, MemberStatus] = {}
     started = time.monotonic()
     console.print(f"run [bold]{workflow.name}[/] on site [bold]{plan.site}[/]: {run_dir}")
+    submitter = _Submitter(run_dir)
     with parsl.load(config):
-        futures: dict[str, Future] = {}
         for member in members:
-            ranks = plan.ranks(member.name)
-            if ranks > 1:
-                futures[member.name] = mpi_train_app(member.to_dict(), str(run_dir), ranks=ranks)
-            else:
-                futures[member.name] = train_app(member.to_dict(), str(run_dir))
-            events.emit("submitted", member.name, ranks=ranks)
+            submitter.submit(member)
         pending_analytics = list(workflow.analytics)
         analytics: list[Future] = []
         with Live(console=console, refresh_per_second=4, transient=True) as live:
-            while not all(f.done() for f in [*futures.values(), *analytics]):
+            while True:
+                everyone = run_members(run_dir, plan)
+                submitter.submit_new_clones(everyone)
+                if all(f.done() for f in [*submitter.futures.values(), *analytics]):
+                    break
                 elapsed = time.monotonic() - started
                 for request in [r for r in pending_analytics if r.after_s <= elapsed]:
                     pending_analytics.remove(request)
-                    chosen = [
-                        m.to_dict() for m in plan.members if request.members == "all" or m.name in request.members
-                    ]
+                    chosen = [m.to_dict() for m in everyone if request.members == "all" or m.name in request.members]
                     analytics.append(analytics_app(chosen, str(run_dir), request.name))
-                statuses = member_statuses(run_dir, everyone, statuses)
+                statuses = member_statuses(run_dir, [(m.name, m.steps) for m in everyone], statuses)
                 live.update(status_table(statuses, f"{workflow.name} ({elapsed:.0f} s)"))
                 time.sleep(POLL_SECONDS)
+        futures = submitter.futures
         failed = {name: f.exception() for name, f in futures.items() if f.exception() is not None}
         reports = [f.result() for f in analytics if f.exception() is None]
-    statuses = member_statuses(run_dir, everyone, statuses)
+    everyone = run_members(run_dir, plan)
+    statuses = member_statuses(run_dir, [(m.name, m.steps) for m in everyone], statuses)
     title = f"{workflow.name}: {time.monotonic() - started:.0f} s on {plan.site}"
     table = write_report(
         statuses, run_path(run_dir, workflow.report.summary), run_path(run_dir, workflow.report.plot), title

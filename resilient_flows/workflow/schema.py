@@ -15,13 +15,22 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from resilient_flows.errors import WorkflowError
+from resilient_flows.clone import check_overrides
+from resilient_flows.errors import CloneError, WorkflowError
 from resilient_flows.training.spec import CheckpointSpec, FaultSpec, MemberSpec
 from resilient_flows.training.workloads import BUILTIN_WORKLOADS
 from resilient_flows.units import parse_duration
 from resilient_flows.workflow.yamlsource import YamlSource
 
-__all__ = ["AnalyticsConfig", "CheckpointConfig", "FaultConfig", "MemberConfig", "Workflow", "load_workflow"]
+__all__ = [
+    "AnalyticsConfig",
+    "CheckpointConfig",
+    "CloneConfig",
+    "FaultConfig",
+    "MemberConfig",
+    "Workflow",
+    "load_workflow",
+]
 
 Name = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")]
 FAULT_KINDS = ("kill", "preempt", "error")
@@ -145,6 +154,15 @@ class FaultConfig(_Strict):
         return getattr(self, self.kind)
 
 
+class CloneConfig(_Strict):
+    """``{member: m0, at_step: 500, n: 2, overrides: [{lr: 0.01}, {lr: 0.1}]}``: fork m0 after step 500."""
+
+    member: str
+    at_step: Annotated[int, Field(ge=0)]
+    n: Annotated[int, Field(ge=1)] = 1
+    overrides: list[dict[str, Any]] | dict[str, Any] = {}
+
+
 class AnalyticsConfig(_Strict):
     """Evaluate members' latest checkpoints ``after`` this long, while they keep training."""
 
@@ -182,6 +200,7 @@ class Workflow(_Strict):
     checkpoint: CheckpointConfig = CheckpointConfig()
     members: Annotated[list[MemberConfig], Field(min_length=1)]
     faults: list[FaultConfig] = []
+    clones: list[CloneConfig] = []
     analytics: list[AnalyticsConfig] = []
     report: ReportConfig = ReportConfig()
 
@@ -194,6 +213,17 @@ class Workflow(_Strict):
         for fault in self.faults:
             if fault.member not in names:
                 raise ValueError(f"fault names member {fault.member!r}, which is not one of {', '.join(names)}")
+        specs = {spec.name: spec for spec in self.member_specs(None)}
+        for clone in self.clones:
+            if clone.member not in specs:
+                raise ValueError(f"clone names member {clone.member!r}, which is not one of {', '.join(names)}")
+            per_clone = clone.overrides if isinstance(clone.overrides, list) else [clone.overrides] * clone.n
+            if len(per_clone) != clone.n:
+                raise ValueError(f"{len(per_clone)} sets of overrides for {clone.n} clones")
+            try:
+                check_overrides(specs[clone.member], per_clone)
+            except CloneError as exc:
+                raise ValueError(str(exc)) from None
         for request in self.analytics:
             unknown = [] if request.members == "all" else sorted(set(request.members) - set(names))
             if unknown:
@@ -218,12 +248,10 @@ class Workflow(_Strict):
                         faults=faults,
                         evaluate=member.evaluate,
                         threads=member.threads,
+                        ranks=member.ranks,
                     )
                 )
         return specs
-
-    def ranks_of(self, name: str) -> int:
-        return next(m.ranks for m in self.members for n, _, _ in m.expand() if n == name)
 
 
 def confined(value: str) -> str:

@@ -1,0 +1,127 @@
+"""Asking for clones of a running member: validation, naming, registration, the order to the source.
+
+The clones are registered as members of the run at once (the runner submits them, and they wait
+for their state); the source learns of the order at its next step boundary and forks without
+stopping (see :mod:`resilient_flows.training.fork`).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from dataclasses import replace
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from resilient_flows.errors import CloneError
+from resilient_flows.training.control import (
+    CloneOrder,
+    member_dir,
+    read_spec,
+    register_member,
+    registered_members,
+    write_clone_order,
+)
+from resilient_flows.training.events import EventLog
+from resilient_flows.training.fork import OPTIMIZER_KEYS
+from resilient_flows.training.spec import CheckpointSpec, MemberSpec, ParentSpec
+from resilient_flows.training.workloads import BUILTIN_WORKLOADS, DEFAULTS, STRUCTURAL
+
+__all__ = ["allowed_overrides", "check_overrides", "request_clone"]
+
+
+def allowed_overrides(spec: MemberSpec) -> list[str]:
+    """What a clone of ``spec`` may change: seed, steps, optimizer hyperparameters, workload params."""
+    workload = set(DEFAULTS) - STRUCTURAL if spec.workload in BUILTIN_WORKLOADS else set()
+    return sorted({"seed", "steps", *OPTIMIZER_KEYS, *workload, *(set(spec.params) - STRUCTURAL)})
+
+
+def check_overrides(source: MemberSpec, per_clone: list[dict[str, Any]]) -> None:
+    """Raise :class:`CloneError` for an override no clone of ``source`` can apply."""
+    allowed = allowed_overrides(source)
+    for changes in per_clone:
+        for key in changes:
+            if key in STRUCTURAL:
+                raise CloneError(f"override {key!r} would change the shape of {source.name}'s model; a clone keeps it")
+            if key not in allowed:
+                raise CloneError(
+                    f"unknown hyperparameter {key!r} for member {source.name}; allowed: {', '.join(allowed)}"
+                )
+        if "steps" in changes and (isinstance(changes["steps"], bool) or not isinstance(changes["steps"], int)):
+            raise CloneError(f"override steps must be an integer, got {changes['steps']!r}")
+
+
+def request_clone(
+    run_dir: str | os.PathLike,
+    member: str,
+    n: int = 1,
+    overrides: list[dict[str, Any]] | dict[str, Any] | None = None,
+    at_step: int | None = None,
+) -> list[str]:
+    """Fork member ``member`` into ``n`` clones, at its next step boundary or after ``at_step``; their names.
+
+    ``overrides`` is one mapping for every clone, or one per clone. An unchanged clone continues
+    bit for bit like its source would. The member may be running or not started yet.
+    """
+    run_dir = Path(run_dir)
+    source = read_spec(run_dir, member)
+    if source is None:
+        names = ", ".join(s.name for s in registered_members(run_dir)) or "none"
+        raise CloneError(f"{run_dir} has no member {member!r}; its members: {names}")
+    if (member_dir(run_dir, member) / "result.json").exists():
+        raise CloneError(f"member {member!r} has finished: only a running member can be cloned")
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise CloneError(f"the number of clones must be a positive integer, got {n!r}")
+    if at_step is not None and (isinstance(at_step, bool) or not isinstance(at_step, int) or at_step < 0):
+        raise CloneError(f"at_step must be a non-negative integer, got {at_step!r}")
+    per_clone = _per_clone(overrides, n)
+    check_overrides(source, per_clone)
+
+    request = f"{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:6]}"
+    requested_at = time.time()
+    names = _new_names(run_dir, member, n)
+    for name, changes in zip(names, per_clone, strict=True):
+        register_member(run_dir, _clone_spec(source, name, changes, ParentSpec(member, request, changes, requested_at)))
+    write_clone_order(run_dir, member, CloneOrder(request, tuple(names), requested_at, at_step))
+    EventLog(run_dir).emit("clone_requested", member, request=request, clones=names, overrides=per_clone)
+    return names
+
+
+def _per_clone(overrides: list[dict[str, Any]] | dict[str, Any] | None, n: int) -> list[dict[str, Any]]:
+    if overrides is None:
+        return [{} for _ in range(n)]
+    if isinstance(overrides, dict):
+        return [dict(overrides) for _ in range(n)]
+    if len(overrides) != n:
+        raise CloneError(f"{len(overrides)} sets of overrides for {n} clones: give one set, or one per clone")
+    return [dict(o) for o in overrides]
+
+
+def _new_names(run_dir: Path, member: str, n: int) -> list[str]:
+    taken = {p.name for p in (run_dir / "members").iterdir()}
+    names, k = [], 1
+    while len(names) < n:
+        name = f"{member}.c{k}"
+        if name not in taken:
+            names.append(name)
+        k += 1
+    return names
+
+
+def _clone_spec(source: MemberSpec, name: str, changes: dict[str, Any], parent: ParentSpec) -> MemberSpec:
+    params = {k: v for k, v in changes.items() if k not in ("seed", "steps")}
+    local = source.checkpoint.local_dir
+    checkpoint: CheckpointSpec = replace(
+        source.checkpoint, local_dir=None if local is None else str(PurePosixPath(local).parent / name)
+    )
+    return replace(
+        source,
+        name=name,
+        params={**source.params, **params},
+        seed=int(changes.get("seed", source.seed)),
+        steps=int(changes.get("steps", source.steps)),
+        checkpoint=checkpoint,
+        faults=(),
+        parent=parent,
+    )

@@ -1,0 +1,176 @@
+"""A member's directory in a run: its spec, and the control channel to it while it runs.
+
+``members/<name>/spec.json`` registers a member (planned ones when the run starts, clones when
+they are requested); the runner submits every registered member it has not submitted yet.
+
+Parsl cannot signal a running task, and a batch job's processes may sit on any node; a file in
+the member's directory on the shared file system reaches it wherever it runs. Two requests,
+read at step boundaries:
+
+- ``control.json``: stop after committing a checkpoint (preemption), consumed by the member;
+- ``clone-order.<request>.json``: fork into the named clones at the next step boundary; the
+  member renames it ``.forking`` while it hands its state over.
+
+Both live in the member's directory itself, so that one ``stat`` of it per step (its mtime moves
+when a request file appears) tells the member whether to look; it also looks once a second, for
+file systems whose directory times lag behind (NFS attribute caching).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from resilient_flows.training.spec import MemberSpec
+
+__all__ = [
+    "CloneOrder",
+    "RequestWatch",
+    "clone_order_path",
+    "member_dir",
+    "read_clone_orders",
+    "read_spec",
+    "register_member",
+    "registered_members",
+    "request_preemption",
+    "write_clone_order",
+    "write_durably",
+]
+
+
+def member_dir(run_dir: str | os.PathLike, name: str) -> Path:
+    return Path(run_dir) / "members" / name
+
+
+def register_member(run_dir: str | os.PathLike, spec: MemberSpec) -> Path:
+    directory = member_dir(run_dir, spec.name)
+    directory.mkdir(parents=True, exist_ok=True)
+    write_durably(directory / "spec.json", json.dumps(spec.to_dict(), indent=2))
+    return directory
+
+
+def read_spec(run_dir: str | os.PathLike, name: str) -> MemberSpec | None:
+    """The registered spec of member ``name``, or None if there is no such member."""
+    try:
+        return MemberSpec.from_dict(json.loads((member_dir(run_dir, name) / "spec.json").read_text()))
+    except FileNotFoundError:
+        return None
+
+
+def registered_members(run_dir: str | os.PathLike) -> list[MemberSpec]:
+    """Every member of a run, planned ones and clones, in the order they were registered."""
+    root = Path(run_dir) / "members"
+    paths = (
+        sorted(root.glob("*/spec.json"), key=lambda p: (p.stat().st_mtime_ns, p.parent.name)) if root.is_dir() else []
+    )
+    return [MemberSpec.from_dict(json.loads(p.read_text())) for p in paths]
+
+
+def write_durably(path: Path, text: str) -> None:
+    """Write, fsync and rename: readers see the old content or the new, never a torn file."""
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    with tmp.open("w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def request_preemption(run_dir: str | os.PathLike, name: str, reason: str = "preemption requested") -> Path:
+    """Ask a running member to commit a checkpoint and stop after its current step.
+
+    The member consumes the request and raises ``Preempted``; the retry handler requeues it
+    without spending a retry.
+    """
+    path = member_dir(run_dir, name) / "control.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_durably(path, json.dumps({"action": "preempt", "reason": reason}))
+    return path
+
+
+def read_preemption(directory: Path) -> str | None:
+    """The reason of a pending stop request, or None."""
+    try:
+        request = json.loads((directory / "control.json").read_text())
+    except (OSError, ValueError):
+        return None  # absent, or being written: read again after the next step
+    if isinstance(request, dict) and request.get("action") == "preempt":
+        return str(request.get("reason", "preemption requested"))
+    return None
+
+
+@dataclass(frozen=True)
+class CloneOrder:
+    """Fork into ``clones`` (member names already registered in the run directory).
+
+    ``at_step``: fork with the state after this step (or at the next step boundary if the member
+    is already past it); None for the next step boundary.
+    """
+
+    request: str
+    clones: tuple[str, ...]
+    requested_at: float
+    at_step: int | None = None
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> CloneOrder:
+        data: dict[str, Any] = json.loads(text)
+        at_step = data.get("at_step")
+        return cls(
+            str(data["request"]),
+            tuple(str(c) for c in data["clones"]),
+            float(data["requested_at"]),
+            None if at_step is None else int(at_step),
+        )
+
+
+def clone_order_path(directory: Path, request: str, suffix: str = ".json") -> Path:
+    """Where an order for ``request`` lies in a member's directory (``.forking`` once being served)."""
+    return directory / f"clone-order.{request}{suffix}"
+
+
+def write_clone_order(run_dir: str | os.PathLike, source: str, order: CloneOrder) -> Path:
+    path = clone_order_path(member_dir(run_dir, source), order.request)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_durably(path, order.to_json())
+    return path
+
+
+def read_clone_orders(directory: Path) -> list[CloneOrder]:
+    """Pending orders, oldest first; the member marks an order ``.forking`` when it serves it."""
+    found = []
+    for path in directory.glob("clone-order.*.json"):
+        try:
+            found.append(CloneOrder.from_json(path.read_text()))
+        except (OSError, ValueError, KeyError):
+            continue  # being written
+    return sorted(found, key=lambda o: o.requested_at)
+
+
+class RequestWatch:
+    """Tells a member, cheaply at every step, whether its directory may hold a new request."""
+
+    FULL_LOOK_S = 1.0
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self._mtime = -1
+        self._looked = 0.0
+
+    def due(self) -> bool:
+        now = time.monotonic()
+        try:
+            mtime = os.stat(self.directory).st_mtime_ns
+        except FileNotFoundError:
+            return False
+        if mtime != self._mtime or now - self._looked >= self.FULL_LOOK_S:
+            self._mtime, self._looked = mtime, now
+            return True
+        return False

@@ -1,0 +1,187 @@
+"""Forking a running member into clones, as seen by the member: the source side and the clone side.
+
+Source: at a step boundary with a pending order, the member takes one ordinary asynchronous
+checkpoint (its stall is a checkpoint's stall) and keeps training. When that checkpoint commits in
+a tier, the checkpoint engine's ``on_commit`` hook hard-links it into each clone's tier of the
+same kind (node-local into node-local, shared into shared), so a clone restores it as its own
+checkpoint through the fastest tier it can see, and neither side's retention can pull it from
+under the other.
+
+Clone: before its first step it waits for that checkpoint. If the source died mid-transfer (its
+attempt counter moved on, or its process is gone), finished without forking, or the wait times
+out, the clone adopts the source's newest committed checkpoint instead and says so.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import socket
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from resilient_flows.checkpoint import Checkpointer, TrainState
+from resilient_flows.checkpoint.tiers import Tier
+from resilient_flows.training.control import CloneOrder, clone_order_path, member_dir, read_spec
+from resilient_flows.training.spec import MemberSpec, ParentSpec
+
+__all__ = ["SEED_TIMEOUT_S", "Handoff", "Seed", "apply_overrides", "mark_forking", "wait_for_seed"]
+
+logger = logging.getLogger(__name__)
+
+#: How long a clone waits for its source's checkpoint before taking the source's newest one.
+SEED_TIMEOUT_S = float(os.environ.get("RESILIENT_FLOWS_CLONE_TIMEOUT", "300"))
+_POLL_S = 0.02
+
+
+def _forking_marker(run_dir: Path, source: str, request: str) -> Path:
+    return clone_order_path(member_dir(run_dir, source), request, ".forking")
+
+
+def mark_forking(run_dir: Path, source: str, order: CloneOrder, step: int, attempt: int) -> None:
+    """Turn a pending order into one being served, so that a restarted source does not serve it twice.
+
+    Not fsynced: it is advice to the clones waiting for the hand-off, on the source's critical path.
+    """
+    marker = _forking_marker(run_dir, source, order.request)
+    marker.write_text(json.dumps({"step": step, "attempt": attempt, "pid": os.getpid(), "host": socket.gethostname()}))
+    clone_order_path(marker.parent, order.request).unlink(missing_ok=True)
+
+
+class Handoff:
+    """The ``on_commit`` hook of a fork checkpoint: link it into every clone's tier of that kind."""
+
+    def __init__(self, run_dir: Path, source: str, orders: list[CloneOrder], rank: int, world_size: int) -> None:
+        self.run_dir = run_dir
+        self.source = source
+        self.orders = orders
+        self.rank, self.world_size = rank, world_size
+        self.clones = [_read_spec(run_dir, name) for order in orders for name in order.clones]
+
+    def __call__(self, tier: Tier, step: int) -> None:
+        for clone in self.clones:
+            if clone is None:
+                continue
+            if tier.name == "local":
+                if self.world_size == 1 and clone.checkpoint.local_dir is not None:
+                    Tier(clone.checkpoint.local_dir, "local").adopt(tier.step_dir(step), step)
+            elif self.rank == 0:
+                Tier(member_dir(self.run_dir, clone.name) / "checkpoints", "shared").adopt(tier.step_dir(step), step)
+        if tier.name == "shared" and self.rank == 0:
+            for order in self.orders:
+                _forking_marker(self.run_dir, self.source, order.request).unlink(missing_ok=True)
+
+
+@dataclass(frozen=True)
+class Seed:
+    """How a clone got its state: the step, the path it came by, and when it started receiving."""
+
+    step: int
+    transport: str
+    receiving_at: float
+    fallback: str | None = None
+
+
+def wait_for_seed(run_dir: Path, spec: MemberSpec, checkpointer: Checkpointer, timeout: float = SEED_TIMEOUT_S) -> Seed:
+    """Block until this clone's tier holds the source's checkpoint; adopt the source's newest on failure."""
+    parent = spec.parent
+    assert parent is not None
+    deadline = time.monotonic() + timeout
+    while True:
+        step = checkpointer.latest_step()
+        if step is not None:
+            local = checkpointer.local is not None and step in checkpointer.local.committed_steps()
+            return Seed(step, "node-local tier (hard link)" if local else "shared tier (hard link)", time.time())
+        problem = _handoff_problem(run_dir, parent)
+        if problem is None and time.monotonic() > deadline:
+            problem = f"no checkpoint from {parent.member} within {timeout:.0f} s"
+        if problem is not None:
+            return _fall_back(run_dir, parent, checkpointer, problem)
+        time.sleep(_POLL_S)
+
+
+def _handoff_problem(run_dir: Path, parent: ParentSpec) -> str | None:
+    """Why the source's hand-off for this request will never arrive, or None while it still may."""
+    source_dir = member_dir(run_dir, parent.member)
+    marker = _forking_marker(run_dir, parent.member, parent.request)
+    try:
+        forking = json.loads(marker.read_text())
+    except FileNotFoundError:
+        forking = None
+    except ValueError:
+        return None  # being written
+    if forking is None:
+        pending = clone_order_path(source_dir, parent.request).exists()
+        if pending and (source_dir / "result.json").exists():
+            return f"{parent.member} finished before it could fork"
+        return None
+    attempts = _read_int(source_dir / "attempts")
+    lost = f"before its checkpoint of step {forking['step']} committed"
+    if attempts is not None and attempts > forking["attempt"]:
+        return f"{parent.member} was restarted (attempt {attempts}) {lost}"
+    if forking["host"] == socket.gethostname() and not _alive(forking["pid"]):
+        return f"{parent.member}'s process {forking['pid']} died {lost}"
+    return None
+
+
+def _fall_back(run_dir: Path, parent: ParentSpec, checkpointer: Checkpointer, problem: str) -> Seed:
+    source = Tier(member_dir(run_dir, parent.member) / "checkpoints", "shared")
+    for step in source.committed_steps():
+        with contextlib.suppress(OSError):  # pruned while we linked it: take the next one
+            checkpointer.shared.adopt(source.step_dir(step), step)
+            logger.warning(
+                "clone of %s: %s; starting from its newest committed checkpoint, step %d", parent.member, problem, step
+            )
+            return Seed(step, "shared tier (fallback)", time.time(), fallback=f"{problem}; took step {step}")
+    raise RuntimeError(f"clone of {parent.member}: {problem}, and {parent.member} has no committed checkpoint")
+
+
+#: Optimizer hyperparameters an override may change; anything else changes the workload's params.
+OPTIMIZER_KEYS = ("lr", "momentum", "weight_decay", "dampening", "betas", "eps", "alpha", "rho", "lr_decay")
+
+
+def apply_overrides(state: TrainState, overrides: dict[str, Any]) -> dict[str, Any]:
+    """Set overridden optimizer hyperparameters in every parameter group; what was changed."""
+    changed: dict[str, Any] = {}
+    optimizer = state.optimizer
+    if optimizer is None:
+        return changed
+    for key, value in overrides.items():
+        if key not in OPTIMIZER_KEYS:
+            continue
+        for group in optimizer.param_groups:
+            if key in group:
+                group[key] = tuple(value) if isinstance(group[key], tuple) else value
+                changed[key] = value
+        if key == "lr" and state.scheduler is not None and hasattr(state.scheduler, "base_lrs"):
+            state.scheduler.base_lrs = [value for _ in state.scheduler.base_lrs]
+    return changed
+
+
+def _read_spec(run_dir: Path, name: str) -> MemberSpec | None:
+    try:
+        return read_spec(run_dir, name)
+    except (OSError, ValueError, TypeError) as exc:
+        logger.warning("cannot read the spec of clone %s: %s", name, exc)
+        return None
+
+
+def _read_int(path: Path) -> int | None:
+    try:
+        return int(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
