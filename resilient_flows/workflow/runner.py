@@ -118,7 +118,8 @@ def _execute(run_dir: Path, plan: Plan, members: list[MemberSpec], console: Cons
     submitter = _Submitter(run_dir)
     with parsl.load(config):
         for member in members:
-            submitter.submit(member)
+            if member.parent is None:  # clones wait until their source serves them (submit_new_clones)
+                submitter.submit(member)
         pending_analytics = list(workflow.analytics)
         analytics: list[Future] = []
         with Live(console=console, refresh_per_second=4, transient=True) as live:
