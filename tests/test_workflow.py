@@ -205,3 +205,8 @@ def test_clones_from_a_workflow_branch_off_and_the_unchanged_one_matches(tmp_pat
     assert main(["lineage", str(run_dir)]) == 0
     tree = capsys.readouterr().out
     assert "m.c2" in tree and "from step 150 via shared tier (hard link); lr=0.01, steps=300" in tree
+
+
+@pytest.mark.parametrize("path", sorted((REPO / "workflows").glob("*.yaml")), ids=lambda p: p.name)
+def test_every_example_workflow_validates(path: Path, capsys: pytest.CaptureFixture) -> None:
+    assert main(["validate", str(path)]) == 0, capsys.readouterr().err

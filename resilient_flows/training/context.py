@@ -219,9 +219,11 @@ class TrainContext:
         return _read_seed_step(self.directory)
 
     def _report_clone(self) -> None:
+        """The clone's ``cloned`` event. Its clock starts at the request, or when the source served
+        the order if that was later (an order for a future step)."""
         parent, seed = self.spec.parent, self._seed
         assert parent is not None and seed is not None
-        now = time.time()
+        start = max(parent.requested_at, seed.forked_at or 0.0)
         record = {"step": seed.step, "transport": seed.transport, "fallback": seed.fallback}
         if self._rank == 0:
             write_durably(self.directory / "seed.json", json.dumps({"parent": parent.member, **record}))
@@ -230,8 +232,8 @@ class TrainContext:
             parent=parent.member,
             request=parent.request,
             overrides=parent.overrides,
-            standby_s=round(seed.receiving_at - parent.requested_at, 4),
-            readiness_s=round(now - parent.requested_at, 4),
+            standby_s=round(seed.receiving_at - start, 4),
+            readiness_s=round(time.time() - start, 4),
             **record,
         )
 

@@ -35,6 +35,8 @@ logger = logging.getLogger(__name__)
 
 #: How long a clone waits for its source's checkpoint before taking the source's newest one.
 SEED_TIMEOUT_S = float(os.environ.get("RESILIENT_FLOWS_CLONE_TIMEOUT", "300"))
+#: Written into a clone's directory by its source as it hands the state over: step and time.
+HANDOFF = "handoff.json"
 _POLL_S = 0.02
 
 
@@ -61,11 +63,15 @@ class Handoff:
         self.orders = orders
         self.rank, self.world_size = rank, world_size
         self.clones = [_read_spec(run_dir, name) for order in orders for name in order.clones]
+        self.forked_at = time.time()
 
     def __call__(self, tier: Tier, step: int) -> None:
         for clone in self.clones:
             if clone is None:
                 continue
+            if self.rank == 0:  # when the source served the order: a clone's clock starts there at the earliest
+                handoff = member_dir(self.run_dir, clone.name) / HANDOFF
+                handoff.write_text(json.dumps({"step": step, "forked_at": self.forked_at}))
             if tier.name == "local":
                 if self.world_size == 1 and clone.checkpoint.local_dir is not None:
                     Tier(clone.checkpoint.local_dir, "local").adopt(tier.step_dir(step), step)
@@ -78,11 +84,13 @@ class Handoff:
 
 @dataclass(frozen=True)
 class Seed:
-    """How a clone got its state: the step, the path it came by, and when it started receiving."""
+    """How a clone got its state: the step, the path it came by, when its source served the
+    order (None after a fallback) and when the clone started receiving."""
 
     step: int
     transport: str
     receiving_at: float
+    forked_at: float | None = None
     fallback: str | None = None
 
 
@@ -95,7 +103,8 @@ def wait_for_seed(run_dir: Path, spec: MemberSpec, checkpointer: Checkpointer, t
         step = checkpointer.latest_step()
         if step is not None:
             local = checkpointer.local is not None and step in checkpointer.local.committed_steps()
-            return Seed(step, "node-local tier (hard link)" if local else "shared tier (hard link)", time.time())
+            transport = "node-local tier (hard link)" if local else "shared tier (hard link)"
+            return Seed(step, transport, time.time(), forked_at=_forked_at(member_dir(run_dir, spec.name)))
         problem = _handoff_problem(run_dir, parent)
         if problem is None and time.monotonic() > deadline:
             problem = f"no checkpoint from {parent.member} within {timeout:.0f} s"
@@ -167,6 +176,13 @@ def _read_spec(run_dir: Path, name: str) -> MemberSpec | None:
         return read_spec(run_dir, name)
     except (OSError, ValueError, TypeError) as exc:
         logger.warning("cannot read the spec of clone %s: %s", name, exc)
+        return None
+
+
+def _forked_at(directory: Path) -> float | None:
+    try:
+        return float(json.loads((directory / HANDOFF).read_text())["forked_at"])
+    except (OSError, ValueError, KeyError, TypeError):
         return None
 
 

@@ -1,0 +1,745 @@
+"""Cloning over MPI: hand a running training's state to clone ranks of the same job, point to point.
+
+When the source and its clones are ranks of one MPI job there is no need to go through a file
+system: the data-parallel source ranks, which all hold the same replicated state, split its bytes
+between them exactly as a checkpoint would (:func:`~resilient_flows.checkpoint.shards.plan_shards`
+over the ``N`` source ranks) and each sends its share to every clone rank. With ``N`` source ranks
+each sends about ``1/N`` of the bytes, and a clone receives from all of them at once.
+
+Protocol, per (source rank, clone rank) pair, on three tags of the given communicator:
+
+1. ``TAG_META``: the source sends a small JSON document: the skeleton of the state (its structure
+   and scalar values, see :mod:`resilient_flows.checkpoint.tree`), the names, dtypes and shapes of
+   its arrays, the pieces this source rank will send, and (from source rank ``j % N`` to the clone
+   of index ``j``) the per-rank values under :data:`~resilient_flows.checkpoint.state.RANK_LOCAL`,
+   as restore hands them out. JSON, never pickle: a clone parses what it is sent, it unpickles
+   nothing. A source that cannot flatten its state sends its error here instead.
+2. ``TAG_REPLY``: the clone checks that every source rank sent the same structure, and that it fits
+   the state it receives into, then answers every source rank with the same verdict (``ok`` or the
+   error). So a refused transfer fails on every rank with a message that says why, and no rank
+   waits for data that will never come.
+3. ``TAG_DATA``: raw bytes, one message per piece (cut at :data:`CHUNK_BYTES` for 32-bit MPI
+   counts), sent with ``Isend`` from byte views of the tensors and received with ``Irecv`` straight
+   into byte views of the destination tensors. Travelling as bytes, every dtype goes, those numpy
+   lacks (bfloat16, float8) included. Messages of one pair on one tag arrive in the order they were
+   sent, so both sides only need to agree on the order, which the shared plan gives them.
+
+The source's stall. :func:`send_state` blocks until every byte has left and sends from the live
+tensors themselves: no copy at all for contiguous CPU tensors (a host copy for non-contiguous or
+device tensors), the stall is the whole transfer. :func:`start_send_state` first copies this rank's
+pieces into one host staging buffer (pinned when CUDA is available), then hands the protocol to a
+background thread and returns: the caller's stall is the copy, and training continues while the
+bytes travel. That thread needs ``MPI_THREAD_MULTIPLE`` (mpi4py's default); with a lower thread
+level the transfer runs before ``start_send_state`` returns, and a warning says so. The waits for a
+peer's metadata poll every :data:`POLL_SECONDS` so that a rank waiting for a slow peer does not burn
+the core training needs; the data itself moves in ``Waitall``, which MPI implementations busy-wait.
+
+Only one transfer at a time may be in flight between the same pair of ranks on one communicator,
+and the user's own point-to-point messages on it must not use the three tags. After a timeout, the
+messages already sent stay queued: use a fresh communicator (``Dup``) for the next transfer.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import threading
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from resilient_flows.checkpoint.shards import ArraySpec, plan_shards
+from resilient_flows.checkpoint.state import RANK_LOCAL, Stateful, TrainState
+from resilient_flows.checkpoint.tree import Leaf, flatten, unflatten
+from resilient_flows.errors import CloneError, ResilientFlowsError, StateMismatchError
+
+__all__ = [
+    "CHUNK_BYTES",
+    "POLL_SECONDS",
+    "TAG_DATA",
+    "TAG_META",
+    "TAG_REPLY",
+    "CloneSend",
+    "CloneTransferStats",
+    "recv_state",
+    "send_state",
+    "start_send_state",
+]
+
+logger = logging.getLogger(__name__)
+
+#: Message tags of the protocol (below 32767, the smallest ``MPI_TAG_UB`` the standard allows).
+TAG_META, TAG_REPLY, TAG_DATA = 0x7CF0, 0x7CF1, 0x7CF2
+#: Largest single data message: below the 2 GiB that 32-bit MPI counts allow.
+CHUNK_BYTES = 1 << 30
+#: How often a rank waiting for a peer's metadata looks for it.
+POLL_SECONDS = 0.001
+#: Version of the metadata document; a clone refuses others.
+FORMAT = 1
+
+
+@dataclass
+class CloneTransferStats:
+    """What one rank's part of a transfer cost; every time in seconds.
+
+    Attributes
+    ----------
+    role:
+        ``"source"`` or ``"clone"``.
+    rank:
+        This rank in the communicator.
+    peers:
+        The clone ranks this source rank served, or the source ranks this clone received from.
+    payload_bytes:
+        Array bytes this rank sent (summed over its clones) or received.
+    metadata_bytes:
+        JSON bytes this rank sent (source) or received (clone).
+    messages:
+        Data messages this rank posted.
+    staging_bytes:
+        Bytes copied into host memory before sending (staging buffer, or copies of non-contiguous
+        and device tensors); 0 when every piece went from the live tensors.
+    stall_s:
+        How long the caller was blocked: until :func:`start_send_state` returned, or the whole
+        :func:`send_state` / :func:`recv_state` call.
+    copy_s:
+        Flattening the state and copying it into host memory.
+    handshake_s:
+        Waiting for the peers' metadata or verdicts (a clone waits here for its source to arrive).
+    transfer_s:
+        From posting the first data message to the completion of the last.
+    total_s:
+        From the call to the last byte.
+    """
+
+    role: str = ""
+    rank: int = -1
+    peers: list[int] = field(default_factory=list)
+    payload_bytes: int = 0
+    metadata_bytes: int = 0
+    messages: int = 0
+    staging_bytes: int = 0
+    stall_s: float = 0.0
+    copy_s: float = 0.0
+    handshake_s: float = 0.0
+    transfer_s: float = 0.0
+    total_s: float = 0.0
+
+
+# --------------------------------------------------------------------------------------------- source
+
+
+def send_state(
+    comm: Any,
+    state: Stateful | dict[str, Any],
+    clone_ranks: Sequence[int],
+    source_ranks: Sequence[int],
+    *,
+    timeout: float | None = None,
+) -> CloneTransferStats:
+    """Send this source rank's share of ``state`` to every clone rank; return once all is sent.
+
+    Called by every rank of ``source_ranks``, each holding the same replicated state (and its own
+    per-rank values under ``rank_local``). Sends straight from the live tensors: no copy for
+    contiguous CPU tensors, so the caller must not change the state before this returns. See
+    :func:`start_send_state` for a version that returns after a copy.
+
+    Parameters
+    ----------
+    comm:
+        An ``mpi4py`` communicator containing the source and clone ranks (or its
+        :func:`~resilient_flows.checkpoint.comm.as_comm` wrapper).
+    state:
+        A :class:`~resilient_flows.checkpoint.state.Stateful` (a ``TrainState``) or a state dict.
+    clone_ranks:
+        Ranks of ``comm`` that call :func:`recv_state`; clone ``j`` (its index here) gets the
+        per-rank values of ``source_ranks[j % len(source_ranks)]``.
+    source_ranks:
+        Ranks of ``comm`` that call this function together, this one among them; same order on all.
+    timeout:
+        Seconds to wait for a clone's verdict before raising :class:`CloneError`; None: forever.
+
+    Returns
+    -------
+    CloneTransferStats
+        Bytes sent by this rank and where the time went.
+
+    Raises
+    ------
+    CloneError
+        A clone refused the state (its message says why) or did not answer in time.
+    """
+    started = time.perf_counter()
+    transfer = _prepare(comm, state, clone_ranks, source_ranks, stage=False, timeout=timeout, started=started)
+    transfer.run()
+    transfer.stats.stall_s = transfer.stats.total_s
+    transfer.raise_error()
+    return transfer.stats
+
+
+def start_send_state(
+    comm: Any,
+    state: Stateful | dict[str, Any],
+    clone_ranks: Sequence[int],
+    source_ranks: Sequence[int],
+    *,
+    timeout: float | None = None,
+    pin_memory: bool | None = None,
+) -> CloneSend:
+    """Copy this source rank's share of ``state`` into a host buffer and send it in the background.
+
+    Same contract and parameters as :func:`send_state`; returns as soon as the copy is done, after
+    which the caller may change the state (train on). The staging buffer is allocated per call and
+    holds about ``1/N`` of the replicated bytes plus this rank's per-rank values. Call
+    :meth:`CloneSend.wait` before the next transfer on the same communicator.
+
+    Parameters
+    ----------
+    pin_memory:
+        Pin the staging buffer, for fast copies from the GPU. Default: when CUDA is available.
+
+    Returns
+    -------
+    CloneSend
+        The transfer in flight; ``wait()`` returns its :class:`CloneTransferStats`.
+    """
+    from mpi4py import MPI
+
+    started = time.perf_counter()
+    pin = torch.cuda.is_available() if pin_memory is None else pin_memory
+    transfer = _prepare(comm, state, clone_ranks, source_ranks, stage=True, timeout=timeout, started=started, pin=pin)
+    if MPI.Query_thread() < MPI.THREAD_MULTIPLE:
+        logger.warning("MPI runs without MPI_THREAD_MULTIPLE: the clone transfer blocks training until it is sent")
+        transfer.run()
+        transfer.stats.stall_s = transfer.stats.total_s
+        return CloneSend(transfer, None)
+    transfer.stats.stall_s = time.perf_counter() - started
+    thread = threading.Thread(target=transfer.run, name="rf-clone-send", daemon=True)
+    thread.start()
+    return CloneSend(transfer, thread)
+
+
+class CloneSend:
+    """A transfer started by :func:`start_send_state`."""
+
+    def __init__(self, transfer: _SourceTransfer, thread: threading.Thread | None) -> None:
+        self._transfer = transfer
+        self._thread = thread
+
+    def done(self) -> bool:
+        """Whether every byte has been sent (or the transfer has failed)."""
+        return self._thread is None or not self._thread.is_alive()
+
+    def wait(self, timeout: float | None = None) -> CloneTransferStats:
+        """Block until the transfer is over; its stats.
+
+        Raises
+        ------
+        CloneError
+            A clone refused the state or did not answer in time.
+        TimeoutError
+            The transfer is still running after ``timeout`` seconds (it goes on).
+        """
+        if self._thread is not None:
+            self._thread.join(timeout)
+            if self._thread.is_alive():
+                raise TimeoutError(f"the clone transfer is still running after {timeout} s")
+        self._transfer.raise_error()
+        return self._transfer.stats
+
+
+@dataclass
+class _SourceTransfer:
+    """One source rank's side of a transfer, ready to run: metadata per clone, byte buffers in order."""
+
+    comm: Any
+    clone_ranks: list[int]
+    meta: dict[int, bytes]
+    replicated: list[np.ndarray]
+    local: list[np.ndarray]
+    local_to: set[int]
+    deadline: float | None
+    started: float
+    stats: CloneTransferStats
+    failure: str | None = None
+    error: BaseException | None = None
+    keep: list[Any] = field(default_factory=list)  # staging memory the byte views point into
+
+    def run(self) -> None:
+        """The protocol: metadata out, verdicts in, data out to every clone that accepted."""
+        from mpi4py import MPI
+
+        try:
+            waited = time.perf_counter()
+            metas = [self.comm.Isend(_message(self.meta[c]), dest=c, tag=TAG_META) for c in self.clone_ranks]
+            verdicts = {
+                c: _recv_json(self.comm, c, TAG_REPLY, self.deadline, f"the verdict of clone rank {c}")
+                for c in self.clone_ranks
+            }
+            MPI.Request.Waitall(metas)
+            self.stats.handshake_s = time.perf_counter() - waited
+            if self.failure is not None:
+                raise CloneError(self.failure)
+            refused = {c: v.get("error") or "no reason given" for c, v in verdicts.items() if not v.get("ok")}
+            sending = time.perf_counter()
+            requests = []
+            for c in self.clone_ranks:
+                if c in refused:
+                    continue
+                for buffer in self.replicated + (self.local if c in self.local_to else []):
+                    for chunk in _chunks(buffer):
+                        requests.append(self.comm.Isend(chunk, dest=c, tag=TAG_DATA))
+                        self.stats.payload_bytes += chunk.nbytes
+            self.stats.messages = len(requests)
+            MPI.Request.Waitall(requests)
+            self.stats.transfer_s = time.perf_counter() - sending
+            if refused:
+                reasons = "; ".join(f"clone rank {c}: {reason}" for c, reason in refused.items())
+                raise CloneError(f"the clone refused the state ({reasons})")
+        except BaseException as exc:  # reported by raise_error, never lost in a thread
+            self.error = exc
+        finally:
+            self.stats.total_s = time.perf_counter() - self.started
+            self.keep.clear()
+            self.replicated, self.local = [], []
+        if self.error is None:
+            logger.info(
+                "sent %d bytes of state to clone rank(s) %s in %.3f s (stall %.3f s)",
+                self.stats.payload_bytes,
+                self.clone_ranks,
+                self.stats.total_s,
+                self.stats.stall_s,
+            )
+
+    def raise_error(self) -> None:
+        if self.error is not None:
+            raise self.error
+
+
+def _prepare(
+    comm: Any,
+    state: Stateful | dict[str, Any],
+    clone_ranks: Sequence[int],
+    source_ranks: Sequence[int],
+    *,
+    stage: bool,
+    timeout: float | None,
+    started: float,
+    pin: bool = False,
+) -> _SourceTransfer:
+    """Flatten, plan and (``stage``) copy; a state that cannot be flattened becomes an error message."""
+    raw = _raw(comm)
+    rank = raw.Get_rank()
+    sources, clones = _check_ranks(raw, source_ranks, clone_ranks)
+    if rank not in sources:
+        raise ValueError(f"send_state is for the source ranks {sources}; this is rank {rank}")
+    index, world = sources.index(rank), len(sources)
+    stats = CloneTransferStats(role="source", rank=rank, peers=list(clones))
+    header = {"format": FORMAT, "source_ranks": sources, "clone_ranks": clones, "index": index, "error": None}
+    transfer = _SourceTransfer(
+        comm=raw,
+        clone_ranks=clones,
+        meta={},
+        replicated=[],
+        local=[],
+        local_to={c for j, c in enumerate(clones) if j % world == index},
+        deadline=None if timeout is None else started + timeout,
+        started=started,
+        stats=stats,
+    )
+    try:
+        full = dict(_state_dict(state))
+        local_state = full.pop(RANK_LOCAL, None)
+        skeleton, arrays = flatten(full)
+        local_skeleton, local_arrays = ({}, {}) if local_state is None else flatten(local_state, RANK_LOCAL)
+        specs = [ArraySpec(name, _dtype_of(name, leaf), tuple(leaf.shape)) for name, leaf in arrays.items()]
+        mine = plan_shards(specs, world)[index]
+        layout = [_layout_entry(s) for s in specs]
+        local_specs = [ArraySpec(n, _dtype_of(n, leaf), tuple(leaf.shape)) for n, leaf in local_arrays.items()]
+        pieces = [(arrays[p.name], p.start, p.stop) for p in mine]
+        pieces += [(local_arrays[s.name], 0, s.numel) for s in local_specs]
+        views = _stage(pieces, transfer, pin) if stage else _views(pieces, transfer)
+        transfer.replicated, transfer.local = views[: len(mine)], views[len(mine) :]
+        body = {
+            **header,
+            "layout": layout,
+            "skeleton": skeleton,
+            "pieces": [[p.name, p.start, p.stop] for p in mine],
+        }
+        local = {"skeleton": local_skeleton if local_state is not None else None}
+        local["layout"] = [_layout_entry(s) for s in local_specs]
+        for j, c in enumerate(clones):
+            text = json.dumps({**body, "local": local if j % world == index else None}, allow_nan=False)
+            transfer.meta[c] = text.encode()
+    except (ResilientFlowsError, TypeError, ValueError) as exc:
+        transfer.failure = f"source rank {rank} cannot send its state: {exc}"
+        failed = json.dumps({**header, "error": transfer.failure}).encode()
+        transfer.meta = dict.fromkeys(clones, failed)
+        transfer.replicated, transfer.local = [], []
+    stats.metadata_bytes = sum(len(m) for m in transfer.meta.values())
+    stats.copy_s = time.perf_counter() - started
+    return transfer
+
+
+def _views(pieces: list[tuple[Leaf, int, int]], transfer: _SourceTransfer) -> list[np.ndarray]:
+    """Byte views of the live pieces: no copy for contiguous CPU arrays, a host copy otherwise."""
+    flats: dict[int, Any] = {}
+    out = []
+    for leaf, start, stop in pieces:
+        flat = flats.get(id(leaf))
+        if flat is None:
+            flat = flats[id(leaf)] = _flat_host(leaf, transfer)
+        out.append(_bytes_of(flat[start:stop]))
+    return out
+
+
+def _flat_host(leaf: Leaf, transfer: _SourceTransfer) -> Any:
+    """A flat host array over ``leaf``'s elements: a view when possible, else a copy kept alive."""
+    if isinstance(leaf, np.ndarray):
+        copied = not leaf.flags.c_contiguous
+        flat = (np.ascontiguousarray(leaf) if copied else leaf).reshape(-1)
+    else:
+        tensor = leaf.detach().resolve_conj().resolve_neg()
+        copied = tensor.device.type != "cpu" or not tensor.is_contiguous()
+        flat = tensor.cpu().contiguous().reshape(-1)
+    if copied:
+        transfer.stats.staging_bytes += flat.nbytes
+        transfer.keep.append(flat)
+    return flat
+
+
+def _stage(pieces: list[tuple[Leaf, int, int]], transfer: _SourceTransfer, pin: bool) -> list[np.ndarray]:
+    """Copy every piece into one host buffer; byte views of it, in the same order."""
+    sizes = [(stop - start) * _itemsize(leaf) for leaf, start, stop in pieces]
+    buffer = torch.empty(sum(sizes), dtype=torch.uint8, pin_memory=pin and sum(sizes) > 0)
+    transfer.keep.append(buffer)
+    transfer.stats.staging_bytes += buffer.numel()
+    out, offset, devices = [], 0, set()
+    with torch.no_grad():
+        for (leaf, start, stop), size in zip(pieces, sizes, strict=True):
+            dst = buffer[offset : offset + size]
+            offset += size
+            if isinstance(leaf, np.ndarray):
+                np.copyto(dst.numpy(), _bytes_of(np.ascontiguousarray(leaf).reshape(-1)[start:stop]))
+            else:
+                src = leaf.detach().resolve_conj().resolve_neg().reshape(-1)[start:stop]
+                if src.device.type != "cpu":
+                    devices.add(src.device)
+                dst.copy_(src.contiguous().view(torch.uint8), non_blocking=src.device.type == "cuda")
+            out.append(dst.numpy())
+    for device in devices:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- clone
+
+
+def recv_state(
+    comm: Any,
+    source_ranks: Sequence[int],
+    into: Stateful | None = None,
+    *,
+    timeout: float | None = None,
+    stats: CloneTransferStats | None = None,
+) -> dict[str, Any]:
+    """Receive a state sent by :func:`send_state` / :func:`start_send_state`; load it into ``into``.
+
+    Called by each clone rank. Every piece is received directly into its destination tensor: the
+    live tensor of ``into`` when it is a contiguous CPU tensor of the same dtype and shape (model
+    parameters, existing optimizer moments), a freshly allocated one otherwise. Before anything is
+    received the structure is checked against ``into``; a mismatch is sent to every source rank
+    and raised here, so both sides fail with the same message and ``into`` is untouched. A failure
+    during the transfer itself (an MPI error) can leave ``into`` partly overwritten.
+
+    Parameters
+    ----------
+    comm:
+        The communicator the source ranks send on (``mpi4py``, or its ``as_comm`` wrapper).
+    source_ranks:
+        The source ranks, in the order they pass to :func:`send_state`.
+    into:
+        A Stateful to load the state into (``load_state_dict``), typically a ``TrainState`` over
+        a freshly built model and optimizer; None to only return the state.
+    timeout:
+        Seconds to wait for the sources' metadata before raising :class:`CloneError`; None: forever.
+    stats:
+        Filled in place with what this rank received and where the time went, if given.
+
+    Returns
+    -------
+    dict
+        The state dict as the source's ``state_dict()`` returned it (CPU tensors), with this clone's
+        per-rank values under ``rank_local``.
+
+    Raises
+    ------
+    StateMismatchError
+        The state does not fit ``into`` (names, shapes, dtypes, optimizer groups).
+    CloneError
+        A source rank could not send, the source ranks disagree, or the wait timed out.
+    """
+    from mpi4py import MPI
+
+    started = time.perf_counter()
+    raw = _raw(comm)
+    rank = raw.Get_rank()
+    sources, _ = _check_ranks(raw, source_ranks, [])
+    if rank in sources:
+        raise ValueError(f"rank {rank} is one of the source ranks {sources}; it cannot also be a clone")
+    stats = stats if stats is not None else CloneTransferStats()
+    stats.role, stats.rank, stats.peers = "clone", rank, list(sources)
+    deadline = None if timeout is None else started + timeout
+    texts: list[bytearray] = []
+    for s in sources:
+        try:
+            texts.append(_recv_bytes(raw, s, TAG_META, deadline, f"the state from source rank {s}"))
+        except CloneError as exc:  # the sources heard from so far must not wait for a verdict forever
+            refusal = _message(json.dumps({"ok": False, "error": str(exc)}).encode())
+            MPI.Request.Waitall([raw.Isend(refusal, dest=d, tag=TAG_REPLY) for d in sources[: len(texts)]])
+            raise
+    stats.handshake_s = time.perf_counter() - started
+    stats.metadata_bytes = sum(len(t) for t in texts)
+
+    problem: BaseException | None = None
+    requests: list[Any] = []
+    try:
+        metas = [json.loads(t) for t in texts]
+        layout, skeleton, local = _agree(metas, sources, rank)
+        specs = [_spec(entry) for entry in layout]
+        local_specs = [_spec(entry) for entry in local["layout"]]
+        live = _live_arrays(into)
+        if into is not None:
+            _check_into(into, live, specs, skeleton)
+        arrays = {s.name: _destination(s, live.get(s.name)) for s in specs}
+        local_arrays = {s.name: torch.empty(s.shape, dtype=s.dtype) for s in local_specs}
+        plan = plan_shards(specs, len(sources))
+        for i, (meta, pieces) in enumerate(zip(metas, plan, strict=True)):
+            if meta["pieces"] != [[p.name, p.start, p.stop] for p in pieces]:
+                raise CloneError(f"source rank {sources[i]} plans other pieces than this clone (another version?)")
+        receiving = time.perf_counter()
+        for i, s in enumerate(sources):
+            buffers = [_bytes_of(arrays[p.name].view(-1)[p.start : p.stop]) for p in plan[i]]
+            if metas[i]["local"] is not None:
+                buffers += [_bytes_of(local_arrays[spec.name].view(-1)) for spec in local_specs]
+            for buffer in buffers:
+                for chunk in _chunks(buffer):
+                    requests.append(raw.Irecv(chunk, source=s, tag=TAG_DATA))
+                    stats.payload_bytes += chunk.nbytes
+    except Exception as exc:  # every source must hear the verdict, whatever went wrong
+        problem = exc if isinstance(exc, ResilientFlowsError) else CloneError(f"cannot receive the state: {exc!r}")
+    verdict = json.dumps({"ok": problem is None, "error": None if problem is None else str(problem)}).encode()
+    replies = [raw.Isend(_message(verdict), dest=s, tag=TAG_REPLY) for s in sources]
+    if problem is not None:
+        MPI.Request.Waitall(replies)  # small: sent eagerly, whether or not the source still listens
+        stats.total_s = stats.stall_s = time.perf_counter() - started
+        raise problem
+    stats.messages = len(requests)
+    MPI.Request.Waitall(requests + replies)
+    stats.transfer_s = time.perf_counter() - receiving
+
+    state = unflatten(skeleton, arrays)
+    if local["skeleton"] is not None:
+        state[RANK_LOCAL] = unflatten(local["skeleton"], local_arrays)
+    if into is not None:
+        into.load_state_dict(state)
+    stats.total_s = stats.stall_s = time.perf_counter() - started
+    logger.info(
+        "received %d bytes of state from source rank(s) %s in %.3f s (%.3f s of it waiting for them)",
+        stats.payload_bytes,
+        sources,
+        stats.total_s,
+        stats.handshake_s,
+    )
+    return state
+
+
+def _agree(metas: list[dict], sources: list[int], rank: int) -> tuple[list, dict, dict]:
+    """The layout, skeleton and this clone's per-rank part, once every source rank agrees on them."""
+    for s, meta in zip(sources, metas, strict=True):
+        if meta.get("format") != FORMAT:
+            raise CloneError(f"source rank {s} speaks clone format {meta.get('format')!r}, this clone {FORMAT}")
+        if meta.get("error"):
+            raise CloneError(meta["error"])
+        if meta["source_ranks"] != sources:
+            raise CloneError(
+                f"source rank {s} sends with source ranks {meta['source_ranks']}, this clone expects {sources}"
+            )
+        if rank not in meta["clone_ranks"] or meta["clone_ranks"] != metas[0]["clone_ranks"]:
+            raise CloneError(f"source rank {s} sends to clone ranks {meta['clone_ranks']}, not to this rank {rank}")
+    first = metas[0]
+    for s, meta in zip(sources[1:], metas[1:], strict=True):
+        if meta["layout"] != first["layout"]:
+            raise CloneError(
+                f"source ranks {sources[0]} and {s} hold different replicated state (names, shapes or dtypes): "
+                f"{_first_difference(first['layout'], meta['layout'])}"
+            )
+        if _digest(meta["skeleton"]) != _digest(first["skeleton"]):
+            raise CloneError(f"source ranks {sources[0]} and {s} hold different replicated values (not tensors)")
+    index = first["clone_ranks"].index(rank)
+    provider = index % len(sources)
+    local = metas[provider]["local"]
+    if local is None:
+        raise CloneError(f"source rank {sources[provider]} did not send this clone's per-rank values")
+    return first["layout"], first["skeleton"], local
+
+
+def _check_into(into: Stateful, live: Mapping[str, Leaf], specs: list[ArraySpec], skeleton: dict) -> None:
+    """Raise StateMismatchError where loading the state would fail, before anything is received."""
+    sent = {s.name: s for s in specs}
+    lazy = into.lazy_prefixes() if isinstance(into, TrainState) else ()
+    for name, leaf in live.items():
+        spec = sent.get(name)
+        if spec is None:
+            if name.startswith(lazy):  # an optimizer that has stepped, cloning one that has not
+                continue
+            raise StateMismatchError(f"the source's state has no {name!r}, which the clone's state has")
+        if tuple(leaf.shape) != spec.shape:
+            raise StateMismatchError(
+                f"{name!r} has shape {list(spec.shape)} in the source's state but {list(leaf.shape)} in the clone's"
+            )
+        dtype = _dtype_of(name, leaf)
+        if dtype != spec.dtype:
+            raise StateMismatchError(f"{name!r} is {spec.dtype} in the source's state but {dtype} in the clone's")
+    for name in sent:
+        if name not in live and not name.startswith(lazy):
+            raise StateMismatchError(f"the source's state has {name!r}, which the clone's state does not have")
+    if isinstance(into, TrainState):
+        into.check_loadable(unflatten(skeleton, _Placeholders()))
+
+
+def _live_arrays(into: Stateful | None) -> dict[str, Leaf]:
+    if into is None:
+        return {}
+    target = dict(into.state_dict())
+    target.pop(RANK_LOCAL, None)
+    return flatten(target)[1]
+
+
+def _destination(spec: ArraySpec, live: Leaf | None) -> torch.Tensor:
+    """The live tensor itself when MPI can write into it; a new CPU tensor otherwise."""
+    if live is None or tuple(live.shape) != spec.shape or _dtype_of(spec.name, live) != spec.dtype:
+        return torch.empty(spec.shape, dtype=spec.dtype)
+    if isinstance(live, torch.Tensor):
+        usable = live.device.type == "cpu" and live.is_contiguous() and not (live.is_conj() or live.is_neg())
+        if usable:
+            return live.detach()
+    elif live.flags.c_contiguous and live.flags.writeable and live.size:
+        return torch.from_numpy(live)
+    return torch.empty(spec.shape, dtype=spec.dtype)
+
+
+class _Placeholders(dict):
+    """Stands in for every array, to look at the state's structure before receiving it."""
+
+    def __missing__(self, name: str) -> torch.Tensor:
+        return torch.zeros(())
+
+
+# ------------------------------------------------------------------------------------------ plumbing
+
+
+def _raw(comm: Any) -> Any:
+    """The mpi4py communicator, also out of an :class:`~resilient_flows.checkpoint.comm.MPIComm`."""
+    raw = getattr(comm, "_comm", comm)
+    if not (hasattr(raw, "Isend") and hasattr(raw, "Improbe")):
+        raise TypeError(f"the MPI clone transport needs an mpi4py communicator, got {type(comm).__name__}")
+    return raw
+
+
+def _check_ranks(raw: Any, source_ranks: Sequence[int], clone_ranks: Sequence[int]) -> tuple[list[int], list[int]]:
+    size = raw.Get_size()
+    sources, clones = [int(r) for r in source_ranks], [int(r) for r in clone_ranks]
+    if not sources:
+        raise ValueError("source_ranks is empty")
+    for name, ranks in (("source_ranks", sources), ("clone_ranks", clones)):
+        if len(set(ranks)) != len(ranks) or any(not 0 <= r < size for r in ranks):
+            raise ValueError(f"{name} {ranks} must be distinct ranks of a communicator of size {size}")
+    if set(sources) & set(clones):
+        raise ValueError(f"ranks {sorted(set(sources) & set(clones))} are both source and clone")
+    return sources, clones
+
+
+def _recv_bytes(raw: Any, source: int, tag: int, deadline: float | None, what: str) -> bytearray:
+    """One whole message of unknown size, polling instead of busy-waiting (matched probe: thread safe)."""
+    from mpi4py import MPI
+
+    status = MPI.Status()
+    while (message := raw.Improbe(source=source, tag=tag, status=status)) is None:
+        if deadline is not None and time.perf_counter() > deadline:
+            raise CloneError(f"timed out waiting for {what}")
+        time.sleep(POLL_SECONDS)
+    data = bytearray(status.Get_count(MPI.BYTE))
+    message.Recv([data, MPI.BYTE])
+    return data
+
+
+def _recv_json(raw: Any, source: int, tag: int, deadline: float | None, what: str) -> dict:
+    return json.loads(_recv_bytes(raw, source, tag, deadline, what))
+
+
+def _message(data: bytes) -> np.ndarray:
+    return np.frombuffer(data, dtype=np.uint8)
+
+
+def _chunks(buffer: np.ndarray) -> Iterator[np.ndarray]:
+    """Slices of at most CHUNK_BYTES; none for an empty buffer (both sides skip it alike)."""
+    for start in range(0, buffer.nbytes, CHUNK_BYTES):
+        yield buffer[start : start + CHUNK_BYTES]
+
+
+def _bytes_of(flat: Any) -> np.ndarray:
+    """A uint8 numpy view of a flat contiguous host tensor or array: no copy, any dtype."""
+    if isinstance(flat, np.ndarray):
+        return flat.view(np.uint8)
+    return flat.view(torch.uint8).numpy()
+
+
+def _state_dict(state: Any) -> Mapping[str, Any]:
+    if isinstance(state, Stateful):
+        return state.state_dict()
+    if isinstance(state, Mapping):
+        return state
+    raise TypeError(f"cannot clone a {type(state).__name__}: pass a TrainState, a dict, or an object with state_dict()")
+
+
+def _dtype_of(name: str, leaf: Leaf) -> torch.dtype:
+    if isinstance(leaf, torch.Tensor):
+        return leaf.dtype
+    try:
+        return torch.from_numpy(np.empty(0, dtype=leaf.dtype)).dtype
+    except TypeError:
+        raise CloneError(f"cannot send {name!r}: numpy dtype {leaf.dtype} has no tensor equivalent") from None
+
+
+def _itemsize(leaf: Leaf) -> int:
+    return leaf.itemsize if isinstance(leaf, np.ndarray) else leaf.element_size()
+
+
+def _layout_entry(spec: ArraySpec) -> list:
+    return [spec.name, str(spec.dtype).removeprefix("torch."), list(spec.shape)]
+
+
+def _spec(entry: list) -> ArraySpec:
+    name, dtype_name, shape = entry
+    dtype = getattr(torch, dtype_name, None)
+    if not isinstance(dtype, torch.dtype):
+        raise CloneError(f"{name!r} has dtype {dtype_name!r}, which this PyTorch does not know")
+    return ArraySpec(name, dtype, tuple(int(n) for n in shape))
+
+
+def _digest(obj: Any) -> str:
+    return hashlib.blake2b(json.dumps(obj, sort_keys=False).encode(), digest_size=16).hexdigest()
+
+
+def _first_difference(a: list, b: list) -> str:
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            return f"{x} vs {y}"
+    return f"{len(a)} arrays vs {len(b)}"
