@@ -3,9 +3,22 @@
 :func:`request_clone` registers the clones and orders the fork; the source's ``TrainContext``
 serves the order at its next step boundary with one asynchronous checkpoint that is hard-linked
 into each clone's tiers as it commits; a clone restores it, applies its overrides and continues.
+Inside one MPI job, :func:`send_state` / :func:`recv_state` move the state from source ranks to
+clone ranks point to point instead, each source rank sending about 1/N of the bytes.
 """
 
 from resilient_flows.clone.lineage import lineage_tree
+from resilient_flows.clone.mpi import CloneSend, CloneTransferStats, recv_state, send_state, start_send_state
 from resilient_flows.clone.request import allowed_overrides, check_overrides, request_clone
 
-__all__ = ["allowed_overrides", "check_overrides", "lineage_tree", "request_clone"]
+__all__ = [
+    "CloneSend",
+    "CloneTransferStats",
+    "allowed_overrides",
+    "check_overrides",
+    "lineage_tree",
+    "recv_state",
+    "request_clone",
+    "send_state",
+    "start_send_state",
+]

@@ -362,7 +362,8 @@ def _prepare(
         layout = [_layout_entry(s) for s in specs]
         local_specs = [ArraySpec(n, _dtype_of(n, leaf), tuple(leaf.shape)) for n, leaf in local_arrays.items()]
         pieces = [(arrays[p.name], p.start, p.stop) for p in mine]
-        pieces += [(local_arrays[s.name], 0, s.numel) for s in local_specs]
+        if transfer.local_to:  # this rank's per-rank values go to clones j with j % N == its index
+            pieces += [(local_arrays[s.name], 0, s.numel) for s in local_specs]
         views = _stage(pieces, transfer, pin) if stage else _views(pieces, transfer)
         transfer.replicated, transfer.local = views[: len(mine)], views[len(mine) :]
         body = {
@@ -374,7 +375,7 @@ def _prepare(
         local = {"skeleton": local_skeleton if local_state is not None else None}
         local["layout"] = [_layout_entry(s) for s in local_specs]
         for j, c in enumerate(clones):
-            text = json.dumps({**body, "local": local if j % world == index else None}, allow_nan=False)
+            text = json.dumps({**body, "local": local if j % world == index else None})
             transfer.meta[c] = text.encode()
     except (ResilientFlowsError, TypeError, ValueError) as exc:
         transfer.failure = f"source rank {rank} cannot send its state: {exc}"
@@ -404,9 +405,9 @@ def _flat_host(leaf: Leaf, transfer: _SourceTransfer) -> Any:
         copied = not leaf.flags.c_contiguous
         flat = (np.ascontiguousarray(leaf) if copied else leaf).reshape(-1)
     else:
-        tensor = leaf.detach().resolve_conj().resolve_neg()
-        copied = tensor.device.type != "cpu" or not tensor.is_contiguous()
-        flat = tensor.cpu().contiguous().reshape(-1)
+        tensor = leaf.detach()
+        copied = tensor.device.type != "cpu" or not tensor.is_contiguous() or tensor.is_conj() or tensor.is_neg()
+        flat = tensor.resolve_conj().resolve_neg().cpu().contiguous().reshape(-1)
     if copied:
         transfer.stats.staging_bytes += flat.nbytes
         transfer.keep.append(flat)
