@@ -115,7 +115,7 @@ def _status(args: argparse.Namespace) -> int:
     members = run_members(Path(args.run_dir), plan)
     statuses = member_statuses(args.run_dir, [(m.name, m.steps) for m in members])
     _console().print(status_table(statuses, f"{plan.workflow.name} on {plan.site}: {args.run_dir}"))
-    return 0 if all(s.state == "finished" for s in statuses.values()) else 1
+    return 0 if all(s.state in ("finished", "retired") for s in statuses.values()) else 1
 
 
 def _preempt(args: argparse.Namespace) -> int:

@@ -4,7 +4,7 @@ Nothing here imports Parsl: ``apps`` wraps :func:`run_member` and :func:`evaluat
 """
 
 from resilient_flows.training.context import Preempted, TrainContext, state_digest
-from resilient_flows.training.control import member_dir, request_preemption
+from resilient_flows.training.control import member_dir, request_preemption, request_retirement
 from resilient_flows.training.events import EventLog, read_events
 from resilient_flows.training.run import evaluate_members, run_member
 from resilient_flows.training.spec import CheckpointSpec, FaultSpec, MemberSpec, ParentSpec
@@ -25,6 +25,7 @@ __all__ = [
     "member_dir",
     "read_events",
     "request_preemption",
+    "request_retirement",
     "resolve_workload",
     "run_member",
     "state_digest",

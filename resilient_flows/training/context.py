@@ -34,7 +34,7 @@ from resilient_flows.training.control import (
     RequestWatch,
     member_dir,
     read_clone_orders,
-    read_preemption,
+    read_stop_request,
     write_durably,
 )
 from resilient_flows.training.events import EventLog
@@ -104,6 +104,7 @@ class TrainContext:
         self._stop_reason: str | None = None
         self._metrics = None
         self._seed: Seed | None = None
+        self.retired: str | None = None
         self._watch = RequestWatch(self.directory)
         self._orders: list[CloneOrder] = []
         ck = spec.checkpoint
@@ -153,7 +154,8 @@ class TrainContext:
         with self._stop_signals():
             for step in range(start, total):
                 yield step
-                self._after_step(step)
+                if self._after_step(step):
+                    return
             if total > 0 and self._last_saved != total - 1:
                 self._save(total - 1, persist=True)
             self.checkpointer.wait()
@@ -171,6 +173,8 @@ class TrainContext:
     def result(self, model: Any = None, **values: Any) -> dict[str, Any]:
         """The member's result: its last metrics, the weights' digest, and ``values``."""
         out: dict[str, Any] = {"member": self.name, "attempts": self.attempt, **self._last_metrics, **values}
+        if self.retired is not None:
+            out["retired"] = self.retired
         if model is not None:
             out["digest"] = state_digest(model)
         return out
@@ -183,34 +187,43 @@ class TrainContext:
             self._metrics = None
         self.checkpointer.close()
 
-    def _after_step(self, step: int) -> None:
+    def _after_step(self, step: int) -> bool:
+        """Checkpoint, fork or stop as requested after ``step``; True when the member retires."""
         self._fire_faults(step)
         look = self._rank == 0 and self._watch.due()
-        reason = self._stop_reason or (read_preemption(self.directory) if look else None)
+        request = read_stop_request(self.directory) if look else None
+        if self._stop_reason is not None:
+            request = ("preempt", self._stop_reason)
         if look:
             self._orders = read_clone_orders(self.directory)  # those due later wait here, not on disk
         orders = [o for o in self._orders if o.at_step is None or step >= o.at_step]
         self._orders = [o for o in self._orders if o not in orders]
         if self.checkpointer.world_size > 1:  # every rank stops or forks at the same step, or none does
-            gathered = self.checkpointer.comm.allgather(reason)
-            reason = next((r for r in gathered if r is not None), None)
+            gathered = self.checkpointer.comm.allgather(request)
+            request = next((r for r in gathered if r is not None), None)
             orders = self.checkpointer.comm.bcast(orders)
         ck = self.spec.checkpoint
         due = (ck.interval_steps is not None and (step + 1) % ck.interval_steps == 0) or (
             ck.interval_s is not None and time.monotonic() - self._last_save_time >= ck.interval_s
         )
         handoff = self._handoff(step, orders) if orders else None
-        if due or reason is not None or handoff is not None:
-            self._save(step, persist=True if reason or handoff else None, on_commit=handoff)
+        if due or request is not None or handoff is not None:
+            self._save(step, persist=True if request or handoff else None, on_commit=handoff)
         if handoff is not None:
             clones = [c for order in orders for c in order.clones]
             self._emit("forked", step=step, clones=clones, stall_ms=round(1000 * self.checkpointer.stats.last_stall, 3))
-        if reason is not None:
+        if request is not None:
+            action, reason = request
             self.checkpointer.wait()
             if self._rank == 0:
                 (self.directory / "control.json").unlink(missing_ok=True)
+            if action == "retire":
+                self.retired = reason
+                self._emit("retired", step=step, reason=reason)
+                return True
             self._emit("preempted", attempt=self.attempt, step=step, reason=reason)
             raise Preempted(self.name, step, reason)
+        return False
 
     def _seed_step(self) -> int | None:
         """The step this clone started from: its oldest own checkpoint was adopted from the source."""

@@ -11,9 +11,12 @@ read at step boundaries:
 - ``clone-order.<request>.json``: fork into the named clones at the next step boundary; the
   member renames it ``.forking`` while it hands its state over.
 
-Both live in the member's directory itself, so that one ``stat`` of it per step (its mtime moves
-when a request file appears) tells the member whether to look; it also looks once a second, for
-file systems whose directory times lag behind (NFS attribute caching).
+``control.json`` may also say ``retire``: commit a checkpoint and finish now (an exploration
+campaign replaced the member).
+
+Both live in the member's directory itself, so that one ``stat`` of it per step (its mtime
+moves when a request file appears) tells the member whether to look; it also looks once a
+second, for file systems whose directory times lag behind (NFS attribute caching).
 """
 
 from __future__ import annotations
@@ -34,9 +37,11 @@ __all__ = [
     "member_dir",
     "read_clone_orders",
     "read_spec",
+    "read_stop_request",
     "register_member",
     "registered_members",
     "request_preemption",
+    "request_retirement",
     "write_clone_order",
     "write_durably",
 ]
@@ -92,14 +97,23 @@ def request_preemption(run_dir: str | os.PathLike, name: str, reason: str = "pre
     return path
 
 
-def read_preemption(directory: Path) -> str | None:
-    """The reason of a pending stop request, or None."""
+def request_retirement(run_dir: str | os.PathLike, name: str, reason: str) -> Path:
+    """Ask a running member to commit a checkpoint and finish now, for good (an exploration
+    campaign replaced it); unlike a preemption, nothing requeues it."""
+    path = member_dir(run_dir, name) / "control.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_durably(path, json.dumps({"action": "retire", "reason": reason}))
+    return path
+
+
+def read_stop_request(directory: Path) -> tuple[str, str] | None:
+    """A pending ``(action, reason)``: ``preempt`` (stop, to be requeued) or ``retire`` (finish)."""
     try:
         request = json.loads((directory / "control.json").read_text())
     except (OSError, ValueError):
         return None  # absent, or being written: read again after the next step
-    if isinstance(request, dict) and request.get("action") == "preempt":
-        return str(request.get("reason", "preemption requested"))
+    if isinstance(request, dict) and request.get("action") in ("preempt", "retire"):
+        return str(request["action"]), str(request.get("reason", f"{request['action']} requested"))
     return None
 
 

@@ -30,6 +30,8 @@ EVENT_KINDS = (
     "clone_requested",
     "forked",
     "cloned",
+    "retired",
+    "exploited",
 )
 
 

@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import itertools
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from rich.console import Console
 from rich.table import Table
 
+from resilient_flows.training.spec import MemberSpec
 from resilient_flows.workflow.status import MemberStatus
 
-__all__ = ["plot_losses", "status_table", "write_report"]
+__all__ = ["campaign_table", "plot_losses", "status_table", "write_report"]
 
 
 def status_table(statuses: dict[str, MemberStatus], title: str) -> Table:
@@ -29,6 +31,32 @@ def status_table(statuses: dict[str, MemberStatus], title: str) -> Table:
             str(s.attempts),
             str(s.failures),
             "-" if accuracy is None else f"{accuracy:.3f}",
+        )
+    return table
+
+
+def campaign_table(workflow: Any, members: list[MemberSpec], statuses: dict[str, MemberStatus]) -> Table:
+    """Per exploration campaign: its members (clones included), the steps they trained, the best."""
+    table = Table(title="exploration campaigns")
+    for column in ("campaign", "strategy", "members", "retired", "steps trained", "best member", "test acc."):
+        table.add_column(column, justify="left" if column in ("campaign", "strategy", "best member") else "right")
+    for campaign in workflow.explore:
+        family = {m.name for m in members if m.name.startswith(f"{campaign.name}-")}
+        for m in members:  # clones of clones, in registration order
+            if m.parent is not None and m.parent.member in family:
+                family.add(m.name)
+        done = [statuses[n] for n in sorted(family) if n in statuses]
+        trained = sum(len(s.metrics.curve) for s in done if s.metrics is not None)
+        scored = [s for s in done if s.result and "test_accuracy" in s.result and "retired" not in s.result]
+        best = max(scored, key=lambda s: s.result["test_accuracy"], default=None)
+        table.add_row(
+            campaign.name,
+            campaign.strategy,
+            str(len(done)),
+            str(sum(1 for s in done if s.state == "retired")),
+            str(trained),
+            "-" if best is None else best.name,
+            "-" if best is None else f"{best.result['test_accuracy']:.4f}",
         )
     return table
 

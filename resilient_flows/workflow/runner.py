@@ -7,6 +7,8 @@ directory, fires analytics requests on time, and writes the report.
 
 from __future__ import annotations
 
+import os
+import sys
 import time
 from concurrent.futures import Future
 from pathlib import Path
@@ -21,7 +23,8 @@ from resilient_flows.sites import load_site, site_facts
 from resilient_flows.training.control import clone_order_path, member_dir
 from resilient_flows.training.events import EventLog
 from resilient_flows.training.spec import MemberSpec
-from resilient_flows.workflow.report import status_table, write_report
+from resilient_flows.workflow.explore import PBTController
+from resilient_flows.workflow.report import campaign_table, status_table, write_report
 from resilient_flows.workflow.rundir import Plan, create_run_dir, default_run_dir, read_plan, run_members
 from resilient_flows.workflow.schema import Workflow, load_workflow, run_path
 from resilient_flows.workflow.status import MemberStatus, member_statuses
@@ -67,6 +70,14 @@ def resume_run(run_dir: str | Path, console: Console | None = None) -> int:
     return _execute(directory, plan, pending, console)
 
 
+def _put_interpreter_on_path() -> None:
+    """Parsl starts its interchange and workers by command name; find them beside this Python even
+    when its environment was not activated (``.venv/bin/resilient-flows run ...``)."""
+    bin_dir = os.path.dirname(sys.executable)
+    if bin_dir not in os.environ.get("PATH", "").split(os.pathsep):
+        os.environ["PATH"] = os.pathsep.join([bin_dir, os.environ.get("PATH", "")])
+
+
 def _finished(run_dir: Path, name: str) -> bool:
     return (member_dir(run_dir, name) / "result.json").exists()
 
@@ -106,6 +117,7 @@ class _Submitter:
 
 def _execute(run_dir: Path, plan: Plan, members: list[MemberSpec], console: Console) -> int:
     workflow = plan.workflow
+    _put_interpreter_on_path()
     config = load_site(
         plan.site,
         run_dir=str(run_dir / "parsl"),
@@ -116,6 +128,11 @@ def _execute(run_dir: Path, plan: Plan, members: list[MemberSpec], console: Cons
     started = time.monotonic()
     console.print(f"run [bold]{workflow.name}[/] on site [bold]{plan.site}[/]: {run_dir}")
     submitter = _Submitter(run_dir)
+    controllers = [
+        PBTController(campaign, run_dir, [m for m in plan.members if m.name.startswith(f"{campaign.name}-")])
+        for campaign in workflow.explore
+        if campaign.strategy == "pbt"
+    ]
     with parsl.load(config):
         for member in members:
             if member.parent is None:  # clones wait until their source serves them (submit_new_clones)
@@ -134,6 +151,8 @@ def _execute(run_dir: Path, plan: Plan, members: list[MemberSpec], console: Cons
                     chosen = [m.to_dict() for m in everyone if request.members == "all" or m.name in request.members]
                     analytics.append(analytics_app(chosen, str(run_dir), request.name))
                 statuses = member_statuses(run_dir, [(m.name, m.steps) for m in everyone], statuses)
+                for controller in controllers:
+                    controller.update(everyone, statuses)
                 live.update(status_table(statuses, f"{workflow.name} ({elapsed:.0f} s)"))
                 time.sleep(POLL_SECONDS)
         futures = submitter.futures
@@ -146,6 +165,8 @@ def _execute(run_dir: Path, plan: Plan, members: list[MemberSpec], console: Cons
         statuses, run_path(run_dir, workflow.report.summary), run_path(run_dir, workflow.report.plot), title
     )
     console.print(table)
+    if workflow.explore:
+        console.print(campaign_table(workflow, everyone, statuses))
     for report in reports:
         for name, values in report.items():
             shown = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in values.items())

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import difflib
 import itertools
+import math
+import random
 import typing
 from pathlib import Path, PurePosixPath
 from typing import Annotated, Any, Literal
@@ -26,7 +28,9 @@ __all__ = [
     "AnalyticsConfig",
     "CheckpointConfig",
     "CloneConfig",
+    "ExploreConfig",
     "FaultConfig",
+    "HyperparameterSpace",
     "MemberConfig",
     "Workflow",
     "load_workflow",
@@ -163,6 +167,87 @@ class CloneConfig(_Strict):
     overrides: list[dict[str, Any]] | dict[str, Any] = {}
 
 
+class HyperparameterSpace(_Strict):
+    """``{values: [...]}`` (choices) or ``{range: [low, high], log: true}`` (continuous)."""
+
+    values: Annotated[list[Any], Field(min_length=1)] | None = None
+    range: tuple[float, float] | None = None
+    log: bool = False
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> HyperparameterSpace:
+        if (self.values is None) == (self.range is None):
+            raise ValueError("give 'values' (choices) or 'range' ([low, high]), not both")
+        if self.range is not None:
+            low, high = self.range
+            if not low < high or (self.log and low <= 0):
+                raise ValueError(f"range {list(self.range)} needs low < high (and low > 0 with log)")
+        return self
+
+    def grid(self) -> list[Any]:
+        if self.values is None:
+            raise ValueError("a grid needs 'values' for every hyperparameter")
+        return list(self.values)
+
+    def sample(self, rng: random.Random) -> Any:
+        if self.values is not None:
+            return rng.choice(self.values)
+        low, high = self.range
+        if self.log:
+            return math.exp(rng.uniform(math.log(low), math.log(high)))
+        return rng.uniform(low, high)
+
+    def perturb(self, current: Any, rng: random.Random, factors: tuple[float, float]) -> Any:
+        """Ray Tune's explore step: scale a continuous value, move a choice to a neighbour."""
+        if self.values is not None:
+            index = self.values.index(current) if current in self.values else 0
+            return self.values[min(max(index + rng.choice((-1, 1)), 0), len(self.values) - 1)]
+        low, high = self.range
+        return min(max(float(current) * rng.choice(factors), low), high)
+
+
+class ExploreConfig(_Strict):
+    """A campaign: ``population`` members (``grid``: the grid's points) of one workload."""
+
+    name: Name
+    strategy: Literal["pbt", "random", "grid"]
+    workload: str
+    steps: Annotated[int, Field(ge=1)]
+    hyperparameters: Annotated[dict[str, HyperparameterSpace], Field(min_length=1)]
+    params: dict[str, Any] = {}
+    population: Annotated[int, Field(ge=2)] = 4
+    interval: Annotated[int, Field(ge=1)] = 100
+    fraction: Annotated[float, Field(gt=0, le=0.5)] = 0.25
+    perturb: tuple[float, float] = (0.8, 1.2)
+    resample_probability: Annotated[float, Field(ge=0, le=1)] = 0.25
+    window: Annotated[int, Field(ge=1)] | None = None
+    seed: int = 0
+    threads: Annotated[int, Field(ge=1)] = 1
+
+    @model_validator(mode="after")
+    def _grid_needs_values(self) -> ExploreConfig:
+        if self.strategy == "grid" and any(s.values is None for s in self.hyperparameters.values()):
+            raise ValueError("strategy grid needs 'values' for every hyperparameter")
+        if self.strategy == "pbt" and self.interval >= self.steps:
+            raise ValueError(f"pbt interval {self.interval} must be shorter than steps {self.steps}")
+        return self
+
+    def members(self) -> list[MemberConfig]:
+        from resilient_flows.workflow.explore import campaign_points
+
+        return [
+            MemberConfig(
+                name=f"{self.name}-{i}",
+                workload=self.workload,
+                steps=self.steps,
+                params={**self.params, **point},
+                seed=self.seed + i,
+                threads=self.threads,
+            )
+            for i, point in enumerate(campaign_points(self))
+        ]
+
+
 class AnalyticsConfig(_Strict):
     """Evaluate members' latest checkpoints ``after`` this long, while they keep training."""
 
@@ -198,15 +283,22 @@ class Workflow(_Strict):
     site: str = "local"
     retries: Annotated[int, Field(ge=0)] = 2
     checkpoint: CheckpointConfig = CheckpointConfig()
-    members: Annotated[list[MemberConfig], Field(min_length=1)]
+    members: list[MemberConfig] = []
+    explore: list[ExploreConfig] = []
     faults: list[FaultConfig] = []
     clones: list[CloneConfig] = []
     analytics: list[AnalyticsConfig] = []
     report: ReportConfig = ReportConfig()
 
+    def all_members(self) -> list[MemberConfig]:
+        """The members as written, then each campaign's initial population."""
+        return [*self.members, *(m for campaign in self.explore for m in campaign.members())]
+
     @model_validator(mode="after")
     def _names(self) -> Workflow:
-        names = [name for member in self.members for name, _, _ in member.expand()]
+        if not self.members and not self.explore:
+            raise ValueError("give 'members' or an 'explore' campaign: there is nothing to run")
+        names = [name for member in self.all_members() for name, _, _ in member.expand()]
         duplicates = sorted({n for n in names if names.count(n) > 1})
         if duplicates:
             raise ValueError(f"member names must be unique; repeated: {', '.join(duplicates)}")
@@ -233,7 +325,7 @@ class Workflow(_Strict):
     def member_specs(self, local_root: str | None) -> list[MemberSpec]:
         """One spec per expanded member; ``local_root`` is this run's directory on node-local scratch."""
         specs = []
-        for member in self.members:
+        for member in self.all_members():
             for name, seed, params in member.expand():
                 local = None if local_root is None else str(PurePosixPath(local_root) / name)
                 faults = tuple(FaultSpec(f.kind, f.at_step) for f in self.faults if f.member == name)

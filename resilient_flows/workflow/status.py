@@ -26,6 +26,7 @@ _STATE_AFTER = {
     "retried": "retrying",
     "preempted": "preempted",
     "finished": "finished",
+    "retired": "retired",
 }
 
 
@@ -119,5 +120,5 @@ def member_statuses(
         result = directory / "result.json"
         if result.exists():
             status.result = json.loads(result.read_text())
-            status.state = "finished"
+            status.state = "retired" if "retired" in status.result else "finished"
     return statuses
