@@ -93,6 +93,7 @@ class _Job:
     local_arrays: dict[str, tuple[torch.dtype, tuple[int, ...]]]
     started: float
     on_commit: Callable[[Tier, int], None] | None = None
+    cached: bool = False
     manifest: Manifest | None = field(default=None)
     record: ShardRecord | None = field(default=None)
 
@@ -202,6 +203,7 @@ class Checkpointer:
         overlap: bool = False,
         persist: bool | None = None,
         on_commit: Callable[[Tier, int], None] | None = None,
+        cached: bool = False,
     ) -> CheckpointStats:
         """Checkpoint ``state`` as of ``step``; return once later mutation cannot alter it.
 
@@ -215,7 +217,9 @@ class Checkpointer:
         ``on_commit(tier, step)`` runs on every rank in a background thread once this checkpoint is
         committed in a tier (the local one, then the shared one), before retention may prune it:
         the place to hand the checkpoint to someone else (a clone) without stalling training.
-        Its exceptions are logged, never raised.
+        Its exceptions are logged, never raised. ``cached`` writes the shards through the page
+        cache rather than with direct I/O, so that a reader on this node right after the commit
+        (a clone) reads memory, not the disk.
         """
         self._check_open()
         if isinstance(step, bool) or not isinstance(step, int | np.integer) or step < 0:
@@ -281,6 +285,7 @@ class Checkpointer:
             local_arrays={n: (dtypes[n], tuple(leaf.shape)) for n, leaf in local_arrays.items()},
             started=started,
             on_commit=on_commit,
+            cached=cached,
         )
         self._write_q.put(job)
         stall = time.perf_counter() - started
@@ -379,7 +384,9 @@ class Checkpointer:
             try:
                 step_dir.mkdir(parents=True, exist_ok=True)
                 meta = {"format": "resilient-flows", "step": str(step), "rank": str(self.rank)}
-                job.record = write_shard(step_dir / self._shard_name, job.entries, self._arena.buffer, meta)
+                job.record = write_shard(
+                    step_dir / self._shard_name, job.entries, self._arena.buffer, meta, cached=job.cached
+                )
             except Exception as exc:
                 problem = f"writing {step_dir / self._shard_name} failed: {exc}"
         self._arena_free.set()

@@ -112,17 +112,22 @@ def header_bytes(entries: Sequence[ShardEntry], metadata: dict[str, str]) -> byt
     return struct.pack("<Q", len(text)) + text
 
 
-def write_shard(path: Path, entries: Sequence[ShardEntry], data: torch.Tensor, metadata: dict[str, str]) -> ShardRecord:
+def write_shard(
+    path: Path, entries: Sequence[ShardEntry], data: torch.Tensor, metadata: dict[str, str], cached: bool = False
+) -> ShardRecord:
     """Write ``data`` (a uint8 CPU tensor holding ``entries`` back to back) durably to ``path``.
 
     The file is written under a temporary name, fsynced, then renamed: a reader sees either no
     shard or a complete one. The directory entry is made durable by the caller's commit.
+    ``cached`` writes through the page cache instead of with direct I/O, for a shard that another
+    process on this node reads right away (a clone).
     """
     head = header_bytes(entries, metadata)
     digest = xxhash.xxh3_64()
     tmp = path.with_name(path.name + ".tmp")
     view = memoryview(data.numpy())
-    nbytes = _write_durably(tmp, head, _chunks(view), digest, aligned=data.data_ptr() % PAGE == 0)
+    aligned = data.data_ptr() % PAGE == 0 and not cached
+    nbytes = _write_durably(tmp, head, _chunks(view), digest, aligned=aligned)
     os.replace(tmp, path)
     return ShardRecord(path.name, nbytes, digest.hexdigest())
 

@@ -259,7 +259,12 @@ class TrainContext:
 
     def _save(self, step: int, persist: bool | None = None, on_commit: Handoff | None = None) -> None:
         stats = self.checkpointer.save(
-            step, self.state, overlap=self.spec.checkpoint.overlap, persist=persist, on_commit=on_commit
+            step,
+            self.state,
+            overlap=self.spec.checkpoint.overlap,
+            persist=persist,
+            on_commit=on_commit,
+            cached=on_commit is not None,  # a clone on this node reads it next: keep it in memory
         )
         self._last_saved = step
         self._last_save_time = time.monotonic()
