@@ -61,7 +61,7 @@ class PBTController:
                 self.family.add(spec.name)
         for name in sorted(self.family - self.retired):
             status = statuses.get(name)
-            if status is None or status.state not in ("running",) or status.step is None:
+            if status is None or status.state != "running" or status.step is None:
                 continue
             if name not in self.next_boundary:  # the first boundary after where it started (a clone: its fork)
                 first = min(status.metrics.curve, default=0) if status.metrics else 0
