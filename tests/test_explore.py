@@ -106,10 +106,11 @@ def test_pbt_replaces_the_bottom_member_by_a_perturbed_clone_of_a_running_top_me
 @pytest.mark.slow
 def test_a_pbt_campaign_retires_members_and_its_clones_finish(tmp_path: Path, capsys) -> None:
     path = tmp_path / "wf.yaml"
+    # Two members that run side by side: seed 4 gives p-0 lr 1e-5 (hopeless) and p-1 lr 0.05.
     path.write_text(
         "name: e\ncheckpoint: {interval: 100}\nexplore:\n"
-        "  - {name: p, strategy: pbt, workload: cnn-digits, steps: 1200, population: 3, interval: 200,"
-        " fraction: 0.34, seed: 2, hyperparameters: {lr: {range: [0.0005, 0.3], log: true}}}\n"
+        "  - {name: p, strategy: pbt, workload: cnn-digits, steps: 1200, population: 2, interval: 200,"
+        " resample_probability: 0, seed: 4, hyperparameters: {lr: {values: [0.00001, 0.05]}}}\n"
     )
     run_dir = tmp_path / "run"
     assert main(["run", str(path), "--run-dir", str(run_dir)]) == 0
@@ -117,7 +118,8 @@ def test_a_pbt_campaign_retires_members_and_its_clones_finish(tmp_path: Path, ca
     assert "exploration campaigns" in out
     events = list(read_events(run_dir))
     exploited = [e for e in events if e["kind"] == "exploited"]
-    assert exploited, "no member was ever in the bottom fraction"
+    assert exploited[0]["member"] == "p-0" and exploited[0]["donor"] == "p-1"
+    assert exploited[0]["overrides"] == {"lr": 0.05} or exploited[0]["overrides"] == {"lr": 1e-05}
     for e in exploited:
         retired = json.loads((run_dir / "members" / e["member"] / "result.json").read_text())
         assert retired["retired"].startswith(f"pbt: replaced by {e['clone']}")

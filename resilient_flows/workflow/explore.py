@@ -53,41 +53,50 @@ class PBTController:
         self.family = {m.name for m in members}  # the population: initial members and their clones
         self.next_boundary: dict[str, int] = {}
         self.retired: set[str] = set()
+        self.decided: set[tuple[str, int]] = set()
         self.events = EventLog(run_dir)
 
     def update(self, specs: list[MemberSpec], statuses: dict[str, MemberStatus]) -> None:
         for spec in specs:
             if spec.parent is not None and spec.parent.member in self.family:
                 self.family.add(spec.name)
+        interval = self.explore.interval
         for name in sorted(self.family - self.retired):
             status = statuses.get(name)
             if status is None or status.state != "running" or status.step is None:
                 continue
             if name not in self.next_boundary:  # the first boundary after where it started (a clone: its fork)
                 first = min(status.metrics.curve, default=0) if status.metrics else 0
-                self.next_boundary[name] = (first // self.explore.interval + 1) * self.explore.interval
+                self.next_boundary[name] = (first // interval + 1) * interval
             boundary = self.next_boundary[name]
             if status.step < boundary:
                 continue
-            self.next_boundary[name] = boundary + self.explore.interval
-            self._decide(name, boundary, specs, statuses)
+            # A member ahead of the others waits at its boundary for a peer to rank against, until
+            # it passes the next one; the ranking then decides for every member scored there.
+            if self._rank_at(boundary, specs, statuses) or status.step >= boundary + interval:
+                self.next_boundary[name] = boundary + interval
 
-    def _decide(self, name: str, boundary: int, specs: list[MemberSpec], statuses: dict[str, MemberStatus]) -> None:
+    def _rank_at(self, boundary: int, specs: list[MemberSpec], statuses: dict[str, MemberStatus]) -> bool:
+        """Rank the members scored at ``boundary``; replace the running ones in the bottom fraction."""
         scores = {}
         for peer in self.family - self.retired:
             score = self._score(statuses.get(peer), boundary)
             if score is not None:
                 scores[peer] = score
-        if name not in scores or len(scores) < 2:
-            return
+        if len(scores) < 2:
+            return False
         ranked = sorted(scores, key=lambda n: (scores[n], n))
         k = max(1, math.floor(len(ranked) * self.explore.fraction))
-        if name not in ranked[-k:]:
-            return
-        donors = [n for n in ranked[:k] if n != name and statuses[n].state == "running"]
-        if not donors:
-            return
-        donor = self.rng.choice(donors)
+        donors = [n for n in ranked[:k] if statuses[n].state == "running"]
+        for name in ranked[-k:]:
+            if (name, boundary) in self.decided or statuses[name].state != "running" or name in donors:
+                continue
+            self.decided.add((name, boundary))
+            if donors:
+                self._replace(name, self.rng.choice(donors), boundary, scores, specs)
+        return True
+
+    def _replace(self, name: str, donor: str, boundary: int, scores: dict[str, float], specs: list[MemberSpec]) -> None:
         donor_spec = spec_of(specs, donor)
         assert donor_spec is not None
         overrides = self._explore(donor_spec.params)
