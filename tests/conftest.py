@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -34,3 +37,19 @@ def python_env() -> dict[str, str]:
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), str(REPO / "tests"), env.get("PYTHONPATH", "")])
     env["OMP_NUM_THREADS"] = "1"
     return env
+
+
+def mpiexec() -> str:
+    """The ``mpiexec`` of this environment (the mpich wheel's); a test without one fails, never skips."""
+    return shutil.which("mpiexec") or pytest.fail("mpiexec not found: pip install mpich mpi4py")
+
+
+def run_worker(worker: Path, ranks: int, mode: str, directory: Path) -> list[dict]:
+    """Run ``worker MODE DIR`` on ``ranks`` MPI ranks; each rank's JSON report ``MODE-RANKS-RANK.json``."""
+    subprocess.run(
+        [mpiexec(), "-n", str(ranks), sys.executable, str(worker), mode, str(directory)],
+        check=True,
+        env=python_env(),
+        timeout=180,
+    )
+    return [json.loads((directory / f"{mode}-{ranks}-{r}.json").read_text()) for r in range(ranks)]

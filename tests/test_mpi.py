@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from conftest import python_env
+from conftest import run_worker
 
 from resilient_flows.checkpoint import Checkpointer
 
@@ -18,14 +16,7 @@ WORKER = Path(__file__).with_name("mpi_worker.py")
 
 
 def mpirun(ranks: int, mode: str, directory: Path) -> list[dict]:
-    mpiexec = shutil.which("mpiexec") or pytest.fail("mpiexec not found: pip install mpich mpi4py")
-    subprocess.run(
-        [mpiexec, "-n", str(ranks), sys.executable, str(WORKER), mode, str(directory)],
-        check=True,
-        env=python_env(),
-        timeout=180,
-    )
-    return [json.loads((directory / f"{mode}-{ranks}-{r}.json").read_text()) for r in range(ranks)]
+    return run_worker(WORKER, ranks, mode, directory)
 
 
 @pytest.fixture(scope="module")

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from conftest import python_env
+from conftest import mpiexec, python_env
 
 from resilient_flows.cli import main
 from resilient_flows.training import CheckpointSpec, FaultSpec, MemberSpec, read_events, run_member
@@ -29,11 +28,10 @@ SPEC = MemberSpec(
 
 
 def mpi_member(spec: MemberSpec, run_dir: Path) -> int:
-    mpiexec = shutil.which("mpiexec") or pytest.fail("mpiexec not found: pip install mpich mpi4py")
     spec_path = run_dir.parent / f"{spec.name}.json"
     spec_path.write_text(json.dumps(spec.to_dict()))
     command = [
-        mpiexec,
+        mpiexec(),
         "-n",
         "2",
         sys.executable,
