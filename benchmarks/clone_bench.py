@@ -305,7 +305,7 @@ def mpi_pair(task: dict[str, Any]) -> None:
     from mpi4py import MPI
 
     from resilient_flows.checkpoint import TrainState
-    from resilient_flows.clone.mpi import CloneTransferStats, recv_state, start_send_state
+    from resilient_flows.clone.mpi import CloneTransferStats, StagingBuffer, recv_state, start_send_state
 
     comm = MPI.COMM_WORLD
     torch.set_num_threads(1)
@@ -314,6 +314,7 @@ def mpi_pair(task: dict[str, Any]) -> None:
     if comm.rank == 0:
         model, optimizer, x, y = build(task["width"], task["depth"], task["batch"], SEED, task["lr"])
         state, served, sending = TrainState(model, optimizer), None, None
+        staging = StagingBuffer()  # reused by every transfer, as a long-running source would
         with (
             (directory / "metrics.jsonl").open("a", buffering=1) as metrics,
             (directory / "forks.jsonl").open("a", buffering=1) as forks,
@@ -329,7 +330,7 @@ def mpi_pair(task: dict[str, Any]) -> None:
                 if order.get("stop"):
                     break
                 start = time.perf_counter()
-                sending = start_send_state(comm, state, [1], [0], timeout=TIMEOUT_S)
+                sending = start_send_state(comm, state, [1], [0], timeout=TIMEOUT_S, staging=staging)
                 stall = time.perf_counter() - start
                 served = order["id"]
                 forks.write(json.dumps({"id": served, "step": step, "stall_s": stall}) + "\n")

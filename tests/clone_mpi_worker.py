@@ -27,7 +27,7 @@ from trainkit import Problem, replicated_digest
 
 from resilient_flows.checkpoint.shards import ArraySpec, plan_shards
 from resilient_flows.checkpoint.tree import flatten
-from resilient_flows.clone.mpi import CloneTransferStats, recv_state, send_state, start_send_state
+from resilient_flows.clone.mpi import CloneTransferStats, StagingBuffer, recv_state, send_state, start_send_state
 from resilient_flows.errors import ResilientFlowsError
 
 #: At width 640 the largest arrays (1.6 MB) exceed a piece, so two ranks split them.
@@ -126,12 +126,15 @@ def main(mode: str, directory: Path) -> None:
                 started = time.perf_counter()
                 stats = send_state(world, problem.state, clones, sources, timeout=60)
             else:
+                staging = StagingBuffer()
                 started = time.perf_counter()
-                pending = start_send_state(world, problem.state, clones, sources, timeout=60)
+                pending = start_send_state(world, problem.state, clones, sources, timeout=60, staging=staging)
             out["returned_s"] = time.perf_counter() - started
             out["losses"] = [dp_step(problem, dp, s, sliced) for s in range(FORK_AT, FORK_AT + STEPS)]
             if mode != "blocking":
                 stats = pending.wait()
+                staging.acquire(1)  # the finished transfer gave the buffer back
+                out["staging_allocations"] = staging.allocations
             out["stats"] = asdict(stats)
         except ResilientFlowsError as exc:
             out["error"] = error(exc)

@@ -7,6 +7,8 @@ from pathlib import Path
 import pytest
 from conftest import run_worker
 
+from resilient_flows.clone.mpi import StagingBuffer
+
 pytestmark = [pytest.mark.mpi, pytest.mark.slow]
 WORKER = Path(__file__).with_name("clone_mpi_worker.py")
 
@@ -41,6 +43,7 @@ def test_each_source_rank_sends_about_half_the_bytes(two_sources_one_clone: list
     for source in (source0, source1):  # the caller waited for the copy, not for the transfer
         assert source["stats"]["staging_bytes"] >= source["stats"]["payload_bytes"]
         assert source["returned_s"] <= source["stats"]["total_s"]
+        assert source["staging_allocations"] == 1
 
 
 def test_one_source_one_clone_blocking_after_a_refused_attempt(tmp_path: Path) -> None:
@@ -67,3 +70,16 @@ def test_a_data_parallel_clone_takes_each_source_ranks_generators(tmp_path: Path
     sent = [s["stats"]["payload_bytes"] for s in sources]
     assert sum(sent) == sum(c["stats"]["payload_bytes"] for c in clones)
     assert min(sent) > 0.8 * sum(sent) / 2
+
+
+def test_a_staging_buffer_is_reused_and_never_shared_by_two_transfers_in_flight() -> None:
+    staging = StagingBuffer(pin_memory=False)
+    first = staging.acquire(1000)
+    with pytest.raises(RuntimeError, match="still holds a transfer in flight"):
+        staging.acquire(10)
+    staging.release()
+    smaller = staging.acquire(600)  # same memory, no new allocation
+    assert smaller.data_ptr() == first.data_ptr() and smaller.numel() == 600
+    staging.release()
+    assert staging.acquire(4000).numel() == 4000 and staging.nbytes == 4000
+    assert staging.allocations == 2

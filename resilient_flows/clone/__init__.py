@@ -8,12 +8,20 @@ clone ranks point to point instead, each source rank sending about 1/N of the by
 """
 
 from resilient_flows.clone.lineage import lineage_tree
-from resilient_flows.clone.mpi import CloneSend, CloneTransferStats, recv_state, send_state, start_send_state
+from resilient_flows.clone.mpi import (
+    CloneSend,
+    CloneTransferStats,
+    StagingBuffer,
+    recv_state,
+    send_state,
+    start_send_state,
+)
 from resilient_flows.clone.request import allowed_overrides, check_overrides, request_clone
 
 __all__ = [
     "CloneSend",
     "CloneTransferStats",
+    "StagingBuffer",
     "allowed_overrides",
     "check_overrides",
     "lineage_tree",

@@ -29,7 +29,9 @@ tensors themselves: no copy at all for contiguous CPU tensors (a host copy for n
 device tensors), the stall is the whole transfer. :func:`start_send_state` first copies this rank's
 pieces into one host staging buffer (pinned when CUDA is available), then hands the protocol to a
 background thread and returns: the caller's stall is the copy, and training continues while the
-bytes travel. That thread needs ``MPI_THREAD_MULTIPLE`` (mpi4py's default); with a lower thread
+bytes travel. A source that clones more than once passes the same :class:`StagingBuffer` each time:
+a fresh buffer costs its page faults (or its pinning) on every transfer, several times the copy.
+The background thread needs ``MPI_THREAD_MULTIPLE`` (mpi4py's default); with a lower thread
 level the transfer runs before ``start_send_state`` returns, and a warning says so. The waits for a
 peer's metadata poll every :data:`POLL_SECONDS` so that a rank waiting for a slow peer does not burn
 the core training needs; the data itself moves in ``Waitall``, which MPI implementations busy-wait.
@@ -66,6 +68,7 @@ __all__ = [
     "TAG_REPLY",
     "CloneSend",
     "CloneTransferStats",
+    "StagingBuffer",
     "recv_state",
     "send_state",
     "start_send_state",
@@ -134,6 +137,44 @@ class CloneTransferStats:
 # --------------------------------------------------------------------------------------------- source
 
 
+class StagingBuffer:
+    """Host memory that :func:`start_send_state` copies into, kept from one transfer to the next.
+
+    It grows to the largest share sent and never shrinks; one transfer holds it from the copy until
+    its last byte has left, and a second transfer that asks for it meanwhile is refused rather than
+    overwrite bytes still in flight.
+    """
+
+    def __init__(self, pin_memory: bool | None = None) -> None:
+        self.pin_memory = torch.cuda.is_available() if pin_memory is None else pin_memory
+        self.allocations = 0
+        self._buffer = torch.empty(0, dtype=torch.uint8)
+        self._lock = threading.Lock()
+        self._busy = False
+
+    @property
+    def nbytes(self) -> int:
+        return self._buffer.numel()
+
+    def acquire(self, nbytes: int) -> torch.Tensor:
+        """The first ``nbytes`` of the buffer, for one transfer; :meth:`release` when it is sent."""
+        with self._lock:
+            if self._busy:
+                raise RuntimeError(
+                    "this StagingBuffer still holds a transfer in flight: wait() for it before the next send"
+                )
+            self._busy = True
+        if nbytes > self._buffer.numel():
+            self._buffer = torch.empty(0, dtype=torch.uint8)  # free the old one first
+            self._buffer = torch.empty(nbytes, dtype=torch.uint8, pin_memory=self.pin_memory)
+            self.allocations += 1
+        return self._buffer[:nbytes]
+
+    def release(self) -> None:
+        with self._lock:
+            self._busy = False
+
+
 def send_state(
     comm: Any,
     state: Stateful | dict[str, Any],
@@ -175,7 +216,7 @@ def send_state(
         A clone refused the state (its message says why) or did not answer in time.
     """
     started = time.perf_counter()
-    transfer = _prepare(comm, state, clone_ranks, source_ranks, stage=False, timeout=timeout, started=started)
+    transfer = _prepare(comm, state, clone_ranks, source_ranks, timeout=timeout, started=started)
     transfer.run()
     transfer.stats.stall_s = transfer.stats.total_s
     transfer.raise_error()
@@ -189,19 +230,20 @@ def start_send_state(
     source_ranks: Sequence[int],
     *,
     timeout: float | None = None,
-    pin_memory: bool | None = None,
+    staging: StagingBuffer | None = None,
 ) -> CloneSend:
     """Copy this source rank's share of ``state`` into a host buffer and send it in the background.
 
     Same contract and parameters as :func:`send_state`; returns as soon as the copy is done, after
-    which the caller may change the state (train on). The staging buffer is allocated per call and
-    holds about ``1/N`` of the replicated bytes plus this rank's per-rank values. Call
-    :meth:`CloneSend.wait` before the next transfer on the same communicator.
+    which the caller may change the state (train on). The copy holds about ``1/N`` of the replicated
+    bytes plus this rank's per-rank values. Call :meth:`CloneSend.wait` before the next transfer on
+    the same communicator.
 
     Parameters
     ----------
-    pin_memory:
-        Pin the staging buffer, for fast copies from the GPU. Default: when CUDA is available.
+    staging:
+        Where the copy goes; pass the same one to every transfer of this source. Default: a fresh
+        buffer for this transfer alone (pinned when CUDA is available).
 
     Returns
     -------
@@ -211,8 +253,9 @@ def start_send_state(
     from mpi4py import MPI
 
     started = time.perf_counter()
-    pin = torch.cuda.is_available() if pin_memory is None else pin_memory
-    transfer = _prepare(comm, state, clone_ranks, source_ranks, stage=True, timeout=timeout, started=started, pin=pin)
+    transfer = _prepare(
+        comm, state, clone_ranks, source_ranks, timeout=timeout, started=started, staging=staging or StagingBuffer()
+    )
     if MPI.Query_thread() < MPI.THREAD_MULTIPLE:
         logger.warning("MPI runs without MPI_THREAD_MULTIPLE: the clone transfer blocks training until it is sent")
         transfer.run()
@@ -268,7 +311,8 @@ class _SourceTransfer:
     stats: CloneTransferStats
     failure: str | None = None
     error: BaseException | None = None
-    keep: list[Any] = field(default_factory=list)  # staging memory the byte views point into
+    keep: list[Any] = field(default_factory=list)  # host copies the byte views point into
+    staging: StagingBuffer | None = None
 
     def run(self) -> None:
         """The protocol: metadata out, verdicts in, data out to every clone that accepted."""
@@ -307,6 +351,8 @@ class _SourceTransfer:
             self.stats.total_s = time.perf_counter() - self.started
             self.keep.clear()
             self.replicated, self.local = [], []
+            if self.staging is not None:
+                self.staging.release()
         if self.error is None:
             logger.info(
                 "sent %d bytes of state to clone rank(s) %s in %.3f s (stall %.3f s)",
@@ -327,12 +373,11 @@ def _prepare(
     clone_ranks: Sequence[int],
     source_ranks: Sequence[int],
     *,
-    stage: bool,
     timeout: float | None,
     started: float,
-    pin: bool = False,
+    staging: StagingBuffer | None = None,
 ) -> _SourceTransfer:
-    """Flatten, plan and (``stage``) copy; a state that cannot be flattened becomes an error message."""
+    """Flatten, plan and (into ``staging``, if given) copy; a state that cannot be flattened: an error message."""
     raw = _raw(comm)
     rank = raw.Get_rank()
     sources, clones = _check_ranks(raw, source_ranks, clone_ranks)
@@ -364,7 +409,7 @@ def _prepare(
         pieces = [(arrays[p.name], p.start, p.stop) for p in mine]
         if transfer.local_to:  # this rank's per-rank values go to clones j with j % N == its index
             pieces += [(local_arrays[s.name], 0, s.numel) for s in local_specs]
-        views = _stage(pieces, transfer, pin) if stage else _views(pieces, transfer)
+        views = _views(pieces, transfer) if staging is None else _stage(pieces, transfer, staging)
         transfer.replicated, transfer.local = views[: len(mine)], views[len(mine) :]
         body = {
             **header,
@@ -414,11 +459,11 @@ def _flat_host(leaf: Leaf, transfer: _SourceTransfer) -> Any:
     return flat
 
 
-def _stage(pieces: list[tuple[Leaf, int, int]], transfer: _SourceTransfer, pin: bool) -> list[np.ndarray]:
-    """Copy every piece into one host buffer; byte views of it, in the same order."""
+def _stage(pieces: list[tuple[Leaf, int, int]], transfer: _SourceTransfer, staging: StagingBuffer) -> list[np.ndarray]:
+    """Copy every piece into the staging buffer; byte views of it, in the same order."""
     sizes = [(stop - start) * _itemsize(leaf) for leaf, start, stop in pieces]
-    buffer = torch.empty(sum(sizes), dtype=torch.uint8, pin_memory=pin and sum(sizes) > 0)
-    transfer.keep.append(buffer)
+    buffer = staging.acquire(sum(sizes))
+    transfer.staging = staging
     transfer.stats.staging_bytes += buffer.numel()
     out, offset, devices = [], 0, set()
     with torch.no_grad():
