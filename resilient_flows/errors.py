@@ -10,6 +10,7 @@ __all__ = [
     "CheckpointError",
     "CloneError",
     "CorruptCheckpointError",
+    "InvalidJobError",
     "ResilientFlowsError",
     "SiteConfigError",
     "StateMismatchError",
@@ -43,3 +44,7 @@ class WorkflowError(ResilientFlowsError):
 
 class CloneError(ResilientFlowsError):
     """A clone request names a missing or finished member, or an override a clone cannot apply."""
+
+
+class InvalidJobError(ResilientFlowsError, ValueError):
+    """A co-scheduling input (running job, request, trace line, policy argument) is not valid; the message names the field."""
