@@ -21,7 +21,7 @@ from resilient_flows.checkpoint import (
     TrainState,
     read_checkpoint,
 )
-from resilient_flows.errors import ResilientFlowsError, SiteConfigError, WorkflowError
+from resilient_flows.errors import CloneError, InvalidJobError, ResilientFlowsError, SiteConfigError, WorkflowError
 from resilient_flows.training import MemberSpec, Preempted, TrainContext, run_member
 
 __version__ = "0.1.0"
@@ -38,6 +38,13 @@ _LAZY = {
     "load_workflow": "resilient_flows.workflow",
     "resume_run": "resilient_flows.workflow",
     "start_run": "resilient_flows.workflow",
+    "request_clone": "resilient_flows.clone",
+    "Decision": "resilient_flows.cosched",
+    "OnDemandRequest": "resilient_flows.cosched",
+    "RunningJob": "resilient_flows.cosched",
+    "decide": "resilient_flows.cosched",
+    "read_swf": "resilient_flows.cosched",
+    "simulate": "resilient_flows.cosched",
 }
 
 __all__ = [
@@ -45,12 +52,17 @@ __all__ = [
     "CheckpointInfo",
     "CheckpointStats",
     "Checkpointer",
+    "CloneError",
     "CobaltProvider",
     "CorruptCheckpointError",
+    "Decision",
+    "InvalidJobError",
     "MemberSpec",
+    "OnDemandRequest",
     "Preempted",
     "ResilientFlowsError",
     "ResumingRetryHandler",
+    "RunningJob",
     "SiteConfigError",
     "StateMismatchError",
     "Stateful",
@@ -60,12 +72,16 @@ __all__ = [
     "WorkflowError",
     "__version__",
     "analytics_app",
+    "decide",
     "load_site",
     "load_workflow",
     "mpi_train_app",
     "read_checkpoint",
+    "read_swf",
+    "request_clone",
     "resume_run",
     "run_member",
+    "simulate",
     "site_facts",
     "start_run",
     "train_app",

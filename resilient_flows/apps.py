@@ -13,15 +13,14 @@ import logging
 import os
 import shlex
 import sys
-from pathlib import Path
 from typing import Any
 
 from parsl import bash_app, python_app
 from parsl.app.errors import BashExitFailure
 from parsl.executors.high_throughput.errors import ManagerLost, WorkerLost
 
-from resilient_flows.checkpoint.tiers import Tier
 from resilient_flows.training import EventLog, MemberSpec, Preempted, evaluate_members, member_dir, run_member
+from resilient_flows.training.control import latest_committed_step
 from resilient_flows.training.mpi_member import EXIT_PREEMPTED
 
 __all__ = ["ResumingRetryHandler", "analytics_app", "mpi_train_app", "train_app"]
@@ -36,8 +35,17 @@ def train_app(spec: dict[str, Any], run_dir: str) -> dict[str, Any]:
 
 
 @python_app
-def analytics_app(specs: list[dict[str, Any]], run_dir: str, request: str = "analytics") -> dict[str, Any]:
-    """Evaluate members' newest committed checkpoints while they keep training."""
+def analytics_app(
+    specs: list[dict[str, Any]],
+    run_dir: str,
+    request: str = "analytics",
+    parsl_resource_specification: dict | None = None,
+) -> dict[str, Any]:
+    """Evaluate members' newest committed checkpoints while they keep training.
+
+    On-demand requests pass ``parsl_resource_specification={"priority": 0}``: HTEX then runs them
+    before every queued member.
+    """
     return evaluate_members(specs, run_dir, request)
 
 
@@ -80,7 +88,7 @@ class ResumingRetryHandler:
         if found is None:
             return 1.0
         spec, run_dir = found
-        latest = _latest_committed(spec, run_dir)
+        latest = latest_committed_step(run_dir, spec)
         if isinstance(exception, Preempted) or (
             isinstance(exception, BashExitFailure) and exception.exitcode == EXIT_PREEMPTED
         ):
@@ -112,10 +120,3 @@ def _member_task(task_record: dict[str, Any]) -> tuple[MemberSpec, str] | None:
     if task_record.get("func_name") not in ("train_app", "mpi_train_app") or len(args) < 2:
         return None
     return MemberSpec.from_dict(args[0]), str(args[1])
-
-
-def _latest_committed(spec: MemberSpec, run_dir: str) -> int:
-    tiers = [Path(member_dir(run_dir, spec.name)) / "checkpoints"]
-    if spec.checkpoint.local_dir is not None:
-        tiers.append(Path(spec.checkpoint.local_dir))
-    return max((s for path in tiers if path.is_dir() for s in Tier(path, "any").committed_steps()[:1]), default=-1)

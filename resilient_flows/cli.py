@@ -17,6 +17,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from resilient_flows.checkpoint.catalog import CheckpointInfo, scan
+from resilient_flows.cosched.cosim import add_cosim_parser
 from resilient_flows.errors import ResilientFlowsError, WorkflowError
 
 __all__ = ["main"]
@@ -76,6 +77,7 @@ def _parser() -> argparse.ArgumentParser:
     lineage = commands.add_parser("lineage", help="show which member was cloned from which, and how")
     lineage.add_argument("run_dir", metavar="RUN_DIR")
     lineage.set_defaults(handler=_lineage)
+    add_cosim_parser(commands)
     return parser
 
 

@@ -47,4 +47,8 @@ class CloneError(ResilientFlowsError):
 
 
 class InvalidJobError(ResilientFlowsError, ValueError):
-    """A co-scheduling input (running job, request, trace line, policy argument) is not valid; the message names the field."""
+    """A co-scheduling input (running job, request, trace line, policy argument) is not valid.
+
+    The message names the field. It is also a ``ValueError``, which is what callers of a plain
+    function expect from a bad argument.
+    """

@@ -171,6 +171,7 @@ class Checkpointer:
         self._arena_free.set()
         self._errors: list[str] = []
         self._lock = threading.Lock()
+        self._prune_lock = threading.Lock()
         self._flush_pending: set[int] = set()
         self._pending_snapshot: Snapshot | None = None
         self._hooked: weakref.WeakKeyDictionary[torch.optim.Optimizer, Any] = weakref.WeakKeyDictionary()
@@ -459,6 +460,7 @@ class Checkpointer:
         finally:
             with self._lock:
                 self._flush_pending.discard(step)
+            self._prune(self.local, None)  # the local copies it protected while flushing may go now
 
     def _manifest(self, job: _Job, gathered: list) -> Manifest:
         arrays = dict(job.arrays)
@@ -493,13 +495,15 @@ class Checkpointer:
             shutil.rmtree(step_dir, ignore_errors=True)
         self._record(message)
 
-    def _prune(self, tier: Tier, step: int) -> None:
+    def _prune(self, tier: Tier, step: int | None) -> None:
+        """Retention; the writer and the flusher both call it, one at a time."""
         with self._lock:
-            protect = set(self._flush_pending)
-        if tier is self.local:
-            tier.prune(self.keep, protect | {step}, own_files=[self._shard_name])
-        elif self.rank == 0:
-            tier.prune(self.keep, protect | {step})
+            protect = set(self._flush_pending) | ({step} if step is not None else set())
+        with self._prune_lock:
+            if tier is self.local:
+                tier.prune(self.keep, protect, own_files=[self._shard_name])
+            elif self.rank == 0:
+                tier.prune(self.keep, protect)
 
     @property
     def _shard_name(self) -> str:

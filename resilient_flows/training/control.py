@@ -28,12 +28,14 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from resilient_flows.checkpoint.tiers import Tier
 from resilient_flows.training.spec import MemberSpec
 
 __all__ = [
     "CloneOrder",
     "RequestWatch",
     "clone_order_path",
+    "latest_committed_step",
     "member_dir",
     "read_clone_orders",
     "read_spec",
@@ -83,6 +85,14 @@ def write_durably(path: Path, text: str) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
+
+
+def latest_committed_step(run_dir: str | os.PathLike, spec: MemberSpec) -> int:
+    """The newest step committed in any of the member's tiers; -1 when none is."""
+    tiers = [member_dir(run_dir, spec.name) / "checkpoints"]
+    if spec.checkpoint.local_dir is not None:
+        tiers.append(Path(spec.checkpoint.local_dir))
+    return max((s for path in tiers if path.is_dir() for s in Tier(path, "any").committed_steps()[:1]), default=-1)
 
 
 def request_preemption(run_dir: str | os.PathLike, name: str, reason: str = "preemption requested") -> Path:

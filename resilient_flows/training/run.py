@@ -51,6 +51,7 @@ def evaluate_members(specs: list[dict[str, Any]], run_dir: str, request: str = "
     checkpoint meanwhile is never disturbed. Members without a checkpoint yet, or whose workload
     has no evaluation, are reported as such.
     """
+    EventLog(run_dir).emit("analytics_started", None, request=request, pid=os.getpid())
     report: dict[str, Any] = {}
     for raw in specs:
         member = MemberSpec.from_dict(raw)

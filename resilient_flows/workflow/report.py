@@ -10,15 +10,16 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
+from resilient_flows.training.events import read_events
 from resilient_flows.training.spec import MemberSpec
 from resilient_flows.workflow.status import MemberStatus
 
-__all__ = ["campaign_table", "plot_losses", "status_table", "write_report"]
+__all__ = ["campaign_table", "ondemand_table", "plot_losses", "status_table", "write_report"]
 
 
 def status_table(statuses: dict[str, MemberStatus], title: str) -> Table:
     table = Table(title=title)
-    for column in ("member", "state", "step", "loss", "checkpoint", "attempts", "failures", "test acc."):
+    for column in ("member", "state", "step", "loss", "checkpoint", "attempts", "failures", "preempted", "test acc."):
         table.add_column(column, justify="left" if column in ("member", "state") else "right")
     for s in statuses.values():
         accuracy = None if s.result is None else s.result.get("test_accuracy")
@@ -30,6 +31,7 @@ def status_table(statuses: dict[str, MemberStatus], title: str) -> Table:
             "-" if s.checkpoint is None else str(s.checkpoint),
             str(s.attempts),
             str(s.failures),
+            str(s.preemptions),
             "-" if accuracy is None else f"{accuracy:.3f}",
         )
     return table
@@ -58,6 +60,31 @@ def campaign_table(workflow: Any, members: list[MemberSpec], statuses: dict[str,
             "-" if best is None else best.name,
             "-" if best is None else f"{best.result['test_accuracy']:.4f}",
         )
+    return table
+
+
+def ondemand_table(run_dir: Path) -> Table:
+    """Per on-demand analytics request: what the policy decided, whom it preempted, how long it waited."""
+    table = Table(title="on-demand analytics")
+    for column in ("request", "slots", "policy", "free", "decision", "cost", "latency"):
+        table.add_column(column, justify="left" if column in ("request", "policy", "decision") else "right")
+    events = list(read_events(run_dir))
+    begun: dict[str, float] = {}
+    for e in events:
+        if e["kind"] == "analytics_started":
+            part = str(e["request"])
+            begun[part] = float(e["time"])
+    for e in (e for e in events if e["kind"] == "ondemand"):
+        name, slots = str(e["request"]), int(e["slots"])
+        parts = [name] if slots == 1 else [f"{name}.{i}" for i in range(slots)]
+        starts = [begun[p] for p in parts if p in begun]
+        latency = f"{max(starts) - e['now']:.1f} s" if len(starts) == len(parts) else "not started"
+        victims = ", ".join(e["preempt"])
+        if victims:
+            decision = f"preempt {victims}" + (f" after {e['delay']:.1f} s" if e["delay"] else "")
+        else:
+            decision = "run now" if e["delay"] == 0 else f"wait {e['delay']:.1f} s"
+        table.add_row(name, str(slots), e["policy"], str(e["free"]), decision, f"{e['cost']:.3g}", latency)
     return table
 
 
@@ -107,11 +134,15 @@ def _running_mean(values: np.ndarray, window: int) -> np.ndarray:
     return (sums[index] - sums[start]) / (index - start)
 
 
-def write_report(statuses: dict[str, MemberStatus], summary: Path, plot: Path, title: str) -> Table:
-    """Write the summary text and the plot; the table, for the terminal."""
+def write_report(
+    statuses: dict[str, MemberStatus], summary: Path, plot: Path, title: str, extra: tuple[Table, ...] = ()
+) -> Table:
+    """Write the summary text (the status table, then ``extra``) and the plot; the table, for the terminal."""
     table = status_table(statuses, title)
     summary.parent.mkdir(parents=True, exist_ok=True)
     with summary.open("w") as f:
-        Console(file=f, width=120, color_system=None).print(table)
+        console = Console(file=f, width=120, color_system=None)
+        for part in (table, *extra):
+            console.print(part)
     plot_losses(statuses, plot, title)
     return table

@@ -2,7 +2,8 @@
 
 Parsl does the scheduling and the retries; a retry is a resume because the member restores its
 latest checkpoint (see :mod:`resilient_flows.apps`). The runner submits, watches the run
-directory, fires analytics requests on time, and writes the report.
+directory, fires analytics requests (making room for on-demand ones, see
+:mod:`resilient_flows.workflow.ondemand`), and writes the report.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from concurrent.futures import Future
 from pathlib import Path
 
 import parsl
+from parsl.executors import HighThroughputExecutor
 from rich.console import Console
 from rich.live import Live
 
@@ -24,7 +26,8 @@ from resilient_flows.training.control import clone_order_path, member_dir
 from resilient_flows.training.events import EventLog
 from resilient_flows.training.spec import MemberSpec
 from resilient_flows.workflow.explore import PBTController
-from resilient_flows.workflow.report import campaign_table, status_table, write_report
+from resilient_flows.workflow.ondemand import OnDemandAnalytics, worker_slots
+from resilient_flows.workflow.report import campaign_table, ondemand_table, status_table, write_report
 from resilient_flows.workflow.rundir import Plan, create_run_dir, default_run_dir, read_plan, run_members
 from resilient_flows.workflow.schema import Workflow, load_workflow, run_path
 from resilient_flows.workflow.status import MemberStatus, member_statuses
@@ -133,40 +136,45 @@ def _execute(run_dir: Path, plan: Plan, members: list[MemberSpec], console: Cons
         for campaign in workflow.explore
         if campaign.strategy == "pbt"
     ]
+    prioritized = all(isinstance(e, HighThroughputExecutor) for e in config.executors)
+
+    def submit_analytics(specs: list[dict], part: str, priority: int | None) -> Future:
+        if priority is None or not prioritized:
+            return analytics_app(specs, str(run_dir), part)
+        return analytics_app(specs, str(run_dir), part, parsl_resource_specification={"priority": priority})
+
+    ondemand = OnDemandAnalytics(workflow.analytics, workflow.cosched, run_dir, worker_slots(config), submit_analytics)
     with parsl.load(config):
         for member in members:
             if member.parent is None:  # clones wait until their source serves them (submit_new_clones)
                 submitter.submit(member)
-        pending_analytics = list(workflow.analytics)
-        analytics: list[Future] = []
         with Live(console=console, refresh_per_second=4, transient=True) as live:
             while True:
                 everyone = run_members(run_dir, plan)
                 submitter.submit_new_clones(everyone)
-                if all(f.done() for f in [*submitter.futures.values(), *analytics]):
-                    break
                 elapsed = time.monotonic() - started
-                for request in [r for r in pending_analytics if r.after_s <= elapsed]:
-                    pending_analytics.remove(request)
-                    chosen = [m.to_dict() for m in everyone if request.members == "all" or m.name in request.members]
-                    analytics.append(analytics_app(chosen, str(run_dir), request.name))
                 statuses = member_statuses(run_dir, [(m.name, m.steps) for m in everyone], statuses)
+                ondemand.update(elapsed, everyone, statuses)
+                if all(f.done() for f in [*submitter.futures.values(), *ondemand.futures]):
+                    break
                 for controller in controllers:
                     controller.update(everyone, statuses)
                 live.update(status_table(statuses, f"{workflow.name} ({elapsed:.0f} s)"))
                 time.sleep(POLL_SECONDS)
         futures = submitter.futures
         failed = {name: f.exception() for name, f in futures.items() if f.exception() is not None}
-        reports = [f.result() for f in analytics if f.exception() is None]
+        reports = [f.result() for f in ondemand.futures if f.exception() is None]
     everyone = run_members(run_dir, plan)
     statuses = member_statuses(run_dir, [(m.name, m.steps) for m in everyone], statuses)
     title = f"{workflow.name}: {time.monotonic() - started:.0f} s on {plan.site}"
-    table = write_report(
-        statuses, run_path(run_dir, workflow.report.summary), run_path(run_dir, workflow.report.plot), title
-    )
-    console.print(table)
+    extra = []
     if workflow.explore:
-        console.print(campaign_table(workflow, everyone, statuses))
+        extra.append(campaign_table(workflow, everyone, statuses))
+    if any(request.slots for request in workflow.analytics):
+        extra.append(ondemand_table(run_dir))
+    summary, plot = run_path(run_dir, workflow.report.summary), run_path(run_dir, workflow.report.plot)
+    for table in (write_report(statuses, summary, plot, title, tuple(extra)), *extra):
+        console.print(table)
     for report in reports:
         for name, values in report.items():
             shown = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in values.items())

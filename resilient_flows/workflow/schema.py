@@ -15,7 +15,7 @@ import typing
 from pathlib import Path, PurePosixPath
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from resilient_flows.clone import check_overrides
 from resilient_flows.errors import CloneError, WorkflowError
@@ -104,6 +104,7 @@ class MemberConfig(_Strict):
     evaluate: str | None = None
     ranks: Annotated[int, Field(ge=1)] = 1
     threads: Annotated[int, Field(ge=1)] = 1
+    checkpoint: CheckpointConfig | None = None  # None: the workflow's
 
     @field_validator("workload")
     @classmethod
@@ -248,22 +249,69 @@ class ExploreConfig(_Strict):
         ]
 
 
-class AnalyticsConfig(_Strict):
-    """Evaluate members' latest checkpoints ``after`` this long, while they keep training."""
+class AnalyticsWhen(_Strict):
+    """Fire once ``member`` has logged step ``step``."""
 
-    after: int | str
+    member: str
+    step: Annotated[int, Field(ge=0)]
+
+
+class AnalyticsConfig(_Strict):
+    """Evaluate members' latest checkpoints while they keep training: ``after`` this long, or ``when``
+    a member reaches a step.
+
+    Without ``slots`` the request queues like any task. With ``slots``, it is on demand: it needs
+    that many worker slots now, goes ahead of queued members, and when too few are free the
+    workflow's ``cosched`` policy decides which members to preempt (they checkpoint, stop and are
+    requeued) or how long it waits.
+    """
+
+    after: int | str | None = None
+    when: AnalyticsWhen | None = None
     members: list[str] | Literal["all"] = "all"
     name: Name = "analytics"
+    slots: Annotated[int, Field(ge=1)] | None = None
+    duration: int | str = "60s"
 
-    @field_validator("after")
+    @field_validator("after", "duration")
     @classmethod
-    def _after(cls, value: int | str) -> int | str:
-        _duration(value, "after")
+    def _durations(cls, value: int | str | None, info: ValidationInfo) -> int | str | None:
+        if value is not None:
+            _duration(value, info.field_name)
+        return value
+
+    @model_validator(mode="after")
+    def _one_trigger(self) -> AnalyticsConfig:
+        if (self.after is None) == (self.when is None):
+            raise ValueError("give 'after' (a time) or 'when' (a member and a step), one of them")
+        return self
+
+    @property
+    def after_s(self) -> float | None:
+        return None if self.after is None else _duration(self.after, "after")
+
+    @property
+    def duration_s(self) -> float:
+        return _duration(self.duration, "duration")
+
+
+class CoschedConfig(_Strict):
+    """How on-demand analytics make room: the policy of :func:`resilient_flows.cosched.decide` and its weights."""
+
+    policy: Literal["dp", "wait", "greedy", "youngest", "largest", "random"] = "dp"
+    alpha: Annotated[float, Field(ge=0)] = 1.0
+    beta: Annotated[float, Field(ge=0)] = 1.0
+    max_delay: int | str = "10m"
+
+    @field_validator("max_delay")
+    @classmethod
+    def _max_delay(cls, value: int | str) -> int | str:
+        _duration(value, "max_delay")
         return value
 
     @property
-    def after_s(self) -> float:
-        return _duration(self.after, "after")
+    def max_delay_s(self) -> float:
+        return _duration(self.max_delay, "max_delay")
 
 
 class ReportConfig(_Strict):
@@ -288,6 +336,7 @@ class Workflow(_Strict):
     faults: list[FaultConfig] = []
     clones: list[CloneConfig] = []
     analytics: list[AnalyticsConfig] = []
+    cosched: CoschedConfig = CoschedConfig()
     report: ReportConfig = ReportConfig()
 
     def all_members(self) -> list[MemberConfig]:
@@ -320,6 +369,11 @@ class Workflow(_Strict):
             unknown = [] if request.members == "all" else sorted(set(request.members) - set(names))
             if unknown:
                 raise ValueError(f"analytics names unknown members {', '.join(unknown)}")
+            if request.when is not None and request.when.member not in names:
+                raise ValueError(
+                    f"analytics {request.name!r} waits for member {request.when.member!r}, "
+                    f"which is not one of {', '.join(names)}"
+                )
         return self
 
     def member_specs(self, local_root: str | None) -> list[MemberSpec]:
@@ -336,7 +390,7 @@ class Workflow(_Strict):
                         params=params,
                         seed=seed,
                         steps=member.steps,
-                        checkpoint=self.checkpoint.spec(local),
+                        checkpoint=(member.checkpoint or self.checkpoint).spec(local),
                         faults=faults,
                         evaluate=member.evaluate,
                         threads=member.threads,

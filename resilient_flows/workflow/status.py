@@ -34,13 +34,15 @@ class MetricsReader:
     """Follows a member's ``metrics.jsonl``: the loss curve with later attempts replacing redone steps.
 
     ``curve`` maps step -> loss as the final model saw it; ``attempt_spans`` maps each attempt to
-    the (first, last) step it logged, which is where the report marks failures and resumes.
+    the (first, last) step it logged, which is where the report marks failures and resumes;
+    ``attempt_times`` to the (first, last) times it logged, from which its pace follows.
     """
 
     def __init__(self, path: Path) -> None:
         self.path = path
         self.curve: dict[int, float] = {}
         self.attempt_spans: dict[int, tuple[int, int]] = {}
+        self.attempt_times: dict[int, tuple[float, float]] = {}
         self.last: dict[str, Any] | None = None
         self._offset = 0
 
@@ -63,6 +65,9 @@ class MetricsReader:
                 self.curve[step] = float(record["loss"])
             first, _ = self.attempt_spans.get(attempt, (step, step))
             self.attempt_spans[attempt] = (first, step)
+            if "time" in record:
+                began, _ = self.attempt_times.get(attempt, (float(record["time"]),) * 2)
+                self.attempt_times[attempt] = (began, float(record["time"]))
             self.last = record
 
 
@@ -107,7 +112,7 @@ def member_statuses(
             status.attempts = max(status.attempts, int(event.get("attempt", 1)))
         elif kind in ("checkpointed", "resumed", "preempted"):
             status.checkpoint = max(status.checkpoint or -1, int(event["step"]))
-        elif kind == "failed":
+        elif kind == "failed" and event.get("cause") != "preempted":  # a preemption is no failure
             status.failures += 1
             status.errors.append(str(event.get("error")))
         if kind == "preempted":
