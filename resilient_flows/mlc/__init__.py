@@ -1,0 +1,41 @@
+"""Checkpoint interval tuning: how often to checkpoint to L1, and how often to flush L1 to L2.
+
+Three ways to answer, from instant to slow. The analytic models (Young, Daly, the exact optimum
+of Daly's model, Benoit's first-order multi-level optimum) assume blocking checkpoints and one
+kind of failure, or a first-order expansion. The simulator plays out what our checkpoint engine
+actually does: blocking node-local checkpoints, an asynchronous flush to the shared tier, process
+crashes and lost nodes. The search finds the configuration the simulator likes best, the ground
+truth the analytic models and the learned model are measured against.
+
+Nothing here imports Parsl or torch.
+"""
+
+from resilient_flows.mlc.analytic import (
+    MultilevelOptimum,
+    daly_interval,
+    daly_wall_time,
+    multilevel_optimum,
+    optimal_interval,
+    two_level_optimum,
+    young_interval,
+)
+from resilient_flows.mlc.params import InvalidParameterError, MLCConfig, MLCParams
+from resilient_flows.mlc.search import search
+from resilient_flows.mlc.simulator import SimResult, simulate, simulate_many
+
+__all__ = [
+    "InvalidParameterError",
+    "MLCConfig",
+    "MLCParams",
+    "MultilevelOptimum",
+    "SimResult",
+    "daly_interval",
+    "daly_wall_time",
+    "multilevel_optimum",
+    "optimal_interval",
+    "search",
+    "simulate",
+    "simulate_many",
+    "two_level_optimum",
+    "young_interval",
+]
