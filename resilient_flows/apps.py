@@ -120,3 +120,12 @@ def _member_task(task_record: dict[str, Any]) -> tuple[MemberSpec, str] | None:
     if task_record.get("func_name") not in ("train_app", "mpi_train_app") or len(args) < 2:
         return None
     return MemberSpec.from_dict(args[0]), str(args[1])
+
+
+@python_app
+def mlc_label_app(params: list[dict[str, Any]], trials: int, seed: int) -> list[dict[str, Any]]:
+    """Label parameter sets with the simulator's optimum: one chunk of a recommender's training set."""
+    from resilient_flows.mlc.dataset import label
+    from resilient_flows.mlc.params import MLCParams
+
+    return [label(MLCParams(**p), trials=trials, seed=seed) for p in params]

@@ -19,6 +19,8 @@ from rich.table import Table
 from resilient_flows.checkpoint.catalog import CheckpointInfo, scan
 from resilient_flows.cosched.cosim import add_cosim_parser
 from resilient_flows.errors import ResilientFlowsError, WorkflowError
+from resilient_flows.mlc.tune import add_tune_parser
+from resilient_flows.workflow.mlcgen import add_mlc_parser
 
 __all__ = ["main"]
 
@@ -78,6 +80,8 @@ def _parser() -> argparse.ArgumentParser:
     lineage.add_argument("run_dir", metavar="RUN_DIR")
     lineage.set_defaults(handler=_lineage)
     add_cosim_parser(commands)
+    add_mlc_parser(commands)
+    add_tune_parser(commands)
     return parser
 
 

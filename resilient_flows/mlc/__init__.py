@@ -5,7 +5,8 @@ of Daly's model, Benoit's first-order multi-level optimum) assume blocking check
 kind of failure, or a first-order expansion. The simulator plays out what our checkpoint engine
 actually does: blocking node-local checkpoints, an asynchronous flush to the shared tier, process
 crashes and lost nodes. The search finds the configuration the simulator likes best, the ground
-truth the analytic models and the learned model are measured against.
+truth the analytic models and the learned model are measured against. The :class:`Recommender`,
+trained on search results, predicts that configuration in microseconds.
 
 Nothing here imports Parsl or torch.
 """
@@ -20,6 +21,7 @@ from resilient_flows.mlc.analytic import (
     young_interval,
 )
 from resilient_flows.mlc.params import InvalidParameterError, MLCConfig, MLCParams
+from resilient_flows.mlc.recommender import Recommender
 from resilient_flows.mlc.search import search
 from resilient_flows.mlc.simulator import SimResult, simulate, simulate_many
 
@@ -28,6 +30,7 @@ __all__ = [
     "MLCConfig",
     "MLCParams",
     "MultilevelOptimum",
+    "Recommender",
     "SimResult",
     "daly_interval",
     "daly_wall_time",
