@@ -29,6 +29,7 @@ import torch
 
 from resilient_flows.checkpoint import Checkpointer, TrainState
 from resilient_flows.errors import ResilientFlowsError
+from resilient_flows.training.autotune import MAX_PERSIST_EVERY, AutoTuner, tuned_fields
 from resilient_flows.training.control import (
     CloneOrder,
     RequestWatch,
@@ -116,6 +117,8 @@ class TrainContext:
             comm=comm,
         )
         self._rank = self.checkpointer.rank
+        self._interval_steps, self._interval_s = ck.interval_steps, ck.interval_s
+        self._tuner = AutoTuner(ck.process_mtbf_s, ck.node_mtbf_s, spec.steps) if ck.auto else None
         self.attempt: int = self.checkpointer.comm.bcast(self._count_attempt() if self._rank == 0 else None)
         torch.set_num_threads(spec.threads)
         self._emit("started", attempt=self.attempt, host=socket.gethostname(), pid=os.getpid())
@@ -202,9 +205,10 @@ class TrainContext:
             gathered = self.checkpointer.comm.allgather(request)
             request = next((r for r in gathered if r is not None), None)
             orders = self.checkpointer.comm.bcast(orders)
-        ck = self.spec.checkpoint
-        due = (ck.interval_steps is not None and (step + 1) % ck.interval_steps == 0) or (
-            ck.interval_s is not None and time.monotonic() - self._last_save_time >= ck.interval_s
+        if self._tuner is not None:
+            self._tune(step)
+        due = (self._interval_steps is not None and (step + 1) % self._interval_steps == 0) or (
+            self._interval_s is not None and time.monotonic() - self._last_save_time >= self._interval_s
         )
         handoff = self._handoff(step, orders) if orders else None
         if due or request is not None or handoff is not None:
@@ -268,7 +272,28 @@ class TrainContext:
         )
         self._last_saved = step
         self._last_save_time = time.monotonic()
+        if self._tuner is not None:
+            self._tuner.saved(stats)
         self._emit("checkpointed", step=step, stall_ms=round(1000 * stats.last_stall, 3))
+
+    def _tune(self, step: int) -> None:
+        """``interval: auto``: once the warm-up checkpoints are measured, take the recommender's choice."""
+        tuner, stats = self._tuner, self.checkpointer.stats
+        tuner.stepped(step)
+        two_tiers = self.checkpointer.local is not None
+        choice = None
+        if self._rank == 0 and tuner.ready(stats, two_tiers):
+            params, config = tuner.recommend(step, stats, two_tiers)
+            choice = (config.interval, config.l2_every or MAX_PERSIST_EVERY, tuned_fields(params, config))
+        if self.checkpointer.world_size > 1:  # every rank checkpoints on the same steps
+            choice = self.checkpointer.comm.bcast(choice)
+        if choice is None:
+            return
+        tuner.done = True
+        self._interval_s, persist_every, fields = choice
+        self._interval_steps = None
+        self.checkpointer.persist_every = persist_every
+        self._emit("tuned", step=step, **fields)
 
     def _fire_faults(self, step: int) -> None:
         """Injected faults hit the first attempt only, so that the retry shows the recovery."""

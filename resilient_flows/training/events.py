@@ -22,6 +22,7 @@ EVENT_KINDS = (
     "started",
     "resumed",
     "checkpointed",
+    "tuned",
     "failed",
     "retried",
     "preempted",

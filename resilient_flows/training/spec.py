@@ -18,7 +18,8 @@ class CheckpointSpec:
 
     ``interval_steps`` and ``interval_s`` may both be set: whichever comes first triggers a
     checkpoint. ``local_dir`` is the node-local tier (the site's scratch), or None for the shared
-    tier only.
+    tier only. With ``auto`` the member replaces both intervals and ``persist_every`` by the
+    recommender's choice once it has measured its checkpoints (failure rates from the two MTBFs).
     """
 
     interval_steps: int | None = 10
@@ -27,6 +28,9 @@ class CheckpointSpec:
     overlap: bool = False
     persist_every: int = 1
     local_dir: str | None = None
+    auto: bool = False
+    process_mtbf_s: float | None = None
+    node_mtbf_s: float | None = None
 
 
 @dataclass(frozen=True)

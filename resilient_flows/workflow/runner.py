@@ -45,7 +45,7 @@ def plan_workflow(workflow: Workflow, site: str | None = None, run_name: str | N
     if facts.local_scratch:
         local_root = f"{facts.local_scratch}/resilient-flows/{run_name or workflow.name}"
     load_site(site_name)
-    return Plan(workflow, site_name, tuple(workflow.member_specs(local_root)))
+    return Plan(workflow, site_name, tuple(workflow.member_specs(local_root, facts.node_mtbf_s)))
 
 
 def start_run(

@@ -44,6 +44,12 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+#: Steps between checkpoints while ``interval: auto`` measures what a checkpoint costs.
+AUTO_WARMUP_STEPS = 10
+#: Node MTBF for ``interval: auto`` when neither the workflow nor the site gives one: a workstation's year.
+DEFAULT_NODE_MTBF_S = 365 * 86400.0
+
+
 def _duration(value: Any, what: str) -> float:
     try:
         return parse_duration(value, what)
@@ -52,13 +58,22 @@ def _duration(value: Any, what: str) -> float:
 
 
 class CheckpointConfig(_Strict):
-    """``interval`` is a number of steps (``25``) or a duration (``30s``)."""
+    """``interval`` is a number of steps (``25``), a duration (``30s``) or ``auto``.
+
+    ``auto`` checkpoints every ``AUTO_WARMUP_STEPS`` steps until the member has measured its own
+    checkpoint stall, flush time and pace, then asks the checkpoint-interval recommender
+    (:mod:`resilient_flows.mlc`) for the interval and ``persist_every``, with ``process_mtbf`` as
+    the mean time between crashes and the site's ``node_mtbf`` (or ``node_mtbf`` here) between
+    lost nodes.
+    """
 
     interval: int | str = 10
     keep: Annotated[int, Field(ge=1)] = 3
     overlap: bool = False
     tiers: list[Literal["local", "shared"]] = ["local", "shared"]
     persist_every: Annotated[int, Field(ge=1)] = 1
+    process_mtbf: int | str = "7d"
+    node_mtbf: int | str | None = None
 
     @field_validator("interval")
     @classmethod
@@ -66,8 +81,15 @@ class CheckpointConfig(_Strict):
         if isinstance(value, int):
             if value < 1:
                 raise ValueError("a step interval must be at least 1")
-        else:
+        elif value != "auto":
             _duration(value, "interval")
+        return value
+
+    @field_validator("process_mtbf", "node_mtbf")
+    @classmethod
+    def _mtbf(cls, value: int | str | None, info: ValidationInfo) -> int | str | None:
+        if value is not None and _duration(value, info.field_name) <= 0:
+            raise ValueError(f"{info.field_name} must be longer than 0 s")
         return value
 
     @field_validator("tiers")
@@ -77,9 +99,11 @@ class CheckpointConfig(_Strict):
             raise ValueError("'shared' must be among the tiers: a checkpoint must survive the node")
         return value
 
-    def spec(self, local_dir: str | None) -> CheckpointSpec:
-        steps = self.interval if isinstance(self.interval, int) else None
-        seconds = None if isinstance(self.interval, int) else _duration(self.interval, "interval")
+    def spec(self, local_dir: str | None, site_node_mtbf_s: float | None = None) -> CheckpointSpec:
+        auto = self.interval == "auto"
+        steps = AUTO_WARMUP_STEPS if auto else self.interval if isinstance(self.interval, int) else None
+        seconds = None if auto or isinstance(self.interval, int) else _duration(self.interval, "interval")
+        node = _duration(self.node_mtbf, "node_mtbf") if self.node_mtbf is not None else site_node_mtbf_s
         return CheckpointSpec(
             interval_steps=steps,
             interval_s=seconds,
@@ -87,6 +111,9 @@ class CheckpointConfig(_Strict):
             overlap=self.overlap,
             persist_every=self.persist_every,
             local_dir=local_dir if "local" in self.tiers else None,
+            auto=auto,
+            process_mtbf_s=_duration(self.process_mtbf, "process_mtbf"),
+            node_mtbf_s=node if node is not None else DEFAULT_NODE_MTBF_S,
         )
 
 
@@ -376,8 +403,9 @@ class Workflow(_Strict):
                 )
         return self
 
-    def member_specs(self, local_root: str | None) -> list[MemberSpec]:
-        """One spec per expanded member; ``local_root`` is this run's directory on node-local scratch."""
+    def member_specs(self, local_root: str | None, node_mtbf_s: float | None = None) -> list[MemberSpec]:
+        """One spec per expanded member; ``local_root`` is this run's directory on node-local scratch,
+        ``node_mtbf_s`` the site's node MTBF (for ``interval: auto``)."""
         specs = []
         for member in self.all_members():
             for name, seed, params in member.expand():
@@ -390,7 +418,7 @@ class Workflow(_Strict):
                         params=params,
                         seed=seed,
                         steps=member.steps,
-                        checkpoint=(member.checkpoint or self.checkpoint).spec(local),
+                        checkpoint=(member.checkpoint or self.checkpoint).spec(local, node_mtbf_s),
                         faults=faults,
                         evaluate=member.evaluate,
                         threads=member.threads,
