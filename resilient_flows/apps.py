@@ -129,3 +129,24 @@ def mlc_label_app(params: list[dict[str, Any]], trials: int, seed: int) -> list[
     from resilient_flows.mlc.params import MLCParams
 
     return [label(MLCParams(**p), trials=trials, seed=seed) for p in params]
+
+
+@python_app
+def loop_app(function: str, directory: str, params: dict[str, Any] | None = None, every_n: int = 10) -> Any:
+    """Run a checkpointed array loop as a workflow stage: ``function(ctx, **params)`` in a worker.
+
+    ``function`` is ``"module:function"``, importable on the worker; it receives a
+    :class:`~resilient_flows.resilience.Context` rooted at ``directory`` that checkpoints every
+    ``every_n`` iterations, and runs its loop through ``ctx.checkpoint``. A retry of a lost worker
+    calls it again with the same directory, so the loop resumes after its newest checkpoint.
+    """
+    import importlib
+
+    from resilient_flows.resilience import Context, every
+
+    module, _, name = function.partition(":")
+    if not module or not name:
+        raise ValueError(f"function must be 'module:function', got {function!r}")
+    loop = getattr(importlib.import_module(module), name)
+    with Context(directory, filter=every(every_n)) as ctx:
+        return loop(ctx, **(params or {}))

@@ -325,3 +325,26 @@ def test_sigkill_restart_matches_uninterrupted_run(tmp_path: Path, kind: str) ->
     reference, resumed = np.load(tmp_path / "ref.npz"), np.load(tmp_path / "resumed.npz")
     for name in ("u", "v", "t"):
         assert reference[name].tobytes() == resumed[name].tobytes(), name
+
+
+@pytest.mark.slow
+def test_a_loop_stage_resumes_after_its_parsl_worker_is_killed(tmp_path, monkeypatch) -> None:
+    import os
+
+    import parsl
+
+    from resilient_flows.apps import loop_app
+    from resilient_flows.sites import load_site
+
+    tests = str(Path(__file__).parent)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([tests, os.environ.get("PYTHONPATH", "")]))
+    monkeypatch.syspath_prepend(tests)
+    import loop_stage
+
+    marker = tmp_path / "killed-once"
+    params = {"steps": 120, "kill_at": 73, "marker": str(marker)}
+    with parsl.load(load_site("local", run_dir=str(tmp_path / "parsl"), retries=1)):
+        digest = loop_app("loop_stage:heat", str(tmp_path / "ckpt"), params).result(timeout=240)
+    assert marker.exists()  # the first attempt really died at iteration 73
+    with Context(tmp_path / "reference", filter=every(10)) as ctx:
+        assert digest == loop_stage.heat(ctx, steps=120)
