@@ -53,15 +53,6 @@ class RunningJob:
         """Seconds of progress lost by preempting at ``t``, plus the restart: the per-node cost."""
         return max(0.0, t - self.checkpoint_at(t)) + self.restart_cost
 
-    def checkpoints_between(self, after: float, until: float) -> list[float]:
-        """Checkpoint times in ``(after, until]``."""
-        if self.checkpoint_interval is None:
-            return []
-        base = self.start if self.last_checkpoint is None else self.last_checkpoint
-        first = max(1, math.floor((after - base) / self.checkpoint_interval) + 1)
-        last = math.floor((min(until, self.end) - base) / self.checkpoint_interval + TIME_SLACK)
-        return [base + k * self.checkpoint_interval for k in range(first, last + 1)]
-
 
 @dataclass(frozen=True)
 class OnDemandRequest:
@@ -81,10 +72,6 @@ class Decision:
     delay: float
     preempt: tuple[str, ...]
     cost: float
-
-    @property
-    def preempts(self) -> bool:
-        return bool(self.preempt)
 
 
 def nodes_free_at(t: float, free_nodes: int, running: Sequence[RunningJob]) -> int:

@@ -20,7 +20,7 @@ import statistics
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -78,7 +78,6 @@ class _Fired:
     futures: list[Future]
     victims: tuple[str, ...] = ()
     preempt_at: float | None = None
-    preempted: list[str] = field(default_factory=list)
 
 
 class OnDemandAnalytics:
@@ -183,7 +182,6 @@ class OnDemandAnalytics:
             status = statuses.get(name)
             if status is not None and status.state == "running":
                 request_preemption(self.run_dir, name, reason=f"on-demand analytics {fired.config.name}")
-                fired.preempted.append(name)
 
 
 def analytics_parts(events: Iterable[dict[str, Any]]) -> tuple[set[str], set[str]]:
