@@ -140,13 +140,12 @@ def loop_app(function: str, directory: str, params: dict[str, Any] | None = None
     ``every_n`` iterations, and runs its loop through ``ctx.checkpoint``. A retry of a lost worker
     calls it again with the same directory, so the loop resumes after its newest checkpoint.
     """
-    import importlib
-
     from resilient_flows.resilience import Context, every
+    from resilient_flows.training.workloads import import_function
 
     module, _, name = function.partition(":")
     if not module or not name:
         raise ValueError(f"function must be 'module:function', got {function!r}")
-    loop = getattr(importlib.import_module(module), name)
+    loop = import_function(function, "loop function")
     with Context(directory, filter=every(every_n)) as ctx:
         return loop(ctx, **(params or {}))

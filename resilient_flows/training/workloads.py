@@ -31,6 +31,7 @@ __all__ = [
     "batch_indices",
     "builtin_model",
     "evaluate_model",
+    "import_function",
     "load_dataset",
     "resolve_workload",
 ]
@@ -180,16 +181,17 @@ def resolve_workload(name: str, evaluate: str | None = None) -> Workload:
         raise ResilientFlowsError(
             f"unknown workload {name!r}: name a built-in ({', '.join(BUILTIN_WORKLOADS)}) or 'module:function'"
         )
-    return Workload(name, _import(name), _import(evaluate) if evaluate else None)
+    return Workload(name, import_function(name), import_function(evaluate) if evaluate else None)
 
 
-def _import(ref: str) -> Callable[..., Any]:
+def import_function(ref: str, what: str = "workload") -> Callable[..., Any]:
+    """The function ``ref`` (``package.module:function``) names; ``what`` it is, for the error."""
     module_name, _, attr = ref.partition(":")
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
-        raise ResilientFlowsError(f"workload {ref!r}: cannot import {module_name!r} ({exc})") from None
+        raise ResilientFlowsError(f"{what} {ref!r}: cannot import {module_name!r} ({exc})") from None
     function = getattr(module, attr, None)
     if not callable(function):
-        raise ResilientFlowsError(f"workload {ref!r}: {module_name} has no function {attr!r}")
+        raise ResilientFlowsError(f"{what} {ref!r}: {module_name} has no function {attr!r}")
     return function
