@@ -76,7 +76,8 @@ def run_tune(args: argparse.Namespace) -> int:
     chosen = candidates(p, recommender)
     if args.search:
         started = time.perf_counter()
-        chosen[f"search ({time.perf_counter() - started:.1f} s)"] = search(p, trials=args.trials)
+        best = search(p, trials=args.trials)
+        chosen[f"search ({time.perf_counter() - started:.1f} s)"] = best
     table = Table(title="checkpoint configurations, simulated on the same failures")
     for column in ("method", "interval", "flush every", "efficiency", "95% interval"):
         table.add_column(column, justify="left" if column == "method" else "right")

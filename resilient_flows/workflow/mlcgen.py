@@ -14,11 +14,14 @@ from concurrent.futures import as_completed
 from dataclasses import asdict
 from pathlib import Path
 
+import parsl
 from rich.console import Console
 
+from resilient_flows.apps import mlc_label_app
 from resilient_flows.errors import WorkflowError
 from resilient_flows.mlc.dataset import read_rows, sample_params, write_rows
 from resilient_flows.mlc.recommender import fit
+from resilient_flows.sites import load_site
 
 __all__ = ["add_mlc_parser", "generate"]
 
@@ -33,11 +36,6 @@ def generate(
     console: Console | None = None,
 ) -> int:
     """Label ``samples`` parameter sets (drawn with ``seed``) on ``site``; rows appended to ``out``."""
-    import parsl  # here, so that the command line starts without Parsl
-
-    from resilient_flows.apps import mlc_label_app
-    from resilient_flows.sites import load_site
-
     if samples < 1 or chunk < 1 or trials < 1:
         raise WorkflowError(f"samples, chunk and trials must be >= 1, got {samples}, {chunk}, {trials}")
     console = console or Console()
