@@ -171,11 +171,8 @@ class OnDemandAnalytics:
             cost=decision.cost,
         )
         fired.victims = decision.preempt
-        if decision.preempt:
+        if decision.preempt:  # carried out by update(), in this very call when the delay is 0
             fired.preempt_at = now + decision.delay
-            if decision.delay == 0:
-                self._preempt(fired, statuses)
-                fired.preempt_at = None
 
     def _preempt(self, fired: _Fired, statuses: dict[str, MemberStatus]) -> None:
         for name in fired.victims:
