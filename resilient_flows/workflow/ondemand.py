@@ -35,7 +35,15 @@ from resilient_flows.training.spec import MemberSpec
 from resilient_flows.workflow.schema import AnalyticsConfig, CoschedConfig
 from resilient_flows.workflow.status import MemberStatus
 
-__all__ = ["OnDemandAnalytics", "analytics_parts", "job_from_record", "job_record", "running_jobs", "worker_slots"]
+__all__ = [
+    "OnDemandAnalytics",
+    "analytics_parts",
+    "job_from_record",
+    "job_record",
+    "part_names",
+    "running_jobs",
+    "worker_slots",
+]
 
 #: Parsl HTEX priority of on-demand analytics: lower runs first, members have none (last).
 ANALYTICS_PRIORITY = 0
@@ -130,7 +138,7 @@ class OnDemandAnalytics:
     def _fire(self, request: AnalyticsConfig, members: list[MemberSpec], statuses: dict[str, MemberStatus]) -> None:
         chosen = [m.to_dict() for m in members if request.members == "all" or m.name in request.members]
         count = request.slots or 1
-        parts = [request.name] if count == 1 else [f"{request.name}.{i}" for i in range(count)]
+        parts = part_names(request.name, count)
         priority = None if request.slots is None else ANALYTICS_PRIORITY
         futures = [self.submit(chosen[i::count], part, priority) for i, part in enumerate(parts)]
         fired = _Fired(request, time.time(), parts, futures)
@@ -179,6 +187,11 @@ class OnDemandAnalytics:
             status = statuses.get(name)
             if status is not None and status.state == "running":
                 request_preemption(self.run_dir, name, reason=f"on-demand analytics {fired.config.name}")
+
+
+def part_names(request: str, slots: int) -> list[str]:
+    """The names of a request's analytics tasks, one per slot, as their events carry them."""
+    return [request] if slots == 1 else [f"{request}.{i}" for i in range(slots)]
 
 
 def analytics_parts(events: Iterable[dict[str, Any]]) -> tuple[set[str], set[str]]:

@@ -12,6 +12,7 @@ from rich.table import Table
 
 from resilient_flows.training.events import read_events
 from resilient_flows.training.spec import MemberSpec
+from resilient_flows.workflow.ondemand import part_names
 from resilient_flows.workflow.status import MemberStatus
 
 __all__ = ["campaign_table", "ondemand_table", "plot_losses", "status_table", "write_report"]
@@ -69,14 +70,10 @@ def ondemand_table(run_dir: Path) -> Table:
     for column in ("request", "slots", "policy", "free", "decision", "cost", "latency"):
         table.add_column(column, justify="left" if column in ("request", "policy", "decision") else "right")
     events = list(read_events(run_dir))
-    begun: dict[str, float] = {}
-    for e in events:
-        if e["kind"] == "analytics_started":
-            part = str(e["request"])
-            begun[part] = float(e["time"])
+    begun = {str(e["request"]): float(e["time"]) for e in events if e["kind"] == "analytics_started"}
     for e in (e for e in events if e["kind"] == "ondemand"):
         name, slots = str(e["request"]), int(e["slots"])
-        parts = [name] if slots == 1 else [f"{name}.{i}" for i in range(slots)]
+        parts = part_names(name, slots)
         starts = [begun[p] for p in parts if p in begun]
         latency = f"{max(starts) - e['now']:.1f} s" if len(starts) == len(parts) else "not started"
         victims = ", ".join(e["preempt"])
