@@ -18,6 +18,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from resilient_flows.clone import check_overrides
+from resilient_flows.cosched import BASELINES
 from resilient_flows.errors import CloneError, WorkflowError
 from resilient_flows.training.spec import CheckpointSpec, FaultSpec, MemberSpec
 from resilient_flows.training.workloads import BUILTIN_WORKLOADS
@@ -325,10 +326,18 @@ class AnalyticsConfig(_Strict):
 class CoschedConfig(_Strict):
     """How on-demand analytics make room: the policy of :func:`resilient_flows.cosched.decide` and its weights."""
 
-    policy: Literal["dp", "wait", "greedy", "youngest", "largest", "random"] = "dp"
+    policy: str = "dp"
     alpha: Annotated[float, Field(ge=0)] = 1.0
     beta: Annotated[float, Field(ge=0)] = 1.0
     max_delay: int | str = "10m"
+
+    @field_validator("policy")
+    @classmethod
+    def _policy(cls, value: str) -> str:
+        allowed = ("dp", *BASELINES)  # every policy of decide() but the exhaustive reference
+        if value not in allowed:
+            raise ValueError(f"unknown policy {value!r}; one of {', '.join(allowed)}")
+        return value
 
     @field_validator("max_delay")
     @classmethod
