@@ -38,7 +38,7 @@ class AutoTuner:
         self.created = time.monotonic()
         self.stalls: list[float] = []
         self.first_step: tuple[int, float] | None = None
-        self.done = False
+        self.done = False  # set by the caller on every rank once the choice is applied
 
     def stepped(self, step: int) -> None:
         if self.first_step is None:
@@ -50,7 +50,7 @@ class AutoTuner:
     def ready(self, stats: CheckpointStats, two_tiers: bool) -> bool:
         """Enough checkpoints seen, and one of them through to the shared tier (its latency known)."""
         through = stats.persisted if two_tiers else stats.committed
-        return not self.done and len(self.stalls) >= WARMUP_CHECKPOINTS and through > 0
+        return len(self.stalls) >= WARMUP_CHECKPOINTS and through > 0
 
     def recommend(self, step: int, stats: CheckpointStats, two_tiers: bool) -> tuple[MLCParams, MLCConfig]:
         """What the member measured, and the configuration for the rest of its run."""
@@ -71,7 +71,6 @@ class AutoTuner:
             l2_restart=startup + l2_latency,
             l2_mtbf=self.node_mtbf_s,
         )
-        self.done = True
         return params, Recommender.default().recommend(params)
 
 

@@ -205,7 +205,7 @@ class TrainContext:
             gathered = self.checkpointer.comm.allgather(request)
             request = next((r for r in gathered if r is not None), None)
             orders = self.checkpointer.comm.bcast(orders)
-        if self._tuner is not None:
+        if self._tuner is not None and not self._tuner.done:  # no more collectives once tuned
             self._tune(step)
         due = (self._interval_steps is not None and (step + 1) % self._interval_steps == 0) or (
             self._interval_s is not None and time.monotonic() - self._last_save_time >= self._interval_s
