@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import argparse
 import re
 
-__all__ = ["parse_duration", "parse_size"]
+__all__ = ["duration_argument", "parse_duration", "parse_size"]
 
 _DURATION = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 _SIZE = {"b": 1, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40, "kb": 10**3, "mb": 10**6, "gb": 10**9}
@@ -17,6 +18,14 @@ def parse_duration(value: str | int | float, what: str = "duration") -> float:
     if unit not in _DURATION:
         raise ValueError(f"{what} {value!r} has unit {unit!r}; use one of {', '.join(_DURATION)} (e.g. 90s, 15m, 6h)")
     return number * _DURATION[unit]
+
+
+def duration_argument(text: str) -> float:
+    """:func:`parse_duration` as an ``argparse`` type: a bad value is a usage error that says why."""
+    try:
+        return parse_duration(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def parse_size(value: str | int, what: str = "size") -> int:

@@ -32,7 +32,7 @@ from resilient_flows.cosched.simulator import (
 )
 from resilient_flows.cosched.swf import SwfJob, SwfTrace, read_swf
 from resilient_flows.errors import InvalidJobError
-from resilient_flows.units import parse_duration
+from resilient_flows.units import duration_argument as _duration
 
 __all__ = ["DEFAULT_POLICIES", "DEFAULT_SWEEP", "add_cosim_parser", "plot_tradeoff", "run_cosim", "run_policies"]
 
@@ -315,13 +315,6 @@ def _v(value: object, unit: str) -> dict:
 
 
 # -- argument types: a bad value is an argparse error naming the option ----------------------------
-
-
-def _duration(text: str) -> float:
-    try:
-        return parse_duration(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _duration_list(text: str) -> tuple[float, ...]:

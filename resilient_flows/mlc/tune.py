@@ -20,7 +20,7 @@ from resilient_flows.mlc.params import MLCConfig, MLCParams
 from resilient_flows.mlc.recommender import Recommender
 from resilient_flows.mlc.search import search
 from resilient_flows.mlc.simulator import simulate
-from resilient_flows.units import parse_duration
+from resilient_flows.units import duration_argument
 
 __all__ = ["add_tune_parser", "candidates", "combined_mtbf"]
 
@@ -48,7 +48,7 @@ def candidates(p: MLCParams, recommender: Recommender | None = None) -> dict[str
 
 def add_tune_parser(subparsers: argparse._SubParsersAction) -> None:
     tune = subparsers.add_parser("tune", help="compare checkpoint intervals: formulas, the learned model, search")
-    duration = _duration
+    duration = duration_argument
     tune.add_argument("--l1-cost", type=duration, required=True, help="node-local checkpoint stall, e.g. 10s")
     tune.add_argument("--l2-latency", type=duration, default=0.0, help="flush to the shared tier, e.g. 5m")
     tune.add_argument("--l1-mtbf", type=duration, required=True, help="mean time between process failures, e.g. 6h")
@@ -93,7 +93,3 @@ def run_tune(args: argparse.Namespace) -> int:
         )
     Console().print(table)
     return 0
-
-
-def _duration(text: str) -> float:
-    return parse_duration(text, "a duration")
