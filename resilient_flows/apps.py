@@ -1,7 +1,8 @@
-"""Parsl apps for training members and on-demand analytics, and a retry handler that resumes.
+"""Parsl apps for training members, workflow stages and on-demand analytics, and a retry handler
+that resumes.
 
-A retried app runs :func:`~resilient_flows.training.run_member` again with the same member spec,
-which restores the latest committed checkpoint: every retry is a resume. What a retry costs is
+A retried app runs :func:`~resilient_flows.training.run_member` (or ``run_stage``) again with the
+same spec, which restores the latest committed checkpoint: every retry is a resume. What a retry costs is
 decided by :class:`ResumingRetryHandler`: stopping on request is free, losing the process after
 making progress (a walltime, a lost node, a killed worker) is free, a real error costs one.
 """
@@ -13,25 +14,54 @@ import logging
 import os
 import shlex
 import sys
+from collections.abc import Sequence
 from typing import Any
 
 from parsl import bash_app, python_app
 from parsl.app.errors import BashExitFailure
 from parsl.executors.high_throughput.errors import ManagerLost, WorkerLost
 
-from resilient_flows.training import EventLog, MemberSpec, Preempted, evaluate_members, member_dir, run_member
+from resilient_flows.training import (
+    EventLog,
+    MemberSpec,
+    Preempted,
+    StageSpec,
+    evaluate_members,
+    member_dir,
+    run_member,
+    run_stage,
+)
 from resilient_flows.training.control import latest_committed_step
 from resilient_flows.training.mpi_member import EXIT_PREEMPTED
+from resilient_flows.training.stage import newest_iteration
 
-__all__ = ["ResumingRetryHandler", "analytics_app", "mpi_train_app", "train_app"]
+__all__ = [
+    "ResumingRetryHandler",
+    "analytics_app",
+    "loop_app",
+    "mlc_label_app",
+    "mpi_train_app",
+    "stage_app",
+    "train_app",
+]
 
 logger = logging.getLogger(__name__)
 
 
 @python_app
-def train_app(spec: dict[str, Any], run_dir: str) -> dict[str, Any]:
-    """Train one member (a :class:`MemberSpec` as a dict) in a worker; resumes from its checkpoint."""
+def train_app(spec: dict[str, Any], run_dir: str, inputs: Sequence[Any] = ()) -> dict[str, Any]:
+    """Train one member (a :class:`MemberSpec` as a dict) in a worker; resumes from its checkpoint.
+
+    ``inputs``: futures of the stages whose output it reads; Parsl starts it once they are done.
+    """
     return run_member(spec, run_dir)
+
+
+@python_app
+def stage_app(spec: dict[str, Any], run_dir: str, inputs: Sequence[Any] = ()) -> Any:
+    """Run one workflow stage (a :class:`StageSpec` as a dict): a checkpointed array loop that
+    resumes after its newest committed iteration. ``inputs``: futures of the stages it reads."""
+    return run_stage(spec, run_dir)
 
 
 @python_app
@@ -51,7 +81,11 @@ def analytics_app(
 
 @bash_app
 def mpi_train_app(
-    spec: dict[str, Any], run_dir: str, ranks: int = 2, parsl_resource_specification: dict | None = None
+    spec: dict[str, Any],
+    run_dir: str,
+    ranks: int = 2,
+    inputs: Sequence[Any] = (),
+    parsl_resource_specification: dict | None = None,
 ) -> str:
     """Train one data-parallel member on ``ranks`` MPI ranks sharing one checkpointer.
 
@@ -84,11 +118,10 @@ class ResumingRetryHandler:
         self._progress: dict[int, int] = {}
 
     def __call__(self, exception: Exception, task_record: dict[str, Any]) -> float:
-        found = _member_task(task_record)
+        found = _resumable_task(task_record)
         if found is None:
             return 1.0
-        spec, run_dir = found
-        latest = latest_committed_step(run_dir, spec)
+        name, run_dir, latest = found
         if isinstance(exception, Preempted) or (
             isinstance(exception, BashExitFailure) and exception.exitcode == EXIT_PREEMPTED
         ):
@@ -102,24 +135,30 @@ class ResumingRetryHandler:
         events = EventLog(run_dir)
         events.emit(
             "failed",
-            spec.name,
+            name,
             error=f"{type(exception).__name__}: {exception}",
             cause=why,
             cost=cost,
             checkpoint=None if latest < 0 else latest,
         )
         if task_record["fail_cost"] + cost <= self.retries:
-            events.emit(
-                "retried", spec.name, attempt=task_record["try_id"] + 2, from_step=None if latest < 0 else latest
-            )
+            events.emit("retried", name, attempt=task_record["try_id"] + 2, from_step=None if latest < 0 else latest)
         return cost
 
 
-def _member_task(task_record: dict[str, Any]) -> tuple[MemberSpec, str] | None:
+def _resumable_task(task_record: dict[str, Any]) -> tuple[str, str, int] | None:
+    """A member's or a stage's task: its name, run directory and newest committed step or iteration."""
     args = task_record.get("args") or ()
-    if task_record.get("func_name") not in ("train_app", "mpi_train_app") or len(args) < 2:
+    if len(args) < 2:
         return None
-    return MemberSpec.from_dict(args[0]), str(args[1])
+    run_dir = str(args[1])
+    if task_record.get("func_name") in ("train_app", "mpi_train_app"):
+        spec = MemberSpec.from_dict(args[0])
+        return spec.name, run_dir, latest_committed_step(run_dir, spec)
+    if task_record.get("func_name") == "stage_app":
+        name = StageSpec.from_dict(args[0]).name
+        return name, run_dir, newest_iteration(run_dir, name)
+    return None
 
 
 @python_app

@@ -96,7 +96,9 @@ def _validate(args: argparse.Namespace) -> int:
 
     plan = plan_workflow(load_workflow(args.file), args.site)
     names = ", ".join(m.name for m in plan.members)
-    _console().print(f"{args.file}: valid; {len(plan.members)} member(s) on site {plan.site}: {names}")
+    stages = [stage.name for stage in plan.workflow.stages]
+    before = f"{len(stages)} stage(s) ({', '.join(stages)}), then " if stages else ""
+    _console().print(f"{args.file}: valid; {before}{len(plan.members)} member(s) on site {plan.site}: {names}")
     return 0
 
 
@@ -113,15 +115,20 @@ def _resume(args: argparse.Namespace) -> int:
 
 
 def _status(args: argparse.Namespace) -> int:
+    from resilient_flows.training import stage_dir
     from resilient_flows.workflow import member_statuses, read_plan
-    from resilient_flows.workflow.report import status_table
+    from resilient_flows.workflow.report import stage_table, status_table
     from resilient_flows.workflow.rundir import run_members
 
     plan = read_plan(Path(args.run_dir))
+    stages = plan.workflow.stage_specs()
+    if stages:
+        _console().print(stage_table(Path(args.run_dir), stages))
     members = run_members(Path(args.run_dir), plan)
     statuses = member_statuses(args.run_dir, [(m.name, m.steps) for m in members])
     _console().print(status_table(statuses, f"{plan.workflow.name} on {plan.site}: {args.run_dir}"))
-    return 0 if all(s.state in ("finished", "retired") for s in statuses.values()) else 1
+    stages_done = all((stage_dir(args.run_dir, s.name) / "result.json").exists() for s in stages)
+    return 0 if stages_done and all(s.state in ("finished", "retired") for s in statuses.values()) else 1
 
 
 def _preempt(args: argparse.Namespace) -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import pickle
 from dataclasses import replace
 from pathlib import Path
@@ -20,6 +21,8 @@ from resilient_flows.training import (
     request_preemption,
     run_member,
 )
+from resilient_flows.training.events import MetricsLog
+from resilient_flows.training.workloads import resolve_workload
 from resilient_flows.workflow.status import MetricsReader
 
 
@@ -112,3 +115,35 @@ def test_unknown_workloads_name_the_choices(tmp_path: Path) -> None:
         run_member(spec(workload="resnet").to_dict(), str(tmp_path))
     with pytest.raises(ResilientFlowsError, match=r"userworkload has no function 'trian'"):
         run_member(spec(workload="userworkload:trian").to_dict(), str(tmp_path))
+
+
+def test_metrics_lines_are_what_json_writes_and_reach_disk_by_each_checkpoint(tmp_path: Path) -> None:
+    log = MetricsLog(tmp_path / "metrics.jsonl")
+    log.FLUSH_S = 3600.0
+    records = [
+        {"step": 0, "attempt": 1, "time": 1764745000.123456, "loss": 0.1 + 0.2},
+        {"step": 1, "attempt": 1, "time": 1764745000.5, "loss": float("nan"), "acc": float("inf")},
+        {"step": 2, "attempt": 2, "time": 1.0, 'odd "%r" key': 1e-300},
+    ]
+    for record in records:
+        log.append(record)
+    assert not (tmp_path / "metrics.jsonl").exists()  # held until a flush
+    log.flush()
+    assert (tmp_path / "metrics.jsonl").read_text() == "".join(json.dumps(r) + "\n" for r in records)
+    log.close()
+
+    class Probe(TrainContext):
+        def _save(self, step: int, **kwargs) -> None:
+            super()._save(step, **kwargs)
+            on_disk[step] = (self.directory / "metrics.jsonl").read_text().count("\n")
+
+    on_disk: dict[int, int] = {}
+    member = spec(steps=30)
+    ctx = Probe(member, str(tmp_path / "run"))
+    ctx._metrics.FLUSH_S = 3600.0
+    try:
+        run = resolve_workload(member.workload)
+        run.train(ctx)
+    finally:
+        ctx.close()
+    assert on_disk == {9: 10, 19: 20, 29: 30}  # steps 0..k are on disk when step k's checkpoint starts

@@ -73,7 +73,10 @@ def test_members_expand_grid_times_seeds_in_file_order(tmp_path: Path) -> None:
             r"wf.yaml:2: report.plot: path '../../outside.png' must be relative and stay inside the run directory",
         ),
         (("  - name: solo\n", "  - name: ../solo\n"), r"members\[1\].name: String should match pattern"),
-        (("  - kill: mlp-1\n", "  - kill: mlp-9\n"), r"fault names member 'mlp-9', which is not one of mlp-0"),
+        (
+            ("  - kill: mlp-1\n", "  - kill: mlp-9\n"),
+            r"fault names 'mlp-9', which is not one of the members or stages mlp-0",
+        ),
         (("name: demo\n", "name: demo\nsite: thetta\n"), r"unknown site 'thetta'; known sites: .*local"),
         (("members:\n", "members: [\n"), r"wf.yaml:\d+: not valid YAML"),
     ],

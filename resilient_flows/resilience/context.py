@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from resilient_flows.checkpoint import Checkpointer
+from resilient_flows.checkpoint import Checkpointer, CheckpointStats
 from resilient_flows.checkpoint.state import RANK_LOCAL
 from resilient_flows.errors import CheckpointError, StateMismatchError
 from resilient_flows.resilience.capture import Array, find_arrays
@@ -266,6 +266,10 @@ class Context:
         if state.restart >= 0 and not state.restored:
             self._restore(label, state, fn)
         return state.restart
+
+    def stats(self, label: str) -> CheckpointStats:
+        """What checkpointing ``label`` has cost so far: stalls, backpressure waits, bytes, arenas."""
+        return self._label(label).checkpointer.stats
 
     # ----------------------------------------------------------------- lifecycle
 

@@ -33,12 +33,13 @@ from resilient_flows.training.autotune import MAX_PERSIST_EVERY, AutoTuner, tune
 from resilient_flows.training.control import (
     CloneOrder,
     RequestWatch,
+    count_attempt,
     member_dir,
     read_clone_orders,
     read_stop_request,
     write_durably,
 )
-from resilient_flows.training.events import EventLog
+from resilient_flows.training.events import EventLog, MetricsLog
 from resilient_flows.training.fork import Handoff, Seed, apply_overrides, mark_forking, wait_for_seed
 from resilient_flows.training.spec import MemberSpec
 
@@ -86,6 +87,8 @@ class TrainContext:
         The step restored by :meth:`track`, or None on a fresh start.
     directory:
         The member's directory in the run directory.
+    inputs:
+        The output directory of each workflow stage the member reads (``after:`` in YAML), by name.
     """
 
     def __init__(self, spec: MemberSpec, run_dir: str | os.PathLike, comm: Any = None) -> None:
@@ -94,6 +97,7 @@ class TrainContext:
         self.seed = spec.seed
         self.params = {**spec.params, "steps": spec.steps}
         self.run_dir = Path(run_dir)
+        self.inputs = {name: self.run_dir / path for name, path in spec.inputs.items()}
         self.directory = member_dir(run_dir, spec.name)
         self.directory.mkdir(parents=True, exist_ok=True)
         self.events = EventLog(run_dir)
@@ -103,7 +107,7 @@ class TrainContext:
         self._last_saved: int | None = None
         self._last_save_time = time.monotonic()
         self._stop_reason: str | None = None
-        self._metrics = None
+        self._metrics = MetricsLog(self.directory / "metrics.jsonl")
         self._seed: Seed | None = None
         self.retired: str | None = None
         self._watch = RequestWatch(self.directory)
@@ -119,7 +123,7 @@ class TrainContext:
         self._rank = self.checkpointer.rank
         self._interval_steps, self._interval_s = ck.interval_steps, ck.interval_s
         self._tuner = AutoTuner(ck.process_mtbf_s, ck.node_mtbf_s, spec.steps) if ck.auto else None
-        self.attempt: int = self.checkpointer.comm.bcast(self._count_attempt() if self._rank == 0 else None)
+        self.attempt: int = self.checkpointer.comm.bcast(count_attempt(self.directory) if self._rank == 0 else None)
         torch.set_num_threads(spec.threads)
         self._emit("started", attempt=self.attempt, host=socket.gethostname(), pid=os.getpid())
 
@@ -167,11 +171,8 @@ class TrainContext:
         """Record metrics of ``step`` (floats, or 0-d tensors) in ``metrics.jsonl``."""
         values = {k: float(v.detach()) if isinstance(v, torch.Tensor) else float(v) for k, v in metrics.items()}
         self._last_metrics = {"step": step, **values}
-        if self._rank != 0:
-            return
-        if self._metrics is None:
-            self._metrics = (self.directory / "metrics.jsonl").open("a", buffering=1)
-        self._metrics.write(json.dumps({"step": step, "attempt": self.attempt, "time": time.time(), **values}) + "\n")
+        if self._rank == 0:
+            self._metrics.append({"step": int(step), "attempt": self.attempt, "time": time.time(), **values})
 
     def result(self, model: Any = None, **values: Any) -> dict[str, Any]:
         """The member's result: its last metrics, the weights' digest, and ``values``."""
@@ -185,9 +186,7 @@ class TrainContext:
     # ------------------------------------------------------------------ internals
 
     def close(self) -> None:
-        if self._metrics is not None:
-            self._metrics.close()
-            self._metrics = None
+        self._metrics.close()
         self.checkpointer.close()
 
     def _after_step(self, step: int) -> bool:
@@ -262,6 +261,7 @@ class TrainContext:
         return Handoff(self.run_dir, self.name, orders, self._rank, self.checkpointer.world_size)
 
     def _save(self, step: int, persist: bool | None = None, on_commit: Handoff | None = None) -> None:
+        self._metrics.flush()  # every step up to a committed checkpoint is on disk
         stats = self.checkpointer.save(
             step,
             self.state,
@@ -301,8 +301,7 @@ class TrainContext:
             if fault.at_step != step or self.attempt != 1:
                 continue
             logger.warning("member %s: injecting fault %s at step %d", self.name, fault.kind, step)
-            if self._metrics is not None:
-                self._metrics.flush()
+            self._metrics.flush()
             if fault.kind == "kill":
                 os.kill(os.getpid(), signal.SIGKILL)
             elif fault.kind == "preempt":
@@ -326,12 +325,6 @@ class TrainContext:
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
-
-    def _count_attempt(self) -> int:
-        path = self.directory / "attempts"
-        attempt = (int(path.read_text() or 0) if path.exists() else 0) + 1
-        write_durably(path, str(attempt))
-        return attempt
 
     def _emit(self, kind: str, **fields: Any) -> None:
         if self._rank == 0:

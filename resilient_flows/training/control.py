@@ -35,6 +35,7 @@ __all__ = [
     "CloneOrder",
     "RequestWatch",
     "clone_order_path",
+    "count_attempt",
     "latest_committed_step",
     "member_dir",
     "read_clone_orders",
@@ -85,6 +86,14 @@ def write_durably(path: Path, text: str) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
+
+
+def count_attempt(directory: Path) -> int:
+    """Count one more attempt of the task whose directory this is; which attempt it is (1 for the first)."""
+    path = directory / "attempts"
+    attempt = (int(path.read_text() or 0) if path.exists() else 0) + 1
+    write_durably(path, str(attempt))
+    return attempt
 
 
 def latest_committed_step(run_dir: str | os.PathLike, spec: MemberSpec) -> int:
@@ -179,17 +188,27 @@ def read_clone_orders(directory: Path) -> list[CloneOrder]:
 
 
 class RequestWatch:
-    """Tells a member, cheaply at every step, whether its directory may hold a new request."""
+    """Tells a member, cheaply at every step, whether its directory may hold a new request.
 
+    A request shows as a change of the directory's mtime; ``stat`` looks at most every
+    ``STAT_GAP_S`` (a few microseconds a step matter on sub-millisecond steps, 20 ms of latency
+    do not), and every ``FULL_LOOK_S`` the member reads its requests whatever the mtime says.
+    """
+
+    STAT_GAP_S = 0.02
     FULL_LOOK_S = 1.0
 
     def __init__(self, directory: Path) -> None:
         self.directory = directory
         self._mtime = -1
         self._looked = 0.0
+        self._statted = 0.0
 
     def due(self) -> bool:
         now = time.monotonic()
+        if now - self._statted < self.STAT_GAP_S:
+            return False
+        self._statted = now
         try:
             mtime = os.stat(self.directory).st_mtime_ns
         except FileNotFoundError:

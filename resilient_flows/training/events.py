@@ -8,13 +8,14 @@ POSIX and Lustre file systems. ``status``, ``resume`` and the report are compute
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-__all__ = ["EVENT_KINDS", "EventLog", "read_events"]
+__all__ = ["EVENT_KINDS", "EventLog", "MetricsLog", "read_events"]
 
 #: What a line's ``kind`` may be, in the order a member usually goes through them.
 EVENT_KINDS = (
@@ -35,6 +36,8 @@ EVENT_KINDS = (
     "cloned",
     "retired",
     "exploited",
+    "stage_started",
+    "stage_finished",
 )
 
 
@@ -54,6 +57,57 @@ class EventLog:
             os.write(fd, line)
         finally:
             os.close(fd)
+
+
+class MetricsLog:
+    """Appends a member's per-step metrics lines to ``metrics.jsonl``, in batches.
+
+    A write per step costs a short step (0.3 ms) several percent; lines are therefore held here
+    and written at most every ``FLUSH_S`` and at every ``flush`` (before each checkpoint), each
+    batch in one ``write`` on an ``O_APPEND`` descriptor. A killed member thus never leaves a torn
+    line, and every step up to its newest checkpoint is on disk; steps after it are logged again
+    by the resumed attempt.
+    """
+
+    FLUSH_S = 0.5
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._lines: list[str] = []
+        self._flushed = time.monotonic()
+        self._fd: int | None = None
+        self._templates: dict[tuple[str, ...], str] = {}
+
+    def append(self, record: dict[str, int | float]) -> None:
+        """One step's numbers; formatted through a template per key set, as ``json.dumps`` would write them."""
+        values = tuple(record.values())
+        if all(map(math.isfinite, values)):
+            keys = tuple(record)
+            template = self._templates.get(keys)
+            if template is None:
+                fields = ", ".join(json.dumps(key).replace("%", "%%") + ": %r" for key in keys)
+                template = self._templates[keys] = "{" + fields + "}\n"
+            self._lines.append(template % values)
+        else:  # NaN and infinities as json writes them
+            self._lines.append(json.dumps(record) + "\n")
+        if time.monotonic() - self._flushed >= self.FLUSH_S:
+            self.flush()
+
+    def flush(self) -> None:
+        self._flushed = time.monotonic()
+        if not self._lines:
+            return
+        if self._fd is None:
+            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        data, self._lines = "".join(self._lines).encode(), []
+        while data:
+            data = data[os.write(self._fd, data) :]
+
+    def close(self) -> None:
+        self.flush()
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
 
 
 def read_events(run_dir: str | os.PathLike) -> Iterator[dict[str, Any]]:

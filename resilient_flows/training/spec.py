@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-__all__ = ["CheckpointSpec", "FaultSpec", "MemberSpec", "ParentSpec"]
+__all__ = ["CheckpointSpec", "FaultSpec", "MemberSpec", "ParentSpec", "StageSpec"]
 
 
 @dataclass(frozen=True)
@@ -62,6 +62,9 @@ class ParentSpec:
 
 @dataclass(frozen=True)
 class MemberSpec:
+    """One ensemble member. ``inputs`` maps the stages it reads to their output directories,
+    relative to the run directory (``ctx.inputs`` resolves them)."""
+
     name: str
     workload: str
     params: dict[str, Any]
@@ -73,6 +76,7 @@ class MemberSpec:
     threads: int = 1
     ranks: int = 1
     parent: ParentSpec | None = None
+    inputs: dict[str, str] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -84,4 +88,33 @@ class MemberSpec:
         values["faults"] = tuple(FaultSpec(**f) for f in values.get("faults", ()))
         if values.get("parent") is not None:
             values["parent"] = ParentSpec(**values["parent"])
+        return cls(**values)
+
+
+@dataclass(frozen=True)
+class StageSpec:
+    """A workflow stage: a checkpointed array loop (``loop`` is ``module:function``) that runs
+    before the members reading its output.
+
+    It checkpoints every ``every_n`` iterations, or every ``every_s`` seconds; ``inputs`` maps the
+    earlier stages it reads to their output directories, relative to the run directory; a
+    fault's ``at_step`` is an iteration (it hits after the iteration ran, before its checkpoint).
+    """
+
+    name: str
+    loop: str
+    params: dict[str, Any] = field(default_factory=dict)
+    every_n: int | None = 10
+    every_s: float | None = None
+    keep: int = 3
+    inputs: dict[str, str] = field(default_factory=dict)
+    faults: tuple[FaultSpec, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> StageSpec:
+        values = dict(data)
+        values["faults"] = tuple(FaultSpec(**f) for f in values.get("faults", ()))
         return cls(**values)

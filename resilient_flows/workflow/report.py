@@ -11,11 +11,12 @@ from rich.console import Console
 from rich.table import Table
 
 from resilient_flows.training.events import read_events
-from resilient_flows.training.spec import MemberSpec
+from resilient_flows.training.spec import MemberSpec, StageSpec
+from resilient_flows.training.stage import newest_iteration
 from resilient_flows.workflow.ondemand import part_names
 from resilient_flows.workflow.status import MemberStatus
 
-__all__ = ["campaign_table", "ondemand_table", "plot_losses", "status_table", "write_report"]
+__all__ = ["campaign_table", "ondemand_table", "plot_losses", "stage_table", "status_table", "write_report"]
 
 
 def status_table(statuses: dict[str, MemberStatus], title: str) -> Table:
@@ -28,7 +29,7 @@ def status_table(statuses: dict[str, MemberStatus], title: str) -> Table:
             s.name,
             s.state,
             "-" if s.step is None else f"{s.step + 1}/{s.steps}",
-            "-" if s.loss is None else f"{s.loss:.4f}",
+            "-" if s.loss is None else f"{s.loss:.4g}",
             "-" if s.checkpoint is None else str(s.checkpoint),
             str(s.attempts),
             str(s.failures),
@@ -82,6 +83,37 @@ def ondemand_table(run_dir: Path) -> Table:
         else:
             decision = "run now" if e["delay"] == 0 else f"wait {e['delay']:.1f} s"
         table.add_row(name, str(slots), e["policy"], str(e["free"]), decision, f"{e['cost']:.3g}", latency)
+    return table
+
+
+def stage_table(run_dir: Path, stages: list[StageSpec]) -> Table:
+    """Per stage: its state, attempts, newest committed iteration and run time."""
+    table = Table(title="stages")
+    for column in ("stage", "state", "attempts", "failures", "checkpoint", "time"):
+        table.add_column(column, justify="left" if column in ("stage", "state") else "right")
+    names = {stage.name for stage in stages}
+    state = dict.fromkeys(names, "planned")
+    attempts, failures, began, ended = dict.fromkeys(names, 0), dict.fromkeys(names, 0), {}, {}
+    for e in read_events(run_dir):
+        name = e.get("member")
+        if name not in names:
+            continue
+        if e["kind"] == "stage_started":
+            state[name], attempts[name] = "running", int(e["attempt"])
+            began.setdefault(name, float(e["time"]))
+        elif e["kind"] == "stage_finished":
+            state[name], ended[name] = "finished", float(e["time"])
+        elif e["kind"] == "failed":
+            state[name], failures[name] = "failed", failures[name] + 1
+        elif e["kind"] == "retried":
+            state[name] = "retrying"
+    for stage in stages:
+        name = stage.name
+        newest = newest_iteration(run_dir, name)
+        took = f"{ended[name] - began[name]:.1f} s" if name in ended and name in began else "-"
+        table.add_row(
+            name, state[name], str(attempts[name]), str(failures[name]), "-" if newest < 0 else str(newest), took
+        )
     return table
 
 

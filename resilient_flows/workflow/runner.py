@@ -1,7 +1,8 @@
 """Run a workflow's members as Parsl apps, show their progress, and report.
 
-Parsl does the scheduling and the retries; a retry is a resume because the member restores its
-latest checkpoint (see :mod:`resilient_flows.apps`). The runner submits, watches the run
+Parsl does the scheduling, the retries and the order (members start after the stages they read);
+a retry is a resume because the member or stage restores its latest checkpoint (see
+:mod:`resilient_flows.apps`). The runner submits, watches the run
 directory, fires analytics requests (making room for on-demand ones, see
 :mod:`resilient_flows.workflow.ondemand`), and writes the report.
 """
@@ -16,18 +17,19 @@ from pathlib import Path
 
 import parsl
 from parsl.executors import HighThroughputExecutor
-from rich.console import Console
+from rich.console import Console, Group
 from rich.live import Live
 
-from resilient_flows.apps import ResumingRetryHandler, analytics_app, mpi_train_app, train_app
+from resilient_flows.apps import ResumingRetryHandler, analytics_app, mpi_train_app, stage_app, train_app
 from resilient_flows.clone import request_clone
 from resilient_flows.sites import load_site, site_facts
 from resilient_flows.training.control import clone_order_path, member_dir
 from resilient_flows.training.events import EventLog
-from resilient_flows.training.spec import MemberSpec
+from resilient_flows.training.spec import MemberSpec, StageSpec
+from resilient_flows.training.stage import stage_dir
 from resilient_flows.workflow.explore import PBTController
 from resilient_flows.workflow.ondemand import OnDemandAnalytics, worker_slots
-from resilient_flows.workflow.report import campaign_table, ondemand_table, status_table, write_report
+from resilient_flows.workflow.report import campaign_table, ondemand_table, stage_table, status_table, write_report
 from resilient_flows.workflow.rundir import Plan, create_run_dir, default_run_dir, read_plan, run_members
 from resilient_flows.workflow.schema import Workflow, load_workflow, run_path
 from resilient_flows.workflow.status import MemberStatus, member_statuses
@@ -86,18 +88,29 @@ def _finished(run_dir: Path, name: str) -> bool:
 
 
 class _Submitter:
-    """Submits members as Parsl apps, once each: the planned ones, then clones as they are requested."""
+    """Submits stages and members as Parsl apps, once each: the unfinished stages, the planned
+    members, then clones as they are requested. Parsl starts each after the stages it reads."""
 
     def __init__(self, run_dir: Path) -> None:
         self.run_dir = run_dir
         self.events = EventLog(run_dir)
         self.futures: dict[str, Future] = {}
+        self.stages: dict[str, Future] = {}
+
+    def submit_stages(self, stages: list[StageSpec]) -> None:
+        for stage in stages:
+            if (stage_dir(self.run_dir, stage.name) / "result.json").exists():
+                continue
+            after = self._after(stage.inputs)
+            self.stages[stage.name] = stage_app(stage.to_dict(), str(self.run_dir), inputs=after)
+            self.events.emit("submitted", stage.name, stage=True)
 
     def submit(self, member: MemberSpec) -> None:
+        after = self._after(member.inputs)
         if member.ranks > 1:
-            future = mpi_train_app(member.to_dict(), str(self.run_dir), ranks=member.ranks)
+            future = mpi_train_app(member.to_dict(), str(self.run_dir), ranks=member.ranks, inputs=after)
         else:
-            future = train_app(member.to_dict(), str(self.run_dir))
+            future = train_app(member.to_dict(), str(self.run_dir), inputs=after)
         self.futures[member.name] = future
         self.events.emit("submitted", member.name, ranks=member.ranks, parent=member.parent and member.parent.member)
 
@@ -112,6 +125,10 @@ class _Submitter:
             source_done = source.joinpath("result.json").exists() or self._failed(parent.member)
             if source_done or not clone_order_path(source, parent.request).exists():
                 self.submit(member)
+
+    def _after(self, inputs: dict[str, str]) -> list[Future]:
+        """The futures of the unfinished stages among ``inputs``."""
+        return [self.stages[name] for name in inputs if name in self.stages]
 
     def _failed(self, name: str) -> bool:
         future = self.futures.get(name)
@@ -144,7 +161,9 @@ def _execute(run_dir: Path, plan: Plan, members: list[MemberSpec], console: Cons
         return analytics_app(specs, str(run_dir), part, parsl_resource_specification={"priority": priority})
 
     ondemand = OnDemandAnalytics(workflow.analytics, workflow.cosched, run_dir, worker_slots(config), submit_analytics)
+    stages = workflow.stage_specs()
     with parsl.load(config):
+        submitter.submit_stages(stages)
         for member in members:
             if member.parent is None:  # clones wait until their source serves them (submit_new_clones)
                 submitter.submit(member)
@@ -155,19 +174,22 @@ def _execute(run_dir: Path, plan: Plan, members: list[MemberSpec], console: Cons
                 elapsed = time.monotonic() - started
                 statuses = member_statuses(run_dir, [(m.name, m.steps) for m in everyone], statuses)
                 ondemand.update(elapsed, everyone, statuses)
-                if all(f.done() for f in [*submitter.futures.values(), *ondemand.futures]):
+                if all(f.done() for f in [*submitter.futures.values(), *submitter.stages.values(), *ondemand.futures]):
                     break
                 for controller in controllers:
                     controller.update(everyone, statuses)
-                live.update(status_table(statuses, f"{workflow.name} ({elapsed:.0f} s)"))
+                table = status_table(statuses, f"{workflow.name} ({elapsed:.0f} s)")
+                live.update(Group(stage_table(run_dir, stages), table) if stages else table)
                 time.sleep(POLL_SECONDS)
-        futures = submitter.futures
+        futures = {**submitter.stages, **submitter.futures}
         failed = {name: f.exception() for name, f in futures.items() if f.exception() is not None}
         reports = [f.result() for f in ondemand.futures if f.exception() is None]
     everyone = run_members(run_dir, plan)
     statuses = member_statuses(run_dir, [(m.name, m.steps) for m in everyone], statuses)
     title = f"{workflow.name}: {time.monotonic() - started:.0f} s on {plan.site}"
     extra = []
+    if stages:
+        extra.append(stage_table(run_dir, stages))
     if workflow.explore:
         extra.append(campaign_table(workflow, everyone, statuses))
     if any(request.slots for request in workflow.analytics):
@@ -180,6 +202,7 @@ def _execute(run_dir: Path, plan: Plan, members: list[MemberSpec], console: Cons
             shown = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in values.items())
             console.print(f"analytics {name}: {shown}")
     for name, exc in failed.items():
-        console.print(f"[bold red]member {name} failed:[/] {type(exc).__name__}: {exc}")
+        what = "stage" if name in submitter.stages else "member"
+        console.print(f"[bold red]{what} {name} failed:[/] {type(exc).__name__}: {exc}")
     console.print(f"report: {run_path(run_dir, workflow.report.summary)}, {run_path(run_dir, workflow.report.plot)}")
     return 1 if failed else 0

@@ -12,6 +12,7 @@ import itertools
 import math
 import random
 import typing
+from dataclasses import replace
 from pathlib import Path, PurePosixPath
 from typing import Annotated, Any, Literal
 
@@ -20,7 +21,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 from resilient_flows.clone import check_overrides
 from resilient_flows.cosched import BASELINES
 from resilient_flows.errors import CloneError, WorkflowError
-from resilient_flows.training.spec import CheckpointSpec, FaultSpec, MemberSpec
+from resilient_flows.training.spec import CheckpointSpec, FaultSpec, MemberSpec, StageSpec
+from resilient_flows.training.stage import stage_output
 from resilient_flows.training.workloads import BUILTIN_WORKLOADS
 from resilient_flows.units import parse_duration
 from resilient_flows.workflow.yamlsource import YamlSource
@@ -33,6 +35,7 @@ __all__ = [
     "FaultConfig",
     "HyperparameterSpace",
     "MemberConfig",
+    "StageConfig",
     "Workflow",
     "load_workflow",
 ]
@@ -133,6 +136,7 @@ class MemberConfig(_Strict):
     ranks: Annotated[int, Field(ge=1)] = 1
     threads: Annotated[int, Field(ge=1)] = 1
     checkpoint: CheckpointConfig | None = None  # None: the workflow's
+    after: list[Name] = []  # stages whose output it reads: it starts once they finished
 
     @field_validator("workload")
     @classmethod
@@ -163,8 +167,57 @@ class MemberConfig(_Strict):
         return [(f"{self.name}-{i}", seed, params) for i, (seed, params) in enumerate(variants)]
 
 
+class StageConfig(_Strict):
+    """A checkpointed array loop (a simulation, a preparation) that members or later stages read.
+
+    ``loop`` is ``module:function``, called as ``function(ctx, output=..., inputs=..., **params)``
+    with a :class:`resilient_flows.resilience.Context`; ``every`` is a number of iterations or a
+    duration between checkpoints; ``after`` names earlier stages whose output it reads.
+    """
+
+    name: Name
+    loop: str
+    params: dict[str, Any] = {}
+    every: int | str = 10
+    keep: Annotated[int, Field(ge=1)] = 3
+    after: list[Name] = []
+
+    @field_validator("loop")
+    @classmethod
+    def _loop(cls, value: str) -> str:
+        module, _, function = value.partition(":")
+        if not (module and function):
+            raise ValueError(f"loop must be 'module:function', got {value!r}")
+        return value
+
+    @field_validator("every")
+    @classmethod
+    def _every(cls, value: int | str) -> int | str:
+        if isinstance(value, int):
+            if value < 1:
+                raise ValueError("an iteration interval must be at least 1")
+        elif _duration(value, "every") <= 0:
+            raise ValueError("every must be longer than 0 s")
+        return value
+
+    @field_validator("params")
+    @classmethod
+    def _params(cls, value: dict[str, Any]) -> dict[str, Any]:
+        reserved = sorted(set(value) & {"ctx", "output", "inputs"})
+        if reserved:
+            raise ValueError(f"{', '.join(reserved)} are passed by the runner, not params")
+        return value
+
+    def spec(self) -> StageSpec:
+        every_n = self.every if isinstance(self.every, int) else None
+        every_s = None if every_n is not None else _duration(self.every, "every")
+        inputs = {name: stage_output(name) for name in self.after}
+        return StageSpec(self.name, self.loop, self.params, every_n, every_s, self.keep, inputs)
+
+
 class FaultConfig(_Strict):
-    """``{kill: m1, at_step: 30}``: on its first attempt, member m1 is killed after step 30."""
+    """``{kill: m1, at_step: 30}``: on its first attempt, member m1 is killed after step 30 (a stage:
+    after iteration 30)."""
 
     kill: str | None = None
     preempt: str | None = None
@@ -367,6 +420,7 @@ class Workflow(_Strict):
     site: str = "local"
     retries: Annotated[int, Field(ge=0)] = 2
     checkpoint: CheckpointConfig = CheckpointConfig()
+    stages: list[StageConfig] = []
     members: list[MemberConfig] = []
     explore: list[ExploreConfig] = []
     faults: list[FaultConfig] = []
@@ -381,15 +435,33 @@ class Workflow(_Strict):
 
     @model_validator(mode="after")
     def _names(self) -> Workflow:
-        if not self.members and not self.explore:
-            raise ValueError("give 'members' or an 'explore' campaign: there is nothing to run")
+        if not self.members and not self.explore and not self.stages:
+            raise ValueError("give 'members', 'stages' or an 'explore' campaign: there is nothing to run")
         names = [name for member in self.all_members() for name, _, _ in member.expand()]
-        duplicates = sorted({n for n in names if names.count(n) > 1})
+        stages = [stage.name for stage in self.stages]
+        duplicates = sorted({n for n in [*names, *stages] if [*names, *stages].count(n) > 1})
         if duplicates:
-            raise ValueError(f"member names must be unique; repeated: {', '.join(duplicates)}")
+            raise ValueError(f"member and stage names must be unique; repeated: {', '.join(duplicates)}")
+        for index, stage in enumerate(self.stages):
+            unknown = [name for name in stage.after if name not in stages[:index]]
+            if unknown:
+                raise ValueError(
+                    f"stage {stage.name!r} runs after {', '.join(map(repr, unknown))}, which must be a stage "
+                    f"listed before it ({', '.join(stages[:index]) or 'none is'})"
+                )
+        for member in self.members:
+            unknown = [name for name in member.after if name not in stages]
+            if unknown:
+                raise ValueError(
+                    f"member {member.name!r} runs after {', '.join(map(repr, unknown))}, "
+                    f"which is not a stage ({', '.join(stages) or 'there are none'})"
+                )
         for fault in self.faults:
-            if fault.member not in names:
-                raise ValueError(f"fault names member {fault.member!r}, which is not one of {', '.join(names)}")
+            if fault.member not in [*names, *stages]:
+                raise ValueError(
+                    f"fault names {fault.member!r}, which is not one of the members or stages "
+                    f"{', '.join([*names, *stages])}"
+                )
         specs = {spec.name: spec for spec in self.member_specs(None)}
         for clone in self.clones:
             if clone.member not in specs:
@@ -432,9 +504,18 @@ class Workflow(_Strict):
                         evaluate=member.evaluate,
                         threads=member.threads,
                         ranks=member.ranks,
+                        inputs={stage: stage_output(stage) for stage in member.after},
                     )
                 )
         return specs
+
+    def stage_specs(self) -> list[StageSpec]:
+        return [
+            replace(
+                stage.spec(), faults=tuple(FaultSpec(f.kind, f.at_step) for f in self.faults if f.member == stage.name)
+            )
+            for stage in self.stages
+        ]
 
 
 def confined(value: str) -> str:

@@ -1,0 +1,92 @@
+"""Run one workflow stage: a checkpointed array loop (see :mod:`resilient_flows.resilience`).
+
+A stage is the part of a pipeline that is not a training: a simulation that generates data, a
+preparation, an analysis. Its files live in ``<run_dir>/stages/<name>/``::
+
+    checkpoints/<label>/   the loop's checkpoints, one Checkpointer per label
+    output/                what the stage writes for later stages and members
+    attempts               how many attempts have started
+    result.json            the loop function's return value, once it finished
+
+The loop function is called as ``function(ctx, output=Path, inputs={stage: Path}, **params)``
+with a :class:`~resilient_flows.resilience.Context` on ``checkpoints/``. Like ``run_member`` this
+knows nothing of Parsl: a retry after a lost worker calls it again, and the loop resumes after
+its newest committed iteration.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from resilient_flows.checkpoint.tiers import Tier
+from resilient_flows.resilience import Context, Filter, every
+from resilient_flows.training.control import count_attempt
+from resilient_flows.training.events import EventLog
+from resilient_flows.training.spec import StageSpec
+from resilient_flows.training.workloads import import_function
+
+__all__ = ["newest_iteration", "run_stage", "stage_dir", "stage_output"]
+
+
+def stage_dir(run_dir: str | os.PathLike, name: str) -> Path:
+    return Path(run_dir) / "stages" / name
+
+
+def stage_output(name: str) -> str:
+    """Where stage ``name`` writes its output, relative to the run directory."""
+    return str(PurePosixPath("stages") / name / "output")
+
+
+def newest_iteration(run_dir: str | os.PathLike, name: str) -> int:
+    """The newest iteration committed under any of the stage's labels; -1 when none is."""
+    root = stage_dir(run_dir, name) / "checkpoints"
+    labels = [path for path in root.iterdir() if path.is_dir()] if root.is_dir() else []
+    return max((s for path in labels for s in Tier(path, "any").committed_steps()[:1]), default=-1)
+
+
+def run_stage(spec: dict[str, Any], run_dir: str) -> Any:
+    """Run the stage's loop from its newest checkpoint to the end; the loop function's value."""
+    stage = StageSpec.from_dict(spec)
+    loop = import_function(stage.loop, "loop function")
+    directory = stage_dir(run_dir, stage.name)
+    output = directory / "output"
+    output.mkdir(parents=True, exist_ok=True)
+    events = EventLog(run_dir)
+    attempt = count_attempt(directory)
+    restart = newest_iteration(run_dir, stage.name)
+    events.emit(
+        "stage_started", stage.name, attempt=attempt, pid=os.getpid(), iteration=None if restart < 0 else restart
+    )
+    inputs = {name: Path(run_dir) / path for name, path in stage.inputs.items()}
+    schedule = every(stage.every_n) if stage.every_n is not None else every(seconds=stage.every_s)
+    if attempt == 1 and stage.faults:  # injected faults hit the first attempt only, as for members
+        schedule = _faulty(schedule, stage)
+    with Context(directory / "checkpoints", filter=schedule, keep=stage.keep) as ctx:
+        value = loop(ctx, output=output, inputs=inputs, **stage.params)
+    result = {"stage": stage.name, "attempts": attempt, "value": value}
+    tmp = directory / "result.json.tmp"
+    tmp.write_text(json.dumps(result, indent=2, default=str))
+    os.replace(tmp, directory / "result.json")
+    events.emit("stage_finished", stage.name, attempt=attempt)
+    return value
+
+
+def _faulty(schedule: Filter, stage: StageSpec) -> Filter:
+    """``schedule``, which first fires the stage's faults: the filter runs after each iteration."""
+    hits = {fault.at_step: fault.kind for fault in stage.faults}
+
+    def checked(label: str, i: int) -> bool:
+        kind = hits.get(i)
+        if kind == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        elif kind == "preempt":
+            os.kill(os.getpid(), signal.SIGTERM)
+        elif kind == "error":
+            raise RuntimeError(f"injected error in stage {stage.name} at iteration {i}")
+        return schedule(label, i)
+
+    return checked
