@@ -10,7 +10,8 @@ iteration), run three ways side by side, alternating their order in each round:
 - ``baseline``: the hand-written way: every ``k`` iterations ``np.save`` each array to a file and
   ``fsync`` it, synchronously.
 
-Overhead per checkpoint is (loop time - ``none``'s) / checkpoints, the median over rounds. The
+Overhead per checkpoint is (loop time - ``none``'s loop time in the same round) / checkpoints, the
+median over rounds of these paired differences (``spread``: their median absolute deviation). The
 reference is a memory copy of the same arrays into preallocated buffers (``np.copyto``), the least
 any snapshot must cost. Each ``ours`` run is a fresh process-level start for the engine: its first
 checkpoint allocates and first touches the host buffers, which later ones reuse; the engine's
@@ -20,8 +21,9 @@ stall per checkpoint is printed for the first and for the later ones, and the st
 starts from the same initial arrays and must end with bitwise equal arrays (checked).
 
 ``python benchmarks/resilience_bench.py [--quick | --full] [--json PATH] [--dir DIR]``:
-``--quick`` 2048 x 2048 (64 MiB of state), 60 iterations, 3 rounds; default 4096 x 4096 (256 MiB),
-100 iterations, 3 rounds; ``--full`` 8192 x 8192 (1 GiB), 60 iterations, 3 rounds; ``k`` = 10.
+``--quick`` 2048 x 2048 (64 MiB of state), 100 iterations, 5 rounds; default 4096 x 4096
+(256 MiB), 100 iterations, 5 rounds; ``--full`` 8192 x 8192 (1 GiB), 60 iterations, 3 rounds;
+``k`` = 10.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ from rich.table import Table
 
 from resilient_flows.resilience import Context, every
 
-SIZES = {"quick": (2048, 60, 3), "default": (4096, 100, 3), "full": (8192, 60, 3)}
+SIZES = {"quick": (2048, 100, 5), "default": (4096, 100, 5), "full": (8192, 60, 3)}
 EVERY = 10
 #: How long each of ours' ``checkpoint`` calls blocked beyond the iteration, in order (engine stats).
 STALLS: list[float] = []
@@ -141,23 +143,35 @@ def main(argv: list[str] | None = None) -> int:
     same = all(np.array_equal(finals["none"], finals[k]) for k in finals)
     copy = memory_copy(n)
     base = statistics.median(times["none"])
-    per_ckpt = {k: (statistics.median(times[k]) - base) / checkpoints for k in ("ours", "baseline")}
+    paired = {
+        k: [(t - t_none) / checkpoints for t, t_none in zip(times[k], times["none"], strict=True)]
+        for k in ("ours", "baseline")
+    }
+    per_ckpt = {k: statistics.median(v) for k, v in paired.items()}
+    spread = {k: statistics.median(abs(x - per_ckpt[k]) for x in v) for k, v in paired.items()}
     first_stall = statistics.median(STALLS[::checkpoints])
     later_stall = statistics.median(x for j, x in enumerate(STALLS) if j % checkpoints)
     steady = per_ckpt["ours"] - (first_stall - later_stall) / checkpoints
     state_mib = 2 * n * n * 8 / 2**20
     table = Table(title=f"{n} x {n} stencil, {state_mib:.0f} MiB of state, {iterations} iterations, every {EVERY}")
-    for column in ("run", "loop s (median)", "overhead per checkpoint", "vs memory copy"):
+    for column in ("run", "loop s (median)", "overhead per checkpoint", "spread", "vs memory copy"):
         table.add_column(column, justify="left" if column == "run" else "right")
-    table.add_row("none", f"{base:.3f}", "-", "-")
+    table.add_row("none", f"{base:.3f}", "-", "-", "-")
     for name in ("ours", "baseline"):
         table.add_row(
-            name, f"{statistics.median(times[name]):.3f}", f"{per_ckpt[name]:.4f} s", f"{per_ckpt[name] / copy:.2f}x"
+            name,
+            f"{statistics.median(times[name]):.3f}",
+            f"{per_ckpt[name]:.4f} s",
+            f"{spread[name]:.4f} s",
+            f"{per_ckpt[name] / copy:.2f}x",
         )
-    table.add_row("memory copy of the arrays", "-", f"{copy:.4f} s", "1.00x")
-    table.add_row("ours: stall of a run's first checkpoint", "-", f"{first_stall:.4f} s", f"{first_stall / copy:.2f}x")
-    table.add_row("ours: stall of later checkpoints", "-", f"{later_stall:.4f} s", f"{later_stall / copy:.2f}x")
-    table.add_row("ours, steady (first's extra removed)", "-", f"{steady:.4f} s", f"{steady / copy:.2f}x")
+    table.add_row("memory copy of the arrays", "-", f"{copy:.4f} s", "-", "1.00x")
+    for label, value in (
+        ("ours: stall of a run's first checkpoint", first_stall),
+        ("ours: stall of later checkpoints", later_stall),
+        ("ours, steady (first's extra removed)", steady),
+    ):
+        table.add_row(label, "-", f"{value:.4f} s", "-", f"{value / copy:.2f}x")
     console.print(table)
     ratio = per_ckpt["baseline"] / per_ckpt["ours"] if per_ckpt["ours"] > 0 else float("inf")
     verdicts = {
@@ -173,6 +187,8 @@ def main(argv: list[str] | None = None) -> int:
             "none_loop_s": {"value": base, "unit": "s"},
             "ours_overhead_per_checkpoint_s": {"value": per_ckpt["ours"], "unit": "s"},
             "baseline_overhead_per_checkpoint_s": {"value": per_ckpt["baseline"], "unit": "s"},
+            "ours_overhead_spread_s": {"value": spread["ours"], "unit": "s"},
+            "baseline_overhead_spread_s": {"value": spread["baseline"], "unit": "s"},
             "memory_copy_s": {"value": copy, "unit": "s"},
             "ours_first_stall_s": {"value": first_stall, "unit": "s"},
             "ours_later_stall_s": {"value": later_stall, "unit": "s"},

@@ -146,6 +146,25 @@ def test_backpressure_and_bounded_staging_memory(tiers: tuple[Path, Path]) -> No
         assert stats.total_wait >= 0 and stats.last_wait <= stats.last_stall
 
 
+def test_prepare_allocates_the_arena_ahead_and_the_first_save_reuses_it(tiers: tuple[Path, Path]) -> None:
+    problem = Problem(width=256, depth=2)
+    problem.step(0)  # Adam's moments exist from the first step on: the layout is final
+    with Checkpointer(tiers[0]) as ck:
+        ck.prepare(problem.state)
+        problem.step(1)
+        expected = replicated_digest(problem.state)
+        stats = ck.save(1, problem.state)
+        assert stats.arena_allocations == 1  # prepare's arena, not a new one
+        ck.prepare(problem.state)  # the arena is busy or already laid out: nothing changes
+        ck.wait()
+        assert ck.stats.arena_allocations == 1
+    fresh = Problem(width=256, depth=2)
+    fresh.step(0)
+    with Checkpointer(tiers[0]) as ck:
+        assert ck.restore(fresh.state) == 1
+    assert replicated_digest(fresh.state) == expected
+
+
 def test_saving_a_committed_step_again_keeps_the_committed_one(tiers: tuple[Path, Path]) -> None:
     with Checkpointer(tiers[0]) as ck:
         ck.save(4, {"x": torch.zeros(2)})

@@ -63,6 +63,11 @@ class HostArena:
             self.allocations += 1
         return self._views
 
+    def touch(self) -> None:
+        """Fault in every page of the arena (pinned memory already is)."""
+        if not self.pin_memory and self.nbytes:
+            self.buffer[:: mmap.PAGESIZE].zero_()
+
 
 def _allocate(nbytes: int, pin_memory: bool) -> torch.Tensor:
     """Pinned memory for CUDA copies; otherwise an anonymous map, page-aligned for direct I/O."""

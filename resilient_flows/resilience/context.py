@@ -93,6 +93,7 @@ class _Label:
     checkpointer: Checkpointer
     restart: int  # newest committed iteration when the label was opened; -1 when none
     restored: bool = False
+    prepared: bool = False
     specs: dict[str, tuple[tuple[int, ...], str]] | None = None
 
 
@@ -240,6 +241,9 @@ class Context:
             self._restore(label, state, fn)
             if i == state.restart:
                 return None
+        if not state.prepared and i > state.restart:  # the host buffers fill in while the loop runs
+            state.prepared = True
+            state.checkpointer.prepare(_Arrays(self.arrays(label, fn), self._per_rank).state_dict())
         result = fn()
         if i > state.restart and self.filter(label, i):
             arrays = self.arrays(label, fn)

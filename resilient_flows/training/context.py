@@ -112,6 +112,7 @@ class TrainContext:
         self.retired: str | None = None
         self._watch = RequestWatch(self.directory)
         self._orders: list[CloneOrder] = []
+        self._prepared = False
         ck = spec.checkpoint
         self.checkpointer = Checkpointer(
             self.directory / "checkpoints",
@@ -212,6 +213,9 @@ class TrainContext:
         handoff = self._handoff(step, orders) if orders else None
         if due or request is not None or handoff is not None:
             self._save(step, persist=True if request or handoff else None, on_commit=handoff)
+        elif not self._prepared:  # after the first step the optimizer has its state: the layout is final
+            self.checkpointer.prepare(self.state)
+        self._prepared = True
         if handoff is not None:
             clones = [c for order in orders for c in order.clones]
             self._emit("forked", step=step, clones=clones, stall_ms=round(1000 * self.checkpointer.stats.last_stall, 3))
