@@ -4,6 +4,7 @@ Each rank owns a slice of a 1-D rod plus two halo cells, exchanged with its neig
 iteration; only rank 0's slice starts hot, so the ranks' arrays differ and must come back per rank.
 
 usage: mpiexec -n N python resilience_mpi_worker.py MODE DIR   (MODE: reference, crash, resume)
+A resume that is refused (another number of ranks) reports the error instead of digests.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from pathlib import Path
 import numpy as np
 from mpi4py import MPI
 
+from resilient_flows.errors import StateMismatchError
 from resilient_flows.resilience import Context, every
 
 TOTAL, COMMITTED, CRASH_AFTER, CELLS = 120, 39, 57, 64
@@ -44,7 +46,12 @@ def main(mode: str, directory: Path) -> None:
     else:
         ctx = Context(directory / "ckpt", filter=every(10), comm=comm)
         restart = ctx.latest_version("rod")
-        for i in range(max(restart, 0), TOTAL):
+        try:
+            ctx.checkpoint("rod", max(restart, 0), step)
+        except StateMismatchError as exc:
+            (directory / f"{mode}-{size}-{rank}.json").write_text(json.dumps({"error": str(exc)}))
+            return
+        for i in range(max(restart, 0) + 1, TOTAL):
             ctx.checkpoint("rod", i, step)
             if mode == "crash" and i == COMMITTED:
                 ctx.wait()  # the iterations here take microseconds: make sure one checkpoint is committed

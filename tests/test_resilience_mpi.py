@@ -30,3 +30,7 @@ def test_a_crashed_decomposed_loop_resumes_per_rank_to_the_uninterrupted_arrays(
     # the crash came after iteration 57; 39 was committed (the worker waited for it), 49 may be in flight
     assert resumed[0]["restart"] in (39, 49) and resumed[1]["restart"] == resumed[0]["restart"]
     assert [r["digest"] for r in resumed] == [r["digest"] for r in reference]
+    (alone,) = run_worker(WORKER, 1, "resume", tmp_path)  # one rank cannot take both ranks' pieces
+    assert (
+        "iteration 119 was saved by 2 ranks, each with its own arrays; restart it on 2 ranks, not 1" in alone["error"]
+    )

@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from resilient_flows.checkpoint import Checkpointer, CheckpointStats
+from resilient_flows.checkpoint.manifest import read_manifest
 from resilient_flows.checkpoint.state import RANK_LOCAL
 from resilient_flows.errors import CheckpointError, StateMismatchError
 from resilient_flows.resilience.capture import Array, find_arrays
@@ -145,7 +146,9 @@ class Context:
     comm:
         An ``mpi4py`` communicator or ``torch.distributed`` group. With it, every rank saves its
         own arrays (they are stored per rank, as for a domain decomposition, not sharded as
-        replicated state), and all ranks must call ``checkpoint`` for the same iterations.
+        replicated state), and all ranks must call ``checkpoint`` for the same iterations. A
+        restart must use as many ranks as the save did (a different count is a
+        :class:`~resilient_flows.errors.StateMismatchError`).
 
     Notes
     -----
@@ -328,9 +331,26 @@ class Context:
     def _restore(self, label: str, state: _Label, fn: Callable[..., Any]) -> None:
         arrays = self.arrays(label, fn)
         self._check_same(label, state, arrays)
+        if self._per_rank:
+            self._check_world(label, state)
         state.checkpointer.restore(_Arrays(arrays, self._per_rank), step=state.restart)
         state.restored = True
         logger.info("%s: restored iteration %d (%d arrays)", label, state.restart, len(arrays))
+
+    def _check_world(self, label: str, state: _Label) -> None:
+        """Per-rank arrays are each rank's own piece of the problem: only the same ranks can take them back."""
+        checkpointer = state.checkpointer
+        for tier in checkpointer.tiers:
+            try:
+                saved = read_manifest(tier.step_dir(state.restart)).world_size
+            except (OSError, ValueError):
+                continue  # absent or damaged here: restore looks at it and falls back on its own
+            if saved != checkpointer.world_size:
+                raise StateMismatchError(
+                    f"label {label!r}: iteration {state.restart} was saved by {saved} ranks, each with its own "
+                    f"arrays; restart it on {saved} ranks, not {checkpointer.world_size}"
+                )
+            return
 
     def _check_same(self, label: str, state: _Label, arrays: dict[str, Array]) -> None:
         specs = {name: (tuple(a.shape), str(a.dtype)) for name, a in arrays.items()}
