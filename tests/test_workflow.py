@@ -214,3 +214,32 @@ def test_clones_from_a_workflow_branch_off_and_the_unchanged_one_matches(tmp_pat
 @pytest.mark.parametrize("path", sorted((REPO / "workflows").glob("*.yaml")), ids=lambda p: p.name)
 def test_every_example_workflow_validates(path: Path, capsys: pytest.CaptureFixture) -> None:
     assert main(["validate", str(path)]) == 0, capsys.readouterr().err
+
+
+def test_the_status_tracker_reads_only_new_events_and_agrees_with_a_fresh_read(tmp_path: Path) -> None:
+    from resilient_flows.training import EventLog
+    from resilient_flows.workflow.status import StatusTracker, member_statuses
+
+    log, tracker = EventLog(tmp_path), StatusTracker(tmp_path)
+    members = [("a", 10)]
+    batches = [
+        [("submitted", "a", {}), ("started", "a", {"attempt": 1}), ("stage_started", "heat", {"attempt": 1})],
+        [("checkpointed", "a", {"step": 4}), ("failed", "a", {"error": "WorkerLost: gone", "cause": "error"})],
+        [("submitted", "b", {}), ("started", "b", {"attempt": 1}), ("started", "a", {"attempt": 2})],
+        [("resumed", "a", {"step": 4}), ("preempted", "b", {"step": 2, "attempt": 1, "reason": "x"})],
+    ]
+    for i, batch in enumerate(batches):
+        for kind, name, fields in batch:
+            log.emit(kind, name, **fields)
+        if i == 2:
+            members = [("a", 10), ("b", 5)]  # a clone registered after its first events
+        with (tmp_path / "events.jsonl").open("ab") as f:
+            f.write(b'{"kind": "checkpointed", "member": "a", "st')  # a line being written
+        fresh = member_statuses(tmp_path, members)
+        mine = tracker.update(members)
+        strip = lambda s: (s.state, s.attempts, s.checkpoint, s.failures, s.preemptions, s.errors)  # noqa: E731
+        assert {n: strip(s) for n, s in mine.items()} == {n: strip(s) for n, s in fresh.items()}, i
+        with (tmp_path / "events.jsonl").open("ab") as f:
+            f.write(b'ep": 9}\n')  # the line completes: the next update sees it
+    assert tracker.update(members)["a"].checkpoint == 9
+    assert [e["kind"] for e in tracker.events_of(["heat"])] == ["stage_started"]

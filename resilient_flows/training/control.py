@@ -69,13 +69,21 @@ def read_spec(run_dir: str | os.PathLike, name: str) -> MemberSpec | None:
         return None
 
 
-def registered_members(run_dir: str | os.PathLike) -> list[MemberSpec]:
-    """Every member of a run, planned ones and clones, in the order they were registered."""
+def registered_members(run_dir: str | os.PathLike, known: dict[Path, MemberSpec] | None = None) -> list[MemberSpec]:
+    """Every member of a run, planned ones and clones, in the order they were registered.
+
+    A spec is written once, when its member is registered: pass the same ``known`` dict to
+    every call of a polling loop and each spec file is parsed once.
+    """
     root = Path(run_dir) / "members"
     paths = (
         sorted(root.glob("*/spec.json"), key=lambda p: (p.stat().st_mtime_ns, p.parent.name)) if root.is_dir() else []
     )
-    return [MemberSpec.from_dict(json.loads(p.read_text())) for p in paths]
+    known = {} if known is None else known
+    for path in paths:
+        if path not in known:
+            known[path] = MemberSpec.from_dict(json.loads(path.read_text()))
+    return [known[path] for path in paths]
 
 
 def write_durably(path: Path, text: str) -> None:

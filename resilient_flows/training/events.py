@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-__all__ = ["EVENT_KINDS", "EventLog", "MetricsLog", "read_events"]
+__all__ = ["EVENT_KINDS", "EventLog", "EventTail", "MetricsLog", "read_events"]
 
 #: What a line's ``kind`` may be, in the order a member usually goes through them.
 EVENT_KINDS = (
@@ -117,9 +117,34 @@ def read_events(run_dir: str | os.PathLike) -> Iterator[dict[str, Any]]:
         return
     with path.open("rb") as f:
         for raw in f:
-            try:
-                record = json.loads(raw)
-            except json.JSONDecodeError:
-                continue
-            if isinstance(record, dict) and "kind" in record:
+            record = _parse(raw)
+            if record is not None:
                 yield record
+
+
+class EventTail:
+    """Follows ``events.jsonl``: each :meth:`new` returns only the complete lines appended since the
+    last, so that a runner polling a long run does not parse its whole history every time."""
+
+    def __init__(self, run_dir: str | os.PathLike) -> None:
+        self.path = Path(run_dir) / "events.jsonl"
+        self._offset = 0
+
+    def new(self) -> list[dict[str, Any]]:
+        try:
+            with self.path.open("rb") as f:
+                f.seek(self._offset)
+                chunk = f.read()
+        except FileNotFoundError:
+            return []
+        complete = chunk[: chunk.rfind(b"\n") + 1]  # a line still being written waits for the next call
+        self._offset += len(complete)
+        return [record for raw in complete.splitlines() if (record := _parse(raw)) is not None]
+
+
+def _parse(raw: bytes) -> dict[str, Any] | None:
+    try:
+        record = json.loads(raw)
+    except json.JSONDecodeError:
+        return None
+    return record if isinstance(record, dict) and "kind" in record else None

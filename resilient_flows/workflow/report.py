@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -86,15 +87,16 @@ def ondemand_table(run_dir: Path) -> Table:
     return table
 
 
-def stage_table(run_dir: Path, stages: list[StageSpec]) -> Table:
-    """Per stage: its state, attempts, newest committed iteration and run time."""
+def stage_table(run_dir: Path, stages: list[StageSpec], events: Iterable[dict[str, Any]] | None = None) -> Table:
+    """Per stage: its state, attempts, newest committed iteration and run time; from ``events``
+    (the stages' events, as a :class:`StatusTracker` keeps them) or else the run's whole log."""
     table = Table(title="stages")
     for column in ("stage", "state", "attempts", "failures", "checkpoint", "time"):
         table.add_column(column, justify="left" if column in ("stage", "state") else "right")
     names = {stage.name for stage in stages}
     state = dict.fromkeys(names, "planned")
     attempts, failures, began, ended = dict.fromkeys(names, 0), dict.fromkeys(names, 0), {}, {}
-    for e in read_events(run_dir):
+    for e in read_events(run_dir) if events is None else events:
         name = e.get("member")
         if name not in names:
             continue

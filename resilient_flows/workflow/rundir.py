@@ -62,10 +62,11 @@ def create_run_dir(path: Path, plan: Plan, source_text: str) -> Path:
     return path.resolve()
 
 
-def run_members(path: Path, plan: Plan) -> list[MemberSpec]:
-    """The plan's members in plan order, then the clones requested since, oldest request first."""
+def run_members(path: Path, plan: Plan, known: dict[Path, MemberSpec] | None = None) -> list[MemberSpec]:
+    """The plan's members in plan order, then the clones requested since, oldest request first
+    (``known``: specs already read, see :func:`registered_members`)."""
     planned = {m.name for m in plan.members}
-    return [*plan.members, *(m for m in registered_members(path) if m.name not in planned)]
+    return [*plan.members, *(m for m in registered_members(path, known) if m.name not in planned)]
 
 
 def read_plan(path: Path) -> Plan:

@@ -32,7 +32,7 @@ from resilient_flows.workflow.ondemand import OnDemandAnalytics, worker_slots
 from resilient_flows.workflow.report import campaign_table, ondemand_table, stage_table, status_table, write_report
 from resilient_flows.workflow.rundir import Plan, create_run_dir, default_run_dir, read_plan, run_members
 from resilient_flows.workflow.schema import Workflow, load_workflow, run_path
-from resilient_flows.workflow.status import MemberStatus, member_statuses
+from resilient_flows.workflow.status import MemberStatus, StatusTracker
 
 __all__ = ["plan_workflow", "resume_run", "start_run"]
 
@@ -145,6 +145,8 @@ def _execute(run_dir: Path, plan: Plan, members: list[MemberSpec], console: Cons
         retry_handler=ResumingRetryHandler(workflow.retries),
     )
     statuses: dict[str, MemberStatus] = {}
+    tracker = StatusTracker(run_dir)
+    known: dict[Path, MemberSpec] = {}
     started = time.monotonic()
     console.print(f"run [bold]{workflow.name}[/] on site [bold]{plan.site}[/]: {run_dir}")
     submitter = _Submitter(run_dir)
@@ -169,23 +171,25 @@ def _execute(run_dir: Path, plan: Plan, members: list[MemberSpec], console: Cons
                 submitter.submit(member)
         with Live(console=console, refresh_per_second=4, transient=True) as live:
             while True:
-                everyone = run_members(run_dir, plan)
+                everyone = run_members(run_dir, plan, known)
                 submitter.submit_new_clones(everyone)
                 elapsed = time.monotonic() - started
-                statuses = member_statuses(run_dir, [(m.name, m.steps) for m in everyone], statuses)
+                statuses = tracker.update([(m.name, m.steps) for m in everyone])
                 ondemand.update(elapsed, everyone, statuses)
                 if all(f.done() for f in [*submitter.futures.values(), *submitter.stages.values(), *ondemand.futures]):
                     break
                 for controller in controllers:
                     controller.update(everyone, statuses)
                 table = status_table(statuses, f"{workflow.name} ({elapsed:.0f} s)")
-                live.update(Group(stage_table(run_dir, stages), table) if stages else table)
+                if stages:
+                    table = Group(stage_table(run_dir, stages, tracker.events_of([s.name for s in stages])), table)
+                live.update(table)
                 time.sleep(POLL_SECONDS)
         futures = {**submitter.stages, **submitter.futures}
         failed = {name: f.exception() for name, f in futures.items() if f.exception() is not None}
         reports = [f.result() for f in ondemand.futures if f.exception() is None]
     everyone = run_members(run_dir, plan)
-    statuses = member_statuses(run_dir, [(m.name, m.steps) for m in everyone], statuses)
+    statuses = tracker.update([(m.name, m.steps) for m in everyone])
     title = f"{workflow.name}: {time.monotonic() - started:.0f} s on {plan.site}"
     extra = []
     if stages:

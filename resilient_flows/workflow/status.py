@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from resilient_flows.training.context import member_dir
-from resilient_flows.training.events import read_events
+from resilient_flows.training.events import EventTail
 
-__all__ = ["MemberStatus", "MetricsReader", "member_statuses"]
+__all__ = ["MemberStatus", "MetricsReader", "StatusTracker", "member_statuses"]
 
 #: The state a member is in after each kind of event.
 _STATE_AFTER = {
@@ -93,37 +93,68 @@ class MemberStatus:
         last = None if self.metrics is None else self.metrics.last
         return None if last is None or "loss" not in last else float(last["loss"])
 
-
-def member_statuses(
-    run_dir: str | os.PathLike, members: list[tuple[str, int]], previous: dict[str, MemberStatus] | None = None
-) -> dict[str, MemberStatus]:
-    """Status of ``members`` ((name, steps) pairs); pass ``previous`` to read only new metric lines."""
-    statuses = {
-        name: MemberStatus(name, steps, metrics=(previous[name].metrics if previous and name in previous else None))
-        for name, steps in members
-    }
-    for event in read_events(run_dir):
-        status = statuses.get(event.get("member"))
-        if status is None:
-            continue
+    def apply(self, event: dict[str, Any]) -> None:
+        """Take one of this member's events into account, in file order."""
         kind = event["kind"]
-        status.state = _STATE_AFTER.get(kind, status.state)
+        self.state = _STATE_AFTER.get(kind, self.state)
         if kind == "started":
-            status.attempts = max(status.attempts, int(event.get("attempt", 1)))
+            self.attempts = max(self.attempts, int(event.get("attempt", 1)))
         elif kind in ("checkpointed", "resumed", "preempted"):
-            status.checkpoint = max(status.checkpoint or -1, int(event["step"]))
+            self.checkpoint = max(self.checkpoint or -1, int(event["step"]))
         elif kind == "failed" and event.get("cause") != "preempted":  # a preemption is no failure
-            status.failures += 1
-            status.errors.append(str(event.get("error")))
+            self.failures += 1
+            self.errors.append(str(event.get("error")))
         if kind == "preempted":
-            status.preemptions += 1
-    for status in statuses.values():
-        directory = member_dir(run_dir, status.name)
-        if status.metrics is None:
-            status.metrics = MetricsReader(directory / "metrics.jsonl")
-        status.metrics.update()
-        result = directory / "result.json"
-        if result.exists():
-            status.result = json.loads(result.read_text())
-            status.state = "retired" if "retired" in status.result else "finished"
-    return statuses
+            self.preemptions += 1
+
+    def refresh(self, directory: Path) -> None:
+        """Read the member's new metric lines and, once it exists, its result."""
+        if self.metrics is None:
+            self.metrics = MetricsReader(directory / "metrics.jsonl")
+        self.metrics.update()
+        if self.result is None and (directory / "result.json").exists():
+            self.result = json.loads((directory / "result.json").read_text())
+        if self.result is not None:
+            self.state = "retired" if "retired" in self.result else "finished"
+
+
+class StatusTracker:
+    """The members' statuses over a run, each update reading only the events and metric lines
+    appended since the last one (a run of thousands of members has a long ``events.jsonl``).
+
+    Events of names that are not (yet) members, such as stages and clones not yet registered,
+    are kept by name: a member that appears later gets its own, and :meth:`events_of` gives the rest.
+    """
+
+    def __init__(self, run_dir: str | os.PathLike) -> None:
+        self.run_dir = Path(run_dir)
+        self._tail = EventTail(run_dir)
+        self._statuses: dict[str, MemberStatus] = {}
+        self._others: dict[str, list[dict[str, Any]]] = {}
+
+    def update(self, members: list[tuple[str, int]]) -> dict[str, MemberStatus]:
+        """Status of ``members`` ((name, steps) pairs), in their order."""
+        for name, steps in members:
+            if name not in self._statuses:
+                status = self._statuses[name] = MemberStatus(name, steps)
+                for event in self._others.pop(name, []):
+                    status.apply(event)
+        for event in self._tail.new():
+            name = event.get("member")
+            if name in self._statuses:
+                self._statuses[name].apply(event)
+            elif isinstance(name, str):
+                self._others.setdefault(name, []).append(event)
+        chosen = {name: self._statuses[name] for name, _ in members}
+        for status in chosen.values():
+            status.refresh(member_dir(self.run_dir, status.name))
+        return chosen
+
+    def events_of(self, names: list[str]) -> list[dict[str, Any]]:
+        """The events seen so far of ``names`` that are not members (stages), each name's in file order."""
+        return [e for name in names for e in self._others.get(name, [])]
+
+
+def member_statuses(run_dir: str | os.PathLike, members: list[tuple[str, int]]) -> dict[str, MemberStatus]:
+    """Status of ``members`` ((name, steps) pairs) now, from the run's files."""
+    return StatusTracker(run_dir).update(members)
