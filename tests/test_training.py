@@ -147,3 +147,10 @@ def test_metrics_lines_are_what_json_writes_and_reach_disk_by_each_checkpoint(tm
     finally:
         ctx.close()
     assert on_disk == {9: 10, 19: 20, 29: 30}  # steps 0..k are on disk when step k's checkpoint starts
+
+
+def test_an_attempt_with_no_step_left_reports_the_restored_step(tmp_path: Path) -> None:
+    first = run_member(spec(steps=20).to_dict(), str(tmp_path))
+    again = run_member(spec(steps=20).to_dict(), str(tmp_path))  # restores step 19, runs nothing
+    assert (first["step"], again["step"], again["attempts"]) == (19, 19, 2)
+    assert again["digest"] == first["digest"] and "loss" not in again

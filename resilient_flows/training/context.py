@@ -176,8 +176,19 @@ class TrainContext:
             self._metrics.append({"step": int(step), "attempt": self.attempt, "time": time.time(), **values})
 
     def result(self, model: Any = None, **values: Any) -> dict[str, Any]:
-        """The member's result: its last metrics, the weights' digest, and ``values``."""
-        out: dict[str, Any] = {"member": self.name, "attempts": self.attempt, **self._last_metrics, **values}
+        """The member's result: its last metrics, the weights' digest, and ``values``.
+
+        ``step`` is the last step this attempt logged, or the restored one when it had none left
+        to run (a clone served at its source's final step, a resume of a finished member).
+        """
+        restored = {} if self.restored_step is None else {"step": self.restored_step}
+        out: dict[str, Any] = {
+            "member": self.name,
+            "attempts": self.attempt,
+            **restored,
+            **self._last_metrics,
+            **values,
+        }
         if self.retired is not None:
             out["retired"] = self.retired
         if model is not None:
