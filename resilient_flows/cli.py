@@ -115,7 +115,7 @@ def _resume(args: argparse.Namespace) -> int:
 
 
 def _status(args: argparse.Namespace) -> int:
-    from resilient_flows.training import stage_dir
+    from resilient_flows.training.stage import stage_finished
     from resilient_flows.workflow import member_statuses, read_plan
     from resilient_flows.workflow.report import stage_table, status_table
     from resilient_flows.workflow.rundir import run_members
@@ -127,7 +127,7 @@ def _status(args: argparse.Namespace) -> int:
     members = run_members(Path(args.run_dir), plan)
     statuses = member_statuses(args.run_dir, [(m.name, m.steps) for m in members])
     _console().print(status_table(statuses, f"{plan.workflow.name} on {plan.site}: {args.run_dir}"))
-    stages_done = all((stage_dir(args.run_dir, s.name) / "result.json").exists() for s in stages)
+    stages_done = all(stage_finished(args.run_dir, s.name) for s in stages)
     return 0 if stages_done and all(s.state in ("finished", "retired") for s in statuses.values()) else 1
 
 

@@ -131,7 +131,9 @@ def train_surrogate(ctx: TrainContext) -> dict[str, Any]:
         loss.backward()
         optimizer.step()
         ctx.log(step, loss=loss.item())
-    with torch.no_grad():
-        test = nn.functional.mse_loss(x[cut:] + model(x[cut:]), y[cut:]).item() if cut < len(x) else float("nan")
-        persistence = nn.functional.mse_loss(x[cut:], y[cut:]).item() if cut < len(x) else float("nan")
+    test = persistence = float("nan")
+    if cut < len(x):
+        with torch.no_grad():
+            test = nn.functional.mse_loss(x[cut:] + model(x[cut:]), y[cut:]).item()
+            persistence = nn.functional.mse_loss(x[cut:], y[cut:]).item()
     return ctx.result(model, test_mse=test, persistence_mse=persistence)

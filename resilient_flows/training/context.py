@@ -317,12 +317,7 @@ class TrainContext:
                 continue
             logger.warning("member %s: injecting fault %s at step %d", self.name, fault.kind, step)
             self._metrics.flush()
-            if fault.kind == "kill":
-                os.kill(os.getpid(), signal.SIGKILL)
-            elif fault.kind == "preempt":
-                os.kill(os.getpid(), signal.SIGTERM)
-            else:
-                raise RuntimeError(f"injected error in member {self.name} at step {step}")
+            fault.fire(f"member {self.name} at step {step}")
 
     @contextlib.contextmanager
     def _stop_signals(self) -> Iterator[None]:

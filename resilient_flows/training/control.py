@@ -38,6 +38,7 @@ __all__ = [
     "count_attempt",
     "latest_committed_step",
     "member_dir",
+    "newest_committed",
     "read_clone_orders",
     "read_spec",
     "read_stop_request",
@@ -109,7 +110,14 @@ def latest_committed_step(run_dir: str | os.PathLike, spec: MemberSpec) -> int:
     tiers = [member_dir(run_dir, spec.name) / "checkpoints"]
     if spec.checkpoint.local_dir is not None:
         tiers.append(Path(spec.checkpoint.local_dir))
-    return max((s for path in tiers if path.is_dir() for s in Tier(path, "any").committed_steps()[:1]), default=-1)
+    return newest_committed(tiers)
+
+
+def newest_committed(directories: list[Path]) -> int:
+    """The newest step committed in any of these checkpoint directories; -1 when none is."""
+    return max(
+        (s for path in directories if path.is_dir() for s in Tier(path, "any").committed_steps()[:1]), default=-1
+    )
 
 
 def request_preemption(run_dir: str | os.PathLike, name: str, reason: str = "preemption requested") -> Path:

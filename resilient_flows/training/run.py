@@ -13,6 +13,7 @@ from typing import Any
 
 from resilient_flows.checkpoint import read_checkpoint
 from resilient_flows.training.context import TrainContext, member_dir
+from resilient_flows.training.control import write_durably
 from resilient_flows.training.events import EventLog
 from resilient_flows.training.spec import MemberSpec
 from resilient_flows.training.workloads import resolve_workload
@@ -36,10 +37,7 @@ def run_member(spec: dict[str, Any], run_dir: str, comm: Any = None) -> dict[str
     if not isinstance(result, dict):
         result = {"member": member.name, "value": result}
     if ctx.checkpointer.rank == 0:
-        path = ctx.directory / "result.json"
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(result, indent=2, default=str))
-        os.replace(tmp, path)
+        write_durably(ctx.directory / "result.json", json.dumps(result, indent=2, default=str))
         ctx.events.emit("finished", member.name, attempt=ctx.attempt, **_scalars(result))
     return result
 

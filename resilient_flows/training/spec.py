@@ -6,6 +6,8 @@ so nothing on the worker side unpickles objects a workflow file described.
 
 from __future__ import annotations
 
+import os
+import signal
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -43,6 +45,15 @@ class FaultSpec:
 
     kind: str
     at_step: int
+
+    def fire(self, where: str) -> None:
+        """Hit this process now; ``where`` names the task and its step for the error."""
+        if self.kind == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        elif self.kind == "preempt":
+            os.kill(os.getpid(), signal.SIGTERM)
+        else:
+            raise RuntimeError(f"injected error in {where}")
 
 
 @dataclass(frozen=True)

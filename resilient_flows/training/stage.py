@@ -18,18 +18,16 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from resilient_flows.checkpoint.tiers import Tier
 from resilient_flows.resilience import Context, Filter, every
-from resilient_flows.training.control import count_attempt
+from resilient_flows.training.control import count_attempt, newest_committed, write_durably
 from resilient_flows.training.events import EventLog
 from resilient_flows.training.spec import StageSpec
 from resilient_flows.training.workloads import import_function
 
-__all__ = ["newest_iteration", "run_stage", "stage_dir", "stage_output"]
+__all__ = ["newest_iteration", "run_stage", "stage_dir", "stage_finished", "stage_output"]
 
 
 def stage_dir(run_dir: str | os.PathLike, name: str) -> Path:
@@ -44,8 +42,11 @@ def stage_output(name: str) -> str:
 def newest_iteration(run_dir: str | os.PathLike, name: str) -> int:
     """The newest iteration committed under any of the stage's labels; -1 when none is."""
     root = stage_dir(run_dir, name) / "checkpoints"
-    labels = [path for path in root.iterdir() if path.is_dir()] if root.is_dir() else []
-    return max((s for path in labels for s in Tier(path, "any").committed_steps()[:1]), default=-1)
+    return newest_committed(list(root.iterdir()) if root.is_dir() else [])
+
+
+def stage_finished(run_dir: str | os.PathLike, name: str) -> bool:
+    return (stage_dir(run_dir, name) / "result.json").exists()
 
 
 def run_stage(spec: dict[str, Any], run_dir: str) -> Any:
@@ -68,25 +69,18 @@ def run_stage(spec: dict[str, Any], run_dir: str) -> Any:
     with Context(directory / "checkpoints", filter=schedule, keep=stage.keep) as ctx:
         value = loop(ctx, output=output, inputs=inputs, **stage.params)
     result = {"stage": stage.name, "attempts": attempt, "value": value}
-    tmp = directory / "result.json.tmp"
-    tmp.write_text(json.dumps(result, indent=2, default=str))
-    os.replace(tmp, directory / "result.json")
+    write_durably(directory / "result.json", json.dumps(result, indent=2, default=str))
     events.emit("stage_finished", stage.name, attempt=attempt)
     return value
 
 
 def _faulty(schedule: Filter, stage: StageSpec) -> Filter:
     """``schedule``, which first fires the stage's faults: the filter runs after each iteration."""
-    hits = {fault.at_step: fault.kind for fault in stage.faults}
+    hits = {fault.at_step: fault for fault in stage.faults}
 
     def checked(label: str, i: int) -> bool:
-        kind = hits.get(i)
-        if kind == "kill":
-            os.kill(os.getpid(), signal.SIGKILL)
-        elif kind == "preempt":
-            os.kill(os.getpid(), signal.SIGTERM)
-        elif kind == "error":
-            raise RuntimeError(f"injected error in stage {stage.name} at iteration {i}")
+        if i in hits:
+            hits[i].fire(f"stage {stage.name} at iteration {i}")
         return schedule(label, i)
 
     return checked

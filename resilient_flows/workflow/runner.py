@@ -26,7 +26,7 @@ from resilient_flows.sites import load_site, site_facts
 from resilient_flows.training.control import clone_order_path, member_dir
 from resilient_flows.training.events import EventLog
 from resilient_flows.training.spec import MemberSpec, StageSpec
-from resilient_flows.training.stage import stage_dir
+from resilient_flows.training.stage import stage_finished
 from resilient_flows.workflow.explore import PBTController
 from resilient_flows.workflow.ondemand import OnDemandAnalytics, worker_slots
 from resilient_flows.workflow.report import campaign_table, ondemand_table, stage_table, status_table, write_report
@@ -99,7 +99,7 @@ class _Submitter:
 
     def submit_stages(self, stages: list[StageSpec]) -> None:
         for stage in stages:
-            if (stage_dir(self.run_dir, stage.name) / "result.json").exists():
+            if stage_finished(self.run_dir, stage.name):
                 continue
             after = self._after(stage.inputs)
             self.stages[stage.name] = stage_app(stage.to_dict(), str(self.run_dir), inputs=after)
@@ -188,7 +188,7 @@ def _execute(run_dir: Path, plan: Plan, members: list[MemberSpec], console: Cons
         futures = {**submitter.stages, **submitter.futures}
         failed = {name: f.exception() for name, f in futures.items() if f.exception() is not None}
         reports = [f.result() for f in ondemand.futures if f.exception() is None]
-    everyone = run_members(run_dir, plan)
+    everyone = run_members(run_dir, plan, known)
     statuses = tracker.update([(m.name, m.steps) for m in everyone])
     title = f"{workflow.name}: {time.monotonic() - started:.0f} s on {plan.site}"
     extra = []
