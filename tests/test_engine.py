@@ -187,7 +187,7 @@ def test_manifest_format_and_shards_readable_by_safetensors(tiers: tuple[Path, P
     assert manifest["arrays"]["model/w"]["shape"] == [2, 3]
     assert (shared / "latest").read_text() == "120\n"
     with safe_open(step_dir / "shard-00000-of-00001.safetensors", framework="pt") as f:
-        assert f.get_tensor("model/w").tolist() == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
+        assert f.get_tensor("model/w").tolist() == [[0.0, 1.0, 2.0], [3.0, 4.0, 5.0]]
 
 
 @pytest.mark.parametrize(

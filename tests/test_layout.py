@@ -11,6 +11,9 @@ import pytest
 import torch
 
 from resilient_flows.checkpoint import CheckpointError
+from resilient_flows.checkpoint.boxes import Box, HeldBox
+from resilient_flows.checkpoint.planner import ArraySpec as WriteSpec
+from resilient_flows.checkpoint.planner import WriteItem, plan_writes
 from resilient_flows.checkpoint.shards import MIN_PIECE_BYTES, ArraySpec, plan_shards
 from resilient_flows.checkpoint.tree import flatten, unflatten
 
@@ -87,3 +90,31 @@ def test_plan_orders_wide_dtypes_first_for_alignment() -> None:
     ]
     (pieces,) = plan_shards(specs, 1)
     assert [p.name for p in pieces] == ["d", "h", "b"]
+
+
+def _tiles_once(spec: WriteSpec, items: list[WriteItem]) -> bool:
+    covered = torch.zeros(spec.shape, dtype=torch.int32)
+    for item in items:
+        covered[tuple(slice(o, o + n) for o, n in zip(item.box.offsets, item.box.lengths, strict=True))] += 1
+    return bool((covered == 1).all())
+
+
+def test_write_plan_tiles_sharded_and_replicated_boxes_once_and_shares_replicas() -> None:
+    """HSDP-like layout on 4 ranks: rows sharded over 2 groups, each shard replicated on 2 ranks."""
+    whole = WriteSpec("embed", torch.float32, (4096, 512), (HeldBox(Box.whole((4096, 512)), (0, 1, 2, 3)),))
+    top, bottom = Box((0, 0), (1500, 700)), Box((1500, 0), (1499, 700))  # uneven
+    sharded = WriteSpec("w", torch.bfloat16, (2999, 700), (HeldBox(top, (0, 2)), HeldBox(bottom, (1, 3))))
+    scalar = WriteSpec("step", torch.float32, (), (HeldBox(Box.whole(()), (0, 1, 2, 3)),))
+    plan = plan_writes([whole, sharded, scalar], 4)
+    items = [item for rank in plan for item in rank]
+    for spec in (whole, sharded, scalar):
+        assert _tiles_once(spec, [i for i in items if i.name == spec.name])
+    for rank, rank_items in enumerate(plan):  # a piece goes only to a rank that holds it
+        for item in rank_items:
+            if item.name == "w":
+                assert rank in ((0, 2) if item.box.offsets[0] < 1500 else (1, 3))
+    loads = [sum(i.nbytes for i in rank_items) for rank_items in plan]
+    assert sum(loads) == whole.nbytes + sharded.nbytes + scalar.nbytes  # nothing written twice
+    assert max(loads) <= sum(loads) / 4 * 1.25 + MIN_PIECE_BYTES
+    assert plan == plan_writes([scalar, sharded, whole], 4)  # every rank computes the same plan
+    assert len({i.key for i in items}) == len(items)

@@ -7,11 +7,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from resilient_flows.checkpoint.manifest import Manifest, read_manifest
-from resilient_flows.checkpoint.shardfile import MappedShard
+from resilient_flows.checkpoint.reader import OpenCheckpoint
 from resilient_flows.checkpoint.tiers import Tier
 from resilient_flows.errors import CorruptCheckpointError
 
-__all__ = ["CheckpointInfo", "find_tiers", "open_checkpoint", "scan"]
+__all__ = ["CheckpointInfo", "find_tiers", "scan"]
 
 
 @dataclass(frozen=True)
@@ -28,32 +28,6 @@ class CheckpointInfo:
     @property
     def valid(self) -> bool:
         return self.problem is None
-
-
-def open_checkpoint(
-    step_dir: Path, step: int, reader: tuple[int, int] = (0, 1)
-) -> tuple[Manifest, dict[int, MappedShard]]:
-    """The manifest and the shards this reader maps, checksum-verified; raises CorruptCheckpointError.
-
-    ``reader`` is ``(rank, ranks)``: rank r of R maps shards r, r + R, ... (all of them for one).
-    """
-    rank, ranks = reader
-    try:
-        manifest = read_manifest(step_dir)
-        if manifest.step != step:
-            raise CorruptCheckpointError(f"{step_dir.name}: the manifest says step {manifest.step}")
-        shards: dict[int, MappedShard] = {}
-        try:
-            for index in range(rank, manifest.world_size, ranks):
-                record = manifest.shards[index]
-                shards[index] = MappedShard(step_dir / record.file, record)
-        except BaseException:
-            for shard in shards.values():
-                shard.close()
-            raise
-        return manifest, shards
-    except OSError as exc:
-        raise CorruptCheckpointError(f"{step_dir.name}: cannot read it ({exc})") from None
 
 
 def find_tiers(path: str | os.PathLike, max_depth: int = 4) -> list[Tier]:
@@ -95,11 +69,12 @@ def scan(path: str | os.PathLike, verify: bool = True) -> list[CheckpointInfo]:
             step_dir = tier.step_dir(step)
             manifest, problem = None, None
             try:
-                manifest = read_manifest(step_dir)
                 if verify:
-                    for shard in open_checkpoint(step_dir, step)[1].values():
-                        shard.close()
+                    with OpenCheckpoint(step_dir, step) as opened:
+                        manifest = opened.manifest
+                        opened.verify_all()
                 else:
+                    manifest = read_manifest(step_dir)
                     _check_sizes(step_dir, manifest)
             except CorruptCheckpointError as exc:
                 problem = str(exc)

@@ -41,6 +41,12 @@ class Comm(Protocol):
     def free(self) -> None:
         """Release a communicator made by ``dup`` (collective)."""
 
+    def group_ranks(self) -> list[int]:
+        """The global ``torch.distributed`` rank of each rank of this group, in order."""
+
+    def alive(self) -> bool:
+        """False once the user tore the communication down (``destroy_process_group``, ``MPI_Finalize``)."""
+
 
 class SingleProcess:
     """The world of one rank: collectives are identities."""
@@ -62,6 +68,14 @@ class SingleProcess:
 
     def free(self) -> None:
         pass
+
+    def group_ranks(self) -> list[int]:
+        import torch.distributed as dist
+
+        return [dist.get_rank() if dist.is_available() and dist.is_initialized() else 0]
+
+    def alive(self) -> bool:
+        return True
 
 
 class MPIComm:
@@ -104,6 +118,15 @@ class MPIComm:
     def free(self) -> None:
         self._comm.Free()
 
+    def group_ranks(self) -> list[int]:
+        """Taken to be the communicator's own ranks: launchers number MPI and torch ranks alike."""
+        return list(range(self.size))
+
+    def alive(self) -> bool:
+        from mpi4py import MPI
+
+        return not MPI.Is_finalized()
+
 
 class TorchComm:
     """A ``torch.distributed`` process group (``None``: the default group). Uses gloo for objects."""
@@ -135,12 +158,22 @@ class TorchComm:
         return rank if self._group is None else self._dist.get_global_rank(self._group, rank)
 
     def dup(self) -> TorchComm:
-        ranks = self._dist.get_process_group_ranks(self._group or self._dist.group.WORLD)
-        group = self._dist.new_group(ranks=ranks, backend="gloo", use_local_synchronization=True)
+        ranks = self.group_ranks()
+        # Over the whole world every rank takes part, as new_group wants by default. Local
+        # synchronisation (only the members meet) is for subgroups: with it, creating groups one
+        # after another over all ranks of a busy world was seen to leave rank 0 waiting forever.
+        local = len(ranks) < self._dist.get_world_size()
+        group = self._dist.new_group(ranks=ranks, backend="gloo", use_local_synchronization=local)
         return TorchComm(group)
 
     def free(self) -> None:
         self._dist.destroy_process_group(self._group)
+
+    def group_ranks(self) -> list[int]:
+        return self._dist.get_process_group_ranks(self._group or self._dist.group.WORLD)
+
+    def alive(self) -> bool:
+        return self._dist.is_initialized()
 
 
 def as_comm(comm: Any) -> Comm:

@@ -8,9 +8,15 @@ Layout of a tier (see DESIGN.md)::
 
 The manifest is written last, under a temporary name, fsynced and renamed into place after every
 shard is durable, so a step directory without ``manifest.json`` is debris of an interrupted write.
-It holds everything that is not tensor data (the state's skeleton, scalars, per-rank values) and
-where each array's pieces lie, with each shard's size and xxh3-64 checksum. Parsing validates
-every field, because a manifest on a shared file system is input we did not just write.
+It holds everything that is not tensor data (the state's skeleton, scalars, per-rank values),
+each array's global dtype and shape, and where its pieces lie: for each piece its box in the
+global array (offsets and lengths per dimension, DCP's chunk metadata), the shard holding it and
+the piece's xxh3-64 checksum; and each shard's size and checksum. Parsing validates every field,
+and that every array's boxes tile it exactly once, because a manifest on a shared file system is
+input we did not just write.
+
+Version 2 replaced version 1's flat element ranges with boxes; version 1 checkpoints are refused
+with a message saying so.
 """
 
 from __future__ import annotations
@@ -22,26 +28,28 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import torch
 
+from resilient_flows.checkpoint.boxes import Box
 from resilient_flows.checkpoint.shardfile import CODE_DTYPES, DTYPE_CODES, ShardRecord, fsync_dir
 from resilient_flows.errors import CorruptCheckpointError
 
 __all__ = ["FORMAT", "VERSION", "ArrayRecord", "Manifest", "PieceRecord", "read_manifest", "write_manifest"]
 
 FORMAT = "resilient-flows-checkpoint"
-VERSION = 1
+VERSION = 2
 MANIFEST = "manifest.json"
 
 
 @dataclass(frozen=True)
 class PieceRecord:
-    """Elements ``[start, stop)`` of an array, stored under ``key`` in shard number ``shard``."""
+    """The box ``box`` of an array, stored under ``key`` in shard number ``shard``."""
 
     shard: int
     key: str
-    start: int
-    stop: int
+    box: Box
+    xxh3_64: str
 
 
 @dataclass
@@ -82,7 +90,9 @@ class Manifest:
                     name: {
                         "dtype": DTYPE_CODES[a.dtype],
                         "shape": list(a.shape),
-                        "pieces": [[p.shard, p.key, p.start, p.stop] for p in a.pieces],
+                        "pieces": [
+                            [p.shard, p.key, list(p.box.offsets), list(p.box.lengths), p.xxh3_64] for p in a.pieces
+                        ],
                     }
                     for name, a in self.arrays.items()
                 },
@@ -109,6 +119,11 @@ class Manifest:
             raise ValueError(f"format is {data['format']!r}, expected {FORMAT!r}")
         if data["version"] > VERSION:
             raise ValueError(f"version {data['version']} is newer than this library's {VERSION}")
+        if data["version"] < VERSION:
+            raise ValueError(
+                f"version {data['version']} (flat pieces, before sharded state) is no longer read; "
+                "restore it with resilient-flows 0.1 and save it again"
+            )
         world = int(data["world_size"])
         shards = [ShardRecord.from_json(s) for s in data["shards"]]
         if world < 1 or len(shards) != world or len(data["rank_local"]) != world:
@@ -118,7 +133,10 @@ class Manifest:
             record = ArrayRecord(
                 dtype=CODE_DTYPES[a["dtype"]],
                 shape=tuple(int(d) for d in a["shape"]),
-                pieces=[PieceRecord(int(s), str(k), int(b), int(e)) for s, k, b, e in a["pieces"]],
+                pieces=[
+                    PieceRecord(int(s), str(k), Box(tuple(map(int, o)), tuple(map(int, n))), str(h))
+                    for s, k, o, n, h in a["pieces"]
+                ],
             )
             _check_cover(name, record, world)
             arrays[str(name)] = record
@@ -134,13 +152,29 @@ class Manifest:
 
 
 def _check_cover(name: str, record: ArrayRecord, world: int) -> None:
-    position = 0
-    for piece in sorted(record.pieces, key=lambda p: p.start):
-        if piece.start != position or piece.stop < piece.start or not 0 <= piece.shard < world:
-            raise ValueError(f"pieces of {name!r} do not tile it")
-        position = piece.stop
-    if position != record.numel:
-        raise ValueError(f"pieces of {name!r} cover {position} of {record.numel} elements")
+    """The pieces' boxes lie inside the array, do not overlap, and add up to all of it."""
+    ndim = len(record.shape)
+    total = 0
+    for piece in record.pieces:
+        box = piece.box
+        if not 0 <= piece.shard < world:
+            raise ValueError(f"a piece of {name!r} names shard {piece.shard} of {world}")
+        if len(box.offsets) != ndim or len(box.lengths) != ndim:
+            raise ValueError(f"a piece of {name!r} has {len(box.offsets)} dimensions, the array {ndim}")
+        if any(o < 0 or n < 1 or o + n > d for o, n, d in zip(box.offsets, box.lengths, record.shape, strict=True)):
+            raise ValueError(f"a piece of {name!r} at {list(box.offsets)} lies outside its shape {list(record.shape)}")
+        total += box.numel
+    if total != record.numel:
+        raise ValueError(f"pieces of {name!r} hold {total} of its {record.numel} elements")
+    if len(record.pieces) > 1 and ndim:
+        lo = np.array([p.box.offsets for p in record.pieces], dtype=np.int64)
+        hi = lo + np.array([p.box.lengths for p in record.pieces], dtype=np.int64)
+        for i in range(len(record.pieces) - 1):  # pairwise, one row of pairs at a time
+            overlap = np.all((lo[i] < hi[i + 1 :]) & (lo[i + 1 :] < hi[i]), axis=1)
+            if overlap.any():
+                raise ValueError(f"pieces of {name!r} overlap")
+    elif len(record.pieces) > 1:
+        raise ValueError(f"the scalar {name!r} has {len(record.pieces)} pieces")
 
 
 def write_manifest(step_dir: Path, manifest: Manifest) -> None:

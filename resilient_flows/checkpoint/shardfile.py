@@ -3,11 +3,14 @@
 The ``safetensors`` library writes from tensors but neither fsyncs nor hashes, and reading a
 gigabyte back to hash it would double the I/O. The format is small (a little-endian u64 header
 length, a JSON header, then the raw bytes), so we write it ourselves straight from the staging
-arena, hashing each chunk (xxh3-64, ~10 GiB/s) on its way to the disk. Files stay readable by
-``safetensors.safe_open`` and any other safetensors reader; the tests check that.
+arena, hashing each chunk (xxh3-64, ~10 GiB/s) on its way to the disk. Every piece keeps its real
+shape, so ``safetensors.torch.load_file`` on a shard gives correctly shaped tensors.
 
-Reading maps the file and hashes it before anything is interpreted, so that a flipped or missing
-byte is reported as corruption and never reaches the training state.
+Two checksums: one per piece, so that a rank restoring part of a checkpoint verifies exactly what
+it reads; one of the whole file, so that a copy to another tier or a full scan verifies a shard
+without interpreting it. Reading maps the file and checks a piece's checksum before its bytes are
+used, so that a flipped or missing byte is reported as corruption and never reaches the training
+state.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import contextlib
 import errno
 import fcntl
 import json
+import math
 import mmap
 import os
 import queue
@@ -72,7 +76,11 @@ class ShardEntry:
 
     key: str
     dtype: torch.dtype
-    numel: int
+    shape: tuple[int, ...]
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * self.dtype.itemsize
 
 
 @dataclass(frozen=True)
@@ -82,13 +90,21 @@ class ShardRecord:
     file: str
     nbytes: int
     xxh3_64: str
+    header_bytes: int
+    header_xxh3_64: str
 
     def to_json(self) -> dict:
-        return {"file": self.file, "bytes": self.nbytes, "xxh3_64": self.xxh3_64}
+        return {
+            "file": self.file,
+            "bytes": self.nbytes,
+            "xxh3_64": self.xxh3_64,
+            "header": [self.header_bytes, self.header_xxh3_64],
+        }
 
     @classmethod
     def from_json(cls, data: dict) -> ShardRecord:
-        return cls(file=str(data["file"]), nbytes=int(data["bytes"]), xxh3_64=str(data["xxh3_64"]))
+        size, digest = data["header"]
+        return cls(str(data["file"]), int(data["bytes"]), str(data["xxh3_64"]), int(size), str(digest))
 
 
 def header_bytes(entries: Sequence[ShardEntry], metadata: dict[str, str]) -> bytes:
@@ -100,10 +116,10 @@ def header_bytes(entries: Sequence[ShardEntry], metadata: dict[str, str]) -> byt
     header: dict[str, object] = {"__metadata__": metadata}
     offset = 0
     for entry in entries:
-        nbytes = entry.numel * entry.dtype.itemsize
+        nbytes = entry.nbytes
         header[entry.key] = {
             "dtype": DTYPE_CODES[entry.dtype],
-            "shape": [entry.numel],
+            "shape": list(entry.shape),
             "data_offsets": [offset, offset + nbytes],
         }
         offset += nbytes
@@ -114,22 +130,56 @@ def header_bytes(entries: Sequence[ShardEntry], metadata: dict[str, str]) -> byt
 
 def write_shard(
     path: Path, entries: Sequence[ShardEntry], data: torch.Tensor, metadata: dict[str, str], cached: bool = False
-) -> ShardRecord:
+) -> tuple[ShardRecord, dict[str, str]]:
     """Write ``data`` (a uint8 CPU tensor holding ``entries`` back to back) durably to ``path``.
 
-    The file is written under a temporary name, fsynced, then renamed: a reader sees either no
-    shard or a complete one. The directory entry is made durable by the caller's commit.
-    ``cached`` writes through the page cache instead of with direct I/O, for a shard that another
-    process on this node reads right away (a clone).
+    Returns the file's record and each entry's xxh3-64 by key. The file is written under a
+    temporary name, fsynced, then renamed: a reader sees either no shard or a complete one. The
+    directory entry is made durable by the caller's commit. ``cached`` writes through the page
+    cache instead of with direct I/O, for a shard that another process on this node reads right
+    away (a clone).
     """
     head = header_bytes(entries, metadata)
     digest = xxhash.xxh3_64()
     tmp = path.with_name(path.name + ".tmp")
     view = memoryview(data.numpy())
     aligned = data.data_ptr() % PAGE == 0 and not cached
-    nbytes = _write_durably(tmp, head, _chunks(view), digest, aligned=aligned)
+    pieces: dict[str, str] = {}
+    nbytes = _write_durably(tmp, head, _hashed_chunks(view, entries, pieces), digest, aligned=aligned)
     os.replace(tmp, path)
-    return ShardRecord(path.name, nbytes, digest.hexdigest())
+    record = ShardRecord(path.name, nbytes, digest.hexdigest(), len(head), xxhash.xxh3_64_hexdigest(head))
+    return record, pieces
+
+
+def _hashed_chunks(view: memoryview, entries: Sequence[ShardEntry], digests: dict[str, str]) -> Iterator[memoryview]:
+    """``view`` in write chunks, filling ``digests`` with each entry's checksum on the way.
+
+    Each chunk is hashed per entry just before it is written, while it is still in the cache.
+    """
+    bounds, offset = [], 0
+    for entry in entries:
+        bounds.append((entry.key, offset, offset + entry.nbytes))
+        offset += entry.nbytes
+    pending = iter(bounds)
+    current = next(pending, None)
+    digest = xxhash.xxh3_64()
+    for start in range(0, len(view), CHUNK):
+        chunk = view[start : start + CHUNK]
+        stop = start + len(chunk)
+        while current is not None and current[1] < stop:
+            key, begin, end = current
+            with view[max(begin, start) : min(end, stop)] as part:
+                digest.update(part)
+            if end > stop:
+                break
+            digests[key] = digest.hexdigest()
+            digest.reset()
+            current = next(pending, None)
+        yield chunk
+    while current is not None:  # empty entries at the end
+        digests[current[0]] = digest.hexdigest()
+        digest.reset()
+        current = next(pending, None)
 
 
 def copy_shard(src: Path, dst: Path, record: ShardRecord) -> None:
@@ -272,10 +322,15 @@ def _write_all(fd: int, data: bytes | memoryview) -> None:
 
 
 class MappedShard:
-    """A verified, memory-mapped shard; ``piece(key)`` are zero-copy views into it."""
+    """A memory-mapped shard; ``piece(key, ...)`` are zero-copy views, each verified before use.
+
+    Nothing is read at opening beyond the header, so that a rank restoring a few boxes of a large
+    shard reads only those. :meth:`verify` checks the whole file against its record.
+    """
 
     def __init__(self, path: Path, record: ShardRecord) -> None:
         self.path = path
+        self.record = record
         try:
             size = path.stat().st_size
         except FileNotFoundError:
@@ -283,35 +338,65 @@ class MappedShard:
         if size != record.nbytes:
             raise CorruptCheckpointError(f"{path.name} has {size} bytes, the manifest says {record.nbytes}")
         with open(path, "rb") as f:
-            self._map = mmap.mmap(
-                f.fileno(), 0, flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0), prot=mmap.PROT_READ
-            )
-        view = memoryview(self._map)
-        digest = xxhash.xxh3_64()
-        for chunk in _chunks(view):
-            digest.update(chunk)
-        if digest.hexdigest() != record.xxh3_64:
+            self._map = mmap.mmap(f.fileno(), 0, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ)
+        found = xxhash.xxh3_64_hexdigest(self._map[: record.header_bytes])
+        if found != record.header_xxh3_64:
             self.close()
             raise CorruptCheckpointError(
-                f"{path.name} fails its checksum (xxh3-64 {digest.hexdigest()}, expected {record.xxh3_64})"
+                f"{path.name}: its header fails its checksum (xxh3-64 {found}, expected {record.header_xxh3_64})"
             )
+        try:
+            (hlen,) = struct.unpack("<Q", self._map[:8])
+            header = json.loads(self._map[8 : 8 + hlen])
+            self._entries = {k: v for k, v in header.items() if k != "__metadata__"}
+        except (struct.error, ValueError, AttributeError) as exc:
+            self.close()
+            raise CorruptCheckpointError(f"{path.name} has an unreadable header ({exc})") from None
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)  # read-only on purpose: views are only read
             self._bytes = torch.frombuffer(self._map, dtype=torch.uint8)
-        (hlen,) = struct.unpack("<Q", self._map[:8])
-        self._entries = {k: v for k, v in json.loads(self._map[8 : 8 + hlen]).items() if k != "__metadata__"}
         self._base = 8 + hlen
+        self._verified: set[str] = set()
 
-    def piece(self, key: str, dtype: torch.dtype, numel: int) -> torch.Tensor:
-        """The piece ``key`` as a flat tensor; raises if the header disagrees with the manifest."""
+    def verify(self) -> None:
+        """Hash the whole file; raises CorruptCheckpointError when it differs from its record."""
+        digest = xxhash.xxh3_64()
+        with memoryview(self._map) as view:
+            for chunk in _chunks(view):
+                digest.update(chunk)
+                chunk.release()
+        if digest.hexdigest() != self.record.xxh3_64:
+            raise CorruptCheckpointError(
+                f"{self.path.name} fails its checksum (xxh3-64 {digest.hexdigest()}, expected {self.record.xxh3_64})"
+            )
+
+    def piece(self, key: str, dtype: torch.dtype, shape: tuple[int, ...], xxh3_64: str) -> torch.Tensor:
+        """The piece ``key``, checked against the manifest's dtype, shape and checksum."""
         entry = self._entries.get(key)
-        if entry is None or entry.get("dtype") != DTYPE_CODES[dtype] or entry.get("shape") != [numel]:
-            raise CorruptCheckpointError(f"{self.path.name} has no {DTYPE_CODES[dtype]}[{numel}] entry {key!r}")
+        if entry is None or entry.get("dtype") != DTYPE_CODES[dtype] or entry.get("shape") != list(shape):
+            raise CorruptCheckpointError(f"{self.path.name} has no {DTYPE_CODES[dtype]}{list(shape)} entry {key!r}")
         begin, end = entry["data_offsets"]
-        flat = self._bytes[self._base + begin : self._base + end]
-        if flat.numel() != numel * dtype.itemsize or (self._base + begin) % dtype.itemsize:
+        nbytes = math.prod(shape) * dtype.itemsize
+        first = self._base + begin
+        if end - begin != nbytes or first % dtype.itemsize or self._base + end > len(self._map):
             raise CorruptCheckpointError(f"{self.path.name}: entry {key!r} has bad data offsets {begin}..{end}")
-        return flat.view(dtype)
+        flat = self._bytes[first : first + nbytes]
+        if key not in self._verified:
+            self._prefetch(first, nbytes)
+            found = xxhash.xxh3_64_hexdigest(flat.numpy()) if nbytes else xxhash.xxh3_64_hexdigest(b"")
+            if found != xxh3_64:
+                raise CorruptCheckpointError(
+                    f"{self.path.name}: entry {key!r} fails its checksum (xxh3-64 {found}, expected {xxh3_64})"
+                )
+            self._verified.add(key)
+        return flat.view(dtype).view(shape)
+
+    def _prefetch(self, first: int, nbytes: int) -> None:
+        """Ask the kernel to read the piece ahead, in large requests rather than page by page."""
+        page = first - first % mmap.PAGESIZE
+        if nbytes and hasattr(mmap, "MADV_WILLNEED"):
+            with contextlib.suppress(OSError):
+                self._map.madvise(mmap.MADV_WILLNEED, page, min(len(self._map), first + nbytes) - page)
 
     def close(self) -> None:
         self._bytes = None

@@ -26,8 +26,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from resilient_flows.checkpoint.boxes import Box, dtensor_local, is_dtensor
+from resilient_flows.checkpoint.planner import WriteItem
 from resilient_flows.checkpoint.shardfile import ShardEntry
-from resilient_flows.checkpoint.shards import Piece
 from resilient_flows.checkpoint.tree import Leaf
 
 __all__ = ["CopyTask", "CopyWorker", "HostArena", "Snapshot"]
@@ -48,17 +49,16 @@ class HostArena:
         return self.buffer.numel()
 
     def views(self, entries: Sequence[ShardEntry]) -> list[torch.Tensor]:
-        """Flat typed views, one per entry; reallocates only if the layout changed."""
+        """Typed views shaped like the entries, one each; reallocates only if the layout changed."""
         layout = tuple(entries)
         if layout != self._layout:
-            total = sum(e.numel * e.dtype.itemsize for e in layout)
+            total = sum(e.nbytes for e in layout)
             self.buffer, self._views = torch.empty(0, dtype=torch.uint8), []  # free the old arena first
             self.buffer = _allocate(total, self.pin_memory)
             self._views, offset = [], 0
             for e in layout:
-                nbytes = e.numel * e.dtype.itemsize
-                self._views.append(self.buffer[offset : offset + nbytes].view(e.dtype))
-                offset += nbytes
+                self._views.append(self.buffer[offset : offset + e.nbytes].view(e.dtype).view(e.shape))
+                offset += e.nbytes
             self._layout = layout
             self.allocations += 1
         return self._views
@@ -78,19 +78,21 @@ def _allocate(nbytes: int, pin_memory: bool) -> torch.Tensor:
 
 @dataclass
 class CopyTask:
-    """Copy elements ``piece.start:piece.stop`` of ``leaf`` into ``dst``."""
+    """Copy the box ``item.box`` of ``leaf`` (this rank's part of it: ``held``) into ``dst``."""
 
-    piece: Piece
+    item: WriteItem
     leaf: Leaf
+    held: Box
     dst: torch.Tensor
     eager: bool
 
     def source(self) -> torch.Tensor:
         leaf = self.leaf
         if isinstance(leaf, np.ndarray):
-            leaf = torch.from_numpy(np.ascontiguousarray(leaf))
-        flat = leaf.detach().reshape(-1)
-        return flat if self.piece.whole else flat[self.piece.start : self.piece.stop]
+            local = torch.from_numpy(leaf if leaf.flags.c_contiguous else leaf.copy(order="C"))
+        else:
+            local = (dtensor_local(leaf) if is_dtensor(leaf) else leaf).detach()
+        return local if self.item.box == self.held else local[self.item.box.within(self.held)]
 
 
 class CopyWorker:
@@ -157,7 +159,7 @@ class Snapshot:
 
 def _side_stream(tasks: Sequence[CopyTask]) -> tuple[torch.cuda.Stream | None, torch.cuda.Event | None]:
     """A per-device copy stream, and an event marking where the training stream stands now."""
-    devices = {t.leaf.device for t in tasks if isinstance(t.leaf, torch.Tensor) and t.leaf.is_cuda}
+    devices = {t.leaf.device for t in tasks if isinstance(t.leaf, torch.Tensor) and t.leaf.device.type == "cuda"}
     if not devices:
         return None, None
     if len(devices) > 1:

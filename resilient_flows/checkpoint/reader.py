@@ -1,0 +1,185 @@
+"""Reading a checkpoint back into whatever layout the state has now.
+
+A checkpoint records, for every array, the boxes its pieces cover in the global array. A rank
+restoring works out, for every array of its live state, the box it holds *now* (all of it for a
+plain tensor, its local shard for a ``DTensor`` on any mesh), and reads only the saved pieces that
+overlap that box. So a checkpoint written by 4 FSDP ranks restores on 2 or 3 FSDP ranks, into a
+replicated (DDP) model, or into one process, and the other way round.
+
+Order of operations the caller guarantees (the contract of :class:`OpenCheckpoint`):
+
+1. :meth:`OpenCheckpoint.targets` is computed from the live state; it checks nothing on disk;
+2. :meth:`OpenCheckpoint.verify` maps the shards that hold pieces overlapping the targets and
+   checks every such piece's checksum, before anything is copied: a bad checkpoint leaves the
+   state untouched (ranks agree on the verdict between 2 and 3);
+3. :meth:`OpenCheckpoint.fill` copies the overlaps into the targets, in place where the live
+   leaf allows it, and returns the arrays by name.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from resilient_flows.checkpoint.boxes import Box, dtensor_local, is_dtensor, local_box
+from resilient_flows.checkpoint.manifest import ArrayRecord, Manifest, PieceRecord, read_manifest
+from resilient_flows.checkpoint.shardfile import MappedShard
+from resilient_flows.checkpoint.state import RANK_LOCAL
+from resilient_flows.checkpoint.tree import Leaf, unflatten
+from resilient_flows.errors import CorruptCheckpointError, StateMismatchError
+
+__all__ = ["OpenCheckpoint", "Target", "check_compatible", "source_rank"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class Target:
+    """Where one array goes on this rank: ``dst`` holds exactly ``box`` of the global array."""
+
+    box: Box
+    dst: torch.Tensor
+    result: Leaf
+    into: np.ndarray | None = None  # a live numpy array ``dst`` is copied into at the end
+
+    @classmethod
+    def of(cls, record: ArrayRecord, live: Leaf | None) -> Target:
+        """Fill ``live`` in place where it allows it (other references then see the restored values)."""
+        if live is None:
+            fresh = torch.empty(record.shape, dtype=record.dtype)
+            return cls(Box.whole(record.shape), fresh, fresh)
+        if isinstance(live, np.ndarray):
+            if live.flags.c_contiguous and live.flags.writeable:
+                return cls(Box.whole(record.shape), torch.from_numpy(live), live)
+            return cls(Box.whole(record.shape), torch.empty(record.shape, dtype=record.dtype), live, into=live)
+        if is_dtensor(live):
+            box = local_box(live)
+            dst = dtensor_local(live).detach()
+            if tuple(dst.shape) != box.lengths:
+                raise StateMismatchError(f"a local shard has shape {list(dst.shape)}, its placement says {box.lengths}")
+            return cls(box, dst, live)
+        return cls(Box.whole(record.shape), live.detach(), live)
+
+
+def source_rank(manifest: Manifest, rank: int) -> int:
+    """Whose per-rank values (RNG states, data position) ``rank`` takes when the world size changed."""
+    return rank % manifest.world_size
+
+
+class OpenCheckpoint:
+    """One committed checkpoint opened for reading: its manifest, and shards mapped on demand."""
+
+    def __init__(self, step_dir: Path, step: int) -> None:
+        self.step_dir = step_dir
+        try:
+            self.manifest = read_manifest(step_dir)
+        except OSError as exc:
+            raise CorruptCheckpointError(f"{step_dir.name}: cannot read it ({exc})") from None
+        if self.manifest.step != step:
+            raise CorruptCheckpointError(f"{step_dir.name}: the manifest says step {self.manifest.step}")
+        self._shards: dict[int, MappedShard] = {}
+
+    def targets(self, live: Mapping[str, Leaf], rank: int) -> dict[str, Target]:
+        """Every array ``rank`` restores: the live ones, the saved ones it lacks, its per-rank values."""
+        own = f"{RANK_LOCAL}/{source_rank(self.manifest, rank)}/"
+        found = {}
+        for name, record in self.manifest.arrays.items():
+            if name.startswith(f"{RANK_LOCAL}/") and not name.startswith(own):
+                continue
+            found[name] = Target.of(record, live.get(name))
+        return found
+
+    def verify(self, targets: Mapping[str, Target]) -> None:
+        """Check every piece that overlaps a target; raises CorruptCheckpointError."""
+        for name, target in targets.items():
+            for piece, _ in self._overlaps(name, target.box):
+                self._piece(name, piece)
+
+    def fill(self, targets: Mapping[str, Target]) -> dict[str, Leaf]:
+        """Copy every overlap into its target; the arrays by name."""
+        with torch.no_grad():
+            for name, target in targets.items():
+                for piece, common in self._overlaps(name, target.box):
+                    target.dst[common.within(target.box)].copy_(self._piece(name, piece)[common.within(piece.box)])
+                if target.into is not None:
+                    np.copyto(target.into, target.dst.numpy())
+        return {name: target.result for name, target in targets.items()}
+
+    def state(self, arrays: Mapping[str, Leaf], rank: int) -> dict[str, Any]:
+        """The nested state from the filled arrays, with ``rank``'s per-rank values."""
+        state = unflatten(self.manifest.skeleton, arrays)
+        local = self.manifest.rank_local[source_rank(self.manifest, rank)]
+        if local:
+            state[RANK_LOCAL] = unflatten(local, arrays)
+        return state
+
+    def verify_all(self) -> None:
+        """Hash every shard whole (what a full scan does)."""
+        for index in range(self.manifest.world_size):
+            self._shard(index).verify()
+
+    def close(self) -> None:
+        for shard in self._shards.values():
+            shard.close()
+        self._shards.clear()
+
+    def __enter__(self) -> OpenCheckpoint:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _overlaps(self, name: str, box: Box) -> list[tuple[PieceRecord, Box]]:
+        found = []
+        for piece in self.manifest.arrays[name].pieces:
+            common = piece.box.intersect(box)
+            if common is not None:
+                found.append((piece, common))
+        return found
+
+    def _piece(self, name: str, piece: PieceRecord) -> torch.Tensor:
+        record = self.manifest.arrays[name]
+        return self._shard(piece.shard).piece(piece.key, record.dtype, piece.box.lengths, piece.xxh3_64)
+
+    def _shard(self, index: int) -> MappedShard:
+        if index not in self._shards:
+            record = self.manifest.shards[index]
+            try:
+                self._shards[index] = MappedShard(self.step_dir / record.file, record)
+            except OSError as exc:
+                raise CorruptCheckpointError(f"{record.file}: cannot read it ({exc})") from None
+        return self._shards[index]
+
+
+def check_compatible(manifest: Manifest, live: Mapping[str, Leaf], lazy: tuple[str, ...]) -> None:
+    """Fail before touching the state if its arrays' global shapes or dtypes differ from the checkpoint's."""
+    where = f"checkpoint step {manifest.step}"
+    for name, leaf in live.items():
+        record = manifest.arrays.get(name)
+        if record is None:
+            raise StateMismatchError(f"{where} has no {name!r}, which the state to restore into has")
+        if tuple(leaf.shape) != record.shape:
+            saved, live_shape = list(record.shape), list(leaf.shape)
+            kind = "global shape" if is_dtensor(leaf) else "shape"
+            raise StateMismatchError(
+                f"{where}: {name!r} has {kind} {saved} in the checkpoint but {live_shape} in the state"
+            )
+        dtype = leaf.dtype if isinstance(leaf, torch.Tensor) else _numpy_dtype(leaf)
+        if dtype != record.dtype:
+            raise StateMismatchError(f"{where}: {name!r} is {record.dtype} in the checkpoint but {dtype} in the state")
+    for name in manifest.arrays:
+        if name not in live and not name.startswith((f"{RANK_LOCAL}/", *lazy)):
+            raise StateMismatchError(f"{where} has {name!r}, which the state to restore into does not have")
+
+
+def _numpy_dtype(leaf: np.ndarray) -> torch.dtype | np.dtype:
+    with contextlib.suppress(TypeError):
+        return torch.from_numpy(np.empty(0, dtype=leaf.dtype)).dtype
+    return leaf.dtype
