@@ -21,8 +21,23 @@ from resilient_flows.checkpoint import (
     TrainState,
     read_checkpoint,
 )
-from resilient_flows.errors import CloneError, InvalidJobError, ResilientFlowsError, SiteConfigError, WorkflowError
-from resilient_flows.training import MemberSpec, Preempted, TrainContext, run_member
+from resilient_flows.errors import (
+    CloneError,
+    InvalidJobError,
+    LaunchError,
+    ResilientFlowsError,
+    SiteConfigError,
+    WorkflowError,
+)
+from resilient_flows.training import (
+    DistributedInfo,
+    MemberSpec,
+    Preempted,
+    TrainContext,
+    init_process_group,
+    run_member,
+    shutdown_process_group,
+)
 
 __version__ = "0.1.0"
 
@@ -56,7 +71,9 @@ __all__ = [
     "CobaltProvider",
     "CorruptCheckpointError",
     "Decision",
+    "DistributedInfo",
     "InvalidJobError",
+    "LaunchError",
     "MemberSpec",
     "OnDemandRequest",
     "Preempted",
@@ -73,6 +90,7 @@ __all__ = [
     "__version__",
     "analytics_app",
     "decide",
+    "init_process_group",
     "load_site",
     "load_workflow",
     "mpi_train_app",
@@ -81,6 +99,7 @@ __all__ = [
     "request_clone",
     "resume_run",
     "run_member",
+    "shutdown_process_group",
     "simulate",
     "site_facts",
     "start_run",

@@ -87,7 +87,9 @@ def mpi_train_app(
     inputs: Sequence[Any] = (),
     parsl_resource_specification: dict | None = None,
 ) -> str:
-    """Train one data-parallel member on ``ranks`` MPI ranks sharing one checkpointer.
+    """Train one data-parallel member on ``ranks`` MPI ranks: one torch.distributed process group
+    (formed over MPI, see :mod:`resilient_flows.training.distributed`) for its DDP or FSDP and its
+    sharded checkpointer.
 
     Under Parsl's ``MPIExecutor`` the launch prefix comes from ``$PARSL_MPI_PREFIX`` (pass
     ``parsl_resource_specification={"num_ranks": ...}``); elsewhere ``mpiexec -n ranks``.

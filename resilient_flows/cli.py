@@ -47,6 +47,18 @@ def _parser() -> argparse.ArgumentParser:
         cmd = sub.add_parser(name, help=text, description=text + ". Exit code 1 if a tier's newest is invalid.")
         cmd.add_argument("dirs", nargs="+", metavar="DIR", help="a checkpoint tier, or a directory holding tiers")
         cmd.set_defaults(handler=_checkpoints, verify=verify)
+    text = "write one checkpoint as a single file of full tensors (streamed: memory stays near the largest tensor)"
+    export = sub.add_parser("export", help=text, description=text + ".")
+    export.add_argument("dir", metavar="DIR", help="a checkpoint tier (a directory of step-* directories)")
+    export.add_argument("--out", required=True, metavar="FILE", help="the file to write")
+    export.add_argument("--step", type=int, help="the step to export; default: the newest valid one")
+    export.add_argument("--format", choices=("safetensors", "torch"), default="safetensors")
+    export.add_argument(
+        "--part",
+        help="top-level key of the state to export, names relative to it; default: model when there is one; "
+        "'' for every array",
+    )
+    export.set_defaults(handler=_export)
 
     validate = commands.add_parser("validate", help="check a workflow file and the site it names")
     validate.add_argument("file", metavar="FILE", help="a workflow YAML file")
@@ -62,6 +74,13 @@ def _parser() -> argparse.ArgumentParser:
     status.set_defaults(handler=_status)
     resume = commands.add_parser("resume", help="continue a run: finished members are skipped")
     resume.add_argument("run_dir", metavar="RUN_DIR")
+    resume.add_argument(
+        "--ranks",
+        action="append",
+        default=[],
+        metavar="[MEMBER=]N",
+        help="run resumed members on N ranks (all of them, or MEMBER=N, repeatable); checkpoints are resharded",
+    )
     resume.set_defaults(handler=_resume)
     preempt = commands.add_parser("preempt", help="ask a running member to checkpoint and stop; Parsl requeues it")
     preempt.add_argument("run_dir", metavar="RUN_DIR")
@@ -72,6 +91,7 @@ def _parser() -> argparse.ArgumentParser:
     clone.add_argument("run_dir", metavar="RUN_DIR")
     clone.add_argument("member", metavar="MEMBER")
     clone.add_argument("-n", type=int, default=1, help="how many clones (default 1)")
+    clone.add_argument("--ranks", type=int, help="run the clones on this many ranks (resharded); default: the source's")
     clone.add_argument(
         "--set", action="append", default=[], metavar="KEY=VALUE", help="override for every clone, e.g. lr=0.01"
     )
@@ -111,7 +131,30 @@ def _run(args: argparse.Namespace) -> int:
 def _resume(args: argparse.Namespace) -> int:
     from resilient_flows.workflow import resume_run
 
-    return resume_run(args.run_dir, console=_console())
+    return resume_run(args.run_dir, console=_console(), ranks=_rank_counts(args.ranks))
+
+
+def _rank_counts(items: list[str]) -> int | dict[str, int] | None:
+    """``--ranks N`` (every resumed member) or ``--ranks MEMBER=N`` pairs."""
+    counts: dict[str, int] = {}
+    every = None
+    for item in items:
+        name, sep, text = item.rpartition("=")
+        try:
+            count = int(text)
+        except ValueError:
+            count = 0
+        if count < 1 or (sep and not name):
+            raise WorkflowError(f"--ranks {item!r}: expected a count of at least 1 (N) or MEMBER=N, e.g. --ranks 4")
+        if sep:
+            counts[name] = count
+        else:
+            every = count
+    if every is not None and (counts or len(items) > 1):
+        raise WorkflowError(
+            f"--ranks {' '.join(items)}: give a single N for every resumed member, or only MEMBER=N pairs"
+        )
+    return every if every is not None else counts or None
 
 
 def _status(args: argparse.Namespace) -> int:
@@ -156,7 +199,7 @@ def _clone(args: argparse.Namespace) -> int:
         if not sep or not key:
             raise WorkflowError(f"--set {item!r}: expected KEY=VALUE, e.g. --set lr=0.01")
         overrides[key.strip()] = yaml.safe_load(text)
-    names = request_clone(args.run_dir, args.member, args.n, overrides)
+    names = request_clone(args.run_dir, args.member, args.n, overrides, ranks=args.ranks)
     _console().print(f"cloning {args.member} into {', '.join(names)} at its next step; the runner starts them")
     return 0
 
@@ -170,6 +213,16 @@ def _lineage(args: argparse.Namespace) -> int:
     statuses = member_statuses(args.run_dir, [(m.name, m.steps) for m in members])
     states = {n: f"{s.state}, step {'-' if s.step is None else s.step + 1}/{s.steps}" for n, s in statuses.items()}
     _console().print(lineage_tree(args.run_dir, states))
+    return 0
+
+
+def _export(args: argparse.Namespace) -> int:
+    from resilient_flows.checkpoint.export import export
+
+    result = export(args.dir, args.out, step=args.step, format=args.format, part=args.part)
+    _console().print(
+        f"wrote {result.tensors} tensors ({_size(result.nbytes)}) of step {result.step} to {escape(str(result.path))}"
+    )
     return 0
 
 

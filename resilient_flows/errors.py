@@ -11,6 +11,7 @@ __all__ = [
     "CloneError",
     "CorruptCheckpointError",
     "InvalidJobError",
+    "LaunchError",
     "ResilientFlowsError",
     "SiteConfigError",
     "StateMismatchError",
@@ -40,6 +41,15 @@ class SiteConfigError(ResilientFlowsError):
 
 class WorkflowError(ResilientFlowsError):
     """A workflow file or run directory is not usable; the message names the file, line and key."""
+
+
+class LaunchError(ResilientFlowsError):
+    """A multi-rank member cannot form its process group or train across it.
+
+    Its launcher's environment is incomplete (the message names the missing variable), it was
+    started with another number of processes than it asks for, or its model cannot be wrapped for
+    its ``parallel`` mode (the message names the member and the workload).
+    """
 
 
 class CloneError(ResilientFlowsError):

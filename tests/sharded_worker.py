@@ -50,16 +50,21 @@ def ddp(module: torch.nn.Module) -> torch.nn.Module:
     return DistributedDataParallel(module)
 
 
-def trained(wrap, steps: int = 3) -> TrainState:
+def trained(wrap, steps: int = 3) -> tuple[TrainState, object]:
+    """A wrapped model after ``steps`` Adam steps, and a function that takes one more step."""
     net = wrap(model())
     optimizer = torch.optim.Adam(net.parameters(), lr=0.01)
     generator = torch.Generator().manual_seed(1 + dist.get_rank())
-    for _ in range(steps):
+
+    def step() -> None:
         x = torch.randn(8, WIDTHS[0], generator=generator)
         net(x).pow(2).mean().backward()
         optimizer.step()
         optimizer.zero_grad()
-    return TrainState(net, optimizer, extra={"epoch": 2}, rank_extra={"rank": dist.get_rank()})
+
+    for _ in range(steps):
+        step()
+    return TrainState(net, optimizer, extra={"epoch": 2}, rank_extra={"rank": dist.get_rank()}), step
 
 
 def fresh(wrap, widths: tuple[int, ...] = WIDTHS) -> TrainState:
@@ -92,12 +97,14 @@ def same(state: TrainState, reference: dict[str, torch.Tensor]) -> list[str]:
 def save(directory: Path) -> dict:
     report = {}
     for label, wrap in (("fsdp", fsdp), ("ddp", ddp)):
-        state = trained(wrap)
+        state, step = trained(wrap)
+        reference = full_tensors(state)
         with Checkpointer(directory / label, comm=dist.group.WORLD) as ck:
-            ck.save(3, state)
+            ck.prepare(state)
+            ck.save(3, state, overlap=True)  # local shards copied behind the next step
+            step()  # optimizer.step() waits for that copy: the checkpoint is the state at the call
             ck.wait()
             report[f"{label}_bytes"] = ck.stats.bytes_written
-        reference = full_tensors(state)
         if dist.get_rank() == 0:
             save_file(reference, str(directory / f"reference-{label}.safetensors"))
     return report

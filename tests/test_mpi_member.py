@@ -12,7 +12,7 @@ import pytest
 from conftest import mpiexec, python_env
 
 from resilient_flows.cli import main
-from resilient_flows.training import CheckpointSpec, FaultSpec, MemberSpec, read_events, run_member
+from resilient_flows.training import CheckpointSpec, FaultSpec, MemberSpec, read_events
 from resilient_flows.training.mpi_member import EXIT_PREEMPTED
 
 pytestmark = [pytest.mark.mpi, pytest.mark.slow]
@@ -24,7 +24,16 @@ SPEC = MemberSpec(
     seed=1,
     steps=60,
     checkpoint=CheckpointSpec(interval_steps=10),
+    ranks=2,
 )
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """An uninterrupted run on two ranks: each rank trains half of every global batch."""
+    run_dir = tmp_path_factory.mktemp("reference") / "run"
+    assert mpi_member(SPEC, run_dir) == 0
+    return json.loads((run_dir / "members/dp/result.json").read_text())
 
 
 def mpi_member(spec: MemberSpec, run_dir: Path) -> int:
@@ -43,8 +52,7 @@ def mpi_member(spec: MemberSpec, run_dir: Path) -> int:
     return subprocess.run(command, env=python_env(), timeout=180, capture_output=True).returncode
 
 
-def test_two_ranks_preempted_then_resumed_end_like_one_uninterrupted_rank(tmp_path: Path) -> None:
-    reference = run_member(SPEC.to_dict(), str(tmp_path / "ref"))
+def test_two_ranks_preempted_then_resumed_end_like_two_uninterrupted_ranks(tmp_path: Path, reference: dict) -> None:
     preempted = replace(SPEC, faults=(FaultSpec("preempt", 26),))  # SIGTERM on both ranks' first attempt
     run_dir = tmp_path / "run"
     assert mpi_member(preempted, run_dir) == EXIT_PREEMPTED
@@ -61,7 +69,9 @@ def test_two_ranks_preempted_then_resumed_end_like_one_uninterrupted_rank(tmp_pa
     assert kinds == [("preempted", 26), ("resumed", 26)]  # rank 0 reports for both
 
 
-def test_a_two_rank_member_in_a_workflow_is_requeued_free_after_preemption(tmp_path: Path, capsys) -> None:
+def test_a_two_rank_member_in_a_workflow_is_requeued_free_after_preemption(
+    tmp_path: Path, capsys, reference: dict
+) -> None:
     workflow = tmp_path / "wf.yaml"
     workflow.write_text(
         "name: dp\nretries: 0\ncheckpoint: {interval: 10}\n"
@@ -72,5 +82,23 @@ def test_a_two_rank_member_in_a_workflow_is_requeued_free_after_preemption(tmp_p
     assert main(["run", str(workflow), "--run-dir", str(run_dir)]) == 0  # retries: 0, yet it continued
     (failed,) = [e for e in read_events(run_dir) if e["kind"] == "failed"]
     assert failed["cause"] == "preempted" and failed["cost"] == 0.0 and failed["checkpoint"] == 26
-    reference = run_member(SPEC.to_dict(), str(tmp_path / "ref"))
     assert json.loads((run_dir / "members/dp/result.json").read_text())["digest"] == reference["digest"]
+
+
+def test_an_fsdp_member_sigkilled_mid_run_resumes_to_the_uninterrupted_weights(tmp_path: Path) -> None:
+    fsdp = replace(SPEC, parallel="fsdp")
+    assert mpi_member(fsdp, tmp_path / "ref") == 0
+    reference = json.loads((tmp_path / "ref/members/dp/result.json").read_text())
+    killed = replace(fsdp, faults=(FaultSpec("kill", 33),))  # SIGKILL on both ranks, mid-interval
+    run_dir = tmp_path / "run"
+    assert mpi_member(killed, run_dir) != 0
+    committed = sorted((run_dir / "members/dp/checkpoints").glob("step-*/manifest.json"))
+    assert committed, "a checkpoint was committed before the kill"
+    manifest = json.loads(committed[-1].read_text())
+    sharded = [a for name, a in manifest["arrays"].items() if name.startswith("model/") and len(a["pieces"]) == 2]
+    assert sharded, "FSDP parameters are saved as one piece per rank"
+    assert mpi_member(killed, run_dir) == 0
+    result = json.loads((run_dir / "members/dp/result.json").read_text())
+    assert result["digest"] == reference["digest"]  # bit for bit, parameters gathered from both shards
+    resumed = [e["step"] for e in read_events(run_dir) if e["kind"] == "resumed"]
+    assert resumed == [manifest["step"]]

@@ -18,7 +18,8 @@ from conftest import python_env
 from safetensors.torch import load_file
 from sharded_worker import WIDTHS, full_tensors, model
 
-from resilient_flows.checkpoint import Checkpointer, StateMismatchError, TrainState
+from resilient_flows.checkpoint import Checkpointer, StateMismatchError, TrainState, export
+from resilient_flows.cli import main
 
 WORKER = Path(__file__).with_name("sharded_worker.py")
 
@@ -105,3 +106,37 @@ def test_each_rank_writes_only_its_share_and_shards_hold_real_shapes(saved_on_fo
     shard = load_file(str(saved_on_four / "fsdp" / "step-00000003" / "shard-00003-of-00004.safetensors"))
     assert tuple(shard["model/2.weight@24,0"].shape) == (5, 37)
     assert WIDTHS == (13, 37, 29, 5)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fmt", ["safetensors", "torch"])
+def test_export_of_four_fsdp_shards_loads_strictly_into_a_plain_model(
+    saved_on_four: Path, tmp_path: Path, fmt: str
+) -> None:
+    out = tmp_path / f"model.{fmt}"
+    args = ["checkpoints", "export", str(saved_on_four / "fsdp"), "--out", str(out), "--format", fmt]
+    assert main(args) == 0
+    tensors = load_file(str(out)) if fmt == "safetensors" else torch.load(out, weights_only=True)
+    net = model()
+    net.load_state_dict(tensors, strict=True)
+    reference = load_file(str(saved_on_four / "reference-fsdp.safetensors"))
+    for name, value in net.state_dict().items():
+        assert torch.equal(value, reference[f"model.{name}"])
+
+    everything = export(saved_on_four / "fsdp", tmp_path / "all.safetensors", part="")
+    saved = load_file(str(everything.path))
+    assert torch.equal(saved["optimizer/state/2.weight/exp_avg_sq"], reference["optim.2.weight.exp_avg_sq"])
+    assert not any(name.startswith("rank_local/") for name in saved)
+    assert everything.step == 3 and everything.tensors == len(saved)
+
+
+def test_export_refuses_a_bad_format_and_a_missing_step(tmp_path: Path) -> None:
+    with Checkpointer(tmp_path / "ck") as ck:
+        ck.save(5, {"model": {"w": torch.ones(2, 2)}})
+    assert main(["checkpoints", "export", str(tmp_path / "ck"), "--out", str(tmp_path / "x"), "--step", "4"]) == 2
+    with pytest.raises(ValueError, match="format must be one of safetensors, torch"):
+        export(tmp_path / "ck", tmp_path / "x", format="npz")
+    assert not (tmp_path / "x").exists()
+    result = export(tmp_path / "ck", tmp_path / "x.safetensors")
+    (name, value), *others = load_file(str(result.path)).items()
+    assert (name, others, result.step) == ("w", [], 5) and torch.equal(value, torch.ones(2, 2))

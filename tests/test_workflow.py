@@ -79,6 +79,14 @@ def test_members_expand_grid_times_seeds_in_file_order(tmp_path: Path) -> None:
         ),
         (("name: demo\n", "name: demo\nsite: thetta\n"), r"unknown site 'thetta'; known sites: .*local"),
         (("members:\n", "members: [\n"), r"wf.yaml:\d+: not valid YAML"),
+        (
+            ("    steps: 40\n", "    steps: 40\n    ranks: 0\n"),
+            r"wf.yaml:8: members\[0\].ranks: member 'mlp' needs at least one rank, got ranks: 0",
+        ),
+        (
+            ("    steps: 40\n", "    steps: 40\n    parallel: zero\n"),
+            r"wf.yaml:8: members\[0\].parallel: Input should be 'ddp' or 'fsdp'",
+        ),
     ],
 )
 def test_bad_workflows_give_one_line_and_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture, change, message) -> None:

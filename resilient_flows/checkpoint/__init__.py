@@ -5,6 +5,7 @@ Nothing here imports Parsl: the engine is useful, and tested, on its own.
 
 from resilient_flows.checkpoint.catalog import CheckpointInfo, scan
 from resilient_flows.checkpoint.engine import Checkpointer, CheckpointStats, SkippedCheckpoint, read_checkpoint
+from resilient_flows.checkpoint.export import ExportResult, export
 from resilient_flows.checkpoint.state import Stateful, TrainState
 from resilient_flows.errors import CheckpointError, CorruptCheckpointError, StateMismatchError
 
@@ -14,10 +15,12 @@ __all__ = [
     "CheckpointStats",
     "Checkpointer",
     "CorruptCheckpointError",
+    "ExportResult",
     "SkippedCheckpoint",
     "StateMismatchError",
     "Stateful",
     "TrainState",
+    "export",
     "read_checkpoint",
     "scan",
 ]

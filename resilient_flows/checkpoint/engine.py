@@ -42,30 +42,12 @@ from resilient_flows.checkpoint.snapshot import CopyTask, CopyWorker, HostArena,
 from resilient_flows.checkpoint.state import RANK_LOCAL, Stateful, TrainState
 from resilient_flows.checkpoint.tiers import Tier
 from resilient_flows.checkpoint.tree import Leaf, flatten, unflatten
-from resilient_flows.checkpoint.writer import WriteJob, WritePipeline, first_problem
+from resilient_flows.checkpoint.writer import CheckpointStats, WriteJob, WritePipeline, first_problem
 from resilient_flows.errors import CheckpointError, CorruptCheckpointError, StateMismatchError
 
 __all__ = ["CheckpointStats", "Checkpointer", "SkippedCheckpoint"]
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class CheckpointStats:
-    """What checkpointing has cost so far on this rank; every time in seconds."""
-
-    saves: int = 0
-    committed: int = 0
-    persisted: int = 0
-    last_stall: float = 0.0
-    last_wait: float = 0.0
-    total_stall: float = 0.0
-    total_wait: float = 0.0
-    last_commit_latency: float = 0.0
-    last_persist_latency: float = 0.0
-    bytes_written: int = 0
-    staging_bytes: int = 0
-    arena_allocations: int = 0
 
 
 @dataclass(frozen=True)
@@ -168,7 +150,9 @@ class Checkpointer:
         self._pending_snapshot: Snapshot | None = None
         self._hooked: weakref.WeakKeyDictionary[torch.optim.Optimizer, Any] = weakref.WeakKeyDictionary()
         self._closed = False
-        self._pipeline = WritePipeline(self.tiers, self.comm, keep, self._arena, self._arena_free, self._record)
+        self._pipeline = WritePipeline(
+            self.tiers, self.comm, keep, self._arena, self._arena_free, self._record, self.stats
+        )
         self._pipeline.comm.allgather(None)  # nobody writes before every rank has cleaned up
         atexit.register(_close_at_exit, weakref.ref(self))
 
@@ -358,11 +342,6 @@ class Checkpointer:
 
     def _drain(self) -> None:
         self._pipeline.drain()
-        written = self._pipeline.stats
-        self.stats.committed, self.stats.persisted = written.committed, written.persisted
-        self.stats.bytes_written = written.bytes_written
-        self.stats.last_commit_latency = written.last_commit_latency
-        self.stats.last_persist_latency = written.last_persist_latency
 
     def close(self) -> None:
         """Wait for pending checkpoints, then stop the background threads. Idempotent.

@@ -38,7 +38,7 @@ from resilient_flows.checkpoint.shardfile import ShardEntry, ShardRecord, copy_s
 from resilient_flows.checkpoint.snapshot import HostArena, Snapshot
 from resilient_flows.checkpoint.tiers import Tier, shard_filename
 
-__all__ = ["WriteJob", "WritePipeline", "WriteStats", "first_problem"]
+__all__ = ["CheckpointStats", "WriteJob", "WritePipeline", "first_problem"]
 
 logger = logging.getLogger(__name__)
 
@@ -65,14 +65,21 @@ class WriteJob:
 
 
 @dataclass
-class WriteStats:
-    """What the pipeline has done on this rank; updated by its threads."""
+class CheckpointStats:
+    """What checkpointing has cost so far on this rank; every time in seconds."""
 
+    saves: int = 0
     committed: int = 0
     persisted: int = 0
-    bytes_written: int = 0
+    last_stall: float = 0.0
+    last_wait: float = 0.0
+    total_stall: float = 0.0
+    total_wait: float = 0.0
     last_commit_latency: float = 0.0
     last_persist_latency: float = 0.0
+    bytes_written: int = 0
+    staging_bytes: int = 0
+    arena_allocations: int = 0
 
 
 class WritePipeline:
@@ -86,13 +93,14 @@ class WritePipeline:
         arena: HostArena,
         arena_free: threading.Event,
         on_error: Callable[[str], None],
+        stats: CheckpointStats,
     ) -> None:
         self.tiers = tiers
         self.local = tiers[0] if len(tiers) > 1 else None
         self.shared = tiers[-1]
         self.rank, self.world_size = comm.rank, comm.size
         self.keep = keep
-        self.stats = WriteStats()
+        self.stats = stats
         self._arena = arena
         self._arena_free = arena_free
         self._on_error = on_error

@@ -58,11 +58,15 @@ def request_clone(
     n: int = 1,
     overrides: list[dict[str, Any]] | dict[str, Any] | None = None,
     at_step: int | None = None,
+    ranks: int | None = None,
 ) -> list[str]:
     """Fork member ``member`` into ``n`` clones, at its next step boundary or after ``at_step``; their names.
 
     ``overrides`` is one mapping for every clone, or one per clone. An unchanged clone continues
-    bit for bit like its source would. The member may be running or not started yet.
+    bit for bit like its source would. The member may be running or not started yet. ``ranks``
+    runs the clones on another number of ranks than the source (its ``parallel`` mode kept): the
+    clone restores the source's checkpoint resharded into its own layout, and then continues
+    within floating-point reduction-order noise of the source, not bit for bit.
     """
     run_dir = Path(run_dir)
     source = read_spec(run_dir, member)
@@ -75,6 +79,8 @@ def request_clone(
         raise CloneError(f"the number of clones must be a positive integer, got {n!r}")
     if at_step is not None and (isinstance(at_step, bool) or not isinstance(at_step, int) or at_step < 0):
         raise CloneError(f"at_step must be a non-negative integer, got {at_step!r}")
+    if ranks is not None and (isinstance(ranks, bool) or not isinstance(ranks, int) or ranks < 1):
+        raise CloneError(f"a clone needs at least one rank, got ranks={ranks!r}")
     per_clone = _per_clone(overrides, n)
     check_overrides(source, per_clone)
 
@@ -82,7 +88,8 @@ def request_clone(
     requested_at = time.time()
     names = _new_names(run_dir, member, n)
     for name, changes in zip(names, per_clone, strict=True):
-        register_member(run_dir, _clone_spec(source, name, changes, ParentSpec(member, request, changes, requested_at)))
+        parent = ParentSpec(member, request, changes, requested_at)
+        register_member(run_dir, _clone_spec(source, name, changes, parent, ranks or source.ranks))
     write_clone_order(run_dir, member, CloneOrder(request, tuple(names), requested_at, at_step))
     EventLog(run_dir).emit("clone_requested", member, request=request, clones=names, overrides=per_clone)
     return names
@@ -109,7 +116,7 @@ def _new_names(run_dir: Path, member: str, n: int) -> list[str]:
     return names
 
 
-def _clone_spec(source: MemberSpec, name: str, changes: dict[str, Any], parent: ParentSpec) -> MemberSpec:
+def _clone_spec(source: MemberSpec, name: str, changes: dict[str, Any], parent: ParentSpec, ranks: int) -> MemberSpec:
     params = {k: v for k, v in changes.items() if k not in ("seed", "steps")}
     local = source.checkpoint.local_dir
     checkpoint: CheckpointSpec = replace(
@@ -124,4 +131,5 @@ def _clone_spec(source: MemberSpec, name: str, changes: dict[str, Any], parent: 
         checkpoint=checkpoint,
         faults=(),
         parent=parent,
+        ranks=ranks,
     )

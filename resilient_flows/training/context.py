@@ -26,9 +26,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
 
 from resilient_flows.checkpoint import Checkpointer, TrainState
-from resilient_flows.errors import ResilientFlowsError
+from resilient_flows.errors import LaunchError, ResilientFlowsError
 from resilient_flows.training.autotune import MAX_PERSIST_EVERY, AutoTuner, tuned_fields
 from resilient_flows.training.control import (
     CloneOrder,
@@ -38,6 +39,12 @@ from resilient_flows.training.control import (
     read_clone_orders,
     read_stop_request,
     write_durably,
+)
+from resilient_flows.training.distributed import (
+    DistributedInfo,
+    comm_size,
+    init_process_group,
+    shutdown_process_group,
 )
 from resilient_flows.training.events import EventLog, MetricsLog
 from resilient_flows.training.fork import Handoff, Seed, apply_overrides, mark_forking, wait_for_seed
@@ -63,10 +70,18 @@ class Preempted(ResilientFlowsError):
 
 
 def state_digest(module: Any) -> str:
-    """SHA-256 over a ``state_dict``'s tensors in key order: equal digests mean equal weights, bit for bit."""
+    """SHA-256 over a ``state_dict``'s tensors in key order: equal digests mean equal weights, bit for bit.
+
+    Sharded (DTensor) values are gathered first, so that the digest is of the whole model and the
+    same on every rank; every rank of the model's group must call it.
+    """
+    from torch.distributed.tensor import DTensor
+
     digest = hashlib.sha256()
     for key, value in module.state_dict().items():
         digest.update(key.encode())
+        if isinstance(value, DTensor):
+            value = value.full_tensor()
         if isinstance(value, torch.Tensor):
             digest.update(value.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
         else:
@@ -89,6 +104,14 @@ class TrainContext:
         The member's directory in the run directory.
     inputs:
         The output directory of each workflow stage the member reads (``after:`` in YAML), by name.
+    rank, world_size, group, device:
+        This process's rank among the member's ranks, how many there are, their
+        ``torch.distributed`` process group (None on one rank) and where this rank computes.
+
+    A member with several ranks (``ranks`` in its spec, or a ``comm`` of several) forms its
+    process group here (:func:`~resilient_flows.training.distributed.init_process_group`), shares
+    it with its checkpointer, and destroys it on :meth:`close`. ``comm``: an mpi4py communicator
+    to carry the rendezvous (what ``mpiexec`` members pass), or a torch ProcessGroup to use.
     """
 
     def __init__(self, spec: MemberSpec, run_dir: str | os.PathLike, comm: Any = None) -> None:
@@ -113,22 +136,69 @@ class TrainContext:
         self._watch = RequestWatch(self.directory)
         self._orders: list[CloneOrder] = []
         self._prepared = False
+        self.distributed = self._join_ranks(comm)
+        self.group = None if self.distributed is None else self.distributed.group
+        self.device = torch.device("cpu") if self.distributed is None else self.distributed.device
         ck = spec.checkpoint
-        self.checkpointer = Checkpointer(
-            self.directory / "checkpoints",
-            local_dir=ck.local_dir,
-            persist_every=ck.persist_every,
-            keep=ck.keep,
-            comm=comm,
-        )
-        self._rank = self.checkpointer.rank
+        try:
+            self.checkpointer = Checkpointer(
+                self.directory / "checkpoints",
+                local_dir=ck.local_dir,
+                persist_every=ck.persist_every,
+                keep=ck.keep,
+                comm=comm if self.group is None else self.group,
+            )
+        except BaseException:
+            self._leave_ranks()
+            raise
+        self.rank, self.world_size = self.checkpointer.rank, self.checkpointer.world_size
         self._interval_steps, self._interval_s = ck.interval_steps, ck.interval_s
         self._tuner = AutoTuner(ck.process_mtbf_s, ck.node_mtbf_s, spec.steps) if ck.auto else None
-        self.attempt: int = self.checkpointer.comm.bcast(count_attempt(self.directory) if self._rank == 0 else None)
+        self.attempt: int = self.checkpointer.comm.bcast(count_attempt(self.directory) if self.rank == 0 else None)
         torch.set_num_threads(spec.threads)
         self._emit("started", attempt=self.attempt, host=socket.gethostname(), pid=os.getpid())
 
     # ------------------------------------------------------------------ the contract
+
+    def wrap(self, model: Any) -> Any:
+        """``model`` made to train across the member's ranks, per the member's ``parallel``.
+
+        ``ddp``: a ``DistributedDataParallel`` around it, averaging gradients; ``fsdp``: FSDP2
+        (``fully_shard`` on each child with parameters, then on the root), sharding parameters,
+        gradients and optimizer state. On one rank the model comes back unchanged. The model is
+        moved to :attr:`device` first. Call it before :meth:`track`, build the optimizer from the
+        returned module's parameters (FSDP replaces them by sharded ones), and ``track`` the
+        unwrapped ``model``: its ``state_dict`` keys do not depend on the rank count, so a
+        checkpoint restores on any.
+        A model that cannot be wrapped is refused before anything is changed, on any rank count.
+        """
+        parallel = self.spec.parallel
+        got = None
+        if not isinstance(model, nn.Module):
+            got = f"a {type(model).__name__}"
+        elif not any(True for _ in model.parameters()):
+            got = f"a {type(model).__name__} without parameters"
+        if got is not None:
+            raise LaunchError(
+                f"member {self.name} (workload {self.spec.workload}): parallel: {parallel} needs a torch "
+                f"nn.Module with parameters to wrap, got {got}"
+            )
+        if self.distributed is None:
+            return model
+        model.to(self.device)
+        if parallel == "ddp":
+            from torch.nn.parallel import DistributedDataParallel
+
+            ids = [self.device.index] if self.device.type == "cuda" else None
+            return DistributedDataParallel(model, device_ids=ids, process_group=self.group)
+        from torch.distributed.device_mesh import DeviceMesh
+        from torch.distributed.fsdp import fully_shard
+
+        mesh = DeviceMesh.from_group(self.group, self.device.type)
+        for child in model.children():
+            if any(True for _ in child.parameters()):
+                fully_shard(child, mesh=mesh)
+        return fully_shard(model, mesh=mesh)
 
     def track(
         self,
@@ -142,7 +212,7 @@ class TrainContext:
         parent = self.spec.parent
         if parent is not None and _read_seed_step(self.directory) is None:  # a clone's first start
             self._seed = self.checkpointer.comm.bcast(
-                wait_for_seed(self.run_dir, self.spec, self.checkpointer) if self._rank == 0 else None
+                wait_for_seed(self.run_dir, self.spec, self.checkpointer) if self.rank == 0 else None
             )
         self.restored_step = self.checkpointer.restore(self.state)
         self._last_saved = self.restored_step
@@ -172,7 +242,7 @@ class TrainContext:
         """Record metrics of ``step`` (floats, or 0-d tensors) in ``metrics.jsonl``."""
         values = {k: float(v.detach()) if isinstance(v, torch.Tensor) else float(v) for k, v in metrics.items()}
         self._last_metrics = {"step": step, **values}
-        if self._rank == 0:
+        if self.rank == 0:
             self._metrics.append({"step": int(step), "attempt": self.attempt, "time": time.time(), **values})
 
     def result(self, model: Any = None, **values: Any) -> dict[str, Any]:
@@ -198,13 +268,43 @@ class TrainContext:
     # ------------------------------------------------------------------ internals
 
     def close(self) -> None:
+        """Flush metrics, finish and stop the checkpointer, then leave the process group. Idempotent."""
         self._metrics.close()
-        self.checkpointer.close()
+        try:
+            self.checkpointer.close()
+        finally:
+            self._leave_ranks()
+
+    def _join_ranks(self, comm: Any) -> DistributedInfo | None:
+        """The member's process group when it has several ranks: formed (or joined) here.
+
+        ``comm`` of several ranks carries the rendezvous; without one, the launcher's environment
+        must hold as many processes as the spec's ``ranks``.
+        """
+        given = comm_size(comm)
+        if given <= 1 and self.spec.ranks == 1:
+            return None
+        try:
+            info = init_process_group(comm=comm if given > 1 else None)
+        except LaunchError as exc:
+            raise LaunchError(f"member {self.name} ({self.spec.ranks} ranks): {exc}") from exc
+        if given <= 1 and info.world_size != self.spec.ranks:
+            shutdown_process_group()
+            raise LaunchError(
+                f"member {self.name} has ranks: {self.spec.ranks}, but {info.launcher} started "
+                f"{info.world_size} process(es)"
+            )
+        return info
+
+    def _leave_ranks(self) -> None:
+        if self.distributed is not None:
+            self.distributed = None
+            shutdown_process_group()
 
     def _after_step(self, step: int) -> bool:
         """Checkpoint, fork or stop as requested after ``step``; True when the member retires."""
         self._fire_faults(step)
-        look = self._rank == 0 and self._watch.due()
+        look = self.rank == 0 and self._watch.due()
         request = read_stop_request(self.directory) if look else None
         if self._stop_reason is not None:
             request = ("preempt", self._stop_reason)
@@ -233,7 +333,7 @@ class TrainContext:
         if request is not None:
             action, reason = request
             self.checkpointer.wait()
-            if self._rank == 0:
+            if self.rank == 0:
                 (self.directory / "control.json").unlink(missing_ok=True)
             if action == "retire":
                 self.retired = reason
@@ -256,7 +356,7 @@ class TrainContext:
         assert parent is not None and seed is not None
         start = max(parent.requested_at, seed.forked_at or 0.0)
         record = {"step": seed.step, "transport": seed.transport, "fallback": seed.fallback}
-        if self._rank == 0:
+        if self.rank == 0:
             write_durably(self.directory / "seed.json", json.dumps({"parent": parent.member, **record}))
         self._emit(
             "cloned",
@@ -270,10 +370,10 @@ class TrainContext:
 
     def _handoff(self, step: int, orders: list[CloneOrder]) -> Handoff:
         """Serve clone orders with this step's checkpoint: linked into the clones' tiers on commit."""
-        if self._rank == 0:
+        if self.rank == 0:
             for order in orders:
                 mark_forking(self.run_dir, self.name, order, step, self.attempt)
-        return Handoff(self.run_dir, self.name, orders, self._rank, self.checkpointer.world_size)
+        return Handoff(self.run_dir, self.name, orders, self.rank, self.checkpointer.world_size)
 
     def _save(self, step: int, persist: bool | None = None, on_commit: Handoff | None = None) -> None:
         self._metrics.flush()  # every step up to a committed checkpoint is on disk
@@ -297,7 +397,7 @@ class TrainContext:
         tuner.stepped(step)
         two_tiers = self.checkpointer.local is not None
         choice = None
-        if self._rank == 0 and tuner.ready(stats, two_tiers):
+        if self.rank == 0 and tuner.ready(stats, two_tiers):
             params, config = tuner.recommend(step, stats, two_tiers)
             choice = (config.interval, config.l2_every or MAX_PERSIST_EVERY, tuned_fields(params, config))
         if self.checkpointer.world_size > 1:  # every rank checkpoints on the same steps
@@ -337,7 +437,7 @@ class TrainContext:
                 signal.signal(sig, handler)
 
     def _emit(self, kind: str, **fields: Any) -> None:
-        if self._rank == 0:
+        if self.rank == 0:
             self.events.emit(kind, self.name, **fields)
 
 

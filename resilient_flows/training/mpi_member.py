@@ -1,8 +1,10 @@
 """``python -m resilient_flows.training.mpi_member SPEC.json RUN_DIR``: one rank of a data-parallel member.
 
-Launched by ``mpiexec`` (or Parsl's ``$PARSL_MPI_PREFIX``); the ranks share one checkpointer over
-``MPI.COMM_WORLD``. Exit status :data:`EXIT_PREEMPTED` tells the retry handler that the member
-stopped on request after committing a checkpoint, which is not a failure.
+Launched by ``mpiexec`` (or Parsl's ``$PARSL_MPI_PREFIX``); the ranks agree over ``MPI.COMM_WORLD``
+on a torch.distributed process group (see :mod:`resilient_flows.training.distributed`), which the
+workload's DDP or FSDP and the shared checkpointer use. Exit status :data:`EXIT_PREEMPTED` tells
+the retry handler that the member stopped on request after committing a checkpoint, which is not
+a failure.
 """
 
 from __future__ import annotations

@@ -25,7 +25,9 @@ def run_member(spec: dict[str, Any], run_dir: str, comm: Any = None) -> dict[str
     """Train one member from its latest checkpoint to its last step; its result.
 
     Raises :class:`~resilient_flows.training.Preempted` after committing a checkpoint when asked to
-    stop. ``comm`` (mpi4py or torch.distributed) makes the ranks share one checkpointer.
+    stop. ``comm`` of several ranks (mpi4py, or a torch.distributed ProcessGroup) makes them one
+    member: one process group for training and the checkpointer; without it, a spec of several
+    ``ranks`` forms the group from its launcher's environment (srun, torchrun, PBS).
     """
     member = MemberSpec.from_dict(spec)
     workload = resolve_workload(member.workload, member.evaluate)

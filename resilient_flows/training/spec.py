@@ -11,7 +11,12 @@ import signal
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-__all__ = ["CheckpointSpec", "FaultSpec", "MemberSpec", "ParentSpec", "StageSpec"]
+from resilient_flows.errors import WorkflowError
+
+__all__ = ["PARALLEL_MODES", "CheckpointSpec", "FaultSpec", "MemberSpec", "ParentSpec", "StageSpec"]
+
+#: How a member's ranks share the model: replicated (DDP) or sharded (FSDP2).
+PARALLEL_MODES = ("ddp", "fsdp")
 
 
 @dataclass(frozen=True)
@@ -74,7 +79,12 @@ class ParentSpec:
 @dataclass(frozen=True)
 class MemberSpec:
     """One ensemble member. ``inputs`` maps the stages it reads to their output directories,
-    relative to the run directory (``ctx.inputs`` resolves them)."""
+    relative to the run directory (``ctx.inputs`` resolves them).
+
+    ``ranks`` processes train it data-parallel; ``parallel`` says how ``ctx.wrap`` shares the
+    model between them (``ddp`` or ``fsdp``), and has no effect on one rank, so that a resume
+    with another rank count needs no other change.
+    """
 
     name: str
     workload: str
@@ -86,8 +96,17 @@ class MemberSpec:
     evaluate: str | None = None
     threads: int = 1
     ranks: int = 1
+    parallel: str = "ddp"
     parent: ParentSpec | None = None
     inputs: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.ranks, int) or self.ranks < 1:
+            raise WorkflowError(f"member {self.name!r} needs at least one rank, got ranks: {self.ranks}")
+        if self.parallel not in PARALLEL_MODES:
+            raise WorkflowError(
+                f"member {self.name!r}: parallel must be one of {', '.join(PARALLEL_MODES)}, got {self.parallel!r}"
+            )
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

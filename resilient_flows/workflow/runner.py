@@ -12,7 +12,9 @@ from __future__ import annotations
 import os
 import sys
 import time
+from collections.abc import Mapping
 from concurrent.futures import Future
+from dataclasses import replace
 from pathlib import Path
 
 import parsl
@@ -22,6 +24,7 @@ from rich.live import Live
 
 from resilient_flows.apps import ResumingRetryHandler, analytics_app, mpi_train_app, stage_app, train_app
 from resilient_flows.clone import request_clone
+from resilient_flows.errors import WorkflowError
 from resilient_flows.sites import load_site, site_facts
 from resilient_flows.training.control import clone_order_path, member_dir
 from resilient_flows.training.events import EventLog
@@ -34,7 +37,7 @@ from resilient_flows.workflow.rundir import Plan, create_run_dir, default_run_di
 from resilient_flows.workflow.schema import Workflow, load_workflow, run_path
 from resilient_flows.workflow.status import MemberStatus, StatusTracker
 
-__all__ = ["plan_workflow", "resume_run", "start_run"]
+__all__ = ["plan_workflow", "resize_members", "resume_run", "start_run"]
 
 POLL_SECONDS = 0.5
 
@@ -59,12 +62,18 @@ def start_run(
     plan = plan_workflow(workflow, site, run_name=target.name)
     directory = create_run_dir(target, plan, Path(path).read_text())
     for clone in workflow.clones:  # registered now: the sources fork when they reach the step
-        request_clone(directory, clone.member, clone.n, clone.overrides, at_step=clone.at_step)
+        request_clone(directory, clone.member, clone.n, clone.overrides, at_step=clone.at_step, ranks=clone.ranks)
     return _execute(directory, plan, list(plan.members), console or Console())
 
 
-def resume_run(run_dir: str | Path, console: Console | None = None) -> int:
-    """Continue a run: finished members are skipped, the others resume from their checkpoints."""
+def resume_run(
+    run_dir: str | Path, console: Console | None = None, ranks: int | Mapping[str, int] | None = None
+) -> int:
+    """Continue a run: finished members are skipped, the others resume from their checkpoints.
+
+    ``ranks`` runs resumed members on another number of ranks (one count for all of them, or
+    counts by member name), for this resume only; their checkpoints are resharded on restore.
+    """
     directory = Path(run_dir).resolve()
     plan = read_plan(directory)
     console = console or Console()
@@ -72,7 +81,31 @@ def resume_run(run_dir: str | Path, console: Console | None = None) -> int:
     pending = [m for m in members if not _finished(directory, m.name)]
     if len(pending) < len(members):
         console.print(f"{len(members) - len(pending)} member(s) already finished; resuming {len(pending)}")
-    return _execute(directory, plan, pending, console)
+    resized = resize_members(pending, ranks, [m.name for m in members])
+    for old, new in zip(pending, resized, strict=True):
+        if new.ranks != old.ranks:
+            console.print(f"{new.name}: {new.ranks} rank(s) instead of {old.ranks}; its checkpoint is resharded")
+    return _execute(directory, plan, resized, console)
+
+
+def resize_members(
+    pending: list[MemberSpec], ranks: int | Mapping[str, int] | None, known: list[str] | None = None
+) -> list[MemberSpec]:
+    """``pending`` with their rank counts replaced: ``ranks`` for all, or by name.
+
+    A name that is not pending is an error: unknown (``known`` lists the run's members), or a
+    member that already finished.
+    """
+    if ranks is None:
+        return list(pending)
+    if isinstance(ranks, int):
+        return [replace(m, ranks=ranks) for m in pending]
+    names = {m.name for m in pending}
+    for name in ranks:
+        if name not in names:
+            state = "already finished" if known is not None and name in known else "is not a member of this run"
+            raise WorkflowError(f"--ranks {name}={ranks[name]}: {name!r} {state}; pending: {', '.join(sorted(names))}")
+    return [replace(m, ranks=ranks[m.name]) if m.name in ranks else m for m in pending]
 
 
 def _put_interpreter_on_path() -> None:

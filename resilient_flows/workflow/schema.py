@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 from resilient_flows.clone import check_overrides
 from resilient_flows.cosched import BASELINES
 from resilient_flows.errors import CloneError, WorkflowError
-from resilient_flows.training.spec import CheckpointSpec, FaultSpec, MemberSpec, StageSpec
+from resilient_flows.training.spec import PARALLEL_MODES, CheckpointSpec, FaultSpec, MemberSpec, StageSpec
 from resilient_flows.training.stage import stage_output
 from resilient_flows.training.workloads import BUILTIN_WORKLOADS
 from resilient_flows.units import parse_duration
@@ -122,7 +122,12 @@ class CheckpointConfig(_Strict):
 
 
 class MemberConfig(_Strict):
-    """One entry of ``members``; ``seeds``, ``count`` and ``grid`` expand it into several members."""
+    """One entry of ``members``; ``seeds``, ``count`` and ``grid`` expand it into several members.
+
+    ``ranks`` processes (``mpiexec -n ranks``) train each member in one torch.distributed process
+    group; ``parallel`` is how the built-in workloads and ``ctx.wrap`` share the model between
+    them: ``ddp`` (replicated, gradients averaged; the default) or ``fsdp`` (FSDP2, sharded).
+    """
 
     name: Name
     workload: str
@@ -133,7 +138,8 @@ class MemberConfig(_Strict):
     count: Annotated[int, Field(ge=1)] | None = None
     grid: dict[str, list[Any]] | None = None
     evaluate: str | None = None
-    ranks: Annotated[int, Field(ge=1)] = 1
+    ranks: int = 1
+    parallel: Literal[PARALLEL_MODES] = "ddp"
     threads: Annotated[int, Field(ge=1)] = 1
     checkpoint: CheckpointConfig | None = None  # None: the workflow's
     after: list[Name] = []  # stages whose output it reads: it starts once they finished
@@ -146,6 +152,13 @@ class MemberConfig(_Strict):
             raise ValueError(
                 f"unknown workload {value!r}: a built-in ({', '.join(BUILTIN_WORKLOADS)}) or 'module:function'"
             )
+        return value
+
+    @field_validator("ranks")
+    @classmethod
+    def _ranks(cls, value: int, info: ValidationInfo) -> int:
+        if value < 1:
+            raise ValueError(f"member {info.data.get('name', '?')!r} needs at least one rank, got ranks: {value}")
         return value
 
     @model_validator(mode="after")
@@ -241,12 +254,16 @@ class FaultConfig(_Strict):
 
 
 class CloneConfig(_Strict):
-    """``{member: m0, at_step: 500, n: 2, overrides: [{lr: 0.01}, {lr: 0.1}]}``: fork m0 after step 500."""
+    """``{member: m0, at_step: 500, n: 2, overrides: [{lr: 0.01}, {lr: 0.1}]}``: fork m0 after step 500.
+
+    ``ranks: M`` runs the clones on M ranks (FSDP or DDP as the source), resharding its state.
+    """
 
     member: str
     at_step: Annotated[int, Field(ge=0)]
     n: Annotated[int, Field(ge=1)] = 1
     overrides: list[dict[str, Any]] | dict[str, Any] = {}
+    ranks: Annotated[int, Field(ge=1)] | None = None
 
 
 class HyperparameterSpace(_Strict):
@@ -504,6 +521,7 @@ class Workflow(_Strict):
                         evaluate=member.evaluate,
                         threads=member.threads,
                         ranks=member.ranks,
+                        parallel=member.parallel,
                         inputs={stage: stage_output(stage) for stage in member.after},
                     )
                 )
