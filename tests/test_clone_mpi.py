@@ -83,3 +83,14 @@ def test_a_staging_buffer_is_reused_and_never_shared_by_two_transfers_in_flight(
     staging.release()
     assert staging.acquire(4000).numel() == 4000 and staging.nbytes == 4000
     assert staging.allocations == 2
+
+
+def test_an_fsdp_source_on_two_ranks_clones_into_fsdp_on_three_receiving_only_what_each_needs(tmp_path: Path) -> None:
+    reports = run_worker(Path(__file__).with_name("clone_fsdp_worker.py"), 5, "reshard", tmp_path)
+    sources, clones = reports[:2], reports[2:]
+    assert len({r["digest"] for r in reports}) == 1  # full parameters and moments equal bitwise
+    sent = sum(r["stats"]["payload_bytes"] for r in sources)
+    received = [r["stats"]["payload_bytes"] for r in clones]
+    assert sent == sum(received)
+    for clone in clones:  # exactly its own shard of parameters and both moments, plus the 6 step counters
+        assert clone["stats"]["payload_bytes"] == 3 * clone["local_bytes"] + 6 * 4

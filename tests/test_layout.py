@@ -12,9 +12,8 @@ import torch
 
 from resilient_flows.checkpoint import CheckpointError
 from resilient_flows.checkpoint.boxes import Box, HeldBox
+from resilient_flows.checkpoint.planner import MIN_PIECE_BYTES, WriteItem, plan_writes
 from resilient_flows.checkpoint.planner import ArraySpec as WriteSpec
-from resilient_flows.checkpoint.planner import WriteItem, plan_writes
-from resilient_flows.checkpoint.shards import MIN_PIECE_BYTES, ArraySpec, plan_shards
 from resilient_flows.checkpoint.tree import flatten, unflatten
 
 
@@ -50,8 +49,13 @@ def test_unsupported_leaves_name_their_key(state: dict, message: str) -> None:
         flatten(state)
 
 
-def specs_of(sizes: list[int]) -> list[ArraySpec]:
-    return [ArraySpec(f"t{i}", torch.float32, (n,)) for i, n in enumerate(sizes)]
+def specs_of(sizes: list[int], world: int) -> list[WriteSpec]:
+    """Replicated 1-D arrays, held whole by every rank."""
+    return [replicated(f"t{i}", torch.float32, (n,), world) for i, n in enumerate(sizes)]
+
+
+def replicated(name: str, dtype: torch.dtype, shape: tuple[int, ...], world: int) -> WriteSpec:
+    return WriteSpec(name, dtype, shape, (HeldBox(Box.whole(shape), tuple(range(world))),))
 
 
 @pytest.mark.parametrize("world", [1, 2, 3, 4, 8])
@@ -59,37 +63,37 @@ def test_plan_covers_every_element_once_and_balances_bytes(world: int) -> None:
     rng = np.random.default_rng(world)
     # one huge embedding plus many small layers: balancing by count would fail here
     sizes = [50000000, *rng.integers(1, 2000000, size=40).tolist()]
-    specs = specs_of(sizes)
-    plan = plan_shards(specs, world)
+    specs = specs_of(sizes, world)
+    plan = plan_writes(specs, world)
     covered: dict[str, list[tuple[int, int]]] = {}
     loads = []
-    for pieces in plan:
-        loads.append(sum((p.stop - p.start) * 4 for p in pieces))
-        for p in pieces:
-            covered.setdefault(p.name, []).append((p.start, p.stop))
+    for items in plan:
+        loads.append(sum(item.nbytes for item in items))
+        for item in items:
+            covered.setdefault(item.name, []).append((item.box.offsets[0], item.box.offsets[0] + item.box.lengths[0]))
     for spec in specs:
         ranges = sorted(covered[spec.name])
-        assert ranges[0][0] == 0 and ranges[-1][1] == spec.numel
+        assert ranges[0][0] == 0 and ranges[-1][1] == spec.shape[0]
         assert all(a[1] == b[0] for a, b in itertools.pairwise(ranges))
     average = sum(loads) / world
     assert max(loads) <= average * 1.25 + MIN_PIECE_BYTES
 
 
 def test_plan_is_deterministic_and_keys_are_unique_per_shard() -> None:
-    specs = specs_of([10_000_000, 3, 7_000_000])
-    assert plan_shards(specs, 3) == plan_shards(list(reversed(specs)), 3)
-    for pieces in plan_shards(specs, 3):
-        assert len({p.key for p in pieces}) == len(pieces)
+    specs = specs_of([10_000_000, 3, 7_000_000], 3)
+    assert plan_writes(specs, 3) == plan_writes(list(reversed(specs)), 3)
+    for items in plan_writes(specs, 3):
+        assert len({item.key for item in items}) == len(items)
 
 
 def test_plan_orders_wide_dtypes_first_for_alignment() -> None:
     specs = [
-        ArraySpec("b", torch.uint8, (3,)),
-        ArraySpec("d", torch.float64, (2,)),
-        ArraySpec("h", torch.float16, (5,)),
+        replicated("b", torch.uint8, (3,), 1),
+        replicated("d", torch.float64, (2,), 1),
+        replicated("h", torch.float16, (5,), 1),
     ]
-    (pieces,) = plan_shards(specs, 1)
-    assert [p.name for p in pieces] == ["d", "h", "b"]
+    (items,) = plan_writes(specs, 1)
+    assert [item.name for item in items] == ["d", "h", "b"]
 
 
 def _tiles_once(spec: WriteSpec, items: list[WriteItem]) -> bool:

@@ -14,6 +14,7 @@ from conftest import mpiexec, python_env
 from resilient_flows.cli import main
 from resilient_flows.training import CheckpointSpec, FaultSpec, MemberSpec, read_events
 from resilient_flows.training.mpi_member import EXIT_PREEMPTED
+from resilient_flows.workflow.status import MetricsReader
 
 pytestmark = [pytest.mark.mpi, pytest.mark.slow]
 
@@ -102,3 +103,30 @@ def test_an_fsdp_member_sigkilled_mid_run_resumes_to_the_uninterrupted_weights(t
     assert result["digest"] == reference["digest"]  # bit for bit, parameters gathered from both shards
     resumed = [e["step"] for e in read_events(run_dir) if e["kind"] == "resumed"]
     assert resumed == [manifest["step"]]
+
+
+def test_clones_of_an_fsdp_member_on_the_same_and_on_another_rank_count(tmp_path: Path) -> None:
+    """Same layout: bit for bit. One rank instead of two: within reduction-order noise."""
+    workflow = tmp_path / "wf.yaml"
+    workflow.write_text(
+        "name: dp\ncheckpoint: {interval: 10}\n"
+        "members:\n  - {name: dp, workload: mlp-digits, steps: 60, seed: 1, params: {hidden: 48}, ranks: 2, "
+        "parallel: fsdp}\n"
+        "clones:\n  - {member: dp, at_step: 20}\n  - {member: dp, at_step: 20, ranks: 1}\n"
+    )
+    run_dir = tmp_path / "run"
+    assert main(["run", str(workflow), "--run-dir", str(run_dir)]) == 0
+    result = {n: json.loads((run_dir / f"members/{n}/result.json").read_text()) for n in ("dp", "dp.c1", "dp.c2")}
+    assert result["dp.c1"]["digest"] == result["dp"]["digest"]
+    source, other = losses(run_dir, "dp"), losses(run_dir, "dp.c2")
+    assert min(other) == 21 and max(other) == 59
+    for step, loss in other.items():
+        assert loss == pytest.approx(source[step], rel=1e-5), step
+    spec = json.loads((run_dir / "members/dp.c2/spec.json").read_text())
+    assert spec["ranks"] == 1 and spec["parallel"] == "fsdp"
+
+
+def losses(run_dir: Path, name: str) -> dict[int, float]:
+    reader = MetricsReader(run_dir / "members" / name / "metrics.jsonl")
+    reader.update()
+    return reader.curve

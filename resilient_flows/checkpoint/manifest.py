@@ -35,7 +35,16 @@ from resilient_flows.checkpoint.boxes import Box
 from resilient_flows.checkpoint.shardfile import CODE_DTYPES, DTYPE_CODES, ShardRecord, fsync_dir
 from resilient_flows.errors import CorruptCheckpointError
 
-__all__ = ["FORMAT", "VERSION", "ArrayRecord", "Manifest", "PieceRecord", "read_manifest", "write_manifest"]
+__all__ = [
+    "FORMAT",
+    "VERSION",
+    "ArrayRecord",
+    "Manifest",
+    "PieceRecord",
+    "check_cover",
+    "read_manifest",
+    "write_manifest",
+]
 
 FORMAT = "resilient-flows-checkpoint"
 VERSION = 2
@@ -138,7 +147,7 @@ class Manifest:
                     for s, k, o, n, h in a["pieces"]
                 ],
             )
-            _check_cover(name, record, world)
+            check_cover(name, record, world)
             arrays[str(name)] = record
         return cls(
             step=int(data["step"]),
@@ -151,7 +160,7 @@ class Manifest:
         )
 
 
-def _check_cover(name: str, record: ArrayRecord, world: int) -> None:
+def check_cover(name: str, record: ArrayRecord, world: int) -> None:
     """The pieces' boxes lie inside the array, do not overlap, and add up to all of it."""
     ndim = len(record.shape)
     total = 0

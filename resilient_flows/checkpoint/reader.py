@@ -49,6 +49,11 @@ class Target:
     result: Leaf
     into: np.ndarray | None = None  # a live numpy array ``dst`` is copied into at the end
 
+    def finish(self) -> None:
+        """Hand the filled values to a live array that could not be filled in place."""
+        if self.into is not None:
+            np.copyto(self.into, self.dst.numpy())
+
     @classmethod
     def of(cls, record: ArrayRecord, live: Leaf | None) -> Target:
         """Fill ``live`` in place where it allows it (other references then see the restored values)."""
@@ -108,8 +113,7 @@ class OpenCheckpoint:
             for name, target in targets.items():
                 for piece, common in self._overlaps(name, target.box):
                     target.dst[common.within(target.box)].copy_(self._piece(name, piece)[common.within(piece.box)])
-                if target.into is not None:
-                    np.copyto(target.into, target.dst.numpy())
+                target.finish()
         return {name: target.result for name, target in targets.items()}
 
     def state(self, arrays: Mapping[str, Leaf], rank: int) -> dict[str, Any]:

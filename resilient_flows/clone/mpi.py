@@ -1,28 +1,35 @@
 """Cloning over MPI: hand a running training's state to clone ranks of the same job, point to point.
 
 When the source and its clones are ranks of one MPI job there is no need to go through a file
-system: the data-parallel source ranks, which all hold the same replicated state, split its bytes
-between them exactly as a checkpoint would (:func:`~resilient_flows.checkpoint.shards.plan_shards`
-over the ``N`` source ranks) and each sends its share to every clone rank. With ``N`` source ranks
-each sends about ``1/N`` of the bytes, and a clone receives from all of them at once.
+system. The source ranks split the state's bytes between them exactly as a checkpoint would
+(:func:`~resilient_flows.checkpoint.planner.plan_writes` over the ``N`` source ranks): each
+distinct box once, replicated arrays shared by bytes, each rank its own shards of sharded
+(``DTensor``) arrays. Each clone rank works out which of those boxes overlap what it holds in its
+own layout (all of an array when replicated, its local shard when sharded, on any number of
+ranks) and asks each source rank for exactly those; so a clone of another rank count or another
+parallelism receives only what it needs, and reshards it as a restore would.
 
 Protocol, per (source rank, clone rank) pair, on three tags of the given communicator:
 
 1. ``TAG_META``: the source sends a small JSON document: the skeleton of the state (its structure
-   and scalar values, see :mod:`resilient_flows.checkpoint.tree`), the names, dtypes and shapes of
-   its arrays, the pieces this source rank will send, and (from source rank ``j % N`` to the clone
-   of index ``j``) the per-rank values under :data:`~resilient_flows.checkpoint.state.RANK_LOCAL`,
-   as restore hands them out. JSON, never pickle: a clone parses what it is sent, it unpickles
-   nothing. A source that cannot flatten its state sends its error here instead.
-2. ``TAG_REPLY``: the clone checks that every source rank sent the same structure, and that it fits
-   the state it receives into, then answers every source rank with the same verdict (``ok`` or the
-   error). So a refused transfer fails on every rank with a message that says why, and no rank
-   waits for data that will never come.
-3. ``TAG_DATA``: raw bytes, one message per piece (cut at :data:`CHUNK_BYTES` for 32-bit MPI
-   counts), sent with ``Isend`` from byte views of the tensors and received with ``Irecv`` straight
-   into byte views of the destination tensors. Travelling as bytes, every dtype goes, those numpy
-   lacks (bfloat16, float8) included. Messages of one pair on one tag arrive in the order they were
-   sent, so both sides only need to agree on the order, which the shared plan gives them.
+   and scalar values, see :mod:`resilient_flows.checkpoint.tree`), the names, dtypes and global
+   shapes of its arrays, the boxes this source rank holds for sending, and (from source rank
+   ``j % N`` to the clone of index ``j``) the per-rank values under
+   :data:`~resilient_flows.checkpoint.state.RANK_LOCAL`, as restore hands them out. JSON, never
+   pickle: a clone parses what it is sent, it unpickles nothing. A source that cannot flatten its
+   state sends its error here instead.
+2. ``TAG_REPLY``: the clone checks that every source rank sent the same structure, that their
+   boxes tile every array exactly once, and that it fits the state it receives into, then answers
+   every source rank with the same verdict (``ok`` or the error) and, when ``ok``, the indices of
+   that source's boxes it wants. So a refused transfer fails on every rank with a message that
+   says why, and no rank waits for data that will never come.
+3. ``TAG_DATA``: raw bytes, one message per wanted box (cut at :data:`CHUNK_BYTES` for 32-bit MPI
+   counts), sent with ``Isend`` from byte views of the tensors and received with ``Irecv``
+   straight into the destination tensor where the box lies whole and contiguous in it (same
+   layout), into a buffer and then copied where it does not (another layout). Travelling as
+   bytes, every dtype goes, those numpy lacks (bfloat16, float8) included. Messages of one pair
+   on one tag arrive in the order they were sent, so both sides only need to agree on the order,
+   which the wanted indices give them.
 
 The source's stall. :func:`send_state` blocks until every byte has left and sends from the live
 tensors themselves: no copy at all for contiguous CPU tensors (a host copy for non-contiguous or
@@ -55,7 +62,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from resilient_flows.checkpoint.shards import ArraySpec, plan_shards
+from resilient_flows.checkpoint.boxes import Box, dtensor_local, held_boxes, is_dtensor, local_box
+from resilient_flows.checkpoint.manifest import ArrayRecord, PieceRecord, check_cover
+from resilient_flows.checkpoint.planner import ArraySpec, plan_writes
+from resilient_flows.checkpoint.reader import Target
 from resilient_flows.checkpoint.state import RANK_LOCAL, Stateful, TrainState
 from resilient_flows.checkpoint.tree import Leaf, flatten, unflatten
 from resilient_flows.errors import CloneError, ResilientFlowsError, StateMismatchError
@@ -82,8 +92,10 @@ TAG_META, TAG_REPLY, TAG_DATA = 0x7CF0, 0x7CF1, 0x7CF2
 CHUNK_BYTES = 1 << 30
 #: How often a rank waiting for a peer's metadata looks for it.
 POLL_SECONDS = 0.001
+#: Alignment of each box in a staging buffer: enough for every dtype.
+ALIGN = 16
 #: Version of the metadata document; a clone refuses others.
-FORMAT = 1
+FORMAT = 2
 
 
 @dataclass
@@ -185,10 +197,12 @@ def send_state(
 ) -> CloneTransferStats:
     """Send this source rank's share of ``state`` to every clone rank; return once all is sent.
 
-    Called by every rank of ``source_ranks``, each holding the same replicated state (and its own
-    per-rank values under ``rank_local``). Sends straight from the live tensors: no copy for
-    contiguous CPU tensors, so the caller must not change the state before this returns. See
-    :func:`start_send_state` for a version that returns after a copy.
+    Called by every rank of ``source_ranks``, each holding the same replicated state and its own
+    shards of sharded (``DTensor``) state, whose device mesh must consist of these ranks (MPI ranks
+    are taken to be ``torch.distributed`` ranks), and its own per-rank values under
+    ``rank_local``. Sends straight from the live tensors: no copy for contiguous CPU tensors, so
+    the caller must not change the state before this returns. See :func:`start_send_state` for a
+    version that returns after a copy.
 
     Parameters
     ----------
@@ -235,9 +249,9 @@ def start_send_state(
     """Copy this source rank's share of ``state`` into a host buffer and send it in the background.
 
     Same contract and parameters as :func:`send_state`; returns as soon as the copy is done, after
-    which the caller may change the state (train on). The copy holds about ``1/N`` of the replicated
-    bytes plus this rank's per-rank values. Call :meth:`CloneSend.wait` before the next transfer on
-    the same communicator.
+    which the caller may change the state (train on). The copy holds this rank's share: about
+    ``1/N`` of the replicated bytes, its shards, and its per-rank values. Call
+    :meth:`CloneSend.wait` before the next transfer on the same communicator.
 
     Parameters
     ----------
@@ -303,7 +317,7 @@ class _SourceTransfer:
     comm: Any
     clone_ranks: list[int]
     meta: dict[int, bytes]
-    replicated: list[np.ndarray]
+    pieces: list[tuple[torch.Tensor, Box]]
     local: list[np.ndarray]
     local_to: set[int]
     deadline: float | None
@@ -330,12 +344,19 @@ class _SourceTransfer:
             if self.failure is not None:
                 raise CloneError(self.failure)
             refused = {c: v.get("error") or "no reason given" for c, v in verdicts.items() if not v.get("ok")}
+            wanted = {}
+            for c, verdict in verdicts.items():
+                if c not in refused:
+                    try:
+                        wanted[c] = [self._part(*want) for want in verdict.get("want", [])]
+                    except (TypeError, ValueError, IndexError) as exc:
+                        refused[c] = f"asked for a piece this source rank does not hold ({exc})"
             sending = time.perf_counter()
             requests = []
             for c in self.clone_ranks:
                 if c in refused:
                     continue
-                for buffer in self.replicated + (self.local if c in self.local_to else []):
+                for buffer in wanted[c] + (self.local if c in self.local_to else []):
                     for chunk in _chunks(buffer):
                         requests.append(self.comm.Isend(chunk, dest=c, tag=TAG_DATA))
                         self.stats.payload_bytes += chunk.nbytes
@@ -350,7 +371,7 @@ class _SourceTransfer:
         finally:
             self.stats.total_s = time.perf_counter() - self.started
             self.keep.clear()
-            self.replicated, self.local = [], []
+            self.pieces, self.local = [], []
             if self.staging is not None:
                 self.staging.release()
         if self.error is None:
@@ -365,6 +386,19 @@ class _SourceTransfer:
     def raise_error(self) -> None:
         if self.error is not None:
             raise self.error
+
+    def _part(self, index: int, offsets: list[int], lengths: list[int]) -> np.ndarray:
+        """Bytes of the part ``offsets``/``lengths`` of piece ``index``, as a clone asked for it."""
+        piece, box = self.pieces[index]
+        part = Box(tuple(map(int, offsets)), tuple(map(int, lengths)))
+        if part.intersect(box) != part:
+            raise ValueError(f"{list(part.offsets)} + {list(part.lengths)} is not inside piece {index}")
+        view = piece if part == box else piece[part.within(box)]
+        if view.is_contiguous():
+            return _bytes_of(view.reshape(-1))
+        copy = view.contiguous().reshape(-1)
+        self.keep.append(copy)
+        return _bytes_of(copy)
 
 
 def _prepare(
@@ -390,7 +424,7 @@ def _prepare(
         comm=raw,
         clone_ranks=clones,
         meta={},
-        replicated=[],
+        pieces=[],
         local=[],
         local_to={c for j, c in enumerate(clones) if j % world == index},
         deadline=None if timeout is None else started + timeout,
@@ -402,23 +436,25 @@ def _prepare(
         local_state = full.pop(RANK_LOCAL, None)
         skeleton, arrays = flatten(full)
         local_skeleton, local_arrays = ({}, {}) if local_state is None else flatten(local_state, RANK_LOCAL)
-        specs = [ArraySpec(name, _dtype_of(name, leaf), tuple(leaf.shape)) for name, leaf in arrays.items()]
-        mine = plan_shards(specs, world)[index]
-        layout = [_layout_entry(s) for s in specs]
-        local_specs = [ArraySpec(n, _dtype_of(n, leaf), tuple(leaf.shape)) for n, leaf in local_arrays.items()]
-        pieces = [(arrays[p.name], p.start, p.stop) for p in mine]
+        specs = [
+            ArraySpec(name, _dtype_of(name, leaf), tuple(leaf.shape), tuple(held_boxes(leaf, sources)))
+            for name, leaf in arrays.items()
+        ]
+        mine = plan_writes(specs, world)[index]
+        pieces = [(arrays[item.name], item.box) for item in mine]
         if transfer.local_to:  # this rank's per-rank values go to clones j with j % N == its index
-            pieces += [(local_arrays[s.name], 0, s.numel) for s in local_specs]
+            pieces += [(leaf, Box.whole(tuple(leaf.shape))) for leaf in local_arrays.values()]
         views = _views(pieces, transfer) if staging is None else _stage(pieces, transfer, staging)
-        transfer.replicated, transfer.local = views[: len(mine)], views[len(mine) :]
+        transfer.pieces = [(view, item.box) for view, item in zip(views, mine, strict=False)]
+        transfer.local = [_bytes_of(view.reshape(-1)) for view in views[len(mine) :]]
         body = {
             **header,
-            "layout": layout,
+            "layout": [_layout_entry(name, spec.dtype, spec.shape) for name, spec in zip(arrays, specs, strict=True)],
             "skeleton": skeleton,
-            "pieces": [[p.name, p.start, p.stop] for p in mine],
+            "pieces": [[item.name, list(item.box.offsets), list(item.box.lengths)] for item in mine],
         }
         local = {"skeleton": local_skeleton if local_state is not None else None}
-        local["layout"] = [_layout_entry(s) for s in local_specs]
+        local["layout"] = [_layout_entry(n, _dtype_of(n, leaf), tuple(leaf.shape)) for n, leaf in local_arrays.items()]
         for j, c in enumerate(clones):
             text = json.dumps({**body, "local": local if j % world == index else None})
             transfer.meta[c] = text.encode()
@@ -426,58 +462,60 @@ def _prepare(
         transfer.failure = f"source rank {rank} cannot send its state: {exc}"
         failed = json.dumps({**header, "error": transfer.failure}).encode()
         transfer.meta = dict.fromkeys(clones, failed)
-        transfer.replicated, transfer.local = [], []
+        transfer.pieces, transfer.local = [], []
     stats.metadata_bytes = sum(len(m) for m in transfer.meta.values())
     stats.copy_s = time.perf_counter() - started
     return transfer
 
 
-def _views(pieces: list[tuple[Leaf, int, int]], transfer: _SourceTransfer) -> list[np.ndarray]:
-    """Byte views of the live pieces: no copy for contiguous CPU arrays, a host copy otherwise."""
-    flats: dict[int, Any] = {}
+def _views(pieces: list[tuple[Leaf, Box]], transfer: _SourceTransfer) -> list[torch.Tensor]:
+    """Host views of the live boxes: no copy where a box lies contiguous in host memory, a copy otherwise."""
     out = []
-    for leaf, start, stop in pieces:
-        flat = flats.get(id(leaf))
-        if flat is None:
-            flat = flats[id(leaf)] = _flat_host(leaf, transfer)
-        out.append(_bytes_of(flat[start:stop]))
+    for leaf, box in pieces:
+        piece = _piece(leaf, box)
+        if piece.device.type == "cpu" and piece.is_contiguous() and not (piece.is_conj() or piece.is_neg()):
+            out.append(piece)
+            continue
+        copy = piece.resolve_conj().resolve_neg().cpu().contiguous()
+        transfer.stats.staging_bytes += copy.numel() * copy.element_size()
+        transfer.keep.append(copy)
+        out.append(copy)
     return out
 
 
-def _flat_host(leaf: Leaf, transfer: _SourceTransfer) -> Any:
-    """A flat host array over ``leaf``'s elements: a view when possible, else a copy kept alive."""
+def _piece(leaf: Leaf, box: Box) -> torch.Tensor:
+    """The part ``box`` of the global array of which this rank holds ``leaf``, as a tensor view."""
     if isinstance(leaf, np.ndarray):
-        copied = not leaf.flags.c_contiguous
-        flat = (np.ascontiguousarray(leaf) if copied else leaf).reshape(-1)
+        local = torch.from_numpy(leaf if all(stride >= 0 for stride in leaf.strides) else leaf.copy())
+        held = Box.whole(tuple(leaf.shape))
     else:
-        tensor = leaf.detach()
-        copied = tensor.device.type != "cpu" or not tensor.is_contiguous() or tensor.is_conj() or tensor.is_neg()
-        flat = tensor.resolve_conj().resolve_neg().cpu().contiguous().reshape(-1)
-    if copied:
-        transfer.stats.staging_bytes += flat.nbytes
-        transfer.keep.append(flat)
-    return flat
+        local = (dtensor_local(leaf) if is_dtensor(leaf) else leaf).detach()
+        held = local_box(leaf)
+    return local if box == held else local[box.within(held)]
 
 
-def _stage(pieces: list[tuple[Leaf, int, int]], transfer: _SourceTransfer, staging: StagingBuffer) -> list[np.ndarray]:
-    """Copy every piece into the staging buffer; byte views of it, in the same order."""
-    sizes = [(stop - start) * _itemsize(leaf) for leaf, start, stop in pieces]
-    buffer = staging.acquire(sum(sizes))
+def _stage(pieces: list[tuple[Leaf, Box]], transfer: _SourceTransfer, staging: StagingBuffer) -> list[torch.Tensor]:
+    """Copy every box into the staging buffer; typed views of it, in the same order."""
+    parts = [_piece(leaf, box) for leaf, box in pieces]
+    sizes = [part.numel() * part.element_size() for part in parts]
+    starts = []
+    total = 0
+    for size in sizes:  # each piece aligned for any dtype, so that a clone's part of it can be sliced
+        total += -total % ALIGN
+        starts.append(total)
+        total += size
+    buffer = staging.acquire(total)
     transfer.staging = staging
     transfer.stats.staging_bytes += buffer.numel()
-    out, offset, devices = [], 0, set()
+    out, devices = [], set()
     with torch.no_grad():
-        for (leaf, start, stop), size in zip(pieces, sizes, strict=True):
-            dst = buffer[offset : offset + size]
-            offset += size
-            if isinstance(leaf, np.ndarray):
-                np.copyto(dst.numpy(), _bytes_of(np.ascontiguousarray(leaf).reshape(-1)[start:stop]))
-            else:
-                src = leaf.detach().resolve_conj().resolve_neg().reshape(-1)[start:stop]
-                if src.device.type != "cpu":
-                    devices.add(src.device)
-                dst.copy_(src.contiguous().view(torch.uint8), non_blocking=src.device.type == "cuda")
-            out.append(dst.numpy())
+        for part, start, size in zip(parts, starts, sizes, strict=True):
+            dst = buffer[start : start + size].view(part.dtype).view(part.shape)
+            src = part.resolve_conj().resolve_neg()
+            if src.device.type != "cpu":
+                devices.add(src.device)
+            dst.copy_(src, non_blocking=src.device.type == "cuda")
+            out.append(dst)
     for device in devices:
         if device.type == "cuda":
             torch.cuda.synchronize(device)
@@ -555,42 +593,56 @@ def recv_state(
 
     problem: BaseException | None = None
     requests: list[Any] = []
+    wants: list[list[list]] = []
+    relays: list[tuple[torch.Tensor, Target, Box]] = []
     try:
         metas = [json.loads(t) for t in texts]
         layout, skeleton, local = _agree(metas, sources, rank)
-        specs = [_spec(entry) for entry in layout]
-        local_specs = [_spec(entry) for entry in local["layout"]]
-        live = _live_arrays(into)
-        if into is not None:
-            _check_into(into, live, specs, skeleton)
-        arrays = {s.name: _destination(s, live.get(s.name)) for s in specs}
-        local_arrays = {s.name: torch.empty(s.shape, dtype=s.dtype) for s in local_specs}
-        plan = plan_shards(specs, len(sources))
-        for i, (meta, pieces) in enumerate(zip(metas, plan, strict=True)):
-            if meta["pieces"] != [[p.name, p.start, p.stop] for p in pieces]:
-                raise CloneError(f"source rank {sources[i]} plans other pieces than this clone (another version?)")
+        records = _records(layout, metas)
+        live = _live_arrays(into, records, skeleton)
+        targets = {name: Target.of(record, live.get(name)) for name, record in records.items()}
+        local_arrays = {name: torch.empty(shape, dtype=dtype) for name, dtype, shape in map(_spec, local["layout"])}
         receiving = time.perf_counter()
         for i, s in enumerate(sources):
-            buffers = [_bytes_of(arrays[p.name].view(-1)[p.start : p.stop]) for p in plan[i]]
+            want, buffers = [], []
+            for j, (name, offsets, lengths) in enumerate(metas[i]["pieces"]):
+                target, box = targets[name], Box(tuple(offsets), tuple(lengths))
+                common = box.intersect(target.box)
+                if common is None:
+                    continue
+                want.append([j, list(common.offsets), list(common.lengths)])
+                buffers.append(_receive_buffer(target, common, records[name].dtype, relays))
             if metas[i]["local"] is not None:
-                buffers += [_bytes_of(local_arrays[spec.name].view(-1)) for spec in local_specs]
+                buffers += [local_arrays[name] for name, _, _ in map(_spec, local["layout"])]
+            wants.append(want)
             for buffer in buffers:
-                for chunk in _chunks(buffer):
+                for chunk in _chunks(_bytes_of(buffer.reshape(-1))):
                     requests.append(raw.Irecv(chunk, source=s, tag=TAG_DATA))
                     stats.payload_bytes += chunk.nbytes
     except Exception as exc:  # every source must hear the verdict, whatever went wrong
         problem = exc if isinstance(exc, ResilientFlowsError) else CloneError(f"cannot receive the state: {exc!r}")
-    verdict = json.dumps({"ok": problem is None, "error": None if problem is None else str(problem)}).encode()
-    replies = [raw.Isend(_message(verdict), dest=s, tag=TAG_REPLY) for s in sources]
+        if isinstance(into, TrainState):
+            into.discard_restore_target()
+    replies = []
+    for i, s in enumerate(sources):
+        verdict = {"ok": problem is None, "error": None if problem is None else str(problem)}
+        if problem is None:
+            verdict["want"] = wants[i]
+        replies.append(raw.Isend(_message(json.dumps(verdict).encode()), dest=s, tag=TAG_REPLY))
     if problem is not None:
         MPI.Request.Waitall(replies)  # small: sent eagerly, whether or not the source still listens
         stats.total_s = stats.stall_s = time.perf_counter() - started
         raise problem
     stats.messages = len(requests)
     MPI.Request.Waitall(requests + replies)
+    with torch.no_grad():
+        for buffer, target, common in relays:
+            target.dst[common.within(target.box)].copy_(buffer)
+    for target in targets.values():
+        target.finish()
     stats.transfer_s = time.perf_counter() - receiving
 
-    state = unflatten(skeleton, arrays)
+    state = unflatten(skeleton, {name: target.result for name, target in targets.items()})
     if local["skeleton"] is not None:
         state[RANK_LOCAL] = unflatten(local["skeleton"], local_arrays)
     if into is not None:
@@ -604,6 +656,18 @@ def recv_state(
         stats.handshake_s,
     )
     return state
+
+
+def _receive_buffer(
+    target: Target, common: Box, dtype: torch.dtype, relays: list[tuple[torch.Tensor, Target, Box]]
+) -> torch.Tensor:
+    """Where the part ``common`` goes: straight into the destination when it lies there contiguous."""
+    dst = target.dst[common.within(target.box)]
+    if dst.device.type == "cpu" and dst.is_contiguous() and not (dst.is_conj() or dst.is_neg()):
+        return dst
+    buffer = torch.empty(common.lengths, dtype=dtype)
+    relays.append((buffer, target, common))
+    return buffer
 
 
 def _agree(metas: list[dict], sources: list[int], rank: int) -> tuple[list, dict, dict]:
@@ -623,7 +687,7 @@ def _agree(metas: list[dict], sources: list[int], rank: int) -> tuple[list, dict
     for s, meta in zip(sources[1:], metas[1:], strict=True):
         if meta["layout"] != first["layout"]:
             raise CloneError(
-                f"source ranks {sources[0]} and {s} hold different replicated state (names, shapes or dtypes): "
+                f"source ranks {sources[0]} and {s} hold different state (names, global shapes or dtypes): "
                 f"{_first_difference(first['layout'], meta['layout'])}"
             )
         if _digest(meta["skeleton"]) != _digest(first["skeleton"]):
@@ -636,49 +700,62 @@ def _agree(metas: list[dict], sources: list[int], rank: int) -> tuple[list, dict
     return first["layout"], first["skeleton"], local
 
 
-def _check_into(into: Stateful, live: Mapping[str, Leaf], specs: list[ArraySpec], skeleton: dict) -> None:
-    """Raise StateMismatchError where loading the state would fail, before anything is received."""
-    sent = {s.name: s for s in specs}
-    lazy = into.lazy_prefixes() if isinstance(into, TrainState) else ()
-    for name, leaf in live.items():
-        spec = sent.get(name)
-        if spec is None:
-            if name.startswith(lazy):  # an optimizer that has stepped, cloning one that has not
-                continue
-            raise StateMismatchError(f"the source's state has no {name!r}, which the clone's state has")
-        if tuple(leaf.shape) != spec.shape:
-            raise StateMismatchError(
-                f"{name!r} has shape {list(spec.shape)} in the source's state but {list(leaf.shape)} in the clone's"
-            )
-        dtype = _dtype_of(name, leaf)
-        if dtype != spec.dtype:
-            raise StateMismatchError(f"{name!r} is {spec.dtype} in the source's state but {dtype} in the clone's")
-    for name in sent:
-        if name not in live and not name.startswith(lazy):
-            raise StateMismatchError(f"the source's state has {name!r}, which the clone's state does not have")
-    if isinstance(into, TrainState):
-        into.check_loadable(unflatten(skeleton, _Placeholders()))
+def _records(layout: list, metas: list[dict]) -> dict[str, ArrayRecord]:
+    """Every array and the boxes the source ranks send of it; they must tile it exactly once."""
+    records = {name: ArrayRecord(dtype, shape, []) for name, dtype, shape in map(_spec, layout)}
+    for i, meta in enumerate(metas):
+        for j, (name, offsets, lengths) in enumerate(meta["pieces"]):
+            if name not in records:
+                raise CloneError(f"source rank index {i} sends a piece of {name!r}, which its layout lacks")
+            box = Box(tuple(int(o) for o in offsets), tuple(int(n) for n in lengths))
+            records[name].pieces.append(PieceRecord(i, str(j), box, ""))
+    for name, record in records.items():
+        try:
+            check_cover(name, record, len(metas))
+        except ValueError as exc:
+            raise CloneError(f"the source ranks' pieces are inconsistent: {exc}") from None
+    return records
 
 
-def _live_arrays(into: Stateful | None) -> dict[str, Leaf]:
+def _live_arrays(into: Stateful | None, records: Mapping[str, ArrayRecord], skeleton: dict) -> dict[str, Leaf]:
+    """The arrays of the state to receive into, checked against the source's, in the clone's layout."""
     if into is None:
         return {}
-    target = dict(into.state_dict())
+    lazy = into.lazy_prefixes() if isinstance(into, TrainState) else ()
+    live = _arrays_of(into.state_dict())
+    _check_into(live, records, lazy)
+    if isinstance(into, TrainState):
+        saved = unflatten(skeleton, _Placeholders())
+        into.check_loadable(saved)
+        live = _arrays_of(into.restore_target(saved))  # sharded optimizer state exists in this layout
+        _check_into(live, records, lazy)
+    return live
+
+
+def _arrays_of(state: Mapping[str, Any]) -> dict[str, Leaf]:
+    target = dict(state)
     target.pop(RANK_LOCAL, None)
     return flatten(target)[1]
 
 
-def _destination(spec: ArraySpec, live: Leaf | None) -> torch.Tensor:
-    """The live tensor itself when MPI can write into it; a new CPU tensor otherwise."""
-    if live is None or tuple(live.shape) != spec.shape or _dtype_of(spec.name, live) != spec.dtype:
-        return torch.empty(spec.shape, dtype=spec.dtype)
-    if isinstance(live, torch.Tensor):
-        usable = live.device.type == "cpu" and live.is_contiguous() and not (live.is_conj() or live.is_neg())
-        if usable:
-            return live.detach()
-    elif live.flags.c_contiguous and live.flags.writeable and live.size:
-        return torch.from_numpy(live)
-    return torch.empty(spec.shape, dtype=spec.dtype)
+def _check_into(live: Mapping[str, Leaf], records: Mapping[str, ArrayRecord], lazy: tuple[str, ...]) -> None:
+    """Raise StateMismatchError where loading the state would fail, before anything is received."""
+    for name, leaf in live.items():
+        record = records.get(name)
+        if record is None:
+            if name.startswith(lazy):  # an optimizer that has stepped, cloning one that has not
+                continue
+            raise StateMismatchError(f"the source's state has no {name!r}, which the clone's state has")
+        if tuple(leaf.shape) != record.shape:
+            raise StateMismatchError(
+                f"{name!r} has shape {list(record.shape)} in the source's state but {list(leaf.shape)} in the clone's"
+            )
+        dtype = _dtype_of(name, leaf)
+        if dtype != record.dtype:
+            raise StateMismatchError(f"{name!r} is {record.dtype} in the source's state but {dtype} in the clone's")
+    for name in records:
+        if name not in live and not name.startswith(lazy):
+            raise StateMismatchError(f"the source's state has {name!r}, which the clone's state does not have")
 
 
 class _Placeholders(dict):
@@ -768,16 +845,16 @@ def _itemsize(leaf: Leaf) -> int:
     return leaf.itemsize if isinstance(leaf, np.ndarray) else leaf.element_size()
 
 
-def _layout_entry(spec: ArraySpec) -> list:
-    return [spec.name, str(spec.dtype).removeprefix("torch."), list(spec.shape)]
+def _layout_entry(name: str, dtype: torch.dtype, shape: tuple[int, ...]) -> list:
+    return [name, str(dtype).removeprefix("torch."), list(shape)]
 
 
-def _spec(entry: list) -> ArraySpec:
+def _spec(entry: list) -> tuple[str, torch.dtype, tuple[int, ...]]:
     name, dtype_name, shape = entry
     dtype = getattr(torch, dtype_name, None)
     if not isinstance(dtype, torch.dtype):
         raise CloneError(f"{name!r} has dtype {dtype_name!r}, which this PyTorch does not know")
-    return ArraySpec(name, dtype, tuple(int(n) for n in shape))
+    return name, dtype, tuple(int(n) for n in shape)
 
 
 def _digest(obj: Any) -> str:
