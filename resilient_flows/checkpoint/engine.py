@@ -36,12 +36,12 @@ import xxhash
 from resilient_flows.checkpoint.boxes import Box, HeldBox, held_boxes, is_dtensor, local_box
 from resilient_flows.checkpoint.comm import as_comm
 from resilient_flows.checkpoint.planner import ArraySpec, WriteItem, plan_writes, shard_order
-from resilient_flows.checkpoint.reader import OpenCheckpoint, check_compatible
+from resilient_flows.checkpoint.reader import OpenCheckpoint, live_arrays
 from resilient_flows.checkpoint.shardfile import ShardEntry
 from resilient_flows.checkpoint.snapshot import CopyTask, CopyWorker, HostArena, Snapshot
 from resilient_flows.checkpoint.state import RANK_LOCAL, Stateful, TrainState
 from resilient_flows.checkpoint.tiers import Tier
-from resilient_flows.checkpoint.tree import Leaf, flatten, unflatten
+from resilient_flows.checkpoint.tree import Leaf, flatten
 from resilient_flows.checkpoint.writer import CheckpointStats, WriteJob, WritePipeline, first_problem
 from resilient_flows.errors import CheckpointError, CorruptCheckpointError, StateMismatchError
 
@@ -451,7 +451,10 @@ class Checkpointer:
             problem = mismatch = None
             try:
                 opened = OpenCheckpoint(tier.step_dir(s), s)
-                targets = opened.targets(self._live_arrays(stateful, opened), self.rank)
+                manifest = opened.manifest
+                where = f"checkpoint step {manifest.step}"
+                live = live_arrays(stateful, manifest.arrays, manifest.skeleton, where, "the state to restore into")
+                targets = opened.targets(live, self.rank)
             except CorruptCheckpointError as exc:
                 problem = str(exc)
             except StateMismatchError as exc:
@@ -479,28 +482,6 @@ class Checkpointer:
             raise CheckpointError(f"no valid checkpoint of step {step} in {', '.join(str(t.path) for t in self.tiers)}")
         return None
 
-    def _live_arrays(self, stateful: Stateful | None, opened: OpenCheckpoint) -> dict[str, Leaf]:
-        """The arrays of the state to restore into, checked against the checkpoint's."""
-        if stateful is None:
-            return {}
-        manifest = opened.manifest
-        lazy = stateful.lazy_prefixes() if isinstance(stateful, TrainState) else ()
-        live = _arrays_of(stateful.state_dict())
-        check_compatible(manifest, live, lazy)
-        if not isinstance(stateful, TrainState):
-            return live
-        saved = unflatten(manifest.skeleton, _Placeholders())
-        stateful.check_loadable(saved)
-        live = _arrays_of(stateful.restore_target(saved))  # optimizer state created in this rank's layout
-        check_compatible(manifest, live, lazy)
-        return live
-
-
-def _arrays_of(state: dict[str, Any]) -> dict[str, Leaf]:
-    target = dict(state)
-    target.pop(RANK_LOCAL, None)
-    return flatten(target)[1]
-
 
 def read_checkpoint(directory: str | os.PathLike, step: int | None = None) -> tuple[int, dict[str, Any]] | None:
     """The newest valid checkpoint (or ``step``) in one tier as ``(step, nested dict)``, or None.
@@ -521,13 +502,6 @@ def read_checkpoint(directory: str | os.PathLike, step: int | None = None) -> tu
         except CorruptCheckpointError as exc:
             logger.warning("skipping checkpoint step %d in %s: %s", s, tier.path, exc)
     return None
-
-
-class _Placeholders(dict):
-    """Stands in for every array, to look at a checkpoint's structure without reading it."""
-
-    def __missing__(self, name: str) -> torch.Tensor:
-        return torch.zeros(())
 
 
 class _DictState:

@@ -31,11 +31,11 @@ import torch
 from resilient_flows.checkpoint.boxes import Box, dtensor_local, is_dtensor, local_box
 from resilient_flows.checkpoint.manifest import ArrayRecord, Manifest, PieceRecord, read_manifest
 from resilient_flows.checkpoint.shardfile import MappedShard
-from resilient_flows.checkpoint.state import RANK_LOCAL
-from resilient_flows.checkpoint.tree import Leaf, unflatten
+from resilient_flows.checkpoint.state import RANK_LOCAL, Stateful, TrainState
+from resilient_flows.checkpoint.tree import Leaf, flatten, unflatten
 from resilient_flows.errors import CorruptCheckpointError, StateMismatchError
 
-__all__ = ["OpenCheckpoint", "Target", "check_compatible", "source_rank"]
+__all__ = ["OpenCheckpoint", "Target", "check_compatible", "live_arrays", "source_rank"]
 
 logger = logging.getLogger(__name__)
 
@@ -162,25 +162,64 @@ class OpenCheckpoint:
         return self._shards[index]
 
 
-def check_compatible(manifest: Manifest, live: Mapping[str, Leaf], lazy: tuple[str, ...]) -> None:
-    """Fail before touching the state if its arrays' global shapes or dtypes differ from the checkpoint's."""
-    where = f"checkpoint step {manifest.step}"
+def live_arrays(
+    stateful: Stateful | None, records: Mapping[str, ArrayRecord], skeleton: dict, where: str, ours: str
+) -> dict[str, Leaf]:
+    """The arrays of the state to restore into, in this rank's layout, checked against ``records``.
+
+    A :class:`TrainState` creates its optimizer state first, when the saved state has some, so that
+    moments of sharded parameters have somewhere to go; :meth:`TrainState.discard_restore_target`
+    undoes that when nothing is restored after all. ``where`` and ``ours`` name the two states in
+    errors ("checkpoint step 5", "the state to restore into").
+    """
+    if stateful is None:
+        return {}
+    lazy = stateful.lazy_prefixes() if isinstance(stateful, TrainState) else ()
+    live = _arrays_of(stateful.state_dict())
+    check_compatible(records, live, lazy, where, ours)
+    if not isinstance(stateful, TrainState):
+        return live
+    saved = unflatten(skeleton, _Placeholders())
+    stateful.check_loadable(saved)
+    live = _arrays_of(stateful.restore_target(saved))
+    check_compatible(records, live, lazy, where, ours)
+    return live
+
+
+def check_compatible(
+    records: Mapping[str, ArrayRecord], live: Mapping[str, Leaf], lazy: tuple[str, ...], where: str, ours: str
+) -> None:
+    """Fail before touching the state if its arrays' global shapes or dtypes differ from the saved ones."""
     for name, leaf in live.items():
-        record = manifest.arrays.get(name)
+        record = records.get(name)
         if record is None:
-            raise StateMismatchError(f"{where} has no {name!r}, which the state to restore into has")
+            if name.startswith(lazy):  # an optimizer that has stepped, receiving one that has not
+                continue
+            raise StateMismatchError(f"{where} has no {name!r}, which {ours} has")
         if tuple(leaf.shape) != record.shape:
-            saved, live_shape = list(record.shape), list(leaf.shape)
             kind = "global shape" if is_dtensor(leaf) else "shape"
             raise StateMismatchError(
-                f"{where}: {name!r} has {kind} {saved} in the checkpoint but {live_shape} in the state"
+                f"{name!r} has {kind} {list(record.shape)} in {where} but {list(leaf.shape)} in {ours}"
             )
         dtype = leaf.dtype if isinstance(leaf, torch.Tensor) else _numpy_dtype(leaf)
         if dtype != record.dtype:
-            raise StateMismatchError(f"{where}: {name!r} is {record.dtype} in the checkpoint but {dtype} in the state")
-    for name in manifest.arrays:
+            raise StateMismatchError(f"{name!r} is {record.dtype} in {where} but {dtype} in {ours}")
+    for name in records:
         if name not in live and not name.startswith((f"{RANK_LOCAL}/", *lazy)):
-            raise StateMismatchError(f"{where} has {name!r}, which the state to restore into does not have")
+            raise StateMismatchError(f"{where} has {name!r}, which {ours} does not have")
+
+
+def _arrays_of(state: Mapping[str, Any]) -> dict[str, Leaf]:
+    target = dict(state)
+    target.pop(RANK_LOCAL, None)
+    return flatten(target)[1]
+
+
+class _Placeholders(dict):
+    """Stands in for every array, to look at a saved state's structure without reading it."""
+
+    def __missing__(self, name: str) -> torch.Tensor:
+        return torch.zeros(())
 
 
 def _numpy_dtype(leaf: np.ndarray) -> torch.dtype | np.dtype:

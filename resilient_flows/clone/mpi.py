@@ -65,10 +65,10 @@ import torch
 from resilient_flows.checkpoint.boxes import Box, dtensor_local, held_boxes, is_dtensor, local_box
 from resilient_flows.checkpoint.manifest import ArrayRecord, PieceRecord, check_cover
 from resilient_flows.checkpoint.planner import ArraySpec, plan_writes
-from resilient_flows.checkpoint.reader import Target
+from resilient_flows.checkpoint.reader import Target, live_arrays
 from resilient_flows.checkpoint.state import RANK_LOCAL, Stateful, TrainState
 from resilient_flows.checkpoint.tree import Leaf, flatten, unflatten
-from resilient_flows.errors import CloneError, ResilientFlowsError, StateMismatchError
+from resilient_flows.errors import CloneError, ResilientFlowsError
 
 __all__ = [
     "CHUNK_BYTES",
@@ -599,7 +599,7 @@ def recv_state(
         metas = [json.loads(t) for t in texts]
         layout, skeleton, local = _agree(metas, sources, rank)
         records = _records(layout, metas)
-        live = _live_arrays(into, records, skeleton)
+        live = live_arrays(into, records, skeleton, "the source's state", "the clone's state")
         targets = {name: Target.of(record, live.get(name)) for name, record in records.items()}
         local_arrays = {name: torch.empty(shape, dtype=dtype) for name, dtype, shape in map(_spec, local["layout"])}
         receiving = time.perf_counter()
@@ -715,54 +715,6 @@ def _records(layout: list, metas: list[dict]) -> dict[str, ArrayRecord]:
         except ValueError as exc:
             raise CloneError(f"the source ranks' pieces are inconsistent: {exc}") from None
     return records
-
-
-def _live_arrays(into: Stateful | None, records: Mapping[str, ArrayRecord], skeleton: dict) -> dict[str, Leaf]:
-    """The arrays of the state to receive into, checked against the source's, in the clone's layout."""
-    if into is None:
-        return {}
-    lazy = into.lazy_prefixes() if isinstance(into, TrainState) else ()
-    live = _arrays_of(into.state_dict())
-    _check_into(live, records, lazy)
-    if isinstance(into, TrainState):
-        saved = unflatten(skeleton, _Placeholders())
-        into.check_loadable(saved)
-        live = _arrays_of(into.restore_target(saved))  # sharded optimizer state exists in this layout
-        _check_into(live, records, lazy)
-    return live
-
-
-def _arrays_of(state: Mapping[str, Any]) -> dict[str, Leaf]:
-    target = dict(state)
-    target.pop(RANK_LOCAL, None)
-    return flatten(target)[1]
-
-
-def _check_into(live: Mapping[str, Leaf], records: Mapping[str, ArrayRecord], lazy: tuple[str, ...]) -> None:
-    """Raise StateMismatchError where loading the state would fail, before anything is received."""
-    for name, leaf in live.items():
-        record = records.get(name)
-        if record is None:
-            if name.startswith(lazy):  # an optimizer that has stepped, cloning one that has not
-                continue
-            raise StateMismatchError(f"the source's state has no {name!r}, which the clone's state has")
-        if tuple(leaf.shape) != record.shape:
-            raise StateMismatchError(
-                f"{name!r} has shape {list(record.shape)} in the source's state but {list(leaf.shape)} in the clone's"
-            )
-        dtype = _dtype_of(name, leaf)
-        if dtype != record.dtype:
-            raise StateMismatchError(f"{name!r} is {record.dtype} in the source's state but {dtype} in the clone's")
-    for name in records:
-        if name not in live and not name.startswith(lazy):
-            raise StateMismatchError(f"the source's state has {name!r}, which the clone's state does not have")
-
-
-class _Placeholders(dict):
-    """Stands in for every array, to look at the state's structure before receiving it."""
-
-    def __missing__(self, name: str) -> torch.Tensor:
-        return torch.zeros(())
 
 
 # ------------------------------------------------------------------------------------------ plumbing
