@@ -448,21 +448,23 @@ class Checkpointer:
         for s, index in candidates:
             tier = self.tiers[index]
             opened: OpenCheckpoint | None = None
-            problem = mismatch = None
+            problem = mismatch = shape = None
             try:
-                opened = OpenCheckpoint(tier.step_dir(s), s)
+                opened = OpenCheckpoint(tier.step_dir(s), s, comm)
                 manifest = opened.manifest
                 where = f"checkpoint step {manifest.step}"
                 live = live_arrays(stateful, manifest.arrays, manifest.skeleton, where, "the state to restore into")
                 targets = opened.targets(live, self.rank)
+                shape = sorted(name for name, target in targets.items() if target.replicated)
             except CorruptCheckpointError as exc:
                 problem = str(exc)
             except StateMismatchError as exc:
                 mismatch = str(exc)
             try:
-                mismatches = comm.allgather(mismatch)  # no rank reads if one must stop
-                if any(mismatches):
-                    raise StateMismatchError(first_problem(mismatches))
+                agreed = comm.allgather((mismatch, shape))  # no rank reads if one must stop
+                mismatch = first_problem(m for m, _ in agreed) or _structure_problem([k for _, k in agreed])
+                if mismatch:
+                    raise StateMismatchError(mismatch)
                 if problem is None:
                     try:
                         opened.verify(targets)
@@ -534,6 +536,14 @@ def _as_stateful(state: Any) -> Stateful:
     raise TypeError(
         f"cannot checkpoint a {type(state).__name__}: pass a TrainState, a dict, or an object with state_dict()"
     )
+
+
+def _structure_problem(replicated: list[list[str] | None]) -> str | None:
+    """Ranks must agree on which arrays they restore whole, to read each once and broadcast it."""
+    known = [names for names in replicated if names is not None]
+    if any(names != known[0] for names in known):
+        return "the ranks restore states of different structure (replicated arrays differ between ranks)"
+    return None
 
 
 def _local_box(name: str, leaf: Leaf) -> Box:

@@ -6,6 +6,9 @@ plain tensor, its local shard for a ``DTensor`` on any mesh), and reads only the
 overlap that box. So a checkpoint written by 4 FSDP ranks restores on 2 or 3 FSDP ranks, into a
 replicated (DDP) model, or into one process, and the other way round.
 
+Arrays that every rank needs whole (replicated state) are read once, each piece by one rank that
+broadcasts it, so that a restart of N data-parallel ranks does not read the checkpoint N times.
+
 Order of operations the caller guarantees (the contract of :class:`OpenCheckpoint`):
 
 1. :meth:`OpenCheckpoint.targets` is computed from the live state; it checks nothing on disk;
@@ -21,7 +24,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +32,7 @@ import numpy as np
 import torch
 
 from resilient_flows.checkpoint.boxes import Box, dtensor_local, is_dtensor, local_box
+from resilient_flows.checkpoint.comm import Comm, SingleProcess
 from resilient_flows.checkpoint.manifest import ArrayRecord, Manifest, PieceRecord, read_manifest
 from resilient_flows.checkpoint.shardfile import MappedShard
 from resilient_flows.checkpoint.state import RANK_LOCAL, Stateful, TrainState
@@ -48,6 +52,7 @@ class Target:
     dst: torch.Tensor
     result: Leaf
     into: np.ndarray | None = None  # a live numpy array ``dst`` is copied into at the end
+    replicated: bool = False  # every rank needs all of it: read once, broadcast
 
     def finish(self) -> None:
         """Hand the filled values to a live array that could not be filled in place."""
@@ -57,20 +62,21 @@ class Target:
     @classmethod
     def of(cls, record: ArrayRecord, live: Leaf | None) -> Target:
         """Fill ``live`` in place where it allows it (other references then see the restored values)."""
+        whole = Box.whole(record.shape)
         if live is None:
             fresh = torch.empty(record.shape, dtype=record.dtype)
-            return cls(Box.whole(record.shape), fresh, fresh)
+            return cls(whole, fresh, fresh, replicated=True)
         if isinstance(live, np.ndarray):
             if live.flags.c_contiguous and live.flags.writeable:
-                return cls(Box.whole(record.shape), torch.from_numpy(live), live)
-            return cls(Box.whole(record.shape), torch.empty(record.shape, dtype=record.dtype), live, into=live)
+                return cls(whole, torch.from_numpy(live), live, replicated=True)
+            return cls(whole, torch.empty(record.shape, dtype=record.dtype), live, into=live, replicated=True)
         if is_dtensor(live):
             box = local_box(live)
             dst = dtensor_local(live).detach()
             if tuple(dst.shape) != box.lengths:
                 raise StateMismatchError(f"a local shard has shape {list(dst.shape)}, its placement says {box.lengths}")
             return cls(box, dst, live)
-        return cls(Box.whole(record.shape), live.detach(), live)
+        return cls(whole, live.detach(), live, replicated=True)
 
 
 def source_rank(manifest: Manifest, rank: int) -> int:
@@ -79,10 +85,18 @@ def source_rank(manifest: Manifest, rank: int) -> int:
 
 
 class OpenCheckpoint:
-    """One committed checkpoint opened for reading: its manifest, and shards mapped on demand."""
+    """One committed checkpoint opened for reading: its manifest, and shards mapped on demand.
 
-    def __init__(self, step_dir: Path, step: int) -> None:
+    With ``comm`` of several ranks, arrays that every rank needs whole (replicated state: DDP
+    parameters, Adam's step counters) are read once: each piece by one rank, chosen to balance the
+    bytes, which verifies it and broadcasts it, so the shared file system serves them once and not
+    once per rank. Sharded targets are read by each rank for itself. Every rank must then call
+    :meth:`verify` and :meth:`fill` together, with targets of the same structure.
+    """
+
+    def __init__(self, step_dir: Path, step: int, comm: Comm | None = None) -> None:
         self.step_dir = step_dir
+        self.comm = comm if comm is not None else SingleProcess()
         try:
             self.manifest = read_manifest(step_dir)
         except OSError as exc:
@@ -96,25 +110,58 @@ class OpenCheckpoint:
         own = f"{RANK_LOCAL}/{source_rank(self.manifest, rank)}/"
         found = {}
         for name, record in self.manifest.arrays.items():
-            if name.startswith(f"{RANK_LOCAL}/") and not name.startswith(own):
-                continue
-            found[name] = Target.of(record, live.get(name))
+            if not name.startswith(f"{RANK_LOCAL}/"):
+                found[name] = Target.of(record, live.get(name))
+            elif name.startswith(own):  # this rank's alone: read by itself
+                found[name] = replace(Target.of(record, None), replicated=False)
         return found
 
     def verify(self, targets: Mapping[str, Target]) -> None:
-        """Check every piece that overlaps a target; raises CorruptCheckpointError."""
+        """Check every piece this rank reads; raises CorruptCheckpointError."""
+        readers = self._readers(targets)
         for name, target in targets.items():
             for piece, _ in self._overlaps(name, target.box):
-                self._piece(name, piece)
+                if readers.get((name, piece.key), self.comm.rank) == self.comm.rank:
+                    self._piece(name, piece)
 
     def fill(self, targets: Mapping[str, Target]) -> dict[str, Leaf]:
-        """Copy every overlap into its target; the arrays by name."""
+        """Copy every overlap into its target (collective for replicated ones); the arrays by name."""
+        readers = self._readers(targets)
         with torch.no_grad():
             for name, target in targets.items():
                 for piece, common in self._overlaps(name, target.box):
-                    target.dst[common.within(target.box)].copy_(self._piece(name, piece)[common.within(piece.box)])
+                    region = target.dst[common.within(target.box)]
+                    reader = readers.get((name, piece.key))
+                    if reader is None:
+                        region.copy_(self._piece(name, piece)[common.within(piece.box)])
+                        continue
+                    usable = region.device.type == "cpu" and region.is_contiguous()
+                    buffer = region if usable else torch.empty(piece.box.lengths, dtype=region.dtype)
+                    if reader == self.comm.rank:
+                        buffer.copy_(self._piece(name, piece))
+                    self.comm.bcast_buffer(buffer.reshape(-1), reader)
+                    if not usable:
+                        region.copy_(buffer)
                 target.finish()
         return {name: target.result for name, target in targets.items()}
+
+    def _readers(self, targets: Mapping[str, Target]) -> dict[tuple[str, str], int]:
+        """Who reads each piece of a replicated target: the least-loaded rank, largest pieces first."""
+        if self.comm.size == 1:
+            return {}
+        pieces = [
+            (piece.box.numel * self.manifest.arrays[name].dtype.itemsize, name, piece.key)
+            for name, target in targets.items()
+            if target.replicated
+            for piece in self.manifest.arrays[name].pieces
+        ]
+        loads = [0] * self.comm.size
+        readers = {}
+        for nbytes, name, key in sorted(pieces, key=lambda p: (-p[0], p[1], p[2])):
+            rank = min(range(self.comm.size), key=lambda r: (loads[r], r))
+            readers[(name, key)] = rank
+            loads[rank] += nbytes
+        return readers
 
     def state(self, arrays: Mapping[str, Leaf], rank: int) -> dict[str, Any]:
         """The nested state from the filled arrays, with ``rank``'s per-rank values."""
