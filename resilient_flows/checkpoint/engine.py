@@ -294,7 +294,7 @@ class Checkpointer:
         )
         plan = self._plan(specs)
         mine = list(plan[self.rank])
-        held = {name: _local_box(name, leaf) for name, leaf in arrays.items()}
+        held = {spec.name: self._local_box(spec, arrays[spec.name]) for spec in specs}
         for name, leaf in local_arrays.items():
             shape = tuple(leaf.shape)
             mine.append(WriteItem(name, _dtype_of(name, leaf), Box.whole(shape), True))
@@ -316,6 +316,15 @@ class Checkpointer:
                     f"cannot checkpoint {name!r}: {exc}; pass the process group that spans its mesh as comm="
                 ) from None
         return self._held[key]
+
+    def _local_box(self, spec: ArraySpec, leaf: Leaf) -> Box:
+        """The box this rank holds: found among the held boxes (cached), else computed (empty shards)."""
+        if not is_dtensor(leaf):
+            return Box.whole(spec.shape)
+        for held in spec.held:
+            if self.rank in held.holders:
+                return held.box
+        return _local_box(spec.name, leaf)
 
     def _plan(self, specs: tuple[ArraySpec, ...]) -> list[list[WriteItem]]:
         if specs not in self._plans:

@@ -23,6 +23,7 @@ import torch
 from torch.distributed.checkpoint.state_dict import (
     get_model_state_dict,
     get_optimizer_state_dict,
+    get_state_dict,
     set_model_state_dict,
     set_optimizer_state_dict,
 )
@@ -107,10 +108,14 @@ class TrainState:
 
     def _state_dict(self, init_optimizer: bool) -> dict[str, Any]:
         state: dict[str, Any] = {}
-        if self.model is not None:
-            state["model"] = self._model_state()
-        if self.optimizer is not None:
-            state["optimizer"] = self._optimizer_state(init_optimizer)
+        module = isinstance(self.model, torch.nn.Module)
+        if module and self.optimizer is not None and (self.optimizer.state or init_optimizer):
+            state["model"], state["optimizer"] = get_state_dict(self.model, self.optimizer)  # one walk, not two
+        else:
+            if self.model is not None:
+                state["model"] = self._model_state()
+            if self.optimizer is not None:
+                state["optimizer"] = self._optimizer_state(init_optimizer)
         if self.scheduler is not None:
             state["scheduler"] = self.scheduler.state_dict()
         state["extra"] = dict(self.extra)
