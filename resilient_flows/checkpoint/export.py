@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import os
 import struct
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -106,11 +105,8 @@ def _write(opened: OpenCheckpoint, names: dict[str, str], out: Path, format: str
         nbytes = 0
         fd = os.open(tmp, os.O_WRONLY)
         try:
-            for (name, _), offset in zip(names.items(), offsets, strict=True):
-                for chunk in _full_bytes(opened, name):
-                    os.pwrite(fd, chunk, offset)
-                    offset += len(chunk)
-                    nbytes += len(chunk)
+            for name, offset in zip(names, offsets, strict=True):
+                nbytes += _write_array(fd, opened, name, offset)
             os.fsync(fd)
         finally:
             os.close(fd)
@@ -122,14 +118,22 @@ def _write(opened: OpenCheckpoint, names: dict[str, str], out: Path, format: str
     return ExportResult(out, manifest.step, len(names), nbytes)
 
 
-def _full_bytes(opened: OpenCheckpoint, name: str) -> Iterator[memoryview]:
-    """The full array ``name`` as bytes, assembled from its verified pieces."""
+def _write_array(fd: int, opened: OpenCheckpoint, name: str, offset: int) -> int:
+    """Assemble the full array ``name`` from its verified pieces and write it at ``offset``; its bytes.
+
+    Nothing of it outlives the call, and its pieces' pages are unmapped once copied: one array at
+    a time in memory.
+    """
     record = opened.manifest.arrays[name]
     targets = {name: Target.of(record, None)}
     opened.verify(targets)
     full = opened.fill(targets)[name]
-    if full.numel():
-        yield memoryview(full.reshape(-1).view(torch.uint8).numpy())
+    opened.release(name)
+    data = memoryview(full.reshape(-1).view(torch.uint8).numpy())
+    written = 0
+    while written < len(data):
+        written += os.pwrite(fd, data[written:], offset + written)
+    return written
 
 
 def _layout_safetensors(path: Path, manifest: Manifest, names: dict[str, str]) -> list[int]:

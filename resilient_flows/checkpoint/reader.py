@@ -171,6 +171,12 @@ class OpenCheckpoint:
             state[RANK_LOCAL] = unflatten(local, arrays)
         return state
 
+    def release(self, name: str) -> None:
+        """Drop the mapped pages of ``name``'s pieces from this process (done with them)."""
+        for piece in self.manifest.arrays[name].pieces:
+            if piece.shard in self._shards:
+                self._shards[piece.shard].release(piece.key)
+
     def verify_all(self) -> None:
         """Hash every shard whole (what a full scan does)."""
         for index in range(self.manifest.world_size):

@@ -391,6 +391,21 @@ class MappedShard:
             self._verified.add(key)
         return flat.view(dtype).view(shape)
 
+    def release(self, key: str) -> None:
+        """Unmap the pages of entry ``key`` from this process; the page cache keeps them.
+
+        Mapped file pages count in a process's resident memory once touched; a reader going
+        through a large shard piece by piece (an export) drops each piece when done with it.
+        """
+        entry = self._entries.get(key)
+        if entry is None or not hasattr(mmap, "MADV_DONTNEED"):
+            return
+        begin, end = (self._base + offset for offset in entry["data_offsets"])
+        page = begin - begin % mmap.PAGESIZE
+        if end > page:
+            with contextlib.suppress(OSError, ValueError):
+                self._map.madvise(mmap.MADV_DONTNEED, page, min(len(self._map), end) - page)
+
     def _prefetch(self, first: int, nbytes: int) -> None:
         """Ask the kernel to read the piece ahead, in large requests rather than page by page."""
         page = first - first % mmap.PAGESIZE
