@@ -4,8 +4,9 @@ Nothing here imports Parsl: the engine is useful, and tested, on its own.
 """
 
 from resilient_flows.checkpoint.catalog import CheckpointInfo, scan
-from resilient_flows.checkpoint.engine import Checkpointer, CheckpointStats, SkippedCheckpoint, read_checkpoint
+from resilient_flows.checkpoint.engine import Checkpointer, CheckpointStats, SkippedCheckpoint
 from resilient_flows.checkpoint.export import ExportResult, export
+from resilient_flows.checkpoint.reader import read_checkpoint
 from resilient_flows.checkpoint.state import Stateful, TrainState
 from resilient_flows.errors import CheckpointError, CorruptCheckpointError, StateMismatchError
 

@@ -9,6 +9,7 @@ differently on different ranks and deadlock, so every background thread gets its
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 from typing import Any, Protocol, runtime_checkable
 
 import torch
@@ -16,7 +17,7 @@ import torch
 #: Largest single broadcast: below the 2 GiB that 32-bit MPI counts allow.
 BCAST_BYTES = 1 << 30
 
-__all__ = ["Comm", "MPIComm", "SingleProcess", "TorchComm", "as_comm"]
+__all__ = ["Comm", "MPIComm", "SingleProcess", "TorchComm", "as_comm", "first_problem"]
 
 
 @runtime_checkable
@@ -193,3 +194,8 @@ def as_comm(comm: Any) -> Comm:
     raise TypeError(
         f"comm must be None, an mpi4py communicator or a torch.distributed ProcessGroup, got {type(comm).__name__}"
     )
+
+
+def first_problem(problems: Iterable[Any]) -> str | None:
+    """The first non-empty problem of an allgather: what every rank reports when one failed."""
+    return next((p for p in problems if p), None)

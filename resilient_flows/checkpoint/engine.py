@@ -34,29 +34,20 @@ import torch
 import xxhash
 
 from resilient_flows.checkpoint.boxes import Box, HeldBox, held_boxes, is_dtensor, local_box
-from resilient_flows.checkpoint.comm import as_comm
+from resilient_flows.checkpoint.comm import as_comm, first_problem
 from resilient_flows.checkpoint.planner import ArraySpec, WriteItem, plan_writes, shard_order
-from resilient_flows.checkpoint.reader import OpenCheckpoint, live_arrays
+from resilient_flows.checkpoint.reader import SkippedCheckpoint, read_agreed
 from resilient_flows.checkpoint.shardfile import ShardEntry
 from resilient_flows.checkpoint.snapshot import CopyTask, CopyWorker, HostArena, Snapshot
 from resilient_flows.checkpoint.state import RANK_LOCAL, Stateful, TrainState
 from resilient_flows.checkpoint.tiers import Tier
 from resilient_flows.checkpoint.tree import Leaf, flatten
-from resilient_flows.checkpoint.writer import CheckpointStats, WriteJob, WritePipeline, first_problem
-from resilient_flows.errors import CheckpointError, CorruptCheckpointError, StateMismatchError
+from resilient_flows.checkpoint.writer import CheckpointStats, WriteJob, WritePipeline
+from resilient_flows.errors import CheckpointError
 
 __all__ = ["CheckpointStats", "Checkpointer", "SkippedCheckpoint"]
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class SkippedCheckpoint:
-    """A committed checkpoint that restore passed over, and why."""
-
-    step: int
-    tier: str
-    reason: str
 
 
 @dataclass(frozen=True)
@@ -449,70 +440,8 @@ class Checkpointer:
         return None if read is None else read[2]
 
     def _read(self, step: int | None, stateful: Stateful | None) -> tuple[int, int, dict[str, Any]] | None:
-        """The newest checkpoint every rank could verify its part of, read into ``stateful``'s layout."""
         self._drain()  # read our own writes; their errors still surface at the next save or wait
-        comm = self._pipeline.comm  # idle once drained; a gloo group even when the user's is NCCL
-        mine = [(s, i) for i, tier in enumerate(self.tiers) for s in tier.committed_steps() if step in (None, s)]
-        candidates = sorted({c for cs in comm.allgather(mine) for c in cs}, key=lambda c: (-c[0], c[1]))
-        for s, index in candidates:
-            tier = self.tiers[index]
-            opened: OpenCheckpoint | None = None
-            problem = mismatch = shape = None
-            try:
-                opened = OpenCheckpoint(tier.step_dir(s), s, comm)
-                manifest = opened.manifest
-                where = f"checkpoint step {manifest.step}"
-                live = live_arrays(stateful, manifest.arrays, manifest.skeleton, where, "the state to restore into")
-                targets = opened.targets(live, self.rank)
-                shape = sorted(name for name, target in targets.items() if target.replicated)
-            except CorruptCheckpointError as exc:
-                problem = str(exc)
-            except StateMismatchError as exc:
-                mismatch = str(exc)
-            try:
-                agreed = comm.allgather((mismatch, shape))  # no rank reads if one must stop
-                mismatch = first_problem(m for m, _ in agreed) or _structure_problem([k for _, k in agreed])
-                if mismatch:
-                    raise StateMismatchError(mismatch)
-                if problem is None:
-                    try:
-                        opened.verify(targets)
-                    except CorruptCheckpointError as exc:
-                        problem = str(exc)
-                problems = comm.allgather(problem)
-                if not any(problems):
-                    arrays = opened.fill(targets)
-                    return s, opened.manifest.world_size, opened.state(arrays, self.rank)
-            finally:
-                if opened is not None:
-                    opened.close()
-            reason = "; ".join(f"rank {r}: {p}" if self.world_size > 1 else p for r, p in enumerate(problems) if p)
-            logger.warning("skipping checkpoint step %d in the %s tier %s: %s", s, tier.name, tier.path, reason)
-            self.skipped.append(SkippedCheckpoint(s, tier.name, reason))
-        if step is not None:
-            raise CheckpointError(f"no valid checkpoint of step {step} in {', '.join(str(t.path) for t in self.tiers)}")
-        return None
-
-
-def read_checkpoint(directory: str | os.PathLike, step: int | None = None) -> tuple[int, dict[str, Any]] | None:
-    """The newest valid checkpoint (or ``step``) in one tier as ``(step, nested dict)``, or None.
-
-    For readers beside a live writer (analytics on a member that keeps training): unlike a
-    :class:`Checkpointer` it cleans no debris, since the writer's half-written step is not debris
-    yet, and it takes part in no collectives.
-    """
-    tier = Tier(directory, "shared")
-    for s in tier.committed_steps():
-        if step not in (None, s):
-            continue
-        try:
-            with OpenCheckpoint(tier.step_dir(s), s) as opened:
-                targets = opened.targets({}, 0)
-                opened.verify(targets)
-                return s, opened.state(opened.fill(targets), 0)
-        except CorruptCheckpointError as exc:
-            logger.warning("skipping checkpoint step %d in %s: %s", s, tier.path, exc)
-    return None
+        return read_agreed(self.tiers, self._pipeline.comm, stateful, step, self.skipped)
 
 
 class _DictState:
@@ -545,14 +474,6 @@ def _as_stateful(state: Any) -> Stateful:
     raise TypeError(
         f"cannot checkpoint a {type(state).__name__}: pass a TrainState, a dict, or an object with state_dict()"
     )
-
-
-def _structure_problem(replicated: list[list[str] | None]) -> str | None:
-    """Ranks must agree on which arrays they restore whole, to read each once and broadcast it."""
-    known = [names for names in replicated if names is not None]
-    if any(names != known[0] for names in known):
-        return "the ranks restore states of different structure (replicated arrays differ between ranks)"
-    return None
 
 
 def _local_box(name: str, leaf: Leaf) -> Box:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -32,14 +33,24 @@ import numpy as np
 import torch
 
 from resilient_flows.checkpoint.boxes import Box, dtensor_local, is_dtensor, local_box
-from resilient_flows.checkpoint.comm import Comm, SingleProcess
+from resilient_flows.checkpoint.comm import Comm, SingleProcess, first_problem
 from resilient_flows.checkpoint.manifest import ArrayRecord, Manifest, PieceRecord, read_manifest
 from resilient_flows.checkpoint.shardfile import MappedShard
 from resilient_flows.checkpoint.state import RANK_LOCAL, Stateful, TrainState
+from resilient_flows.checkpoint.tiers import Tier
 from resilient_flows.checkpoint.tree import Leaf, flatten, unflatten
-from resilient_flows.errors import CorruptCheckpointError, StateMismatchError
+from resilient_flows.errors import CheckpointError, CorruptCheckpointError, StateMismatchError
 
-__all__ = ["OpenCheckpoint", "Target", "check_compatible", "live_arrays", "source_rank"]
+__all__ = [
+    "OpenCheckpoint",
+    "SkippedCheckpoint",
+    "Target",
+    "check_compatible",
+    "live_arrays",
+    "read_agreed",
+    "read_checkpoint",
+    "source_rank",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -279,3 +290,94 @@ def _numpy_dtype(leaf: np.ndarray) -> torch.dtype | np.dtype:
     with contextlib.suppress(TypeError):
         return torch.from_numpy(np.empty(0, dtype=leaf.dtype)).dtype
     return leaf.dtype
+
+
+@dataclass(frozen=True)
+class SkippedCheckpoint:
+    """A committed checkpoint that restore passed over, and why."""
+
+    step: int
+    tier: str
+    reason: str
+
+
+def read_agreed(
+    tiers: list[Tier], comm: Comm, stateful: Stateful | None, step: int | None, skipped: list[SkippedCheckpoint]
+) -> tuple[int, int, dict[str, Any]] | None:
+    """The newest checkpoint (or ``step``) every rank verified its part of, read into ``stateful``'s layout.
+
+    Returns ``(step, world size at save time, state)``, or None when there is none. Collective over
+    ``comm`` (idle, and gloo even when training uses NCCL). Candidates come from every rank's view
+    of the tiers, newest first, the fastest tier first; one that a rank cannot verify is skipped
+    by all, with the reason, into ``skipped``; a state that does not fit raises
+    :class:`StateMismatchError` on every rank before anything is read.
+    """
+    mine = [(s, i) for i, tier in enumerate(tiers) for s in tier.committed_steps() if step in (None, s)]
+    candidates = sorted({c for cs in comm.allgather(mine) for c in cs}, key=lambda c: (-c[0], c[1]))
+    for s, index in candidates:
+        tier = tiers[index]
+        opened: OpenCheckpoint | None = None
+        problem = mismatch = shape = None
+        try:
+            opened = OpenCheckpoint(tier.step_dir(s), s, comm)
+            manifest = opened.manifest
+            where = f"checkpoint step {manifest.step}"
+            live = live_arrays(stateful, manifest.arrays, manifest.skeleton, where, "the state to restore into")
+            targets = opened.targets(live, comm.rank)
+            shape = sorted(name for name, target in targets.items() if target.replicated)
+        except CorruptCheckpointError as exc:
+            problem = str(exc)
+        except StateMismatchError as exc:
+            mismatch = str(exc)
+        try:
+            agreed = comm.allgather((mismatch, shape))  # no rank reads if one must stop
+            mismatch = first_problem(m for m, _ in agreed) or _structure_problem([k for _, k in agreed])
+            if mismatch:
+                raise StateMismatchError(mismatch)
+            if problem is None:
+                try:
+                    opened.verify(targets)
+                except CorruptCheckpointError as exc:
+                    problem = str(exc)
+            problems = comm.allgather(problem)
+            if not any(problems):
+                arrays = opened.fill(targets)
+                return s, opened.manifest.world_size, opened.state(arrays, comm.rank)
+        finally:
+            if opened is not None:
+                opened.close()
+        reason = "; ".join(f"rank {r}: {p}" if comm.size > 1 else p for r, p in enumerate(problems) if p)
+        logger.warning("skipping checkpoint step %d in the %s tier %s: %s", s, tier.name, tier.path, reason)
+        skipped.append(SkippedCheckpoint(s, tier.name, reason))
+    if step is not None:
+        raise CheckpointError(f"no valid checkpoint of step {step} in {', '.join(str(t.path) for t in tiers)}")
+    return None
+
+
+def _structure_problem(replicated: list[list[str] | None]) -> str | None:
+    """Ranks must agree on which arrays they restore whole, to read each once and broadcast it."""
+    known = [names for names in replicated if names is not None]
+    if any(names != known[0] for names in known):
+        return "the ranks restore states of different structure (replicated arrays differ between ranks)"
+    return None
+
+
+def read_checkpoint(directory: str | os.PathLike, step: int | None = None) -> tuple[int, dict[str, Any]] | None:
+    """The newest valid checkpoint (or ``step``) in one tier as ``(step, nested dict)``, or None.
+
+    For readers beside a live writer (analytics on a member that keeps training): unlike a
+    :class:`Checkpointer` it cleans no debris, since the writer's half-written step is not debris
+    yet, and it takes part in no collectives.
+    """
+    tier = Tier(directory, "shared")
+    for s in tier.committed_steps():
+        if step not in (None, s):
+            continue
+        try:
+            with OpenCheckpoint(tier.step_dir(s), s) as opened:
+                targets = opened.targets({}, 0)
+                opened.verify(targets)
+                return s, opened.state(opened.fill(targets), 0)
+        except CorruptCheckpointError as exc:
+            logger.warning("skipping checkpoint step %d in %s: %s", s, tier.path, exc)
+    return None

@@ -23,22 +23,21 @@ import queue
 import shutil
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import torch
 
 from resilient_flows.checkpoint.boxes import Box
-from resilient_flows.checkpoint.comm import Comm
+from resilient_flows.checkpoint.comm import Comm, first_problem
 from resilient_flows.checkpoint.manifest import MANIFEST, ArrayRecord, Manifest, PieceRecord, write_manifest
 from resilient_flows.checkpoint.planner import WriteItem
 from resilient_flows.checkpoint.shardfile import ShardEntry, ShardRecord, copy_shard, write_shard
 from resilient_flows.checkpoint.snapshot import HostArena, Snapshot
 from resilient_flows.checkpoint.tiers import Tier, shard_filename
 
-__all__ = ["CheckpointStats", "WriteJob", "WritePipeline", "first_problem"]
+__all__ = ["CheckpointStats", "WriteJob", "WritePipeline"]
 
 logger = logging.getLogger(__name__)
 
@@ -306,11 +305,6 @@ def _manifest(job: WriteJob, gathered: list) -> Manifest:
         arrays=arrays,
         shards=[record for record, *_ in gathered],
     )
-
-
-def first_problem(problems: Iterable[Any]) -> str | None:
-    """The first non-empty problem of an allgather: what every rank reports when one failed."""
-    return next((p for p in problems if p), None)
 
 
 def _layout_problem(layouts: list[str]) -> str | None:
