@@ -2,10 +2,11 @@
 
 usage: python sharded_worker.py MODE DIR   (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT as torchrun sets them)
 
-MODE save: train FSDP2 and DDP copies of one model for a few steps on WORLD_SIZE ranks, save them
-    to DIR/fsdp and DIR/ddp, and write the full tensors (parameters and Adam moments) to
-    DIR/reference-{fsdp,ddp}.safetensors.
-MODE restore: restore DIR/fsdp into FSDP2 and into DDP on WORLD_SIZE ranks, DIR/ddp into FSDP2,
+MODE save: train FSDP2 and DDP copies of one model (and on 4 ranks an HSDP one: a 2 x 2 mesh, shards
+    replicated twice) for a few steps on WORLD_SIZE ranks, save them to DIR/fsdp, DIR/ddp,
+    DIR/hsdp, and write the full tensors (parameters and Adam moments) to
+    DIR/reference-{fsdp,ddp,hsdp}.safetensors.
+MODE restore: restore DIR/fsdp into FSDP2 and into DDP on WORLD_SIZE ranks, DIR/ddp and DIR/hsdp into FSDP2,
     and report per case whether every full tensor equals the reference bitwise; then try a model
     of other shapes (must be refused, state untouched) and close a Checkpointer after
     destroy_process_group.
@@ -22,6 +23,7 @@ import torch
 import torch.distributed as dist
 from safetensors.torch import load_file, save_file
 from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
@@ -44,6 +46,15 @@ def fsdp(module: torch.nn.Module) -> torch.nn.Module:
         if any(True for _ in child.parameters()):
             fully_shard(child)
     return fully_shard(module)
+
+
+def hsdp(module: torch.nn.Module) -> torch.nn.Module:
+    """FSDP2 over a 2 x 2 mesh: shards over one dimension, replicas over the other (placements Replicate, Shard(0))."""
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("replicate", "shard"))
+    for child in module:
+        if any(True for _ in child.parameters()):
+            fully_shard(child, mesh=mesh)
+    return fully_shard(module, mesh=mesh)
 
 
 def ddp(module: torch.nn.Module) -> torch.nn.Module:
@@ -96,7 +107,8 @@ def same(state: TrainState, reference: dict[str, torch.Tensor]) -> list[str]:
 
 def save(directory: Path) -> dict:
     report = {}
-    for label, wrap in (("fsdp", fsdp), ("ddp", ddp)):
+    layouts = (("fsdp", fsdp), ("ddp", ddp), ("hsdp", hsdp))
+    for label, wrap in layouts if dist.get_world_size() == 4 else layouts[:2]:
         state, step = trained(wrap)
         reference = full_tensors(state)
         with Checkpointer(directory / label, comm=dist.group.WORLD) as ck:
@@ -112,7 +124,12 @@ def save(directory: Path) -> dict:
 
 def restore(directory: Path) -> dict:
     report: dict = {}
-    cases = (("fsdp->fsdp", "fsdp", fsdp), ("fsdp->ddp", "fsdp", ddp), ("ddp->fsdp", "ddp", fsdp))
+    cases = (
+        ("fsdp->fsdp", "fsdp", fsdp),
+        ("fsdp->ddp", "fsdp", ddp),
+        ("ddp->fsdp", "ddp", fsdp),
+        ("hsdp->fsdp", "hsdp", fsdp),
+    )
     for case, source, wrap in cases:
         state = fresh(wrap)
         with Checkpointer(directory / source, comm=dist.group.WORLD) as ck:

@@ -7,6 +7,7 @@ start it (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``).
 from __future__ import annotations
 
 import json
+import math
 import socket
 import subprocess
 import sys
@@ -66,7 +67,7 @@ def saved_on_four(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_fsdp_checkpoint_of_four_ranks_reshards_bitwise(saved_on_four: Path, ranks: int) -> None:
     reports = launch(ranks, "restore", saved_on_four)
     for rank, report in enumerate(reports):
-        for case in ("fsdp->fsdp", "fsdp->ddp", "ddp->fsdp"):
+        for case in ("fsdp->fsdp", "fsdp->ddp", "ddp->fsdp", "hsdp->fsdp"):
             assert report[f"{case} step"] == 3
             assert report[f"{case} differ"] == [], (case, rank)
             assert report[f"{case} extra"] == [{"epoch": 2}, {"rank": rank % 4}]
@@ -93,6 +94,18 @@ def test_fsdp_checkpoint_of_four_ranks_restores_in_one_process(saved_on_four: Pa
     with Checkpointer(saved_on_four / "fsdp") as ck, pytest.raises(StateMismatchError, match=r"0\.weight"):
         ck.restore(TrainState(other, torch.optim.Adam(other.parameters())))
     assert all(torch.equal(before[k], v) for k, v in other.state_dict().items())
+
+
+@pytest.mark.slow
+def test_hsdp_replicas_share_the_writing_of_each_shard_and_write_nothing_twice(saved_on_four: Path) -> None:
+    manifest = json.loads((saved_on_four / "hsdp" / "step-00000003" / "manifest.json").read_text())
+    weight = manifest["arrays"]["model/2.weight"]  # 29 x 37: two shard boxes, each held by two replicas
+    assert sorted((p[2], p[3]) for p in weight["pieces"]) == [([0, 0], [15, 37]), ([15, 0], [14, 37])]
+    writers = {p[0] for a in manifest["arrays"].values() for p in a["pieces"] if a["shape"]}
+    assert writers == {0, 1, 2, 3}  # every rank writes a share; replicas never write the same box
+    reference = load_file(str(saved_on_four / "reference-hsdp.safetensors"))
+    elements = sum(math.prod(a["shape"]) for name, a in manifest["arrays"].items() if name.startswith("model/"))
+    assert elements == sum(t.numel() for name, t in reference.items() if name.startswith("model."))
 
 
 @pytest.mark.slow
