@@ -41,7 +41,7 @@ from resilient_flows.checkpoint.shardfile import ShardEntry
 from resilient_flows.checkpoint.snapshot import CopyTask, CopyWorker, HostArena, Snapshot
 from resilient_flows.checkpoint.state import RANK_LOCAL, Stateful, TrainState
 from resilient_flows.checkpoint.tiers import Tier
-from resilient_flows.checkpoint.tree import Leaf, flatten
+from resilient_flows.checkpoint.tree import Leaf, dtype_of, flatten
 from resilient_flows.checkpoint.writer import CheckpointStats, WriteJob, WritePipeline
 from resilient_flows.errors import CheckpointError
 
@@ -230,7 +230,7 @@ class Checkpointer:
             arrays={s.name: (s.dtype, s.shape) for s in layout.specs},
             plan=layout.plan,
             local_skeleton=layout.local_skeleton,
-            local_arrays={n: (_dtype_of(n, leaf), tuple(leaf.shape)) for n, leaf in layout.local_arrays.items()},
+            local_arrays={n: (dtype_of(n, leaf), tuple(leaf.shape)) for n, leaf in layout.local_arrays.items()},
             started=started,
             on_commit=on_commit,
             cached=cached,
@@ -280,7 +280,7 @@ class Checkpointer:
             ({}, {}) if local_state is None else flatten(local_state, f"{RANK_LOCAL}/{self.rank}")
         )
         specs = tuple(
-            ArraySpec(name, _dtype_of(name, leaf), tuple(leaf.shape), self._held_boxes(name, leaf))
+            ArraySpec(name, dtype_of(name, leaf), tuple(leaf.shape), self._held_boxes(name, leaf))
             for name, leaf in arrays.items()
         )
         plan = self._plan(specs)
@@ -288,7 +288,7 @@ class Checkpointer:
         held = {spec.name: self._local_box(spec, arrays[spec.name]) for spec in specs}
         for name, leaf in local_arrays.items():
             shape = tuple(leaf.shape)
-            mine.append(WriteItem(name, _dtype_of(name, leaf), Box.whole(shape), True))
+            mine.append(WriteItem(name, dtype_of(name, leaf), Box.whole(shape), True))
             held[name] = Box.whole(shape)
         mine = shard_order(mine)
         entries = [ShardEntry(item.key, item.dtype, item.box.lengths) for item in mine]
@@ -483,22 +483,6 @@ def _local_box(name: str, leaf: Leaf) -> Box:
         return local_box(leaf)
     except ValueError as exc:
         raise CheckpointError(f"cannot checkpoint {name!r}: {exc}") from None
-
-
-_NUMPY_DTYPES: dict[np.dtype, torch.dtype] = {}
-
-
-def _dtype_of(name: str, leaf: Leaf) -> torch.dtype:
-    if isinstance(leaf, torch.Tensor):
-        return leaf.dtype
-    if leaf.dtype not in _NUMPY_DTYPES:
-        try:
-            _NUMPY_DTYPES[leaf.dtype] = torch.from_numpy(np.empty(0, dtype=leaf.dtype)).dtype
-        except TypeError:
-            raise CheckpointError(
-                f"cannot checkpoint {name!r}: numpy dtype {leaf.dtype} has no tensor equivalent"
-            ) from None
-    return _NUMPY_DTYPES[leaf.dtype]
 
 
 def _numel(leaf: Leaf) -> int:

@@ -21,7 +21,6 @@ Order of operations the caller guarantees (the contract of :class:`OpenCheckpoin
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 from collections.abc import Mapping
@@ -38,7 +37,7 @@ from resilient_flows.checkpoint.manifest import ArrayRecord, Manifest, PieceReco
 from resilient_flows.checkpoint.shardfile import MappedShard
 from resilient_flows.checkpoint.state import RANK_LOCAL, Stateful, TrainState
 from resilient_flows.checkpoint.tiers import Tier
-from resilient_flows.checkpoint.tree import Leaf, flatten, unflatten
+from resilient_flows.checkpoint.tree import Leaf, dtype_of, flatten, unflatten
 from resilient_flows.errors import CheckpointError, CorruptCheckpointError, StateMismatchError
 
 __all__ = [
@@ -115,6 +114,7 @@ class OpenCheckpoint:
         if self.manifest.step != step:
             raise CorruptCheckpointError(f"{step_dir.name}: the manifest says step {self.manifest.step}")
         self._shards: dict[int, MappedShard] = {}
+        self._assigned: dict[tuple[str, str], int] = {}  # who reads each replicated piece
 
     def targets(self, live: Mapping[str, Leaf], rank: int) -> dict[str, Target]:
         """Every array ``rank`` restores: the live ones, the saved ones it lacks, its per-rank values."""
@@ -125,11 +125,12 @@ class OpenCheckpoint:
                 found[name] = Target.of(record, live.get(name))
             elif name.startswith(own):  # this rank's alone: read by itself
                 found[name] = replace(Target.of(record, None), replicated=False)
+        self._assigned = self._readers(found)
         return found
 
     def verify(self, targets: Mapping[str, Target]) -> None:
         """Check every piece this rank reads; raises CorruptCheckpointError."""
-        readers = self._readers(targets)
+        readers = self._assigned
         for name, target in targets.items():
             for piece, _ in self._overlaps(name, target.box):
                 if readers.get((name, piece.key), self.comm.rank) == self.comm.rank:
@@ -137,7 +138,7 @@ class OpenCheckpoint:
 
     def fill(self, targets: Mapping[str, Target]) -> dict[str, Leaf]:
         """Copy every overlap into its target (collective for replicated ones); the arrays by name."""
-        readers = self._readers(targets)
+        readers = self._assigned
         with torch.no_grad():
             for name, target in targets.items():
                 for piece, common in self._overlaps(name, target.box):
@@ -265,7 +266,7 @@ def check_compatible(
             raise StateMismatchError(
                 f"{name!r} has {kind} {list(record.shape)} in {where} but {list(leaf.shape)} in {ours}"
             )
-        dtype = leaf.dtype if isinstance(leaf, torch.Tensor) else _numpy_dtype(leaf)
+        dtype = dtype_of(name, leaf)
         if dtype != record.dtype:
             raise StateMismatchError(f"{name!r} is {record.dtype} in {where} but {dtype} in {ours}")
     for name in records:
@@ -284,12 +285,6 @@ class _Placeholders(dict):
 
     def __missing__(self, name: str) -> torch.Tensor:
         return torch.zeros(())
-
-
-def _numpy_dtype(leaf: np.ndarray) -> torch.dtype | np.dtype:
-    with contextlib.suppress(TypeError):
-        return torch.from_numpy(np.empty(0, dtype=leaf.dtype)).dtype
-    return leaf.dtype
 
 
 @dataclass(frozen=True)

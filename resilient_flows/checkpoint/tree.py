@@ -25,7 +25,7 @@ import torch
 
 from resilient_flows.errors import CheckpointError, StateMismatchError
 
-__all__ = ["Leaf", "flatten", "unflatten"]
+__all__ = ["Leaf", "dtype_of", "flatten", "unflatten"]
 
 Leaf = torch.Tensor | np.ndarray
 
@@ -99,3 +99,18 @@ def unflatten(skeleton: dict, arrays: Mapping[str, Leaf]) -> Any:
     if kind == "tuple":
         return tuple(unflatten(node, arrays) for node in body)
     raise StateMismatchError(f"unknown skeleton node {kind!r}: the manifest was written by a newer version")
+
+
+_NUMPY_DTYPES: dict[np.dtype, torch.dtype] = {}
+
+
+def dtype_of(name: str, leaf: Leaf) -> torch.dtype:
+    """The torch dtype a leaf is stored as; a numpy dtype torch lacks is an error naming the leaf."""
+    if isinstance(leaf, torch.Tensor):
+        return leaf.dtype
+    if leaf.dtype not in _NUMPY_DTYPES:
+        try:
+            _NUMPY_DTYPES[leaf.dtype] = torch.from_numpy(np.empty(0, dtype=leaf.dtype)).dtype
+        except TypeError:
+            raise CheckpointError(f"{name!r} has numpy dtype {leaf.dtype}, which has no tensor equivalent") from None
+    return _NUMPY_DTYPES[leaf.dtype]

@@ -67,7 +67,7 @@ from resilient_flows.checkpoint.manifest import ArrayRecord, PieceRecord, check_
 from resilient_flows.checkpoint.planner import ArraySpec, plan_writes
 from resilient_flows.checkpoint.reader import Target, live_arrays
 from resilient_flows.checkpoint.state import RANK_LOCAL, Stateful, TrainState
-from resilient_flows.checkpoint.tree import Leaf, flatten, unflatten
+from resilient_flows.checkpoint.tree import Leaf, dtype_of, flatten, unflatten
 from resilient_flows.errors import CloneError, ResilientFlowsError
 
 __all__ = [
@@ -437,7 +437,7 @@ def _prepare(
         skeleton, arrays = flatten(full)
         local_skeleton, local_arrays = ({}, {}) if local_state is None else flatten(local_state, RANK_LOCAL)
         specs = [
-            ArraySpec(name, _dtype_of(name, leaf), tuple(leaf.shape), tuple(held_boxes(leaf, sources)))
+            ArraySpec(name, dtype_of(name, leaf), tuple(leaf.shape), tuple(held_boxes(leaf, sources)))
             for name, leaf in arrays.items()
         ]
         mine = plan_writes(specs, world)[index]
@@ -454,7 +454,7 @@ def _prepare(
             "pieces": [[item.name, list(item.box.offsets), list(item.box.lengths)] for item in mine],
         }
         local = {"skeleton": local_skeleton if local_state is not None else None}
-        local["layout"] = [_layout_entry(n, _dtype_of(n, leaf), tuple(leaf.shape)) for n, leaf in local_arrays.items()]
+        local["layout"] = [_layout_entry(n, dtype_of(n, leaf), tuple(leaf.shape)) for n, leaf in local_arrays.items()]
         for j, c in enumerate(clones):
             text = json.dumps({**body, "local": local if j % world == index else None})
             transfer.meta[c] = text.encode()
@@ -782,19 +782,6 @@ def _state_dict(state: Any) -> Mapping[str, Any]:
     if isinstance(state, Mapping):
         return state
     raise TypeError(f"cannot clone a {type(state).__name__}: pass a TrainState, a dict, or an object with state_dict()")
-
-
-def _dtype_of(name: str, leaf: Leaf) -> torch.dtype:
-    if isinstance(leaf, torch.Tensor):
-        return leaf.dtype
-    try:
-        return torch.from_numpy(np.empty(0, dtype=leaf.dtype)).dtype
-    except TypeError:
-        raise CloneError(f"cannot send {name!r}: numpy dtype {leaf.dtype} has no tensor equivalent") from None
-
-
-def _itemsize(leaf: Leaf) -> int:
-    return leaf.itemsize if isinstance(leaf, np.ndarray) else leaf.element_size()
 
 
 def _layout_entry(name: str, dtype: torch.dtype, shape: tuple[int, ...]) -> list:
