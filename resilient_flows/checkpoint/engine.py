@@ -57,6 +57,7 @@ class _Layout:
     local_skeleton: Any
     local_arrays: dict[str, Leaf]
     specs: tuple[ArraySpec, ...]
+    digest: str  # of the specs: every rank must hold the same layout
     plan: list[list[WriteItem]]
     mine: list[WriteItem]
     held: dict[str, Box]
@@ -134,7 +135,7 @@ class Checkpointer:
         self._arena_free = threading.Event()
         self._arena_free.set()
         self._copier = CopyWorker()
-        self._plans: dict[tuple[ArraySpec, ...], list[list[WriteItem]]] = {}
+        self._plans: dict[tuple[ArraySpec, ...], tuple[list[list[WriteItem]], str]] = {}
         self._held: dict[Any, tuple[HeldBox, ...]] = {}
         self._errors: list[str] = []
         self._lock = threading.Lock()
@@ -225,7 +226,7 @@ class Checkpointer:
             persist=persist and self.local is not None,
             snapshot=snapshot,
             entries=layout.entries,
-            layout=xxhash.xxh3_64_hexdigest(repr(layout.specs).encode()),
+            layout=layout.digest,
             skeleton=layout.skeleton,
             arrays={s.name: (s.dtype, s.shape) for s in layout.specs},
             plan=layout.plan,
@@ -283,7 +284,7 @@ class Checkpointer:
             ArraySpec(name, dtype_of(name, leaf), tuple(leaf.shape), self._held_boxes(name, leaf))
             for name, leaf in arrays.items()
         )
-        plan = self._plan(specs)
+        plan, digest = self._plan(specs)
         mine = list(plan[self.rank])
         held = {spec.name: self._local_box(spec, arrays[spec.name]) for spec in specs}
         for name, leaf in local_arrays.items():
@@ -292,12 +293,12 @@ class Checkpointer:
             held[name] = Box.whole(shape)
         mine = shard_order(mine)
         entries = [ShardEntry(item.key, item.dtype, item.box.lengths) for item in mine]
-        return _Layout(skeleton, arrays, local_skeleton, local_arrays, specs, plan, mine, held, entries)
+        return _Layout(skeleton, arrays, local_skeleton, local_arrays, specs, digest, plan, mine, held, entries)
 
     def _held_boxes(self, name: str, leaf: Leaf) -> tuple[HeldBox, ...]:
         """Who holds which box of ``leaf``; cached per shape, mesh and placements."""
         if not is_dtensor(leaf):
-            return tuple(held_boxes(leaf, self._group_ranks)) if _numel(leaf) else ()
+            return tuple(held_boxes(leaf, self._group_ranks))
         key = (tuple(leaf.shape), leaf.device_mesh, tuple(leaf.placements))
         if key not in self._held:
             try:
@@ -315,11 +316,16 @@ class Checkpointer:
         for held in spec.held:
             if self.rank in held.holders:
                 return held.box
-        return _local_box(spec.name, leaf)
+        try:
+            return local_box(leaf)
+        except ValueError as exc:
+            raise CheckpointError(f"cannot checkpoint {spec.name!r}: {exc}") from None
 
-    def _plan(self, specs: tuple[ArraySpec, ...]) -> list[list[WriteItem]]:
+    def _plan(self, specs: tuple[ArraySpec, ...]) -> tuple[list[list[WriteItem]], str]:
+        """The write plan and the layout's digest; both computed once per layout."""
         if specs not in self._plans:
-            self._plans = {specs: plan_writes(specs, self.world_size)}
+            digest = xxhash.xxh3_64_hexdigest(repr(specs).encode())
+            self._plans = {specs: (plan_writes(specs, self.world_size), digest)}
         return self._plans[specs]
 
     def _guard_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
@@ -474,19 +480,6 @@ def _as_stateful(state: Any) -> Stateful:
     raise TypeError(
         f"cannot checkpoint a {type(state).__name__}: pass a TrainState, a dict, or an object with state_dict()"
     )
-
-
-def _local_box(name: str, leaf: Leaf) -> Box:
-    if isinstance(leaf, np.ndarray):
-        return Box.whole(tuple(leaf.shape))
-    try:
-        return local_box(leaf)
-    except ValueError as exc:
-        raise CheckpointError(f"cannot checkpoint {name!r}: {exc}") from None
-
-
-def _numel(leaf: Leaf) -> int:
-    return leaf.numel() if isinstance(leaf, torch.Tensor) else int(leaf.size)
 
 
 def _check_positive_int(name: str, value: Any) -> None:

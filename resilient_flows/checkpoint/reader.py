@@ -116,9 +116,9 @@ class OpenCheckpoint:
         self._shards: dict[int, MappedShard] = {}
         self._assigned: dict[tuple[str, str], int] = {}  # who reads each replicated piece
 
-    def targets(self, live: Mapping[str, Leaf], rank: int) -> dict[str, Target]:
-        """Every array ``rank`` restores: the live ones, the saved ones it lacks, its per-rank values."""
-        own = f"{RANK_LOCAL}/{source_rank(self.manifest, rank)}/"
+    def targets(self, live: Mapping[str, Leaf]) -> dict[str, Target]:
+        """Every array this rank restores: the live ones, the saved ones it lacks, its per-rank values."""
+        own = f"{RANK_LOCAL}/{source_rank(self.manifest, self.comm.rank)}/"
         found = {}
         for name, record in self.manifest.arrays.items():
             if not name.startswith(f"{RANK_LOCAL}/"):
@@ -175,10 +175,10 @@ class OpenCheckpoint:
             loads[rank] += nbytes
         return readers
 
-    def state(self, arrays: Mapping[str, Leaf], rank: int) -> dict[str, Any]:
-        """The nested state from the filled arrays, with ``rank``'s per-rank values."""
+    def state(self, arrays: Mapping[str, Leaf]) -> dict[str, Any]:
+        """The nested state from the filled arrays, with this rank's per-rank values."""
         state = unflatten(self.manifest.skeleton, arrays)
-        local = self.manifest.rank_local[source_rank(self.manifest, rank)]
+        local = self.manifest.rank_local[source_rank(self.manifest, self.comm.rank)]
         if local:
             state[RANK_LOCAL] = unflatten(local, arrays)
         return state
@@ -318,7 +318,7 @@ def read_agreed(
             manifest = opened.manifest
             where = f"checkpoint step {manifest.step}"
             live = live_arrays(stateful, manifest.arrays, manifest.skeleton, where, "the state to restore into")
-            targets = opened.targets(live, comm.rank)
+            targets = opened.targets(live)
             shape = sorted(name for name, target in targets.items() if target.replicated)
         except CorruptCheckpointError as exc:
             problem = str(exc)
@@ -337,7 +337,7 @@ def read_agreed(
             problems = comm.allgather(problem)
             if not any(problems):
                 arrays = opened.fill(targets)
-                return s, opened.manifest.world_size, opened.state(arrays, comm.rank)
+                return s, opened.manifest.world_size, opened.state(arrays)
         finally:
             if opened is not None:
                 opened.close()
@@ -370,9 +370,9 @@ def read_checkpoint(directory: str | os.PathLike, step: int | None = None) -> tu
             continue
         try:
             with OpenCheckpoint(tier.step_dir(s), s) as opened:
-                targets = opened.targets({}, 0)
+                targets = opened.targets({})
                 opened.verify(targets)
-                return s, opened.state(opened.fill(targets), 0)
+                return s, opened.state(opened.fill(targets))
         except CorruptCheckpointError as exc:
             logger.warning("skipping checkpoint step %d in %s: %s", s, tier.path, exc)
     return None
