@@ -32,6 +32,7 @@ from resilient_flows.training import (
     run_stage,
 )
 from resilient_flows.training.control import latest_committed_step
+from resilient_flows.training.heartbeat import heartbeat_path
 from resilient_flows.training.mpi_member import EXIT_PREEMPTED
 from resilient_flows.training.stage import newest_iteration
 
@@ -124,6 +125,7 @@ class ResumingRetryHandler:
         if found is None:
             return 1.0
         name, run_dir, latest = found
+        heartbeat_path(run_dir, name).unlink(missing_ok=True)  # the attempt is over, however it ended
         if isinstance(exception, Preempted) or (
             isinstance(exception, BashExitFailure) and exception.exitcode == EXIT_PREEMPTED
         ):

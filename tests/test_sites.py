@@ -140,11 +140,13 @@ def test_site_facts_describe_the_machine(user_env: None) -> None:
         shared_fs="/eagle/MyAlloc",
         node_mtbf_s=1825 * 86400.0,
         walltime_s=3600.0,
+        stall_timeout_s=300.0,
     )
     assert site_facts("theta").shared_fs == "/lus/theta-fs0/projects/MyAlloc"
     assert site_facts("aurora").gpus_per_node == 12 and site_facts("aurora").local_scratch == "/tmp"
     local = site_facts("local")
     assert local.cores_per_node == os.cpu_count() and local.local_scratch is None and local.walltime_s is None
+    assert local.stall_timeout_s == 30.0
 
 
 def test_an_unset_variable_names_the_file_the_key_and_the_variable(

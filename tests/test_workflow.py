@@ -87,6 +87,15 @@ def test_members_expand_grid_times_seeds_in_file_order(tmp_path: Path) -> None:
             ("    steps: 40\n", "    steps: 40\n    parallel: zero\n"),
             r"wf.yaml:8: members\[0\].parallel: Input should be 'ddp' or 'fsdp'",
         ),
+        (
+            (
+                "faults:\n",
+                "explore:\n  - {name: e, strategy: random, workload: mlp-digits, steps: 5, "
+                "hyperparameters: {lr: {low: 1}}}\nfaults:\n",
+            ),
+            r"explore\[0\].hyperparameters.lr.low: unknown key \(did you mean 'log'\?\); allowed: values, range, log",
+        ),
+        (("    steps: 40\n", "    steps: 40\n    stall_timeout: -5s\n"), r"members\[0\].stall_timeout: .*"),
     ],
 )
 def test_bad_workflows_give_one_line_and_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture, change, message) -> None:

@@ -11,6 +11,7 @@ Parsl::
       shared_fs: /eagle/${PROJECT}  # the parallel file system: the shared tier; null if none
       node_mtbf: 1825d              # mean time between failures of one node; null if unknown
       walltime: "01:00:00"          # of one block: 6h, 90m or HH:MM:SS; null if unlimited
+      stall_timeout: 2m             # silence after which a running attempt is lost; default 60s
 
 Durations take the units of :func:`resilient_flows.units.parse_duration` (s, m, h, d);
 ``walltime`` also takes Parsl's ``HH:MM:SS``, so a YAML anchor can share it with the provider.
@@ -31,7 +32,10 @@ from resilient_flows.units import parse_duration
 __all__ = ["SiteFacts", "site_facts"]
 
 _REQUIRED = ("nodes", "cores_per_node")
-_OPTIONAL = ("gpus_per_node", "local_scratch", "shared_fs", "node_mtbf", "walltime")
+_OPTIONAL = ("gpus_per_node", "local_scratch", "shared_fs", "node_mtbf", "walltime", "stall_timeout")
+
+#: Seconds a running attempt may stay silent before it is declared lost, unless the site says.
+DEFAULT_STALL_TIMEOUT_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -40,7 +44,9 @@ class SiteFacts:
 
     ``node_mtbf_s`` and ``walltime_s`` are seconds, ``None`` when the site file says ``null``
     (unknown MTBF, no walltime limit). ``local_scratch`` and ``shared_fs`` are absolute paths
-    or ``None`` when the machine has no such storage.
+    or ``None`` when the machine has no such storage. ``stall_timeout_s`` is the least silence
+    (no heartbeat) after which the runner declares an attempt lost (see
+    :mod:`resilient_flows.workflow.watchdog`); a slow machine or file system wants more.
     """
 
     name: str
@@ -51,6 +57,7 @@ class SiteFacts:
     shared_fs: str | None = None
     node_mtbf_s: float | None = None
     walltime_s: float | None = None
+    stall_timeout_s: float = DEFAULT_STALL_TIMEOUT_S
 
 
 def site_facts(name_or_path: str | os.PathLike = "local") -> SiteFacts:
@@ -86,6 +93,7 @@ def parse_facts(raw: Any, name: str, where: str) -> SiteFacts:
         shared_fs=_path(raw.get("shared_fs"), "shared_fs", where),
         node_mtbf_s=_seconds(raw.get("node_mtbf"), "node_mtbf", where),
         walltime_s=_seconds(raw.get("walltime"), "walltime", where, clock=True),
+        stall_timeout_s=_seconds(raw.get("stall_timeout"), "stall_timeout", where) or DEFAULT_STALL_TIMEOUT_S,
     )
 
 

@@ -48,6 +48,7 @@ from resilient_flows.training.distributed import (
 )
 from resilient_flows.training.events import EventLog, MetricsLog
 from resilient_flows.training.fork import Handoff, Seed, apply_overrides, mark_forking, wait_for_seed
+from resilient_flows.training.heartbeat import Heartbeat
 from resilient_flows.training.spec import MemberSpec
 
 __all__ = ["Preempted", "TrainContext", "state_digest"]
@@ -156,6 +157,7 @@ class TrainContext:
         self._tuner = AutoTuner(ck.process_mtbf_s, ck.node_mtbf_s, spec.steps) if ck.auto else None
         self.attempt: int = self.checkpointer.comm.bcast(count_attempt(self.directory) if self.rank == 0 else None)
         torch.set_num_threads(spec.threads)
+        self._heartbeat = Heartbeat(run_dir, self.name, self.attempt).start() if self.rank == 0 else None
         self._emit("started", attempt=self.attempt, host=socket.gethostname(), pid=os.getpid())
 
     # ------------------------------------------------------------------ the contract
@@ -268,12 +270,15 @@ class TrainContext:
     # ------------------------------------------------------------------ internals
 
     def close(self) -> None:
-        """Flush metrics, finish and stop the checkpointer, then leave the process group. Idempotent."""
+        """Flush metrics, finish and stop the checkpointer, then leave the process group and stop
+        beating. Idempotent."""
         self._metrics.close()
         try:
             self.checkpointer.close()
         finally:
             self._leave_ranks()
+            if self._heartbeat is not None:
+                self._heartbeat.stop()
 
     def _join_ranks(self, comm: Any) -> DistributedInfo | None:
         """The member's process group when it has several ranks: formed (or joined) here.
@@ -303,6 +308,8 @@ class TrainContext:
 
     def _after_step(self, step: int) -> bool:
         """Checkpoint, fork or stop as requested after ``step``; True when the member retires."""
+        if self._heartbeat is not None:
+            self._heartbeat.progress(step)
         self._fire_faults(step)
         look = self.rank == 0 and self._watch.due()
         request = read_stop_request(self.directory) if look else None

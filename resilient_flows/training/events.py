@@ -25,6 +25,7 @@ EVENT_KINDS = (
     "checkpointed",
     "tuned",
     "failed",
+    "lost",
     "retried",
     "preempted",
     "finished",

@@ -15,6 +15,7 @@ from resilient_flows.checkpoint import read_checkpoint
 from resilient_flows.training.context import TrainContext, member_dir
 from resilient_flows.training.control import write_durably
 from resilient_flows.training.events import EventLog
+from resilient_flows.training.heartbeat import Heartbeat
 from resilient_flows.training.spec import MemberSpec
 from resilient_flows.training.workloads import resolve_workload
 
@@ -52,6 +53,13 @@ def evaluate_members(specs: list[dict[str, Any]], run_dir: str, request: str = "
     has no evaluation, are reported as such.
     """
     EventLog(run_dir).emit("analytics_started", None, request=request, pid=os.getpid())
+    with Heartbeat(run_dir, f"analytics@{request}.{os.getpid()}", attempt=1):
+        report = _evaluate(specs, run_dir)
+    EventLog(run_dir).emit("analytics", None, request=request, members=report)
+    return report
+
+
+def _evaluate(specs: list[dict[str, Any]], run_dir: str) -> dict[str, Any]:
     report: dict[str, Any] = {}
     for raw in specs:
         member = MemberSpec.from_dict(raw)
@@ -64,7 +72,6 @@ def evaluate_members(specs: list[dict[str, Any]], run_dir: str, request: str = "
         else:
             step, state = found
             report[member.name] = {"step": step, **workload.evaluate({**member.params, "steps": member.steps}, state)}
-    EventLog(run_dir).emit("analytics", None, request=request, members=report)
     return report
 
 

@@ -84,6 +84,11 @@ class MemberSpec:
     ``ranks`` processes train it data-parallel; ``parallel`` says how ``ctx.wrap`` shares the
     model between them (``ddp`` or ``fsdp``), and has no effect on one rank, so that a resume
     with another rank count needs no other change.
+
+    ``family`` is the workflow entry it was expanded from (a ``count``/``seeds``/``grid`` member, a
+    campaign; clones inherit their source's): views of large runs group members by it.
+    ``stall_timeout_s``: how long a running attempt may stay silent (no heartbeat) before the
+    runner declares it lost; None leaves it to the runner (10x its step time, at least the site's).
     """
 
     name: str
@@ -99,6 +104,8 @@ class MemberSpec:
     parallel: str = "ddp"
     parent: ParentSpec | None = None
     inputs: dict[str, str] = field(default_factory=dict)
+    family: str = ""
+    stall_timeout_s: float | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.ranks, int) or self.ranks < 1:

@@ -24,6 +24,7 @@ from typing import Any
 from resilient_flows.resilience import Context, Filter, every
 from resilient_flows.training.control import count_attempt, newest_committed, write_durably
 from resilient_flows.training.events import EventLog
+from resilient_flows.training.heartbeat import Heartbeat
 from resilient_flows.training.spec import StageSpec
 from resilient_flows.training.workloads import import_function
 
@@ -66,7 +67,10 @@ def run_stage(spec: dict[str, Any], run_dir: str) -> Any:
     schedule = every(stage.every_n) if stage.every_n is not None else every(seconds=stage.every_s)
     if attempt == 1 and stage.faults:  # injected faults hit the first attempt only, as for members
         schedule = _faulty(schedule, stage)
-    with Context(directory / "checkpoints", filter=schedule, keep=stage.keep) as ctx:
+    with (
+        Heartbeat(run_dir, stage.name, attempt),
+        Context(directory / "checkpoints", filter=schedule, keep=stage.keep) as ctx,
+    ):
         value = loop(ctx, output=output, inputs=inputs, **stage.params)
     result = {"stage": stage.name, "attempts": attempt, "value": value}
     write_durably(directory / "result.json", json.dumps(result, indent=2, default=str))

@@ -116,6 +116,11 @@ class OnDemandAnalytics:
     def futures(self) -> list[Future]:
         return [f for fired in self.fired for f in fired.futures]
 
+    def drop_unfinished(self) -> None:
+        """Forget the tasks of a Parsl instance that was given up: they will never complete."""
+        for fired in self.fired:
+            fired.futures = [f for f in fired.futures if f.done()]
+
     def update(self, elapsed: float, members: list[MemberSpec], statuses: dict[str, MemberStatus]) -> None:
         for request in [r for r in self.pending if self._due(r, elapsed, statuses)]:
             self.pending.remove(request)

@@ -23,7 +23,7 @@ from resilient_flows.training.control import register_member, registered_members
 from resilient_flows.training.spec import MemberSpec
 from resilient_flows.workflow.schema import Workflow
 
-__all__ = ["Plan", "create_run_dir", "default_run_dir", "read_plan", "run_members"]
+__all__ = ["MemberIndex", "Plan", "create_run_dir", "default_run_dir", "read_plan", "run_members"]
 
 PLAN = "plan.json"
 
@@ -67,6 +67,33 @@ def run_members(path: Path, plan: Plan, known: dict[Path, MemberSpec] | None = N
     (``known``: specs already read, see :func:`registered_members`)."""
     planned = {m.name for m in plan.members}
     return [*plan.members, *(m for m in registered_members(path, known) if m.name not in planned)]
+
+
+class MemberIndex:
+    """:func:`run_members` for a polling loop: the member directories are listed again only when
+    ``members/`` changed (a clone registered), not on every poll of a run of thousands of members.
+
+    A clone's directory appears before its ``spec.json``; directories seen without one are looked
+    at again on every call until it is there.
+    """
+
+    def __init__(self, path: Path, plan: Plan) -> None:
+        self.path = path
+        self.plan = plan
+        self._known: dict[Path, MemberSpec] = {}
+        self._mtime: int | None = None
+        self._members: list[MemberSpec] = []
+        self._incomplete = False
+
+    def members(self) -> list[MemberSpec]:
+        root = self.path / "members"
+        mtime = root.stat().st_mtime_ns if root.is_dir() else None
+        if mtime != self._mtime or self._incomplete:
+            self._mtime = mtime
+            self._members = run_members(self.path, self.plan, self._known)
+            directories = sum(1 for entry in os.scandir(root) if entry.is_dir()) if mtime is not None else 0
+            self._incomplete = directories > len(self._known)
+        return self._members
 
 
 def read_plan(path: Path) -> Plan:

@@ -16,9 +16,13 @@ from collections.abc import Mapping
 from concurrent.futures import Future
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import parsl
+from parsl.config import Config
 from parsl.executors import HighThroughputExecutor
+from parsl.executors.status_handling import BlockProviderExecutor
+from parsl.jobs.error_handlers import simple_error_handler, windowed_error_handler
 from rich.console import Console, Group
 from rich.live import Live
 
@@ -30,12 +34,14 @@ from resilient_flows.training.control import clone_order_path, member_dir
 from resilient_flows.training.events import EventLog
 from resilient_flows.training.spec import MemberSpec, StageSpec
 from resilient_flows.training.stage import stage_finished
+from resilient_flows.workflow.blocks import BlockLedger, RunnerLock, retire_block
 from resilient_flows.workflow.explore import PBTController
 from resilient_flows.workflow.ondemand import OnDemandAnalytics, worker_slots
 from resilient_flows.workflow.report import campaign_table, ondemand_table, stage_table, status_table, write_report
-from resilient_flows.workflow.rundir import Plan, create_run_dir, default_run_dir, read_plan, run_members
+from resilient_flows.workflow.rundir import MemberIndex, Plan, create_run_dir, default_run_dir, read_plan, run_members
 from resilient_flows.workflow.schema import Workflow, load_workflow, run_path
-from resilient_flows.workflow.status import MemberStatus, StatusTracker
+from resilient_flows.workflow.status import StatusTracker
+from resilient_flows.workflow.watchdog import Lost, Watchdog, clear_heartbeats
 
 __all__ = ["plan_workflow", "resize_members", "resume_run", "start_run"]
 
@@ -122,20 +128,26 @@ def _finished(run_dir: Path, name: str) -> bool:
 
 class _Submitter:
     """Submits stages and members as Parsl apps, once each: the unfinished stages, the planned
-    members, then clones as they are requested. Parsl starts each after the stages it reads."""
+    members, then clones as they are requested. Parsl starts each after the stages it reads.
+
+    Done futures are counted by callback, so that asking whether all are done costs the same at
+    10 members and at 10,000.
+    """
 
     def __init__(self, run_dir: Path) -> None:
         self.run_dir = run_dir
         self.events = EventLog(run_dir)
         self.futures: dict[str, Future] = {}
         self.stages: dict[str, Future] = {}
+        self.specs: dict[str, MemberSpec] = {}
+        self._done: set[Future] = set()
 
     def submit_stages(self, stages: list[StageSpec]) -> None:
         for stage in stages:
-            if stage_finished(self.run_dir, stage.name):
+            if stage.name in self.stages or stage_finished(self.run_dir, stage.name):
                 continue
             after = self._after(stage.inputs)
-            self.stages[stage.name] = stage_app(stage.to_dict(), str(self.run_dir), inputs=after)
+            self.stages[stage.name] = self._watch(stage_app(stage.to_dict(), str(self.run_dir), inputs=after))
             self.events.emit("submitted", stage.name, stage=True)
 
     def submit(self, member: MemberSpec) -> None:
@@ -144,7 +156,8 @@ class _Submitter:
             future = mpi_train_app(member.to_dict(), str(self.run_dir), ranks=member.ranks, inputs=after)
         else:
             future = train_app(member.to_dict(), str(self.run_dir), inputs=after)
-        self.futures[member.name] = future
+        self.futures[member.name] = self._watch(future)
+        self.specs[member.name] = member
         self.events.emit("submitted", member.name, ranks=member.ranks, parent=member.parent and member.parent.member)
 
     def submit_new_clones(self, members: list[MemberSpec]) -> None:
@@ -159,6 +172,22 @@ class _Submitter:
             if source_done or not clone_order_path(source, parent.request).exists():
                 self.submit(member)
 
+    def all_done(self) -> bool:
+        return len(self._done) == len(self.futures) + len(self.stages)
+
+    def restart(self) -> list[MemberSpec]:
+        """Forget the futures of a Parsl instance that was given up; the members to submit again
+        (stages are submitted again by :meth:`submit_stages`)."""
+        self.stages = {name: f for name, f in self.stages.items() if f.done()}
+        unfinished = [name for name, f in self.futures.items() if not f.done()]
+        for name in unfinished:
+            del self.futures[name]
+        return [self.specs[name] for name in unfinished]
+
+    def _watch(self, future: Future) -> Future:
+        future.add_done_callback(self._done.add)
+        return future
+
     def _after(self, inputs: dict[str, str]) -> list[Future]:
         """The futures of the unfinished stages among ``inputs``."""
         return [self.stages[name] for name in inputs if name in self.stages]
@@ -168,26 +197,74 @@ class _Submitter:
         return future is not None and future.done() and future.exception() is not None
 
 
+def _site_config(site: str, run_dir: Path, retries: int) -> Config:
+    """The site's Parsl configuration for this run, with our retry handler.
+
+    A block that exits (a killed pool, a cancelled pilot job) is replaced; the executor is given up
+    only when its last three blocks all failed (Parsl's windowed handler), not at the first one as
+    with Parsl's default handler, under which one killed pool on a one-block site fails every task.
+    """
+    config = load_site(
+        site, run_dir=str(run_dir / "parsl"), retries=retries, retry_handler=ResumingRetryHandler(retries)
+    )
+    for executor in config.executors:
+        if isinstance(executor, BlockProviderExecutor) and executor.block_error_handler is simple_error_handler:
+            executor.block_error_handler = windowed_error_handler
+    return config
+
+
+def _handle_lost(
+    found: list[Lost], executors: list[Any], submitter: _Submitter, watchdog: Watchdog, console: Console
+) -> str | None:
+    """Record what the watchdog found and cancel the blocks concerned; Parsl then fails their tasks
+    (``ManagerLost``), retries them, and starts new blocks. The reason when an interchange exited:
+    then only a new Parsl instance helps."""
+    for lost in found:
+        submitter.events.emit(
+            "lost", lost.task, attempt=lost.attempt, block=lost.block, executor=lost.executor, reason=lost.reason
+        )
+        what = f"{lost.task} (attempt {lost.attempt})" if lost.task else f"executor {lost.executor}"
+        console.print(f"[bold yellow]lost {what}:[/] {lost.reason}")
+        if lost.task is None and lost.block is None:
+            return lost.reason
+        for executor in executors:
+            if lost.executor not in (None, executor.label) or not isinstance(executor, BlockProviderExecutor):
+                continue
+            if retire_block(executor, lost.block):
+                watchdog.forget_block(executor.label, lost.block)
+                console.print(f"cancelled block {lost.block} of {executor.label}; its tasks are retried")
+    return None
+
+
+def _abandon(dfk: Any, executors: list[Any]) -> None:
+    """Shut a Parsl instance whose interchange exited: its blocks are cancelled through their
+    providers, and nothing waits for the dead interchange's answers."""
+    for executor in executors:
+        proc = getattr(executor, "interchange_proc", None)
+        if proc is not None and proc.poll() is not None:
+            executor.connected_managers = list  # the interchange would never answer
+            executor.connected_blocks = list
+    dfk.cleanup()
+
+
 def _execute(run_dir: Path, plan: Plan, members: list[MemberSpec], console: Console) -> int:
     workflow = plan.workflow
     _put_interpreter_on_path()
-    config = load_site(
-        plan.site,
-        run_dir=str(run_dir / "parsl"),
-        retries=workflow.retries,
-        retry_handler=ResumingRetryHandler(workflow.retries),
-    )
-    statuses: dict[str, MemberStatus] = {}
+    RunnerLock(run_dir).acquire()
+    facts = site_facts(plan.site)
     tracker = StatusTracker(run_dir)
-    known: dict[Path, MemberSpec] = {}
+    index = MemberIndex(run_dir, plan)
     started = time.monotonic()
     console.print(f"run [bold]{workflow.name}[/] on site [bold]{plan.site}[/]: {run_dir}")
     submitter = _Submitter(run_dir)
+    ledger = BlockLedger(run_dir)
     controllers = [
         PBTController(campaign, run_dir, [m for m in plan.members if m.name.startswith(f"{campaign.name}-")])
         for campaign in workflow.explore
         if campaign.strategy == "pbt"
     ]
+    stages = workflow.stage_specs()
+    config = _site_config(plan.site, run_dir, workflow.retries)
     prioritized = all(isinstance(e, HighThroughputExecutor) for e in config.executors)
 
     def submit_analytics(specs: list[dict], part: str, priority: int | None) -> Future:
@@ -196,32 +273,58 @@ def _execute(run_dir: Path, plan: Plan, members: list[MemberSpec], console: Cons
         return analytics_app(specs, str(run_dir), part, parsl_resource_specification={"priority": priority})
 
     ondemand = OnDemandAnalytics(workflow.analytics, workflow.cosched, run_dir, worker_slots(config), submit_analytics)
-    stages = workflow.stage_specs()
-    with parsl.load(config):
-        submitter.submit_stages(stages)
-        for member in members:
-            if member.parent is None:  # clones wait until their source serves them (submit_new_clones)
-                submitter.submit(member)
-        with Live(console=console, refresh_per_second=4, transient=True) as live:
-            while True:
-                everyone = run_members(run_dir, plan, known)
-                submitter.submit_new_clones(everyone)
-                elapsed = time.monotonic() - started
-                statuses = tracker.update([(m.name, m.steps) for m in everyone])
-                ondemand.update(elapsed, everyone, statuses)
-                if all(f.done() for f in [*submitter.futures.values(), *submitter.stages.values(), *ondemand.futures]):
-                    break
-                for controller in controllers:
-                    controller.update(everyone, statuses)
-                table = status_table(statuses, f"{workflow.name} ({elapsed:.0f} s)")
-                if stages:
-                    table = Group(stage_table(run_dir, stages, tracker.events_of([s.name for s in stages])), table)
-                live.update(table)
-                time.sleep(POLL_SECONDS)
-        futures = {**submitter.stages, **submitter.futures}
-        failed = {name: f.exception() for name, f in futures.items() if f.exception() is not None}
-        reports = [f.result() for f in ondemand.futures if f.exception() is None]
-    everyone = run_members(run_dir, plan, known)
+    pending = [m for m in members if m.parent is None]  # clones wait until their source serves them
+    with Live(console=console, refresh_per_second=4, transient=True) as live:
+        while True:  # one pass per Parsl instance: a lost interchange needs a new one
+            for what in ledger.cancel_previous(config.executors):
+                console.print(f"cancelled {what}, left by an earlier runner")
+            clear_heartbeats(run_dir)
+            dfk = parsl.load(config)
+            watchdog = Watchdog(run_dir, facts.stall_timeout_s, {})
+            lost_parsl = None
+            try:
+                submitter.submit_stages(stages)
+                for member in pending:
+                    submitter.submit(member)
+                while True:
+                    everyone = index.members()
+                    submitter.submit_new_clones(everyone)
+                    elapsed = time.monotonic() - started
+                    statuses = tracker.update([(m.name, m.steps) for m in everyone])
+                    ondemand.update(elapsed, everyone, statuses)
+                    if submitter.all_done() and all(f.done() for f in ondemand.futures):
+                        break
+                    for controller in controllers:
+                        controller.update(everyone, statuses)
+                    ledger.record(config.executors)
+                    if len(watchdog.timeouts) != len(everyone):  # members are only ever added
+                        watchdog.timeouts = {m.name: m.stall_timeout_s for m in everyone}
+                    lost_parsl = _handle_lost(
+                        watchdog.check(config.executors), config.executors, submitter, watchdog, console
+                    )
+                    if lost_parsl is not None:
+                        break
+                    table = status_table(statuses, f"{workflow.name} ({elapsed:.0f} s)")
+                    if stages:
+                        table = Group(stage_table(run_dir, stages, tracker.events_of([s.name for s in stages])), table)
+                    live.update(table)
+                    time.sleep(POLL_SECONDS)
+            finally:
+                if lost_parsl is not None:
+                    _abandon(dfk, config.executors)
+                else:
+                    dfk.cleanup()
+                parsl.clear()
+            if lost_parsl is None:
+                break
+            console.print(f"[bold yellow]{lost_parsl}[/]: starting Parsl again; unfinished tasks resume")
+            pending = submitter.restart()
+            ondemand.drop_unfinished()
+            config = _site_config(plan.site, run_dir, workflow.retries)
+    futures = {**submitter.stages, **submitter.futures}
+    failed = {name: f.exception() for name, f in futures.items() if f.exception() is not None}
+    reports = [f.result() for f in ondemand.futures if f.exception() is None]
+    everyone = index.members()
     statuses = tracker.update([(m.name, m.steps) for m in everyone])
     title = f"{workflow.name}: {time.monotonic() - started:.0f} s on {plan.site}"
     extra = []

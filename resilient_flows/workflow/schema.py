@@ -7,6 +7,7 @@ alphabet; every other path a workflow names is resolved inside the run directory
 
 from __future__ import annotations
 
+import collections
 import difflib
 import itertools
 import math
@@ -143,6 +144,17 @@ class MemberConfig(_Strict):
     threads: Annotated[int, Field(ge=1)] = 1
     checkpoint: CheckpointConfig | None = None  # None: the workflow's
     after: list[Name] = []  # stages whose output it reads: it starts once they finished
+    stall_timeout: float | None = None  # seconds of silence before an attempt is lost; None: the runner's rule
+
+    @field_validator("stall_timeout", mode="before")
+    @classmethod
+    def _stall_timeout(cls, value: Any) -> float | None:
+        if value is None:
+            return None
+        seconds = _duration(value, "stall_timeout")
+        if seconds <= 0:
+            raise ValueError(f"stall_timeout must be positive, got {value!r}")
+        return seconds
 
     @field_validator("workload")
     @classmethod
@@ -448,7 +460,14 @@ class Workflow(_Strict):
 
     def all_members(self) -> list[MemberConfig]:
         """The members as written, then each campaign's initial population."""
-        return [*self.members, *(m for campaign in self.explore for m in campaign.members())]
+        return [member for _, member in self._families()]
+
+    def _families(self) -> list[tuple[str, MemberConfig]]:
+        """Each member entry with the family its members belong to: its own name, or its campaign's."""
+        return [
+            *((member.name, member) for member in self.members),
+            *((campaign.name, member) for campaign in self.explore for member in campaign.members()),
+        ]
 
     @model_validator(mode="after")
     def _names(self) -> Workflow:
@@ -456,7 +475,7 @@ class Workflow(_Strict):
             raise ValueError("give 'members', 'stages' or an 'explore' campaign: there is nothing to run")
         names = [name for member in self.all_members() for name, _, _ in member.expand()]
         stages = [stage.name for stage in self.stages]
-        duplicates = sorted({n for n in [*names, *stages] if [*names, *stages].count(n) > 1})
+        duplicates = sorted(n for n, count in collections.Counter([*names, *stages]).items() if count > 1)
         if duplicates:
             raise ValueError(f"member and stage names must be unique; repeated: {', '.join(duplicates)}")
         for index, stage in enumerate(self.stages):
@@ -473,8 +492,9 @@ class Workflow(_Strict):
                     f"member {member.name!r} runs after {', '.join(map(repr, unknown))}, "
                     f"which is not a stage ({', '.join(stages) or 'there are none'})"
                 )
+        known = {*names, *stages}
         for fault in self.faults:
-            if fault.member not in [*names, *stages]:
+            if fault.member not in known:
                 raise ValueError(
                     f"fault names {fault.member!r}, which is not one of the members or stages "
                     f"{', '.join([*names, *stages])}"
@@ -505,7 +525,7 @@ class Workflow(_Strict):
         """One spec per expanded member; ``local_root`` is this run's directory on node-local scratch,
         ``node_mtbf_s`` the site's node MTBF (for ``interval: auto``)."""
         specs = []
-        for member in self.all_members():
+        for family, member in self._families():
             for name, seed, params in member.expand():
                 local = None if local_root is None else str(PurePosixPath(local_root) / name)
                 faults = tuple(FaultSpec(f.kind, f.at_step) for f in self.faults if f.member == name)
@@ -523,6 +543,8 @@ class Workflow(_Strict):
                         ranks=member.ranks,
                         parallel=member.parallel,
                         inputs={stage: stage_output(stage) for stage in member.after},
+                        family=family,
+                        stall_timeout_s=member.stall_timeout,
                     )
                 )
         return specs
@@ -585,16 +607,23 @@ def _explain(error: dict[str, Any]) -> str:
 
 
 def _allowed_keys(loc: tuple[Any, ...]) -> list[str]:
-    """The keys allowed at ``loc``: walk the models along the path, through lists."""
+    """The keys allowed at ``loc``: walk the models along the path, through lists and the keys of mappings."""
     model: Any = Workflow
+    keyed = False  # the next part is a key of a mapping (a hyperparameter's name), not a field
     for part in loc:
-        if isinstance(part, int):
+        if isinstance(part, int) or keyed:
+            keyed = False
             continue
         field = model.model_fields.get(part) if isinstance(model, type) and issubclass(model, BaseModel) else None
         if field is None:
             return []
+        keyed = _is_mapping(field.annotation)
         model = _model_in(field.annotation)
     return list(model.model_fields) if isinstance(model, type) and issubclass(model, BaseModel) else []
+
+
+def _is_mapping(annotation: Any) -> bool:
+    return typing.get_origin(annotation) is dict or any(_is_mapping(arg) for arg in typing.get_args(annotation))
 
 
 def _model_in(annotation: Any) -> Any:

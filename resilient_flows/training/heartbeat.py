@@ -1,0 +1,128 @@
+"""Heartbeats: how the runner tells a running attempt from a dead, frozen or orphaned one.
+
+A task that dies loudly (an exception, a worker Parsl sees exit) is handled by Parsl's retries. The
+worst failures are silent: a worker stopped by a hung node, a worker pool whose main thread died
+while its heartbeat thread still answers the interchange, a pilot job whose tasks never start.
+Each running attempt therefore rewrites one small file, ``<run_dir>/heartbeats/<task>``, from a
+background thread (a long step, a slow collective or a checkpoint flush still beats); the runner's
+watchdog (:mod:`resilient_flows.workflow.watchdog`) declares the attempt lost when the file stops
+changing for longer than its stall timeout.
+
+Each beat is one ``pwrite`` of a fixed-size record at offset 0: no rename, no extra metadata
+operation on the shared file system, and the record says who beats (attempt, pid, host, Parsl
+block) and how fast the task progresses (its step and seconds per step), from which the runner
+derives the stall timeout. A reader may rarely see a record being rewritten; it keeps the last one
+it could parse.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+__all__ = ["BEAT_S", "RECORD_BYTES", "Heartbeat", "heartbeat_path", "read_heartbeat"]
+
+#: Seconds between beats. A stall timeout must be several of these.
+BEAT_S = 2.0
+
+#: Least size of every record: space-padded JSON, so that a rewrite never leaves a longer old tail.
+RECORD_BYTES = 512
+
+
+def heartbeat_path(run_dir: str | os.PathLike, task: str) -> Path:
+    return Path(run_dir) / "heartbeats" / task
+
+
+def read_heartbeat(path: Path) -> dict[str, Any] | None:
+    """The record in a heartbeat file, or None when it is absent or being rewritten."""
+    try:
+        raw = path.read_bytes()
+    except OSError:
+        return None
+    try:
+        record = json.loads(raw)
+    except ValueError:
+        return None
+    return record if isinstance(record, dict) else None
+
+
+class Heartbeat:
+    """Beats for one attempt of one task while it runs; a context manager.
+
+    :meth:`progress` is called by the task at each step (an attribute store, nothing else); the
+    beating thread turns it into a step rate. On a clean exit, any exception included, the file
+    is removed, so that a finished or failed attempt is never mistaken for a silent one; a killed
+    process leaves its file to go stale, which is the point.
+    """
+
+    def __init__(self, run_dir: str | os.PathLike, task: str, attempt: int, beat_s: float = BEAT_S) -> None:
+        self.path = heartbeat_path(run_dir, task)
+        self.beat_s = beat_s
+        self._fixed = {
+            "task": task,
+            "attempt": attempt,
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "block": os.environ.get("PARSL_WORKER_BLOCK_ID"),
+            "started": round(time.time(), 3),
+        }
+        self._step: int | None = None
+        self._first: tuple[int, float] | None = None  # (step, time) of the first progress seen
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._fd: int | None = None
+        self._size = RECORD_BYTES
+
+    def progress(self, step: int) -> None:
+        self._step = step
+
+    def __enter__(self) -> Heartbeat:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def start(self) -> Heartbeat:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        self._beat()
+        self._thread = threading.Thread(target=self._run, name=f"heartbeat-{self._fixed['task']}", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop beating and remove the file. Idempotent."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+        self.path.unlink(missing_ok=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.beat_s):
+            try:
+                self._beat()
+            except OSError:  # a full or stalled file system: the runner will see the silence
+                continue
+
+    def _beat(self) -> None:
+        now = time.monotonic()
+        step = self._step
+        step_s = None
+        if step is not None:
+            if self._first is None:
+                self._first = (step, now)
+            elif step > self._first[0]:
+                step_s = round((now - self._first[1]) / (step - self._first[0]), 6)
+        record = {**self._fixed, "time": round(time.time(), 3), "step": step, "step_s": step_s}
+        data = json.dumps(record, separators=(",", ":")).encode()
+        self._size = max(self._size, len(data))
+        assert self._fd is not None
+        os.pwrite(self._fd, data.ljust(self._size), 0)

@@ -1,0 +1,223 @@
+"""The batch jobs (Parsl blocks) of a run, recorded so that no runner leaves a pilot job behind.
+
+A runner that dies (a login node reboots, an ssh session drops, SIGKILL) leaves its blocks running:
+worker pools that hold nodes until their walltime, an orphaned pool on a laptop. Every runner
+therefore appends each block it starts, and its interchange, to ``<run_dir>/blocks.jsonl``, and
+``resume`` cancels those of earlier runners before starting its own, through the same provider
+(``scancel``, ``qdel``, the LocalProvider's process group).
+
+A process on this machine (a local pool, an interchange) is recorded with its start time as the
+kernel reports it, so that a recycled process id is never mistaken for it: nothing but the
+recorded process is ever signalled.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import socket
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from parsl.executors.status_handling import BlockProviderExecutor
+from parsl.jobs.states import JobState, JobStatus
+from parsl.providers import LocalProvider
+
+from resilient_flows.errors import WorkflowError
+
+__all__ = ["BlockLedger", "RunnerLock", "cancel_block", "process_start_time", "retire_block"]
+
+logger = logging.getLogger(__name__)
+
+LEDGER = "blocks.jsonl"
+RUNNER = "runner.json"
+
+
+def process_start_time(pid: int) -> int | None:
+    """When process ``pid`` started, in clock ticks since boot (``/proc/<pid>/stat``); None if it is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat[stat.rfind(")") + 2 :].split()[19])
+
+
+def _same_process(pid: int | None, started: int | None) -> bool:
+    return pid is not None and started is not None and process_start_time(pid) == started
+
+
+@dataclass
+class BlockLedger:
+    """Appends the blocks and interchanges of this runner to the run's ``blocks.jsonl``."""
+
+    run_dir: Path
+    runner: int = field(default_factory=os.getpid)
+    _seen: set[tuple[str, str]] = field(default_factory=set)
+
+    def record(self, executors: Iterable[Any]) -> None:
+        """Record what is new among the executors' blocks (and interchanges) since the last call."""
+        for executor in executors:
+            if not isinstance(executor, BlockProviderExecutor):
+                continue
+            proc = getattr(executor, "interchange_proc", None)
+            if proc is not None and ("interchange", executor.label) not in self._seen:
+                self._seen.add(("interchange", executor.label))
+                self._append(
+                    {"executor": executor.label, "interchange": proc.pid, "started": process_start_time(proc.pid)}
+                )
+            for block, job_id in list(executor.blocks_to_job_id.items()):
+                if (executor.label, block) in self._seen:
+                    continue
+                self._seen.add((executor.label, block))
+                self._append({"executor": executor.label, "block": block, **_job_record(executor.provider, job_id)})
+
+    def previous(self) -> list[dict[str, Any]]:
+        """The records of the runners before this one."""
+        try:
+            lines = (self.run_dir / LEDGER).read_text().splitlines()
+        except FileNotFoundError:
+            return []
+        records = []
+        for line in lines:
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue  # a runner killed mid-write
+            if isinstance(record, dict) and record.get("runner") != self.runner:
+                records.append(record)
+        return records
+
+    def cancel_previous(self, executors: Iterable[Any]) -> list[str]:
+        """Cancel the blocks and interchanges earlier runners left; what was cancelled, in words.
+
+        ``executors`` are this runner's, not started yet: their providers cancel the recorded
+        jobs of the executor with the same label.
+        """
+        providers = {e.label: e.provider for e in executors if isinstance(e, BlockProviderExecutor)}
+        done = []
+        for record in self.previous():
+            if "interchange" in record:
+                if _kill_recorded(record["interchange"], record.get("started"), signal.SIGKILL, group=False):
+                    done.append(f"interchange (pid {record['interchange']}) of executor {record['executor']}")
+                continue
+            provider = providers.get(record.get("executor"))
+            if provider is not None and cancel_block(provider, record):
+                done.append(f"block {record['block']} (job {record['job_id']}) of executor {record['executor']}")
+        return done
+
+    def _append(self, record: dict[str, Any]) -> None:
+        line = json.dumps({"time": round(time.time(), 3), "runner": self.runner, **record}) + "\n"
+        fd = os.open(self.run_dir / LEDGER, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            size = os.fstat(fd).st_size
+            if size and os.pread(fd, 1, size - 1) != b"\n":  # an earlier runner killed mid-line
+                line = "\n" + line
+            os.write(fd, line.encode())
+        finally:
+            os.close(fd)
+
+
+def _job_record(provider: Any, job_id: str) -> dict[str, Any]:
+    record: dict[str, Any] = {"job_id": job_id, "provider": type(provider).__name__}
+    if isinstance(provider, LocalProvider):
+        pid = provider.resources.get(job_id, {}).get("remote_pid")
+        record.update(pid=pid, host=socket.gethostname(), started=None if pid is None else process_start_time(pid))
+    return record
+
+
+def retire_block(executor: BlockProviderExecutor, block: str | None) -> bool:
+    """Cancel one block of a running executor, as Parsl's own scale-in does; False if it has none such.
+
+    Its managers are put on hold first, so that the interchange sends them nothing more; the block
+    is then marked scaled in, which Parsl's block error handler does not count as a failure and
+    its strategy replaces while tasks wait.
+    """
+    job_id = executor.blocks_to_job_id.get(str(block))
+    if job_id is None or executor.provider is None:
+        return False
+    status = executor.status_facade.get(str(block))
+    if status is not None and status.terminal:
+        return False
+    hold = getattr(executor, "_hold_block", None)
+    if hold is not None:
+        hold(str(block))
+    executor.provider.cancel([job_id])
+    scaled_in = JobStatus(JobState.SCALED_IN)
+    executor._status[str(block)] = scaled_in  # what scale_in_facade records for the blocks it scales in
+    executor._simulated_status[str(block)] = scaled_in
+    return True
+
+
+def cancel_block(provider: Any, record: dict[str, Any]) -> bool:
+    """Cancel one recorded block through ``provider``; False when there was nothing to cancel.
+
+    A LocalProvider's block is its process group, signalled only while the recorded process still
+    lives on this host. A batch provider's job is cancelled with its own command (``scancel``,
+    ``qdel``), whether or not it still runs: cancelling a finished job is harmless.
+    """
+    if isinstance(provider, LocalProvider):
+        if record.get("host") != socket.gethostname():
+            return False
+        return _kill_recorded(record.get("pid"), record.get("started"), signal.SIGKILL, group=True)
+    job_id = str(record["job_id"])
+    resources = getattr(provider, "resources", None)
+    if isinstance(resources, dict) and job_id not in resources:  # a job another runner submitted
+        resources[job_id] = {
+            "job_id": job_id,
+            "status": JobStatus(JobState.RUNNING),
+            "job_stdout_path": None,
+            "job_stderr_path": None,
+        }
+    try:
+        return bool(provider.cancel([job_id])[0])
+    except Exception as exc:  # a provider's command failing must not stop the resume
+        logger.warning("could not cancel job %s through %s: %s", job_id, type(provider).__name__, exc)
+        return False
+
+
+def _kill_recorded(pid: int | None, started: int | None, sig: signal.Signals, group: bool) -> bool:
+    if not _same_process(pid, started):
+        return False
+    assert pid is not None
+    try:
+        if group:
+            os.killpg(os.getpgid(pid), sig)
+        else:
+            os.kill(pid, sig)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+@dataclass(frozen=True)
+class RunnerLock:
+    """``runner.json``: which process runs the run now, so that a second runner is refused."""
+
+    run_dir: Path
+
+    def acquire(self) -> None:
+        """Claim the run for this process; an error naming the runner that still holds it."""
+        path = self.run_dir / RUNNER
+        try:
+            holder = json.loads(path.read_text())
+        except (OSError, ValueError):
+            holder = None
+        if (
+            isinstance(holder, dict)
+            and holder.get("host") == socket.gethostname()
+            and holder.get("pid") != os.getpid()
+            and _same_process(holder.get("pid"), holder.get("started"))
+        ):
+            raise WorkflowError(
+                f"{self.run_dir} is being run by process {holder['pid']} on {holder['host']}; "
+                "wait for it to end, or stop it, before resuming"
+            )
+        me = {"pid": os.getpid(), "host": socket.gethostname(), "started": process_start_time(os.getpid())}
+        tmp = path.with_name(f"{RUNNER}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(me))
+        os.replace(tmp, path)

@@ -1,0 +1,352 @@
+"""The progress watchdog: heartbeats, silent attempts, recorded blocks, and the two hangs it exists for.
+
+The end-to-end tests reproduce, with real Parsl pools and real SIGKILLs, the two ways a run used
+to hang for good: a worker pool whose spawned processes (workers and multiprocessing manager) were
+killed, and a runner killed with its interchange, leaving an orphaned pool behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from resilient_flows.errors import WorkflowError
+from resilient_flows.training import read_events, run_member
+from resilient_flows.training.heartbeat import Heartbeat, heartbeat_path, read_heartbeat
+from resilient_flows.workflow import read_plan
+from resilient_flows.workflow.blocks import BlockLedger, RunnerLock, cancel_block, process_start_time
+from resilient_flows.workflow.watchdog import WATCH_S, Watchdog, clear_heartbeats, stall_timeout
+
+REPO = Path(__file__).resolve().parents[1]
+CLI = Path(sys.executable).with_name("resilient-flows")
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def beat(run_dir: Path, task: str, **fields: object) -> None:
+    """A heartbeat record as a beating attempt writes it (a new mtime each call)."""
+    path = heartbeat_path(run_dir, task)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    record = {"task": task, "attempt": 1, "pid": 1, "host": "n1", "block": "0", "step": None, "step_s": None}
+    path.write_text(json.dumps({**record, **fields}))
+    stamp = next(_stamps)  # two writes within one kernel tick would share an mtime
+    os.utime(path, ns=(stamp, stamp))
+
+
+_stamps = iter(range(10**18, 2 * 10**18, 10**6))
+
+
+# ----------------------------------------------------------------------------- heartbeats
+
+
+def test_a_heartbeat_rewrites_its_record_in_place_and_removes_it_on_exit(tmp_path: Path) -> None:
+    with Heartbeat(tmp_path, "m-0", attempt=3, beat_s=0.05) as heartbeat:
+        path = heartbeat_path(tmp_path, "m-0")
+        first = read_heartbeat(path)
+        assert first is not None and first["attempt"] == 3 and first["pid"] == os.getpid()
+        assert first["step"] is None and first["step_s"] is None
+        for step in range(5):
+            heartbeat.progress(step)
+            time.sleep(0.06)
+        record = read_heartbeat(path)
+        assert record is not None and record["step"] == 4 and record["step_s"] > 0
+        assert os.stat(path).st_mtime_ns > 0 and path.stat().st_size >= 512  # padded, rewritten in place
+    assert not path.exists()
+
+
+def test_a_heartbeat_is_removed_when_the_task_raises(tmp_path: Path) -> None:
+    with pytest.raises(RuntimeError), Heartbeat(tmp_path, "s", attempt=1):
+        raise RuntimeError("boom")
+    assert not heartbeat_path(tmp_path, "s").exists()
+
+
+# ----------------------------------------------------------------------------- the watchdog
+
+
+def test_stall_timeout_rule() -> None:
+    assert stall_timeout(5.0, 100.0, 30.0) == 5.0  # the member's own value wins
+    assert stall_timeout(None, None, 30.0) == 30.0  # no pace known yet: the site's
+    assert stall_timeout(None, 0.5, 30.0) == 30.0  # 10 x 0.5 s is less than the site's
+    assert stall_timeout(None, 7.0, 30.0) == 70.0  # slow steps: 10 x the step time
+
+
+def test_a_silent_attempt_is_lost_once_after_its_timeout(tmp_path: Path) -> None:
+    clock = Clock()
+    watchdog = Watchdog(tmp_path, site_stall_s=30.0, timeouts={"a": 10.0, "b": None}, clock=clock)
+    beat(tmp_path, "a", attempt=2, block="3")
+    beat(tmp_path, "b", step=7, step_s=5.0)  # 10 x 5 s: 50 s
+    assert watchdog.check([]) == []
+    clock.advance(WATCH_S / 2)
+    assert watchdog.check([]) == []  # not due: looks at most every WATCH_S
+
+    clock.advance(11.0)
+    (lost,) = watchdog.check([])
+    assert (lost.task, lost.attempt, lost.block) == ("a", 2, "3")
+    assert "no heartbeat for 12 s (stall_timeout 10 s)" in lost.reason
+
+    clock.advance(WATCH_S)
+    beat(tmp_path, "b", step=9, step_s=5.0)  # b still beats: never lost
+    assert watchdog.check([]) == []  # a is reported once
+    clock.advance(45.0)
+    assert watchdog.check([]) == []  # b's 50 s have not passed since its last beat
+    clock.advance(6.0)
+    assert [lost.task for lost in watchdog.check([])] == ["b"]
+
+    beat(tmp_path, "a", attempt=3, block="4")  # the retry beats again: a new attempt
+    clock.advance(WATCH_S)
+    assert watchdog.check([]) == []
+    clock.advance(10.5)
+    assert [(lost.task, lost.attempt) for lost in watchdog.check([])] == [("a", 3)]
+
+
+def test_a_finished_attempt_is_never_lost_and_old_heartbeats_are_cleared(tmp_path: Path) -> None:
+    clock = Clock()
+    watchdog = Watchdog(tmp_path, site_stall_s=5.0, timeouts={}, clock=clock)
+    beat(tmp_path, "a")
+    beat(tmp_path, "b")
+    assert watchdog.check([]) == []
+    heartbeat_path(tmp_path, "a").unlink()  # a ended cleanly
+    clock.advance(10.0)
+    assert [lost.task for lost in watchdog.check([])] == ["b"]
+    clear_heartbeats(tmp_path)
+    assert list((tmp_path / "heartbeats").iterdir()) == []
+
+
+# ----------------------------------------------------------------------------- recorded blocks
+
+
+def start_group(seconds: int = 60) -> subprocess.Popen:
+    """A process in its own process group with a child, as LocalProvider starts a block."""
+    return subprocess.Popen(["bash", "-c", f"sleep {seconds} & sleep {seconds}; wait"], start_new_session=True)
+
+
+def group_alive(pgid: int) -> bool:
+    """Whether a process of group ``pgid`` still lives (zombies do not count)."""
+    for entry in os.listdir("/proc"):
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text() if entry.isdigit() else ""
+        except OSError:
+            continue
+        fields = stat[stat.rfind(")") + 2 :].split()
+        if fields and int(fields[2]) == pgid and fields[0] != "Z":
+            return True
+    return False
+
+
+def test_a_local_block_of_a_dead_runner_is_killed_only_while_it_is_the_recorded_process(tmp_path: Path) -> None:
+    from parsl.providers import LocalProvider
+
+    block = start_group()
+    try:
+        record = {"job_id": str(block.pid), "pid": block.pid, "host": os.uname().nodename}
+        assert not cancel_block(LocalProvider(), {**record, "started": process_start_time(block.pid) + 1})
+        assert block.poll() is None  # a recycled pid is never signalled
+        assert cancel_block(LocalProvider(), {**record, "started": process_start_time(block.pid)})
+        assert block.wait(timeout=10) == -signal.SIGKILL
+        deadline = time.monotonic() + 10
+        while group_alive(block.pid) and time.monotonic() < deadline:  # its children, once init reaps them
+            time.sleep(0.05)
+        assert not group_alive(block.pid)  # the whole group, the block's children too
+    finally:
+        if block.poll() is None:
+            os.killpg(block.pid, signal.SIGKILL)
+
+
+def test_the_ledger_keeps_the_records_of_earlier_runners(tmp_path: Path) -> None:
+    earlier = BlockLedger(tmp_path, runner=1)
+    earlier._append({"executor": "local", "block": "0", "job_id": "17", "provider": "SlurmProvider"})
+    with (tmp_path / "blocks.jsonl").open("a") as f:
+        f.write('{"executor": "local", "blo')  # a runner killed mid-write
+    mine = BlockLedger(tmp_path)
+    mine._append({"executor": "local", "block": "1", "job_id": "18", "provider": "SlurmProvider"})
+    assert [r["job_id"] for r in BlockLedger(tmp_path, runner=2).previous()] == ["17", "18"]
+    assert [r["job_id"] for r in mine.previous()] == ["17"]
+
+
+def test_a_second_runner_is_refused_while_the_first_lives(tmp_path: Path) -> None:
+    other = subprocess.Popen(["sleep", "30"])
+    try:
+        holder = {"pid": other.pid, "host": os.uname().nodename, "started": process_start_time(other.pid)}
+        (tmp_path / "runner.json").write_text(json.dumps(holder))
+        with pytest.raises(WorkflowError, match=f"being run by process {other.pid}"):
+            RunnerLock(tmp_path).acquire()
+    finally:
+        other.kill()
+        other.wait()
+    RunnerLock(tmp_path).acquire()  # its holder is gone: taken over
+    assert json.loads((tmp_path / "runner.json").read_text())["pid"] == os.getpid()
+
+
+# ----------------------------------------------------------------------------- the two hangs, end to end
+
+WORKFLOW = """\
+name: hang
+checkpoint: {interval: 20}
+members:
+  - {name: m, workload: mlp-digits, steps: 300, params: {hidden: 16}, count: 6}
+"""
+
+
+@pytest.fixture
+def quick_site(tmp_path: Path) -> Path:
+    """The local site with a 10 s stall timeout, so that the tests wait seconds, not minutes."""
+    text = (REPO / "site-configs/local.yaml").read_text()
+    site = tmp_path / "site.yaml"
+    site.write_text(text.replace("stall_timeout: 30s", "stall_timeout: 10s"))
+    return site
+
+
+def processes() -> dict[int, tuple[int, str]]:
+    """pid -> (parent pid, command line) of every process."""
+    found = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        found[int(entry)] = (int(stat[stat.rfind(")") + 2 :].split()[1]), cmdline)
+    return found
+
+
+def pools_of(run_dir: Path) -> list[int]:
+    return [pid for pid, (_, cmd) in processes().items() if "process_worker_pool" in cmd and str(run_dir) in cmd]
+
+
+def wait_for_checkpoints(run_dir: Path, count: int, runner: subprocess.Popen, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if sum(e["kind"] == "checkpointed" for e in read_events(run_dir)) >= count:
+            return
+        assert runner.poll() is None, "the runner ended before the fault"
+        time.sleep(0.2)
+    raise AssertionError(f"no {count} checkpoints within {timeout} s")
+
+
+def assert_every_member_matches_a_fault_free_run(run_dir: Path, reference: Path) -> None:
+    for spec in read_plan(run_dir).members:
+        result = json.loads((run_dir / "members" / spec.name / "result.json").read_text())
+        assert result["digest"] == run_member(replace(spec, faults=()).to_dict(), str(reference))["digest"]
+
+
+@pytest.mark.slow
+def test_a_pool_whose_workers_and_manager_process_were_killed_is_replaced(tmp_path: Path, quick_site: Path) -> None:
+    """Once hung forever: the pool's main thread dies with its multiprocessing manager, its
+    heartbeat thread keeps answering the interchange, and no task ever starts or fails."""
+    (tmp_path / "wf.yaml").write_text(WORKFLOW)
+    run_dir = tmp_path / "run"
+    runner = subprocess.Popen(
+        [CLI, "run", tmp_path / "wf.yaml", "--site", quick_site, "--run-dir", run_dir],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        wait_for_checkpoints(run_dir, 2, runner)
+        (pool,) = pools_of(run_dir)
+        spawned = [pid for pid, (parent, _) in processes().items() if parent == pool]
+        assert len(spawned) >= 3  # two workers and the manager process (and a resource tracker)
+        killed_at = time.monotonic()
+        for pid in spawned:
+            os.kill(pid, signal.SIGKILL)
+        out, _ = runner.communicate(timeout=180)
+    finally:
+        if runner.poll() is None:
+            runner.kill()
+    took = time.monotonic() - killed_at
+    assert runner.returncode == 0, out
+    lost = [e for e in read_events(run_dir) if e["kind"] == "lost"]
+    assert lost and all("no heartbeat" in e["reason"] for e in lost), lost
+    assert took < 10 + 60  # the stall timeout, then a new pool and the rest of the run
+    assert pools_of(run_dir) == []
+    assert_every_member_matches_a_fault_free_run(run_dir, tmp_path / "reference")
+
+
+@pytest.mark.slow
+def test_resume_cancels_the_orphaned_pool_of_a_killed_runner(tmp_path: Path, quick_site: Path) -> None:
+    (tmp_path / "wf.yaml").write_text(WORKFLOW)
+    run_dir = tmp_path / "run"
+    runner = subprocess.Popen(
+        [CLI, "run", tmp_path / "wf.yaml", "--site", quick_site, "--run-dir", run_dir],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        wait_for_checkpoints(run_dir, 2, runner)
+        (pool,) = pools_of(run_dir)
+        everything = processes()
+        workers = [pid for pid, (parent, cmd) in everything.items() if parent == pool and "spawn_main" in cmd]
+        interchange = [pid for pid, (parent, cmd) in everything.items() if parent == runner.pid]
+        for pid in [*workers[:2], runner.pid, *interchange]:
+            os.kill(pid, signal.SIGKILL)
+        runner.wait(timeout=10)
+        time.sleep(2)
+        assert pools_of(run_dir) == [pool]  # orphaned: it would hold its node until the walltime
+    finally:
+        if runner.poll() is None:
+            runner.kill()
+    resumed = subprocess.run(
+        [CLI, "resume", run_dir], capture_output=True, text=True, timeout=180, env={**os.environ, "COLUMNS": "200"}
+    )
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert "left by an earlier runner" in resumed.stdout
+    assert pool not in processes() and pools_of(run_dir) == []
+    assert_every_member_matches_a_fault_free_run(run_dir, tmp_path / "reference")
+
+
+# ----------------------------------------------------------------------------- configuration
+
+
+def test_members_and_sites_set_the_stall_timeout(tmp_path: Path) -> None:
+    from resilient_flows.workflow import load_workflow
+
+    path = tmp_path / "wf.yaml"
+    path.write_text(
+        "name: t\nmembers:\n  - {name: a, workload: mlp-digits, steps: 5, count: 2, stall_timeout: 2m}\n"
+        "  - {name: b, workload: mlp-digits, steps: 5}\n"
+        "explore:\n  - {name: pop, strategy: random, workload: mlp-digits, steps: 5, population: 2,\n"
+        "     hyperparameters: {lr: {range: [0.01, 0.1]}}}\n"
+    )
+    specs = {s.name: s for s in load_workflow(path).member_specs(None)}
+    assert {n: (s.family, s.stall_timeout_s) for n, s in specs.items()} == {
+        "a-0": ("a", 120.0),
+        "a-1": ("a", 120.0),
+        "b": ("b", None),
+        "pop-0": ("pop", None),
+        "pop-1": ("pop", None),
+    }
+    path.write_text("name: t\nmembers:\n  - {name: a, workload: mlp-digits, steps: 5, stall_timeout: 0s}\n")
+    with pytest.raises(WorkflowError, match="stall_timeout must be positive"):
+        load_workflow(path)
+
+
+def test_a_site_stall_timeout_must_be_a_duration(tmp_path: Path) -> None:
+    from resilient_flows.errors import SiteConfigError
+    from resilient_flows.sites import site_facts
+
+    site = tmp_path / "s.yaml"
+    text = (REPO / "site-configs/local.yaml").read_text()
+    site.write_text(text.replace("stall_timeout: 30s", "stall_timeout: 90s"))
+    assert site_facts(site).stall_timeout_s == 90.0
+    site.write_text(text.replace("stall_timeout: 30s", "stall_timeout: soon"))
+    with pytest.raises(SiteConfigError, match=r"facts\.stall_timeout must be a duration"):
+        site_facts(site)
