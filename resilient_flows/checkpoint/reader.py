@@ -8,10 +8,14 @@ replicated (DDP) model, or into one process, and the other way round.
 
 Arrays that every rank needs whole (replicated state) are read once, each piece by one rank that
 broadcasts it, so that a restart of N data-parallel ranks does not read the checkpoint N times.
+The reader of a piece is a rank that can see the shard holding it: in a node-local tier each node
+holds only the shards its own ranks wrote.
 
 Order of operations the caller guarantees (the contract of :class:`OpenCheckpoint`):
 
 1. :meth:`OpenCheckpoint.targets` is computed from the live state; it checks nothing on disk;
+   with several ranks, :meth:`OpenCheckpoint.assign_readers` then picks who reads each replicated
+   piece, from every rank's :meth:`OpenCheckpoint.visible_shards`;
 2. :meth:`OpenCheckpoint.verify` maps the shards that hold pieces overlapping the targets and
    checks every such piece's checksum, before anything is copied: a bad checkpoint leaves the
    state untouched (ranks agree on the verdict between 2 and 3);
@@ -98,10 +102,11 @@ class OpenCheckpoint:
     """One committed checkpoint opened for reading: its manifest, and shards mapped on demand.
 
     With ``comm`` of several ranks, arrays that every rank needs whole (replicated state: DDP
-    parameters, Adam's step counters) are read once: each piece by one rank, chosen to balance the
-    bytes, which verifies it and broadcasts it, so the shared file system serves them once and not
-    once per rank. Sharded targets are read by each rank for itself. Every rank must then call
-    :meth:`verify` and :meth:`fill` together, with targets of the same structure.
+    parameters, Adam's step counters) are read once: each piece by one rank that sees its shard,
+    chosen to balance the bytes, which verifies it and broadcasts it, so the shared file system
+    serves them once and not once per rank. Sharded targets are read by each rank for itself.
+    Every rank must then call :meth:`assign_readers`, :meth:`verify` and :meth:`fill` together,
+    with targets of the same structure.
     """
 
     def __init__(self, step_dir: Path, step: int, comm: Comm | None = None) -> None:
@@ -125,8 +130,35 @@ class OpenCheckpoint:
                 found[name] = Target.of(record, live.get(name))
             elif name.startswith(own):  # this rank's alone: read by itself
                 found[name] = replace(Target.of(record, None), replicated=False)
-        self._assigned = self._readers(found)
         return found
+
+    def visible_shards(self) -> set[int]:
+        """The shards this rank can open here: all of them in a shared tier, only its own node's
+        in a node-local one."""
+        return {i for i, record in enumerate(self.manifest.shards) if (self.step_dir / record.file).is_file()}
+
+    def assign_readers(self, targets: Mapping[str, Target], visible: list[set[int]]) -> None:
+        """Who reads each piece of a replicated target: among the ranks that see its shard
+        (``visible[rank]``), the least loaded, largest pieces first. The same on every rank, from
+        the same inputs; raises CorruptCheckpointError when no rank sees a shard that is needed."""
+        if self.comm.size == 1:
+            return
+        pieces = [
+            (piece.box.numel * self.manifest.arrays[name].dtype.itemsize, name, piece.key, piece.shard)
+            for name, target in targets.items()
+            if target.replicated
+            for piece in self.manifest.arrays[name].pieces
+        ]
+        loads = [0] * self.comm.size
+        self._assigned = {}
+        for nbytes, name, key, shard in sorted(pieces, key=lambda p: (-p[0], p[1], p[2])):
+            able = [rank for rank in range(self.comm.size) if shard in visible[rank]]
+            if not able:
+                file = self.manifest.shards[shard].file
+                raise CorruptCheckpointError(f"{self.step_dir.name}: no rank can read {file} (its node's copy is gone)")
+            rank = min(able, key=lambda r: (loads[r], r))
+            self._assigned[(name, key)] = rank
+            loads[rank] += nbytes
 
     def verify(self, targets: Mapping[str, Target]) -> None:
         """Check every piece this rank reads; raises CorruptCheckpointError."""
@@ -156,24 +188,6 @@ class OpenCheckpoint:
                         region.copy_(buffer)
                 target.finish()
         return {name: target.result for name, target in targets.items()}
-
-    def _readers(self, targets: Mapping[str, Target]) -> dict[tuple[str, str], int]:
-        """Who reads each piece of a replicated target: the least-loaded rank, largest pieces first."""
-        if self.comm.size == 1:
-            return {}
-        pieces = [
-            (piece.box.numel * self.manifest.arrays[name].dtype.itemsize, name, piece.key)
-            for name, target in targets.items()
-            if target.replicated
-            for piece in self.manifest.arrays[name].pieces
-        ]
-        loads = [0] * self.comm.size
-        readers = {}
-        for nbytes, name, key in sorted(pieces, key=lambda p: (-p[0], p[1], p[2])):
-            rank = min(range(self.comm.size), key=lambda r: (loads[r], r))
-            readers[(name, key)] = rank
-            loads[rank] += nbytes
-        return readers
 
     def state(self, arrays: Mapping[str, Leaf]) -> dict[str, Any]:
         """The nested state from the filled arrays, with this rank's per-rank values."""
@@ -312,7 +326,7 @@ def read_agreed(
     for s, index in candidates:
         tier = tiers[index]
         opened: OpenCheckpoint | None = None
-        problem = mismatch = shape = None
+        problem = mismatch = shape = visible = None
         try:
             opened = OpenCheckpoint(tier.step_dir(s), s, comm)
             manifest = opened.manifest
@@ -320,17 +334,19 @@ def read_agreed(
             live = live_arrays(stateful, manifest.arrays, manifest.skeleton, where, "the state to restore into")
             targets = opened.targets(live)
             shape = sorted(name for name, target in targets.items() if target.replicated)
+            visible = opened.visible_shards()
         except CorruptCheckpointError as exc:
             problem = str(exc)
         except StateMismatchError as exc:
             mismatch = str(exc)
         try:
-            agreed = comm.allgather((mismatch, shape))  # no rank reads if one must stop
-            mismatch = first_problem(m for m, _ in agreed) or _structure_problem([k for _, k in agreed])
+            agreed = comm.allgather((mismatch, shape, visible))  # no rank reads if one must stop
+            mismatch = first_problem(m for m, _, _ in agreed) or _structure_problem([k for _, k, _ in agreed])
             if mismatch:
                 raise StateMismatchError(mismatch)
             if problem is None:
                 try:
+                    opened.assign_readers(targets, [v or set() for _, _, v in agreed])
                     opened.verify(targets)
                 except CorruptCheckpointError as exc:
                     problem = str(exc)

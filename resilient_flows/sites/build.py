@@ -7,15 +7,9 @@ deep inside Parsl. Only classes from Parsl's executor, provider and launcher pac
 providers of :mod:`resilient_flows.sites.cobalt`, can be named: a site file selects
 configuration, it does not import arbitrary code.
 
-String values may use the environment, so that one site file serves every user of a machine:
-
-* ``${NAME}`` is the value of ``NAME``; an error if ``NAME`` is not set;
-* ``${NAME:-default}`` is ``default`` when ``NAME`` is unset or empty;
-* ``${NAME:?hint}`` is an error when ``NAME`` is unset or empty, and the error shows ``hint``;
-* ``$${`` is a literal ``${`` (for variables the job's own shell should expand).
-
-Nothing else is touched: ``$NAME`` without braces passes through unchanged, keys are never
-expanded, and an expanded value stays a string. The top-level ``facts:`` mapping describes the
+String values may use the environment (``${NAME}``, ``${NAME:-default}``, ``${NAME:?hint}``,
+``$${`` for a literal ``${``; see :mod:`resilient_flows.envvars`), so that one site file serves
+every user of a machine. The top-level ``facts:`` mapping describes the
 machine for resilient-flows (see :mod:`resilient_flows.sites.facts`) and never reaches Parsl.
 """
 
@@ -24,8 +18,6 @@ from __future__ import annotations
 import difflib
 import inspect
 import os
-import re
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +28,7 @@ import typeguard
 import yaml
 from parsl.config import Config
 
+from resilient_flows.envvars import expand_env
 from resilient_flows.errors import SiteConfigError
 from resilient_flows.sites import cobalt
 
@@ -45,9 +38,6 @@ __all__ = ["SITE_DIR", "build_config", "expand_env", "read_site", "site_names", 
 SITE_DIR = Path(os.environ.get("RESILIENT_FLOWS_SITES", Path(__file__).resolve().parents[2] / "site-configs"))
 
 _NAMESPACES = (parsl.executors, parsl.providers, parsl.launchers, cobalt)
-
-# ``$${`` (an escaped brace), a well-formed reference, or any other ``${`` (an error).
-_REFERENCE = re.compile(r"\$\$\{|\$\{([A-Za-z_][A-Za-z0-9_]*)(?:(:-|:\?)([^}]*))?\}|\$\{")
 
 
 def site_names() -> list[str]:
@@ -87,40 +77,6 @@ def read_site(path: Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise SiteConfigError(f"{path}: expected a mapping with an 'executors' list, got {type(data).__name__}")
     return data
-
-
-def expand_env(value: Any, where: str, key_path: str = "", environ: Mapping[str, str] | None = None) -> Any:
-    """``value`` with the ``${...}`` references in its strings replaced from the environment.
-
-    Mappings and lists are walked; ``key_path`` names ``value`` in error messages
-    (``executors[0].provider.account``).
-    """
-    env = os.environ if environ is None else environ
-    if isinstance(value, dict):
-        return {k: expand_env(v, where, f"{key_path}.{k}" if key_path else str(k), env) for k, v in value.items()}
-    if isinstance(value, list):
-        return [expand_env(v, where, f"{key_path}[{i}]", env) for i, v in enumerate(value)]
-    if not isinstance(value, str) or "${" not in value:
-        return value
-
-    def replace(match: re.Match[str]) -> str:
-        text, name, form, word = match.group(0), match.group(1), match.group(2), match.group(3)
-        if text == "$${":
-            return "${"
-        if name is None:
-            raise SiteConfigError(
-                f"{where}: {key_path} has a '${{' that is not ${{NAME}}, ${{NAME:-default}} or ${{NAME:?hint}} "
-                f"in {value!r}; write '$${{' for a literal '${{'"
-            )
-        current = env.get(name)
-        if form == ":-":
-            return current if current else word
-        if current is None or (form == ":?" and not current):
-            hint = word if form == ":?" and word else "value"
-            raise SiteConfigError(f"{where}: {key_path} uses ${{{name}}}, which is not set; export {name}=<{hint}>")
-        return current
-
-    return _REFERENCE.sub(replace, value)
 
 
 def build_config(data: dict[str, Any], where: str, **overrides: Any) -> Config:

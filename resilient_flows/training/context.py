@@ -29,6 +29,7 @@ import torch
 from torch import nn
 
 from resilient_flows.checkpoint import Checkpointer, TrainState
+from resilient_flows.envvars import expand_env
 from resilient_flows.errors import LaunchError, ResilientFlowsError
 from resilient_flows.training.autotune import MAX_PERSIST_EVERY, AutoTuner, tuned_fields
 from resilient_flows.training.control import (
@@ -144,7 +145,7 @@ class TrainContext:
         try:
             self.checkpointer = Checkpointer(
                 self.directory / "checkpoints",
-                local_dir=ck.local_dir,
+                local_dir=self._node_local_dir(),
                 persist_every=ck.persist_every,
                 keep=ck.keep,
                 comm=comm if self.group is None else self.group,
@@ -279,6 +280,12 @@ class TrainContext:
             self._leave_ranks()
             if self._heartbeat is not None:
                 self._heartbeat.stop()
+
+    def _node_local_dir(self) -> str | None:
+        """The member's node-local tier on this node: a site may name the node in it (``${VAR}``,
+        expanded here, where the member runs)."""
+        local = self.spec.checkpoint.local_dir
+        return None if local is None else expand_env(local, f"member {self.name}", "node-local checkpoint directory")
 
     def _join_ranks(self, comm: Any) -> DistributedInfo | None:
         """The member's process group when it has several ranks: formed (or joined) here.

@@ -9,6 +9,7 @@ directory, fires analytics requests (making room for on-demand ones, see
 
 from __future__ import annotations
 
+import hashlib
 import os
 import sys
 import time
@@ -65,11 +66,18 @@ def start_run(
     """Run a workflow file from the start; 0 when every member finished."""
     workflow = load_workflow(path)
     target = Path(run_dir) if run_dir is not None else default_run_dir(workflow)
-    plan = plan_workflow(workflow, site, run_name=target.name)
+    plan = plan_workflow(workflow, site, run_name=_run_key(target))
     directory = create_run_dir(target, plan, Path(path).read_text())
     for clone in workflow.clones:  # registered now: the sources fork when they reach the step
         request_clone(directory, clone.member, clone.n, clone.overrides, at_step=clone.at_step, ranks=clone.ranks)
     return _execute(directory, plan, list(plan.members), console or Console())
+
+
+def _run_key(run_dir: Path) -> str:
+    """The run's name on node-local scratch: its directory's name, made unique by its absolute path,
+    so that two runs in directories of the same name never share (and restore) node-local checkpoints."""
+    digest = hashlib.sha256(str(run_dir.resolve()).encode()).hexdigest()[:8]
+    return f"{run_dir.name}-{digest}"
 
 
 def resume_run(
