@@ -83,6 +83,7 @@ class MemberIndex:
         self._known: dict[Path, MemberSpec] = {}
         self._mtime: int | None = None
         self._members: list[MemberSpec] = []
+        self._clones: list[MemberSpec] = []
         self._incomplete = False
 
     def members(self) -> list[MemberSpec]:
@@ -91,9 +92,14 @@ class MemberIndex:
         if mtime != self._mtime or self._incomplete:
             self._mtime = mtime
             self._members = run_members(self.path, self.plan, self._known)
+            self._clones = [m for m in self._members if m.parent is not None]
             directories = sum(1 for entry in os.scandir(root) if entry.is_dir()) if mtime is not None else 0
             self._incomplete = directories > len(self._known)
         return self._members
+
+    def clones(self) -> list[MemberSpec]:
+        """The members that are clones, as of the last :meth:`members`."""
+        return self._clones
 
 
 def read_plan(path: Path) -> Plan:

@@ -168,10 +168,10 @@ class _Submitter:
         self.specs[member.name] = member
         self.events.emit("submitted", member.name, ranks=member.ranks, parent=member.parent and member.parent.member)
 
-    def submit_new_clones(self, members: list[MemberSpec]) -> None:
+    def submit_new_clones(self, clones: list[MemberSpec]) -> None:
         """Submit each clone once its source serves the order (or can no longer): a clone submitted
         earlier would hold a worker while it waits, possibly the one its source needs to start."""
-        for member in members:
+        for member in clones:
             parent = member.parent
             if parent is None or member.name in self.futures or _finished(self.run_dir, member.name):
                 continue
@@ -296,7 +296,7 @@ def _execute(run_dir: Path, plan: Plan, members: list[MemberSpec], console: Cons
                     submitter.submit(member)
                 while True:
                     everyone = index.members()
-                    submitter.submit_new_clones(everyone)
+                    submitter.submit_new_clones(index.clones())
                     elapsed = time.monotonic() - started
                     statuses = tracker.update([(m.name, m.steps) for m in everyone])
                     ondemand.update(elapsed, everyone, statuses)
