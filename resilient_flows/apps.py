@@ -21,6 +21,7 @@ from parsl import bash_app, python_app
 from parsl.app.errors import BashExitFailure
 from parsl.executors.high_throughput.errors import ManagerLost, WorkerLost
 
+from resilient_flows.errors import is_storage_full
 from resilient_flows.training import (
     EventLog,
     MemberSpec,
@@ -108,9 +109,9 @@ class ResumingRetryHandler:
     """A ``parsl.Config(retry_handler=...)`` for member apps; pair it with ``retries=N``.
 
     - :class:`Preempted` (or the MPI variant's exit status 75): cost 0, the member stopped cleanly.
-    - A lost worker or manager (SIGKILL, node failure, walltime): cost 0 when the member
-      committed a newer checkpoint than at its previous failure, else 1, so a task that dies
-      before making progress cannot loop forever.
+    - A lost worker or manager (SIGKILL, node failure, walltime), or a full file system: cost 0
+      when the member committed a newer checkpoint than at its previous failure, else 1, so a
+      task that dies before making progress cannot loop forever.
     - Anything else: cost 1.
 
     Failures and retries go to the run's ``events.jsonl``.
@@ -130,9 +131,10 @@ class ResumingRetryHandler:
             isinstance(exception, BashExitFailure) and exception.exitcode == EXIT_PREEMPTED
         ):
             cost, why = 0.0, "preempted"
-        elif isinstance(exception, WorkerLost | ManagerLost):
+        elif isinstance(exception, WorkerLost | ManagerLost) or is_storage_full(exception):
             before = self._progress.get(task_record["id"], -1)
-            cost, why = (0.0, "lost after progress") if latest > before else (1.0, "lost without progress")
+            what = "lost" if isinstance(exception, WorkerLost | ManagerLost) else "storage full"
+            cost, why = (0.0, f"{what} after progress") if latest > before else (1.0, f"{what} without progress")
         else:
             cost, why = 1.0, "error"
         self._progress[task_record["id"]] = latest

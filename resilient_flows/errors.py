@@ -6,6 +6,9 @@ else is a bug and keeps its traceback.
 
 from __future__ import annotations
 
+import errno
+import os
+
 __all__ = [
     "CheckpointError",
     "CloneError",
@@ -15,7 +18,9 @@ __all__ = [
     "ResilientFlowsError",
     "SiteConfigError",
     "StateMismatchError",
+    "StorageFullError",
     "WorkflowError",
+    "is_storage_full",
 ]
 
 
@@ -25,6 +30,26 @@ class ResilientFlowsError(Exception):
 
 class CheckpointError(ResilientFlowsError):
     """A checkpoint could not be written, committed or restored."""
+
+
+class StorageFullError(CheckpointError):
+    """A checkpoint failed because its file system was full or over quota: a condition that
+    passes (a purge, another job finishing), unlike a corrupt state or a bug."""
+
+
+#: How the C library words the errors of a full file system, as they appear in messages.
+_FULL = (os.strerror(errno.ENOSPC), os.strerror(errno.EDQUOT))
+
+
+def is_storage_full(error: BaseException | str) -> bool:
+    """Whether ``error`` (an exception, or a failure's message as ranks agreed on it) is a full
+    file system or quota. Messages are compared, not exception types, so that every rank of a
+    job decides the same from the same agreed text."""
+    if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
+        return True
+    if isinstance(error, StorageFullError):
+        return True
+    return any(text in str(error) for text in _FULL)
 
 
 class CorruptCheckpointError(CheckpointError):

@@ -18,6 +18,7 @@ from conftest import python_env
 from trainkit import Problem, replicated_digest
 
 from resilient_flows.checkpoint import Checkpointer, CheckpointError, StateMismatchError, TrainState, scan
+from resilient_flows.errors import StorageFullError
 
 WORKER = Path(__file__).with_name("kill_worker.py")
 TOTAL = 240
@@ -147,7 +148,7 @@ def test_full_disk_during_flush_reaches_the_caller_and_keeps_earlier_checkpoints
         state["w"] += 1
         state["step"] = 3
         ck.save(3, state)
-        with pytest.raises(CheckpointError, match="No space left on device"):
+        with pytest.raises(StorageFullError, match="No space left on device"):
             ck.wait()
         assert ck.latest_step() == 3  # committed in the local tier
     infos = {i.step: i for i in scan(small_filesystem / "ckpt")}
@@ -166,9 +167,9 @@ def test_full_disk_on_the_only_tier_fails_the_next_save_and_training_can_go_on(s
     ck.save(2, state)
     ck.save(3, state)  # does not fit; the error is reported at the next call
     time.sleep(0.5)
-    with pytest.raises(CheckpointError, match=r"step 3 .* No space left on device"):
+    with pytest.raises(StorageFullError, match=r"step 3 .* No space left on device"):
         ck.save(4, state)  # queued all the same (every rank queues the same checkpoints); fails too
-    with pytest.raises(CheckpointError, match=r"step 4 .* No space left on device"):
+    with pytest.raises(StorageFullError, match=r"step 4 .* No space left on device"):
         ck.wait()
     shutil.rmtree(small_filesystem / "ckpt" / "step-00000001")  # the operator frees space
     ck.save(5, state)

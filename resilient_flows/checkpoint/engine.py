@@ -43,7 +43,7 @@ from resilient_flows.checkpoint.state import RANK_LOCAL, Stateful, TrainState
 from resilient_flows.checkpoint.tiers import Tier
 from resilient_flows.checkpoint.tree import Leaf, dtype_of, flatten
 from resilient_flows.checkpoint.writer import CheckpointStats, WriteJob, WritePipeline
-from resilient_flows.errors import CheckpointError
+from resilient_flows.errors import CheckpointError, StorageFullError, is_storage_full
 
 __all__ = ["CheckpointStats", "Checkpointer", "SkippedCheckpoint"]
 
@@ -383,7 +383,8 @@ class Checkpointer:
             errors, self._errors = self._errors, []
         if errors:
             more = f" (and {len(errors) - 1} more failure(s))" if len(errors) > 1 else ""
-            raise CheckpointError(errors[0] + more)
+            kind = StorageFullError if all(map(is_storage_full, errors)) else CheckpointError
+            raise kind(errors[0] + more)
 
     def _check_open(self) -> None:
         if self._closed:

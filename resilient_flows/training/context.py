@@ -30,7 +30,7 @@ from torch import nn
 
 from resilient_flows.checkpoint import Checkpointer, TrainState
 from resilient_flows.envvars import expand_env
-from resilient_flows.errors import LaunchError, ResilientFlowsError
+from resilient_flows.errors import LaunchError, ResilientFlowsError, StorageFullError
 from resilient_flows.training.autotune import MAX_PERSIST_EVERY, AutoTuner, tuned_fields
 from resilient_flows.training.control import (
     CloneOrder,
@@ -55,6 +55,11 @@ from resilient_flows.training.spec import MemberSpec
 __all__ = ["Preempted", "TrainContext", "state_digest"]
 
 logger = logging.getLogger(__name__)
+
+#: How many checkpoints in a row may fail on a full file system before the member gives up, and
+#: the pause between two tries of a checkpoint it cannot go on without (the last, or a stop's).
+STORAGE_RETRIES = 300
+STORAGE_RETRY_S = 2.0
 
 #: Signals a batch system sends before it stops a job (walltime, preemption).
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
@@ -138,6 +143,7 @@ class TrainContext:
         self._watch = RequestWatch(self.directory)
         self._orders: list[CloneOrder] = []
         self._prepared = False
+        self._full_failures = 0
         self.distributed = self._join_ranks(comm)
         self.group = None if self.distributed is None else self.distributed.group
         self.device = torch.device("cpu") if self.distributed is None else self.distributed.device
@@ -237,9 +243,10 @@ class TrainContext:
                 yield step
                 if self._after_step(step):
                     return
-            if total > 0 and self._last_saved != total - 1:
-                self._save(total - 1, persist=True)
-            self.checkpointer.wait()
+            if total > 0:
+                self._commit(total - 1)
+            else:
+                self.checkpointer.wait()
 
     def log(self, step: int, **metrics: float) -> None:
         """Record metrics of ``step`` (floats, or 0-d tensors) in ``metrics.jsonl``."""
@@ -346,7 +353,7 @@ class TrainContext:
             self._emit("forked", step=step, clones=clones, stall_ms=round(1000 * self.checkpointer.stats.last_stall, 3))
         if request is not None:
             action, reason = request
-            self.checkpointer.wait()
+            self._commit(step)
             if self.rank == 0:
                 (self.directory / "control.json").unlink(missing_ok=True)
             if action == "retire":
@@ -390,20 +397,54 @@ class TrainContext:
         return Handoff(self.run_dir, self.name, orders, self.rank, self.checkpointer.world_size)
 
     def _save(self, step: int, persist: bool | None = None, on_commit: Handoff | None = None) -> None:
+        """Queue a checkpoint of ``step``. A full file system fails only that checkpoint (training
+        goes on from the last committed one) until it has lasted :data:`STORAGE_RETRIES` tries."""
         self._metrics.flush()  # every step up to a committed checkpoint is on disk
-        stats = self.checkpointer.save(
-            step,
-            self.state,
-            overlap=self.spec.checkpoint.overlap,
-            persist=persist,
-            on_commit=on_commit,
-            cached=on_commit is not None,  # a clone on this node reads it next: keep it in memory
-        )
+        try:
+            stats = self.checkpointer.save(
+                step,
+                self.state,
+                overlap=self.spec.checkpoint.overlap,
+                persist=persist,
+                on_commit=on_commit,
+                cached=on_commit is not None,  # a clone on this node reads it next: keep it in memory
+            )
+        except StorageFullError as exc:  # an earlier checkpoint's; this one is queued
+            self._storage_full(exc)
+            stats = self.checkpointer.stats
+        else:
+            self._full_failures = 0
         self._last_saved = step
         self._last_save_time = time.monotonic()
         if self._tuner is not None:
             self._tuner.saved(stats)
         self._emit("checkpointed", step=step, stall_ms=round(1000 * stats.last_stall, 3))
+
+    def _commit(self, step: int) -> None:
+        """Make sure ``step`` is committed (the last step, or before stopping), saving it again
+        while the file system is full."""
+        while True:
+            if self._last_saved != step:
+                self._save(step, persist=True)
+            try:
+                self.checkpointer.wait()
+                return
+            except StorageFullError as exc:
+                self._storage_full(exc)
+                self._last_saved = None  # it may have been this one that failed
+                time.sleep(STORAGE_RETRY_S)
+
+    def _storage_full(self, exc: StorageFullError) -> None:
+        """Count one more checkpoint lost to a full file system; give up (raise) after too many in a row.
+
+        Counted in failures, not seconds, so that every rank of the member gives up together.
+        """
+        self._full_failures += 1
+        logger.warning(
+            "member %s: checkpoint failed, file system full (%d in a row): %s", self.name, self._full_failures, exc
+        )
+        if self._full_failures > STORAGE_RETRIES:
+            raise exc
 
     def _tune(self, step: int) -> None:
         """``interval: auto``: once the warm-up checkpoints are measured, take the recommender's choice."""

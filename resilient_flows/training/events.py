@@ -2,12 +2,17 @@
 
 Every line is one JSON object written with a single ``write`` on an ``O_APPEND`` descriptor, so
 lines from concurrent writers (workers on several nodes, the runner) interleave but never tear on
-POSIX and Lustre file systems. ``status``, ``resume`` and the report are computed from it alone.
+POSIX and Lustre file systems (a file system that fills up mid-line takes part of it: the rest
+follows once there is room). ``status``, ``resume`` and the report are computed from it alone.
+
+A full file system (or quota) is waited out for a while, not turned into a crash: it passes (a
+purge, another job ending), and a member or runner that dies of it loses more than it waits.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import time
@@ -15,7 +20,14 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-__all__ = ["EVENT_KINDS", "EventLog", "EventTail", "MetricsLog", "read_events"]
+from resilient_flows.errors import is_storage_full
+
+__all__ = ["EVENT_KINDS", "FULL_WAIT_S", "EventLog", "EventTail", "MetricsLog", "read_events"]
+
+logger = logging.getLogger(__name__)
+
+#: How long an event waits for space on a full file system before the error is raised.
+FULL_WAIT_S = 60.0
 
 #: What a line's ``kind`` may be, in the order a member usually goes through them.
 EVENT_KINDS = (
@@ -53,9 +65,16 @@ class EventLog:
             raise ValueError(f"unknown event kind {kind!r}; one of {', '.join(EVENT_KINDS)}")
         record = {"time": round(time.time(), 6), "kind": kind, "member": member, **fields}
         line = (json.dumps(record, separators=(",", ":"), default=str) + "\n").encode()
+        deadline = time.monotonic() + FULL_WAIT_S
         fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:
-            os.write(fd, line)
+            while line:
+                try:
+                    line = line[os.write(fd, line) :]  # a full file system may take part of it
+                except OSError as exc:
+                    if not is_storage_full(exc) or time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.5)
         finally:
             os.close(fd)
 
@@ -77,6 +96,7 @@ class MetricsLog:
         self._lines: list[str] = []
         self._flushed = time.monotonic()
         self._fd: int | None = None
+        self._unwritten = b""
         self._templates: dict[tuple[str, ...], str] = {}
 
     def append(self, record: dict[str, int | float]) -> None:
@@ -95,14 +115,22 @@ class MetricsLog:
             self.flush()
 
     def flush(self) -> None:
+        """Write the held lines. On a full file system what could not be written is kept, and the
+        next flush continues exactly where this one stopped: a line is never torn, only late."""
         self._flushed = time.monotonic()
-        if not self._lines:
+        if not self._lines and not self._unwritten:
             return
         if self._fd is None:
             self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        data, self._lines = "".join(self._lines).encode(), []
-        while data:
-            data = data[os.write(self._fd, data) :]
+        data, self._lines = self._unwritten + "".join(self._lines).encode(), []
+        try:
+            while data:
+                data = data[os.write(self._fd, data) :]
+        except OSError as exc:
+            if not is_storage_full(exc):
+                raise
+            logger.warning("%s: file system full, %d bytes of metrics held back", self.path, len(data))
+        self._unwritten = data
 
     def close(self) -> None:
         self.flush()

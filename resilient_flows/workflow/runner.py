@@ -343,8 +343,13 @@ def _execute(run_dir: Path, plan: Plan, members: list[MemberSpec], console: Cons
     if any(request.slots for request in workflow.analytics):
         extra.append(ondemand_table(run_dir))
     summary, plot = run_path(run_dir, workflow.report.summary), run_path(run_dir, workflow.report.plot)
-    for table in (write_report(statuses, summary, plot, title, tuple(extra)), *extra):
-        console.print(table)
+    try:
+        table = write_report(statuses, summary, plot, title, tuple(extra))
+    except OSError as exc:  # a full or failing file system must not hide how the run ended
+        console.print(f"[bold red]could not write the report:[/] {exc}")
+        table = status_table(statuses, title)
+    for shown in (table, *extra):
+        console.print(shown)
     for report in reports:
         for name, values in report.items():
             shown = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in values.items())

@@ -1,0 +1,95 @@
+"""A shared file system that fills up for a while: members wait it out instead of failing.
+
+Real file systems: a small tmpfs (root, as in CI) filled with a ballast file, freed later.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from test_faults import small_filesystem  # noqa: F401 (a fixture)
+
+from resilient_flows.errors import StorageFullError, is_storage_full
+from resilient_flows.training import MemberSpec, run_member
+from resilient_flows.training import context as context_module
+from resilient_flows.training.events import EventLog, MetricsLog, read_events
+
+
+def fill(directory: Path) -> Path:
+    """Fill the file system of ``directory`` up to its last byte; the ballast file."""
+    ballast = directory / "ballast"
+    with ballast.open("wb", buffering=0) as f:
+        try:
+            while True:
+                f.write(b"\0" * 4096)
+        except OSError as exc:
+            assert is_storage_full(exc)
+    return ballast
+
+
+def test_metrics_are_held_back_on_a_full_file_system_and_never_torn(small_filesystem: Path) -> None:  # noqa: F811
+    log = MetricsLog(small_filesystem / "metrics.jsonl")
+    ballast = fill(small_filesystem)
+    for step in range(200):
+        log.append({"step": step, "loss": step / 7})
+    log.flush()  # nothing fits: held, no error
+    ballast.unlink()
+    log.close()
+    lines = (small_filesystem / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line)["step"] for line in lines] == list(range(200))
+
+
+def test_an_event_waits_for_space(small_filesystem: Path) -> None:  # noqa: F811
+    events = EventLog(small_filesystem)
+    ballast = fill(small_filesystem)  # not a page left for the log's first line
+    threading.Timer(1.0, ballast.unlink).start()
+    started = time.monotonic()
+    events.emit("submitted", "a")
+    events.emit("started", "a", attempt=1)
+    assert time.monotonic() - started >= 0.9
+    assert [e["kind"] for e in read_events(small_filesystem)] == ["submitted", "started"]
+
+
+def test_a_member_trains_through_a_full_file_system_and_ends_like_an_uninterrupted_run(
+    tmp_path: Path,
+    small_filesystem: Path,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(context_module, "STORAGE_RETRY_S", 0.1)
+    spec = MemberSpec(name="m", workload="userworkload:train", params={}, steps=3000)
+    run_dir = small_filesystem / "run"
+    run_dir.mkdir()
+    full = threading.Event()
+
+    def fill_after_a_few_checkpoints() -> None:
+        while sum(e["kind"] == "checkpointed" for e in read_events(run_dir)) < 5:
+            time.sleep(0.01)
+        ballast = fill(small_filesystem)
+        full.set()
+        time.sleep(1.5)
+        ballast.unlink()
+
+    filler = threading.Thread(target=fill_after_a_few_checkpoints)
+    filler.start()
+    result = run_member(spec.to_dict(), str(run_dir))
+    filler.join()
+    assert full.is_set()
+    reference = run_member(replace(spec).to_dict(), str(tmp_path / "reference"))
+    assert result["digest"] == reference["digest"]
+    steps = [json.loads(line)["step"] for line in (run_dir / "members/m/metrics.jsonl").read_text().splitlines()]
+    assert steps == list(range(3000))
+    checkpointed = [e["step"] for e in read_events(run_dir) if e["kind"] == "checkpointed"]
+    assert checkpointed[-1] == 2999 and len(checkpointed) == 300
+
+
+def test_storage_full_is_told_apart_from_other_failures() -> None:
+    assert is_storage_full(OSError(28, "No space left on device"))
+    assert is_storage_full(StorageFullError("x"))
+    assert is_storage_full("flush of step 3 to the shared tier /x: [Errno 122] Disk quota exceeded")
+    assert not is_storage_full(OSError(5, "Input/output error"))
+    assert not is_storage_full("writing shard failed: checksum mismatch")
