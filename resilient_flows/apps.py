@@ -33,7 +33,7 @@ from resilient_flows.training import (
     run_stage,
 )
 from resilient_flows.training.control import latest_committed_step
-from resilient_flows.training.heartbeat import heartbeat_path
+from resilient_flows.training.heartbeat import analytics_task, heartbeat_path
 from resilient_flows.training.mpi_member import EXIT_PREEMPTED
 from resilient_flows.training.stage import newest_iteration
 
@@ -124,6 +124,7 @@ class ResumingRetryHandler:
     def __call__(self, exception: Exception, task_record: dict[str, Any]) -> float:
         found = _resumable_task(task_record)
         if found is None:
+            _forget_analytics_heartbeat(task_record)
             return 1.0
         name, run_dir, latest = found
         heartbeat_path(run_dir, name).unlink(missing_ok=True)  # the attempt is over, however it ended
@@ -150,6 +151,13 @@ class ResumingRetryHandler:
         if task_record["fail_cost"] + cost <= self.retries:
             events.emit("retried", name, attempt=task_record["try_id"] + 2, from_step=None if latest < 0 else latest)
         return cost
+
+
+def _forget_analytics_heartbeat(task_record: dict[str, Any]) -> None:
+    """An analytics attempt that failed beats no more: the watchdog must not take it for a silent one."""
+    args = task_record.get("args") or ()
+    if task_record.get("func_name") == "analytics_app" and len(args) >= 3:
+        heartbeat_path(str(args[1]), analytics_task(str(args[2]))).unlink(missing_ok=True)
 
 
 def _resumable_task(task_record: dict[str, Any]) -> tuple[str, str, int] | None:

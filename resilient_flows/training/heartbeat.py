@@ -25,13 +25,18 @@ import time
 from pathlib import Path
 from typing import Any
 
-__all__ = ["BEAT_S", "RECORD_BYTES", "Heartbeat", "heartbeat_path", "read_heartbeat"]
+__all__ = ["BEAT_S", "RECORD_BYTES", "Heartbeat", "analytics_task", "heartbeat_path", "read_heartbeat"]
 
 #: Seconds between beats. A stall timeout must be several of these.
 BEAT_S = 2.0
 
 #: Least size of every record: space-padded JSON, so that a rewrite never leaves a longer old tail.
 RECORD_BYTES = 512
+
+
+def analytics_task(request: str) -> str:
+    """The heartbeat name of an analytics request's task: ``@`` keeps it apart from member names."""
+    return f"analytics@{request}"
 
 
 def heartbeat_path(run_dir: str | os.PathLike, task: str) -> Path:

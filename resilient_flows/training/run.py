@@ -15,7 +15,7 @@ from resilient_flows.checkpoint import read_checkpoint
 from resilient_flows.training.context import TrainContext, member_dir
 from resilient_flows.training.control import write_durably
 from resilient_flows.training.events import EventLog
-from resilient_flows.training.heartbeat import Heartbeat
+from resilient_flows.training.heartbeat import Heartbeat, analytics_task
 from resilient_flows.training.spec import MemberSpec
 from resilient_flows.training.workloads import resolve_workload
 
@@ -53,7 +53,7 @@ def evaluate_members(specs: list[dict[str, Any]], run_dir: str, request: str = "
     has no evaluation, are reported as such.
     """
     EventLog(run_dir).emit("analytics_started", None, request=request, pid=os.getpid())
-    with Heartbeat(run_dir, f"analytics@{request}.{os.getpid()}", attempt=1):
+    with Heartbeat(run_dir, analytics_task(request), attempt=1):
         report = _evaluate(specs, run_dir)
     EventLog(run_dir).emit("analytics", None, request=request, members=report)
     return report
