@@ -13,11 +13,13 @@ recorded process is ever signalled.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import signal
 import socket
+import threading
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -35,6 +37,10 @@ __all__ = ["BlockLedger", "RunnerLock", "cancel_block", "process_start_time", "r
 logger = logging.getLogger(__name__)
 
 LEDGER = "blocks.jsonl"
+
+#: Seconds a cancelled local block has to stop on SIGTERM (a member commits a checkpoint and
+#: stops) before its process group is killed.
+KILL_GRACE_S = 5.0
 RUNNER = "runner.json"
 
 
@@ -146,11 +152,32 @@ def retire_block(executor: BlockProviderExecutor, block: str | None) -> bool:
     hold = getattr(executor, "_hold_block", None)
     if hold is not None:
         hold(str(block))
+    group = _local_group(executor.provider, job_id)
     executor.provider.cancel([job_id])
+    if group is not None:  # LocalProvider sends SIGTERM, which a stopped (hung) worker never acts on
+        timer = threading.Timer(KILL_GRACE_S, _kill_group, (group,))
+        timer.daemon = True
+        timer.start()
     scaled_in = JobStatus(JobState.SCALED_IN)
     executor._status[str(block)] = scaled_in  # what scale_in_facade records for the blocks it scales in
     executor._simulated_status[str(block)] = scaled_in
     return True
+
+
+def _local_group(provider: Any, job_id: str) -> int | None:
+    """The process group of a LocalProvider block, while it runs."""
+    if not isinstance(provider, LocalProvider):
+        return None
+    pid = provider.resources.get(job_id, {}).get("remote_pid")
+    try:
+        return None if pid is None else os.getpgid(pid)
+    except ProcessLookupError:
+        return None
+
+
+def _kill_group(group: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(group, signal.SIGKILL)
 
 
 def cancel_block(provider: Any, record: dict[str, Any]) -> bool:
