@@ -8,15 +8,11 @@ lost by deleting its directory.
 
 from __future__ import annotations
 
-import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from conftest import python_env
-from test_sharded import free_port
+from test_sharded import launch as launch_ranks
 
 from resilient_flows.checkpoint.tiers import Tier
 
@@ -24,22 +20,7 @@ WORKER = Path(__file__).with_name("nodes_worker.py")
 
 
 def launch(ranks: int, mode: str, directory: Path, layout: str) -> list[dict]:
-    port = free_port()
-    procs = []
-    for rank in range(ranks):
-        env = {**python_env(), "RANK": str(rank), "WORLD_SIZE": str(ranks), "LOCAL_RANK": str(rank)}
-        env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-        procs.append(
-            subprocess.Popen(
-                [sys.executable, str(WORKER), mode, str(directory), layout],
-                env=env,
-                stderr=subprocess.PIPE,
-                text=True,
-            )
-        )
-    errors = [p.communicate(timeout=240)[1] for p in procs]
-    assert [p.returncode for p in procs] == [0] * ranks, errors
-    return [json.loads((directory / f"{mode}-{ranks}-{r}.json").read_text()) for r in range(ranks)]
+    return launch_ranks(ranks, mode, directory, layout, worker=WORKER)
 
 
 @pytest.fixture(scope="module", params=["ddp", "fsdp"])

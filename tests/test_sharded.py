@@ -31,8 +31,8 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch(ranks: int, mode: str, directory: Path) -> list[dict]:
-    """Run the worker on ``ranks`` processes; each rank's report."""
+def launch(ranks: int, mode: str, directory: Path, *args: str, worker: Path = WORKER) -> list[dict]:
+    """Run ``worker`` (``MODE DIR ARGS...``) on ``ranks`` processes as torchrun would; each rank's report."""
     port = free_port()
     procs = []
     for rank in range(ranks):
@@ -40,7 +40,7 @@ def launch(ranks: int, mode: str, directory: Path) -> list[dict]:
         env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
         procs.append(
             subprocess.Popen(
-                [sys.executable, str(WORKER), mode, str(directory)], env=env, stderr=subprocess.PIPE, text=True
+                [sys.executable, str(worker), mode, str(directory), *args], env=env, stderr=subprocess.PIPE, text=True
             )
         )
     errors = [p.communicate(timeout=240)[1] for p in procs]

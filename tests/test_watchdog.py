@@ -22,7 +22,7 @@ from resilient_flows.errors import WorkflowError
 from resilient_flows.training import read_events, run_member
 from resilient_flows.training.heartbeat import Heartbeat, heartbeat_path, read_heartbeat
 from resilient_flows.workflow import read_plan
-from resilient_flows.workflow.blocks import BlockLedger, RunnerLock, cancel_block, process_start_time
+from resilient_flows.workflow.blocks import BlockLedger, RunnerLock, cancel_block, kill_stragglers, process_start_time
 from resilient_flows.workflow.watchdog import WATCH_S, Watchdog, clear_heartbeats, stall_timeout
 
 REPO = Path(__file__).resolve().parents[1]
@@ -139,15 +139,7 @@ def start_group(seconds: int = 60) -> subprocess.Popen:
 
 def group_alive(pgid: int) -> bool:
     """Whether a process of group ``pgid`` still lives (zombies do not count)."""
-    for entry in os.listdir("/proc"):
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text() if entry.isdigit() else ""
-        except OSError:
-            continue
-        fields = stat[stat.rfind(")") + 2 :].split()
-        if fields and int(fields[2]) == pgid and fields[0] != "Z":
-            return True
-    return False
+    return bool(members_of(pgid))
 
 
 def test_a_local_block_of_a_dead_runner_is_killed_only_while_it_is_the_recorded_process(tmp_path: Path) -> None:
@@ -167,6 +159,39 @@ def test_a_local_block_of_a_dead_runner_is_killed_only_while_it_is_the_recorded_
     finally:
         if block.poll() is None:
             os.killpg(block.pid, signal.SIGKILL)
+
+
+def test_the_leftovers_of_a_killed_pool_are_reaped_and_nothing_else(tmp_path: Path) -> None:
+    """A pool killed with SIGKILL leaves its multiprocessing manager behind, in the block's group."""
+    group = subprocess.Popen(
+        ["bash", "-c", f"{sys.executable} -c 'import time; time.sleep(60)' & sleep 60 & wait"], start_new_session=True
+    )
+    try:
+        deadline = time.monotonic() + 10
+        while len(members_of(group.pid)) < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        python = [pid for pid, cmd in members_of(group.pid).items() if cmd.startswith(sys.executable)]
+        assert len(python) == 1
+        assert kill_stragglers(group.pid) == 1
+        time.sleep(0.2)
+        left = members_of(group.pid)
+        assert python[0] not in left and group.pid in left  # bash and sleep are not this Python: left alone
+    finally:
+        os.killpg(group.pid, signal.SIGKILL)
+        group.wait()
+
+
+def members_of(pgid: int) -> dict[int, str]:
+    """pid -> command line of the live processes of group ``pgid``."""
+    found = {}
+    for pid, (_, cmd) in processes().items():
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            found[pid] = cmd
+    return found
 
 
 def test_the_ledger_keeps_the_records_of_earlier_runners(tmp_path: Path) -> None:
@@ -213,6 +238,15 @@ def quick_site(tmp_path: Path) -> Path:
     return site
 
 
+def start_runner(tmp_path: Path, site: Path, **popen: object) -> subprocess.Popen:
+    """``resilient-flows run`` of :data:`WORKFLOW` into ``tmp_path/run``, as a process of its own."""
+    (tmp_path / "wf.yaml").write_text(WORKFLOW)
+    return subprocess.Popen(
+        [CLI, "run", tmp_path / "wf.yaml", "--site", site, "--run-dir", tmp_path / "run"],
+        **popen,  # type: ignore[arg-type]
+    )
+
+
 def processes() -> dict[int, tuple[int, str]]:
     """pid -> (parent pid, command line) of every process."""
     found = {}
@@ -252,14 +286,8 @@ def assert_every_member_matches_a_fault_free_run(run_dir: Path, reference: Path)
 def test_a_pool_whose_workers_and_manager_process_were_killed_is_replaced(tmp_path: Path, quick_site: Path) -> None:
     """Once hung forever: the pool's main thread dies with its multiprocessing manager, its
     heartbeat thread keeps answering the interchange, and no task ever starts or fails."""
-    (tmp_path / "wf.yaml").write_text(WORKFLOW)
     run_dir = tmp_path / "run"
-    runner = subprocess.Popen(
-        [CLI, "run", tmp_path / "wf.yaml", "--site", quick_site, "--run-dir", run_dir],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    runner = start_runner(tmp_path, quick_site, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         wait_for_checkpoints(run_dir, 2, runner)
         (pool,) = pools_of(run_dir)
@@ -283,13 +311,8 @@ def test_a_pool_whose_workers_and_manager_process_were_killed_is_replaced(tmp_pa
 
 @pytest.mark.slow
 def test_resume_cancels_the_orphaned_pool_of_a_killed_runner(tmp_path: Path, quick_site: Path) -> None:
-    (tmp_path / "wf.yaml").write_text(WORKFLOW)
     run_dir = tmp_path / "run"
-    runner = subprocess.Popen(
-        [CLI, "run", tmp_path / "wf.yaml", "--site", quick_site, "--run-dir", run_dir],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    runner = start_runner(tmp_path, quick_site, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         wait_for_checkpoints(run_dir, 2, runner)
         (pool,) = pools_of(run_dir)

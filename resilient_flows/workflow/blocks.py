@@ -19,6 +19,7 @@ import logging
 import os
 import signal
 import socket
+import sys
 import threading
 import time
 from collections.abc import Iterable
@@ -32,7 +33,7 @@ from parsl.providers import LocalProvider
 
 from resilient_flows.errors import WorkflowError
 
-__all__ = ["BlockLedger", "RunnerLock", "cancel_block", "process_start_time", "retire_block"]
+__all__ = ["BlockLedger", "RunnerLock", "cancel_block", "kill_stragglers", "process_start_time", "retire_block"]
 
 logger = logging.getLogger(__name__)
 
@@ -64,6 +65,7 @@ class BlockLedger:
     run_dir: Path
     runner: int = field(default_factory=os.getpid)
     _seen: set[tuple[str, str]] = field(default_factory=set)
+    _groups: dict[str, dict[str, int]] = field(default_factory=dict)  # executor -> block -> process group
 
     def record(self, executors: Iterable[Any]) -> None:
         """Record what is new among the executors' blocks (and interchanges) since the last call."""
@@ -80,7 +82,27 @@ class BlockLedger:
                 if (executor.label, block) in self._seen:
                     continue
                 self._seen.add((executor.label, block))
-                self._append({"executor": executor.label, "block": block, **_job_record(executor.provider, job_id)})
+                record = _job_record(executor.provider, job_id)
+                if record.get("pgid") is not None:
+                    self._groups.setdefault(executor.label, {})[block] = record["pgid"]
+                self._append({"executor": executor.label, "block": block, **record})
+
+    def reap(self, executors: Iterable[Any], everything: bool = False) -> None:
+        """Kill what is left of this runner's local blocks once Parsl sees them ended (or, with
+        ``everything``, of all of them: the run is over).
+
+        A pool killed with SIGKILL leaves its multiprocessing manager and resource tracker behind,
+        orphaned in the block's process group; nothing else would ever stop them.
+        """
+        for executor in executors:
+            if not isinstance(executor, BlockProviderExecutor):
+                continue
+            status = executor.status_facade
+            for block, group in list(self._groups.get(executor.label, {}).items()):
+                state = status.get(block)
+                if everything or (state is not None and state.terminal):
+                    kill_stragglers(group)
+                    del self._groups[executor.label][block]
 
     def previous(self) -> list[dict[str, Any]]:
         """The records of the runners before this one."""
@@ -132,7 +154,9 @@ def _job_record(provider: Any, job_id: str) -> dict[str, Any]:
     record: dict[str, Any] = {"job_id": job_id, "provider": type(provider).__name__}
     if isinstance(provider, LocalProvider):
         pid = provider.resources.get(job_id, {}).get("remote_pid")
-        record.update(pid=pid, host=socket.gethostname(), started=None if pid is None else process_start_time(pid))
+        started = None if pid is None else process_start_time(pid)
+        group = _local_group(provider, job_id)
+        record.update(pid=pid, host=socket.gethostname(), started=started, pgid=group)
     return record
 
 
@@ -178,6 +202,26 @@ def _local_group(provider: Any, job_id: str) -> int | None:
 def _kill_group(group: int) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.killpg(group, signal.SIGKILL)
+
+
+def kill_stragglers(group: int) -> int:
+    """SIGKILL the processes of process group ``group`` that run this Python (a pool's leftovers);
+    how many. Other processes that may have come to use the number are never touched."""
+    killed = 0
+    python = os.path.realpath(sys.executable)
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+            command = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")[0].decode()
+        except OSError:
+            continue
+        if int(stat[stat.rfind(")") + 2 :].split()[2]) == group and os.path.realpath(command) == python:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(entry), signal.SIGKILL)
+                killed += 1
+    return killed
 
 
 def cancel_block(provider: Any, record: dict[str, Any]) -> bool:

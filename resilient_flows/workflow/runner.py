@@ -138,8 +138,8 @@ class _Submitter:
     """Submits stages and members as Parsl apps, once each: the unfinished stages, the planned
     members, then clones as they are requested. Parsl starts each after the stages it reads.
 
-    Done futures are counted by callback, so that asking whether all are done costs the same at
-    10 members and at 10,000.
+    Futures leave the pending set by callback, so that asking whether all are done costs the same
+    at 10 members and at 10,000.
     """
 
     def __init__(self, run_dir: Path) -> None:
@@ -148,7 +148,7 @@ class _Submitter:
         self.futures: dict[str, Future] = {}
         self.stages: dict[str, Future] = {}
         self.specs: dict[str, MemberSpec] = {}
-        self._done: set[Future] = set()
+        self._pending: set[Future] = set()
 
     def submit_stages(self, stages: list[StageSpec]) -> None:
         for stage in stages:
@@ -181,7 +181,7 @@ class _Submitter:
                 self.submit(member)
 
     def all_done(self) -> bool:
-        return len(self._done) == len(self.futures) + len(self.stages)
+        return not self._pending
 
     def restart(self) -> list[MemberSpec]:
         """Forget the futures of a Parsl instance that was given up; the members to submit again
@@ -190,10 +190,12 @@ class _Submitter:
         unfinished = [name for name, f in self.futures.items() if not f.done()]
         for name in unfinished:
             del self.futures[name]
+        self._pending.clear()  # all of them were given up
         return [self.specs[name] for name in unfinished]
 
     def _watch(self, future: Future) -> Future:
-        future.add_done_callback(self._done.add)
+        self._pending.add(future)
+        future.add_done_callback(self._pending.discard)
         return future
 
     def _after(self, inputs: dict[str, str]) -> list[Future]:
@@ -305,6 +307,7 @@ def _execute(run_dir: Path, plan: Plan, members: list[MemberSpec], console: Cons
                     for controller in controllers:
                         controller.update(everyone, statuses)
                     ledger.record(config.executors)
+                    ledger.reap(config.executors)
                     if len(watchdog.timeouts) != len(everyone):  # members are only ever added
                         watchdog.timeouts = {m.name: m.stall_timeout_s for m in everyone}
                     lost_parsl = _handle_lost(
@@ -323,6 +326,7 @@ def _execute(run_dir: Path, plan: Plan, members: list[MemberSpec], console: Cons
                 else:
                     dfk.cleanup()
                 parsl.clear()
+                ledger.reap(config.executors, everything=True)
             if lost_parsl is None:
                 break
             console.print(f"[bold yellow]{lost_parsl}[/]: starting Parsl again; unfinished tasks resume")
