@@ -4,11 +4,19 @@ It appends to a log what it restored and what it saved (with digests of the stat
 step was committed when, so the test can check every restart against what was really committed.
 
 usage: python kill_worker.py DIR TOTAL_STEPS LOG
+       python kill_worker.py --serve   (a fork server: reads ``run DIR TOTAL LOG`` and ``wait PID``
+                                        lines, answers ``pid N`` and ``status S``)
+
+The fork server imports torch once and forks a trainer per ``run``, so that a test killing 20
+trainers in a row pays a fork per restart instead of a Python start-up and a torch import. Each
+trainer is still a process of its own, killed with a real SIGKILL mid-write.
 """
 
 from __future__ import annotations
 
+import os
 import sys
+import traceback
 from pathlib import Path
 
 import torch
@@ -44,5 +52,28 @@ def main(directory: Path, total: int, log_path: Path) -> None:
         log.write(f"done {replicated_digest(problem.state)}\n")
 
 
+def serve() -> None:
+    for line in sys.stdin:
+        command, *args = line.split()
+        if command == "run":
+            pid = os.fork()
+            if pid == 0:
+                code = 1
+                try:
+                    main(Path(args[0]), int(args[1]), Path(args[2]))
+                    code = 0
+                except BaseException:
+                    traceback.print_exc()
+                finally:
+                    os._exit(code)
+            print(f"pid {pid}", flush=True)
+        elif command == "wait":
+            _, status = os.waitpid(int(args[0]), 0)
+            print(f"status {os.waitstatus_to_exitcode(status)}", flush=True)
+
+
 if __name__ == "__main__":
-    main(Path(sys.argv[1]), int(sys.argv[2]), Path(sys.argv[3]))
+    if sys.argv[1] == "--serve":
+        serve()
+    else:
+        main(Path(sys.argv[1]), int(sys.argv[2]), Path(sys.argv[3]))

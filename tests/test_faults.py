@@ -24,13 +24,51 @@ WORKER = Path(__file__).with_name("kill_worker.py")
 TOTAL = 240
 
 
-def start_worker(directory: Path, log: Path) -> subprocess.Popen:
-    return subprocess.Popen(
-        [sys.executable, str(WORKER), str(directory), str(TOTAL), str(log)],
-        env=python_env(),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
+class Trainers:
+    """Trainers forked from one fork server (``kill_worker.py --serve``): torch is imported once."""
+
+    def __init__(self) -> None:
+        self.server = subprocess.Popen(
+            [sys.executable, str(WORKER), "--serve"],
+            env=python_env(),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+
+    def start(self, directory: Path, log: Path) -> Trainer:
+        return Trainer(self, int(self._ask(f"run {directory} {TOTAL} {log}", "pid")))
+
+    def close(self) -> str:
+        """Stop the server; what the trainers wrote to stderr."""
+        self.server.stdin.close()
+        self.server.wait(timeout=60)
+        return self.server.stderr.read()
+
+    def _ask(self, command: str, answer: str) -> str:
+        self.server.stdin.write(command + "\n")
+        self.server.stdin.flush()
+        kind, value = self.server.stdout.readline().split()
+        assert kind == answer, (kind, value)
+        return value
+
+
+class Trainer:
+    """One forked trainer: a process of its own, killed with a real SIGKILL."""
+
+    def __init__(self, trainers: Trainers, pid: int) -> None:
+        self.trainers, self.pid = trainers, pid
+
+    def exited(self) -> bool:
+        state = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        return state == "Z"  # not reaped until wait()
+
+    def kill(self) -> None:
+        os.kill(self.pid, signal.SIGKILL)
+
+    def wait(self) -> int:
+        return int(self.trainers._ask(f"wait {self.pid}", "status"))
 
 
 def events(log: Path) -> list[tuple[str, list[str]]]:
@@ -40,11 +78,11 @@ def events(log: Path) -> list[tuple[str, list[str]]]:
     return [(line.split()[0], line.split()[1:]) for line in lines if line.strip()]
 
 
-def wait_for(log: Path, kind: str, proc: subprocess.Popen, timeout: float = 60) -> None:
+def wait_for(log: Path, kind: str, trainer: Trainer, timeout: float = 60) -> None:
     deadline = time.monotonic() + timeout
     while not any(k == kind for k, _ in events(log)):
-        if proc.poll() is not None:
-            raise AssertionError(f"worker exited early ({proc.returncode}): {proc.stderr.read().decode()[-2000:]}")
+        if trainer.exited():
+            raise AssertionError(f"worker exited early ({trainer.wait()}): {trainer.trainers.close()[-2000:]}")
         if time.monotonic() > deadline:
             raise AssertionError(f"worker did not log {kind!r} within {timeout}s")
         time.sleep(0.01)
@@ -53,50 +91,52 @@ def wait_for(log: Path, kind: str, proc: subprocess.Popen, timeout: float = 60) 
 @pytest.mark.slow
 def test_sigkill_at_random_moments_never_restores_a_partial_checkpoint(tmp_path: Path) -> None:
     """At least 20 kills; each restart restores exactly a committed state and loses no commit."""
-    reference_log = tmp_path / "reference.log"
-    proc = start_worker(tmp_path / "reference", reference_log)
-    assert proc.wait(timeout=300) == 0, proc.stderr.read().decode()[-2000:]
-    reference = dict(events(reference_log))["done"][0]
+    trainers = Trainers()
+    try:
+        reference_log = tmp_path / "reference.log"
+        assert trainers.start(tmp_path / "reference", reference_log).wait() == 0, trainers.close()[-2000:]
+        reference = dict(events(reference_log))["done"][0]
 
-    directory = tmp_path / "killed"
-    rng = random.Random(2026)
-    saved: dict[int, str] = {}
-    newest_commit = -1
-    kills = local_debris = shared_debris = 0
-    for run in range(40):
-        log = tmp_path / f"run-{run:02d}.log"
-        proc = start_worker(directory, log)
-        wait_for(log, "restored", proc)
-        time.sleep(rng.uniform(0.02, 0.6))
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGKILL)
-            kills += 1
-        proc.wait(timeout=60)
-        run_events = events(log)
-        local_debris += int(run_events[0][1][0]) > 0
-        shared_debris += int(run_events[0][1][1]) > 0  # killed while flushing
-        (restored,) = [args for kind, args in run_events if kind == "restored"]
-        if restored[0] == "None":
-            assert newest_commit == -1, "a committed checkpoint was lost"
-        else:
-            step = int(restored[0])
-            assert saved[step] == restored[1], f"restart {run} restored step {step} with a state never saved"
-            assert step >= newest_commit, f"restart {run} restored {step}, but {newest_commit} was committed"
-        for kind, args in run_events:
-            if kind == "saved":
-                saved[int(args[0])] = args[1]
-            elif kind == "committed" and args[0] != "None":
-                newest_commit = max(newest_commit, int(args[0]))
-        if any(kind == "done" for kind, _ in run_events) or kills >= 22:
-            break
-    assert kills >= 20
-    assert local_debris + shared_debris >= 3, "kills never landed during a write: the test is not testing"
-    assert shared_debris >= 1, "no kill landed during a flush to the shared tier"
+        directory = tmp_path / "killed"
+        rng = random.Random(2026)
+        saved: dict[int, str] = {}
+        newest_commit = -1
+        kills = local_debris = shared_debris = 0
+        for run in range(40):
+            log = tmp_path / f"run-{run:02d}.log"
+            trainer = trainers.start(directory, log)
+            wait_for(log, "restored", trainer)
+            time.sleep(rng.uniform(0.02, 0.6))
+            if not trainer.exited():
+                trainer.kill()
+                kills += 1
+            trainer.wait()
+            run_events = events(log)
+            local_debris += int(run_events[0][1][0]) > 0
+            shared_debris += int(run_events[0][1][1]) > 0  # killed while flushing
+            (restored,) = [args for kind, args in run_events if kind == "restored"]
+            if restored[0] == "None":
+                assert newest_commit == -1, "a committed checkpoint was lost"
+            else:
+                step = int(restored[0])
+                assert saved[step] == restored[1], f"restart {run} restored step {step} with a state never saved"
+                assert step >= newest_commit, f"restart {run} restored {step}, but {newest_commit} was committed"
+            for kind, args in run_events:
+                if kind == "saved":
+                    saved[int(args[0])] = args[1]
+                elif kind == "committed" and args[0] != "None":
+                    newest_commit = max(newest_commit, int(args[0]))
+            if any(kind == "done" for kind, _ in run_events) or kills >= 22:
+                break
+        assert kills >= 20
+        assert local_debris + shared_debris >= 3, "kills never landed during a write: the test is not testing"
+        assert shared_debris >= 1, "no kill landed during a flush to the shared tier"
 
-    final_log = tmp_path / "final.log"
-    proc = start_worker(directory, final_log)
-    assert proc.wait(timeout=300) == 0, proc.stderr.read().decode()[-2000:]
-    assert dict(events(final_log))["done"][0] == reference, "resumed training diverged from the uninterrupted run"
+        final_log = tmp_path / "final.log"
+        assert trainers.start(directory, final_log).wait() == 0, trainers.close()[-2000:]
+        assert dict(events(final_log))["done"][0] == reference, "resumed training diverged from the uninterrupted run"
+    finally:
+        trainers.close()
     assert all(info.valid for info in scan(directory))
 
 
