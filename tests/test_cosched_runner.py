@@ -23,9 +23,9 @@ WORKFLOW = """\
 name: od
 retries: 1
 members:
-  - {name: steady, workload: mlp-digits, steps: 1200, params: {hidden: 512, batch_size: 256},
+  - {name: steady, workload: mlp-digits, steps: 600, params: {hidden: 512, batch_size: 256},
      checkpoint: {interval: 20}}
-  - {name: rare, workload: mlp-digits, steps: 1200, params: {hidden: 512, batch_size: 256}, seed: 1,
+  - {name: rare, workload: mlp-digits, steps: 600, params: {hidden: 512, batch_size: 256}, seed: 1,
      checkpoint: {interval: 5000}}
 analytics:
   - {name: peek, when: {member: steady, step: 200}, slots: 1}
