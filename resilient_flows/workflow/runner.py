@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import os
 import sys
+import threading
 import time
 from collections.abc import Mapping
 from concurrent.futures import Future
@@ -47,6 +48,9 @@ from resilient_flows.workflow.watchdog import Lost, Watchdog, clear_heartbeats
 __all__ = ["plan_workflow", "resize_members", "resume_run", "start_run"]
 
 POLL_SECONDS = 0.5
+
+#: Seconds Parsl has to shut down an instance whose interchange was lost.
+ABANDON_S = 30.0
 
 
 def plan_workflow(workflow: Workflow, site: str | None = None, run_name: str | None = None) -> Plan:
@@ -247,14 +251,27 @@ def _handle_lost(
 
 
 def _abandon(dfk: Any, executors: list[Any]) -> None:
-    """Shut a Parsl instance whose interchange exited: its blocks are cancelled through their
-    providers, and nothing waits for the dead interchange's answers."""
+    """Shut a Parsl instance whose interchange exited or hung: its blocks are cancelled through
+    their providers, and nothing waits for the lost interchange's answers.
+
+    Parsl's shutdown joins its status poller, which may be stuck for good in a request to a hung
+    interchange; it runs in a thread of its own, and past :data:`ABANDON_S` the blocks are
+    cancelled here instead.
+    """
     for executor in executors:
         proc = getattr(executor, "interchange_proc", None)
-        if proc is not None and proc.poll() is not None:
+        if proc is not None and (proc.poll() is not None or not executor.command_client.ok):
+            proc.kill()
             executor.connected_managers = list  # the interchange would never answer
             executor.connected_blocks = list
-    dfk.cleanup()
+    shutdown = threading.Thread(target=dfk.cleanup, name="abandon-parsl", daemon=True)
+    shutdown.start()
+    shutdown.join(ABANDON_S)
+    if shutdown.is_alive():
+        for executor in executors:
+            jobs = list(getattr(executor, "blocks_to_job_id", {}).values())
+            if jobs and executor.provider is not None:
+                executor.provider.cancel(jobs)
 
 
 def _execute(run_dir: Path, plan: Plan, members: list[MemberSpec], console: Console) -> int:

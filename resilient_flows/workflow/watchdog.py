@@ -9,7 +9,8 @@ any of these states waits forever. The watchdog looks every :data:`WATCH_S` seco
   file has not changed for longer than its stall timeout is lost;
 - each block's managers, as the interchange reports them: a block that holds tasks of which none
   beats for longer than the site's stall timeout is lost;
-- each executor's interchange process: once it exited, the executor can run nothing more.
+- each executor's interchange process: once it exited, or stopped answering, the executor can run
+  nothing more.
 
 Silence is measured on the runner's own clock, from the moment it last saw a heartbeat file
 change, so that clock skew between nodes and the shared file system's times play no part.
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -29,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from parsl.executors import HighThroughputExecutor
+from parsl.executors.high_throughput.errors import CommandClientTimeoutError
 
 from resilient_flows.training.heartbeat import read_heartbeat
 
@@ -38,6 +41,9 @@ logger = logging.getLogger(__name__)
 
 #: Seconds between two looks.
 WATCH_S = 2.0
+
+#: Seconds the interchange has to answer the watchdog; one that does not is given up.
+ANSWER_S = 10.0
 
 #: How many times its step time an attempt may stay silent, when its member sets no timeout.
 STEP_FACTOR = 10.0
@@ -114,14 +120,15 @@ class Watchdog:
                 continue
             proc = executor.interchange_proc
             if proc is not None and proc.poll() is not None:
-                found.append(
-                    Lost(
-                        f"the interchange of executor {executor.label} exited (status {proc.returncode})",
-                        executor=executor.label,
-                    )
-                )
+                reason = f"the interchange of executor {executor.label} exited (status {proc.returncode})"
+                found.append(Lost(reason, executor=executor.label))
                 continue
-            found.extend(self._quiet_blocks(executor, now))
+            managers = _managers(executor)
+            if managers is None:
+                reason = f"the interchange of executor {executor.label} did not answer within {ANSWER_S:.0f} s"
+                found.append(Lost(reason, executor=executor.label))
+                continue
+            found.extend(self._quiet_blocks(executor.label, managers, now))
         fresh = [lost for lost in found if _key(lost) not in self._reported]
         self._reported.update(_key(lost) for lost in fresh)
         return fresh
@@ -164,12 +171,7 @@ class Watchdog:
                     block=beat.record.get("block"),
                 )
 
-    def _quiet_blocks(self, executor: HighThroughputExecutor, now: float) -> Iterable[Lost]:
-        try:
-            managers = executor.command_client.run("MANAGERS", timeout_s=10)
-        except Exception as exc:  # a busy or dying interchange: look again next time
-            logger.warning("watchdog: cannot list the managers of %s: %s", executor.label, exc)
-            return
+    def _quiet_blocks(self, label: str, managers: list[dict[str, Any]], now: float) -> Iterable[Lost]:
         holding: dict[str, int] = {}
         for manager in managers:
             if manager.get("active", True) and manager.get("tasks", 0) > 0:
@@ -180,10 +182,10 @@ class Watchdog:
             for beat in self._beats.values()
             if now - beat.changed <= self.site_stall_s and beat.record.get("block") is not None
         }
-        for key in [k for k in self._quiet_since if k[0] == executor.label and k[1] not in holding]:
+        for key in [k for k in self._quiet_since if k[0] == label and k[1] not in holding]:
             del self._quiet_since[key]
         for block, tasks in holding.items():
-            key = (executor.label, block)
+            key = (label, block)
             if block in beating:
                 self._quiet_since.pop(key, None)
                 continue
@@ -193,8 +195,31 @@ class Watchdog:
                     f"block {block} holds {tasks} task(s) but none has beaten for {now - since:.0f} s "
                     f"(stall_timeout {self.site_stall_s:.0f} s): its workers are gone or hung",
                     block=block,
-                    executor=executor.label,
+                    executor=label,
                 )
+
+
+def _managers(executor: HighThroughputExecutor) -> list[dict[str, Any]] | None:
+    """The interchange's list of managers; None when it does not answer within :data:`ANSWER_S`.
+
+    Asked from a thread of its own: Parsl's command channel has one lock, which Parsl's own status
+    poller may hold forever while it waits for a hung interchange, and no timeout on taking it.
+    """
+    answer: list[Any] = []
+
+    def ask() -> None:
+        try:
+            answer.append(executor.command_client.run("MANAGERS", timeout_s=ANSWER_S))
+        except CommandClientTimeoutError:
+            pass
+        except Exception as exc:  # a closing channel: no news
+            logger.warning("watchdog: cannot list the managers of %s: %s", executor.label, exc)
+            answer.append([])
+
+    thread = threading.Thread(target=ask, name="watchdog-managers", daemon=True)
+    thread.start()
+    thread.join(ANSWER_S + 1)
+    return answer[0] if answer else None
 
 
 def _key(lost: Lost) -> tuple[Any, ...]:
