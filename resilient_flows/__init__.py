@@ -1,66 +1,88 @@
 """resilient-flows: resilient machine-learning workflows on supercomputers, for Parsl.
 
-The checkpoint engine and the training contract import without Parsl; the Parsl-facing names
-(apps, sites, workflows) are imported on first use, so that ``import resilient_flows`` stays light
-on a compute node that only checkpoints.
+Every public name is imported on first use (PEP 562), so that ``import resilient_flows`` costs
+nothing: a compute node that only checkpoints does not import Parsl, and the command line's
+``--help``, ``validate`` and ``status`` import neither Parsl nor torch.
 """
 
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from resilient_flows.checkpoint import (
-    Checkpointer,
-    CheckpointError,
-    CheckpointInfo,
-    CheckpointStats,
-    CorruptCheckpointError,
-    Stateful,
-    StateMismatchError,
-    TrainState,
-    read_checkpoint,
-)
-from resilient_flows.errors import (
-    CloneError,
-    InvalidJobError,
-    LaunchError,
-    ResilientFlowsError,
-    SiteConfigError,
-    WorkflowError,
-)
-from resilient_flows.training import (
-    DistributedInfo,
-    MemberSpec,
-    Preempted,
-    TrainContext,
-    init_process_group,
-    run_member,
-    shutdown_process_group,
-)
+if TYPE_CHECKING:
+    from resilient_flows.apps import ResumingRetryHandler, analytics_app, mpi_train_app, train_app
+    from resilient_flows.checkpoint import (
+        Checkpointer,
+        CheckpointError,
+        CheckpointInfo,
+        CheckpointStats,
+        CorruptCheckpointError,
+        Stateful,
+        StateMismatchError,
+        TrainState,
+        read_checkpoint,
+    )
+    from resilient_flows.clone import request_clone
+    from resilient_flows.cosched import Decision, OnDemandRequest, RunningJob, decide, read_swf, simulate
+    from resilient_flows.errors import (
+        CloneError,
+        InvalidJobError,
+        LaunchError,
+        ResilientFlowsError,
+        SiteConfigError,
+        WorkflowError,
+    )
+    from resilient_flows.sites import CobaltProvider, load_site, site_facts
+    from resilient_flows.training import (
+        DistributedInfo,
+        MemberSpec,
+        Preempted,
+        TrainContext,
+        init_process_group,
+        run_member,
+        shutdown_process_group,
+    )
+    from resilient_flows.workflow import Workflow, load_workflow, resume_run, start_run
 
 __version__ = "0.1.0"
 
-_LAZY = {
-    "ResumingRetryHandler": "resilient_flows.apps",
-    "analytics_app": "resilient_flows.apps",
-    "mpi_train_app": "resilient_flows.apps",
-    "train_app": "resilient_flows.apps",
-    "CobaltProvider": "resilient_flows.sites",
-    "load_site": "resilient_flows.sites",
-    "site_facts": "resilient_flows.sites",
-    "Workflow": "resilient_flows.workflow",
-    "load_workflow": "resilient_flows.workflow",
-    "resume_run": "resilient_flows.workflow",
-    "start_run": "resilient_flows.workflow",
-    "request_clone": "resilient_flows.clone",
-    "Decision": "resilient_flows.cosched",
-    "OnDemandRequest": "resilient_flows.cosched",
-    "RunningJob": "resilient_flows.cosched",
-    "decide": "resilient_flows.cosched",
-    "read_swf": "resilient_flows.cosched",
-    "simulate": "resilient_flows.cosched",
+_SOURCES = {
+    "resilient_flows.apps": ("ResumingRetryHandler", "analytics_app", "mpi_train_app", "train_app"),
+    "resilient_flows.checkpoint": (
+        "CheckpointError",
+        "CheckpointInfo",
+        "CheckpointStats",
+        "Checkpointer",
+        "CorruptCheckpointError",
+        "StateMismatchError",
+        "Stateful",
+        "TrainState",
+        "read_checkpoint",
+    ),
+    "resilient_flows.clone": ("request_clone",),
+    "resilient_flows.cosched": ("Decision", "OnDemandRequest", "RunningJob", "decide", "read_swf", "simulate"),
+    "resilient_flows.errors": (
+        "CloneError",
+        "InvalidJobError",
+        "LaunchError",
+        "ResilientFlowsError",
+        "SiteConfigError",
+        "WorkflowError",
+    ),
+    "resilient_flows.sites": ("CobaltProvider", "load_site", "site_facts"),
+    "resilient_flows.training": (
+        "DistributedInfo",
+        "MemberSpec",
+        "Preempted",
+        "TrainContext",
+        "init_process_group",
+        "run_member",
+        "shutdown_process_group",
+    ),
+    "resilient_flows.workflow": ("Workflow", "load_workflow", "resume_run", "start_run"),
 }
+_MODULE_OF = {name: module for module, names in _SOURCES.items() for name in names}
 
 __all__ = [
     "CheckpointError",
@@ -108,6 +130,12 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'resilient_flows' has no attribute {name!r}")
+    if name not in _MODULE_OF:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(_MODULE_OF[name]), name)
+    globals()[name] = value  # the next access is a plain lookup
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

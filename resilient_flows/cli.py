@@ -2,6 +2,9 @@
 
 User mistakes (a missing directory, a corrupt checkpoint) end in one line on stderr and a
 non-zero exit; only bugs show a traceback.
+
+Each command imports what it needs when it runs: torch and Parsl take seconds to import, and
+``--help``, ``validate`` and ``status`` need neither.
 """
 
 from __future__ import annotations
@@ -11,16 +14,20 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from resilient_flows.checkpoint.catalog import CheckpointInfo, scan
 from resilient_flows.cosched.cosim import add_cosim_parser
 from resilient_flows.errors import ResilientFlowsError, WorkflowError
 from resilient_flows.mlc.tune import add_tune_parser
+from resilient_flows.workflow.families import GROUP_ABOVE
 from resilient_flows.workflow.mlcgen import add_mlc_parser
+
+if TYPE_CHECKING:
+    from resilient_flows.checkpoint.catalog import CheckpointInfo
 
 __all__ = ["main"]
 
@@ -71,6 +78,9 @@ def _parser() -> argparse.ArgumentParser:
     run.set_defaults(handler=_run)
     status = commands.add_parser("status", help="show what each member of a run is doing")
     status.add_argument("run_dir", metavar="RUN_DIR")
+    status.add_argument(
+        "--all", action="store_true", help=f"a row per member even above {GROUP_ABOVE} members (default: per family)"
+    )
     status.set_defaults(handler=_status)
     resume = commands.add_parser("resume", help="continue a run: finished members are skipped")
     resume.add_argument("run_dir", metavar="RUN_DIR")
@@ -112,13 +122,18 @@ def _console(stderr: bool = False) -> Console:
 
 
 def _validate(args: argparse.Namespace) -> int:
-    from resilient_flows.workflow import load_workflow, plan_workflow
+    """Check the workflow and its site's facts; the site's Parsl configuration is built by ``run``."""
+    from resilient_flows.workflow.families import describe_families
+    from resilient_flows.workflow.plan import plan_workflow
+    from resilient_flows.workflow.schema import load_workflow
 
-    plan = plan_workflow(load_workflow(args.file), args.site)
-    names = ", ".join(m.name for m in plan.members)
+    plan = plan_workflow(load_workflow(args.file), args.site, build_site=False)
     stages = [stage.name for stage in plan.workflow.stages]
     before = f"{len(stages)} stage(s) ({', '.join(stages)}), then " if stages else ""
-    _console().print(f"{args.file}: valid; {before}{len(plan.members)} member(s) on site {plan.site}: {names}")
+    console = _console()
+    console.print(f"{escape(args.file)}: valid; {before}{len(plan.members)} member(s) on site {plan.site}")
+    for line in describe_families((m.name, m.family) for m in plan.members):
+        console.print(f"  {escape(line)}")
     return 0
 
 
@@ -159,24 +174,26 @@ def _rank_counts(items: list[str]) -> int | dict[str, int] | None:
 
 def _status(args: argparse.Namespace) -> int:
     from resilient_flows.training.stage import stage_finished
-    from resilient_flows.workflow import member_statuses, read_plan
     from resilient_flows.workflow.report import stage_table, status_table
-    from resilient_flows.workflow.rundir import run_members
+    from resilient_flows.workflow.rundir import read_plan, run_members
+    from resilient_flows.workflow.status import member_statuses
 
     plan = read_plan(Path(args.run_dir))
     stages = plan.workflow.stage_specs()
     if stages:
         _console().print(stage_table(Path(args.run_dir), stages))
     members = run_members(Path(args.run_dir), plan)
-    statuses = member_statuses(args.run_dir, [(m.name, m.steps) for m in members])
-    _console().print(status_table(statuses, f"{plan.workflow.name} on {plan.site}: {args.run_dir}"))
+    families = {m.name: m.family for m in members}
+    statuses = member_statuses(args.run_dir, [(m.name, m.steps) for m in members], families)
+    title = f"{plan.workflow.name} on {plan.site}: {args.run_dir}"
+    _console().print(status_table(statuses, title, all_members=args.all))
     stages_done = all(stage_finished(args.run_dir, s.name) for s in stages)
     return 0 if stages_done and all(s.state in ("finished", "retired") for s in statuses.values()) else 1
 
 
 def _preempt(args: argparse.Namespace) -> int:
-    from resilient_flows.training import request_preemption
-    from resilient_flows.workflow import read_plan
+    from resilient_flows.training.control import request_preemption
+    from resilient_flows.workflow.rundir import read_plan
 
     names = [m.name for m in read_plan(Path(args.run_dir)).members]
     if args.member not in names:
@@ -190,7 +207,7 @@ def _clone(args: argparse.Namespace) -> int:
     import yaml
 
     from resilient_flows.clone import request_clone
-    from resilient_flows.workflow import read_plan
+    from resilient_flows.workflow.rundir import read_plan
 
     read_plan(Path(args.run_dir))  # a run directory, or a clear error
     overrides = {}
@@ -206,8 +223,8 @@ def _clone(args: argparse.Namespace) -> int:
 
 def _lineage(args: argparse.Namespace) -> int:
     from resilient_flows.clone import lineage_tree
-    from resilient_flows.workflow import member_statuses, read_plan
-    from resilient_flows.workflow.rundir import run_members
+    from resilient_flows.workflow.rundir import read_plan, run_members
+    from resilient_flows.workflow.status import member_statuses
 
     members = run_members(Path(args.run_dir), read_plan(Path(args.run_dir)))
     statuses = member_statuses(args.run_dir, [(m.name, m.steps) for m in members])
@@ -227,6 +244,8 @@ def _export(args: argparse.Namespace) -> int:
 
 
 def _checkpoints(args: argparse.Namespace) -> int:
+    from resilient_flows.checkpoint.catalog import scan
+
     console = _console()
     infos = [info for directory in args.dirs for info in scan(directory, verify=args.verify)]
     if not infos:

@@ -110,7 +110,8 @@ def test_bad_workflows_give_one_line_and_exit_2(tmp_path: Path, capsys: pytest.C
 
 def test_validate_names_the_members_and_site(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     assert main(["validate", str(write(tmp_path, GOOD))]) == 0
-    assert "valid; 5 member(s) on site local: mlp-0, mlp-1, mlp-2, mlp-3, solo" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "valid; 5 member(s) on site local\n  mlp: 4 members (mlp-0 .. mlp-3)\n  solo: 1 member\n" in out
 
 
 def test_status_and_resume_of_a_directory_that_is_not_a_run(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:

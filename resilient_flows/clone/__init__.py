@@ -5,18 +5,26 @@ serves the order at its next step boundary with one asynchronous checkpoint that
 into each clone's tiers as it commits; a clone restores it, applies its overrides and continues.
 Inside one MPI job, :func:`send_state` / :func:`recv_state` move the state from source ranks to
 clone ranks point to point instead, each source rank sending about 1/N of the bytes.
+
+Names are imported on first use (PEP 562): importing one light submodule does not import torch.
 """
 
-from resilient_flows.clone.lineage import lineage_tree
-from resilient_flows.clone.mpi import (
-    CloneSend,
-    CloneTransferStats,
-    StagingBuffer,
-    recv_state,
-    send_state,
-    start_send_state,
-)
-from resilient_flows.clone.request import allowed_overrides, check_overrides, request_clone
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from resilient_flows.clone.lineage import lineage_tree
+    from resilient_flows.clone.mpi import (
+        CloneSend,
+        CloneTransferStats,
+        StagingBuffer,
+        recv_state,
+        send_state,
+        start_send_state,
+    )
+    from resilient_flows.clone.request import allowed_overrides, check_overrides, request_clone
 
 __all__ = [
     "CloneSend",
@@ -30,3 +38,26 @@ __all__ = [
     "send_state",
     "start_send_state",
 ]
+
+
+_SOURCES = {
+    "resilient_flows.clone.lineage": ("lineage_tree",),
+    "resilient_flows.clone.mpi": (
+        "CloneSend",
+        "CloneTransferStats",
+        "StagingBuffer",
+        "recv_state",
+        "send_state",
+        "start_send_state",
+    ),
+    "resilient_flows.clone.request": ("allowed_overrides", "check_overrides", "request_clone"),
+}
+_MODULE_OF = {name: module for module, names in _SOURCES.items() for name in names}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _MODULE_OF:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(_MODULE_OF[name]), name)
+    globals()[name] = value
+    return value

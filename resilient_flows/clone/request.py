@@ -15,6 +15,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from resilient_flows.errors import CloneError
+from resilient_flows.training.builtins import BUILTIN_WORKLOADS, DEFAULTS, STRUCTURAL
 from resilient_flows.training.control import (
     CloneOrder,
     member_dir,
@@ -24,9 +25,7 @@ from resilient_flows.training.control import (
     write_clone_order,
 )
 from resilient_flows.training.events import EventLog
-from resilient_flows.training.fork import OPTIMIZER_KEYS
-from resilient_flows.training.spec import CheckpointSpec, MemberSpec, ParentSpec
-from resilient_flows.training.workloads import BUILTIN_WORKLOADS, DEFAULTS, STRUCTURAL
+from resilient_flows.training.spec import OPTIMIZER_KEYS, CheckpointSpec, MemberSpec, ParentSpec
 
 __all__ = ["allowed_overrides", "check_overrides", "request_clone"]
 

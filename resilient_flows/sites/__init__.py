@@ -1,18 +1,22 @@
 """Site configurations: ``site-configs/<name>.yaml`` -> ``parsl.Config`` and :class:`SiteFacts`.
 
-Only this package, ``apps`` and ``workflow`` know Parsl.
+Only this package, ``apps`` and ``workflow`` know Parsl; its names are imported on first use, so
+that reading a site's facts (:func:`site_facts`) does not import Parsl.
 """
 
 from __future__ import annotations
 
+import importlib
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from parsl.config import Config
-
-from resilient_flows.sites.build import SITE_DIR, build_config, read_site, site_names, site_path
-from resilient_flows.sites.cobalt import CobaltProvider
 from resilient_flows.sites.facts import SiteFacts, site_facts
+from resilient_flows.sites.sitefile import SITE_DIR, site_names
+
+if TYPE_CHECKING:
+    from parsl.config import Config
+
+    from resilient_flows.sites.cobalt import CobaltProvider
 
 __all__ = ["SITE_DIR", "CobaltProvider", "SiteFacts", "load_site", "site_facts", "site_names"]
 
@@ -23,5 +27,16 @@ def load_site(name_or_path: str | os.PathLike = "local", **overrides: Any) -> Co
     ``overrides`` replace top-level ``parsl.Config`` arguments (``run_dir``, ``retries``, ...).
     The file's ``facts`` are not part of it: see :func:`site_facts`.
     """
+    from resilient_flows.sites.build import build_config
+    from resilient_flows.sites.sitefile import read_site, site_path
+
     path = site_path(name_or_path)
     return build_config(read_site(path), str(path), **overrides)
+
+
+def __getattr__(name: str) -> Any:
+    if name != "CobaltProvider":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = importlib.import_module("resilient_flows.sites.cobalt").CobaltProvider
+    globals()[name] = value
+    return value

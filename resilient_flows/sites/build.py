@@ -18,42 +18,22 @@ from __future__ import annotations
 import difflib
 import inspect
 import os
-from pathlib import Path
 from typing import Any
 
 import parsl.executors
 import parsl.launchers
 import parsl.providers
 import typeguard
-import yaml
 from parsl.config import Config
 
 from resilient_flows.envvars import expand_env
 from resilient_flows.errors import SiteConfigError
 from resilient_flows.sites import cobalt
+from resilient_flows.sites.sitefile import SITE_DIR, read_site, site_names, site_path
 
 __all__ = ["SITE_DIR", "build_config", "expand_env", "read_site", "site_names", "site_path"]
 
-#: The site files of this checkout; ``RESILIENT_FLOWS_SITES`` points elsewhere.
-SITE_DIR = Path(os.environ.get("RESILIENT_FLOWS_SITES", Path(__file__).resolve().parents[2] / "site-configs"))
-
 _NAMESPACES = (parsl.executors, parsl.providers, parsl.launchers, cobalt)
-
-
-def site_names() -> list[str]:
-    """The names of the site files in :data:`SITE_DIR`."""
-    return sorted(p.stem for p in SITE_DIR.glob("*.yaml"))
-
-
-def site_path(name_or_path: str | os.PathLike) -> Path:
-    """The file of a named site (``local``, ``polaris``, ...) or the given YAML path."""
-    text = os.fspath(name_or_path)
-    path = Path(text) if text.endswith((".yaml", ".yml")) or os.sep in text else SITE_DIR / f"{text}.yaml"
-    if not path.exists() and path.parent == SITE_DIR:
-        raise SiteConfigError(
-            f"unknown site {text!r}; known sites: {', '.join(site_names()) or 'none'} (in {SITE_DIR})"
-        )
-    return path
 
 
 def _classes() -> dict[str, type]:
@@ -64,19 +44,6 @@ def _classes() -> dict[str, type]:
             if inspect.isclass(obj) and not name.startswith("_"):
                 found.setdefault(name, obj)
     return found
-
-
-def read_site(path: Path) -> dict[str, Any]:
-    """The site file as a mapping (``yaml.safe_load``), environment references not yet expanded."""
-    try:
-        data = yaml.safe_load(path.read_text())
-    except FileNotFoundError:
-        raise SiteConfigError(f"site file {path} does not exist") from None
-    except yaml.YAMLError as exc:
-        raise SiteConfigError(f"{path}: not valid YAML ({exc})") from None
-    if not isinstance(data, dict):
-        raise SiteConfigError(f"{path}: expected a mapping with an 'executors' list, got {type(data).__name__}")
-    return data
 
 
 def build_config(data: dict[str, Any], where: str, **overrides: Any) -> Config:

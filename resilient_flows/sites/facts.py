@@ -25,8 +25,9 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+from resilient_flows.envvars import expand_env
 from resilient_flows.errors import SiteConfigError
-from resilient_flows.sites.build import expand_env, read_site, site_path
+from resilient_flows.sites.sitefile import read_site, site_path
 from resilient_flows.units import parse_duration
 
 __all__ = ["SiteFacts", "site_facts"]

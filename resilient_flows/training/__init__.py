@@ -2,23 +2,32 @@
 
 Nothing here imports Parsl: ``apps`` wraps :func:`run_member`, :func:`run_stage` and
 :func:`evaluate_members`.
+
+Names are imported on first use (PEP 562): importing one light submodule does not import torch.
 """
 
-from resilient_flows.training.context import Preempted, TrainContext, state_digest
-from resilient_flows.training.control import member_dir, request_preemption, request_retirement
-from resilient_flows.training.distributed import (
-    DistributedInfo,
-    LaunchEnv,
-    init_process_group,
-    local_slice,
-    read_launch_env,
-    shutdown_process_group,
-)
-from resilient_flows.training.events import EventLog, read_events
-from resilient_flows.training.run import evaluate_members, run_member
-from resilient_flows.training.spec import CheckpointSpec, FaultSpec, MemberSpec, ParentSpec, StageSpec
-from resilient_flows.training.stage import run_stage, stage_dir
-from resilient_flows.training.workloads import BUILTIN_WORKLOADS, Workload, load_dataset, resolve_workload
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from resilient_flows.training.builtins import BUILTIN_WORKLOADS
+    from resilient_flows.training.context import Preempted, TrainContext, state_digest
+    from resilient_flows.training.control import member_dir, request_preemption, request_retirement
+    from resilient_flows.training.distributed import (
+        DistributedInfo,
+        LaunchEnv,
+        init_process_group,
+        local_slice,
+        read_launch_env,
+        shutdown_process_group,
+    )
+    from resilient_flows.training.events import EventLog, read_events
+    from resilient_flows.training.run import evaluate_members, run_member
+    from resilient_flows.training.spec import CheckpointSpec, FaultSpec, MemberSpec, ParentSpec, StageSpec
+    from resilient_flows.training.stage import run_stage, stage_dir
+    from resilient_flows.training.workloads import Workload, load_dataset, resolve_workload
 
 __all__ = [
     "BUILTIN_WORKLOADS",
@@ -49,3 +58,32 @@ __all__ = [
     "stage_dir",
     "state_digest",
 ]
+
+
+_SOURCES = {
+    "resilient_flows.training.context": ("Preempted", "TrainContext", "state_digest"),
+    "resilient_flows.training.control": ("member_dir", "request_preemption", "request_retirement"),
+    "resilient_flows.training.distributed": (
+        "DistributedInfo",
+        "LaunchEnv",
+        "init_process_group",
+        "local_slice",
+        "read_launch_env",
+        "shutdown_process_group",
+    ),
+    "resilient_flows.training.events": ("EventLog", "read_events"),
+    "resilient_flows.training.run": ("evaluate_members", "run_member"),
+    "resilient_flows.training.spec": ("CheckpointSpec", "FaultSpec", "MemberSpec", "ParentSpec", "StageSpec"),
+    "resilient_flows.training.stage": ("run_stage", "stage_dir"),
+    "resilient_flows.training.builtins": ("BUILTIN_WORKLOADS",),
+    "resilient_flows.training.workloads": ("Workload", "load_dataset", "resolve_workload"),
+}
+_MODULE_OF = {name: module for module, names in _SOURCES.items() for name in names}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _MODULE_OF:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(_MODULE_OF[name]), name)
+    globals()[name] = value
+    return value

@@ -28,7 +28,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from resilient_flows.checkpoint.tiers import Tier
 from resilient_flows.training.spec import MemberSpec
 
 __all__ = [
@@ -115,6 +114,8 @@ def latest_committed_step(run_dir: str | os.PathLike, spec: MemberSpec) -> int:
 
 def newest_committed(directories: list[Path]) -> int:
     """The newest step committed in any of these checkpoint directories; -1 when none is."""
+    from resilient_flows.checkpoint.tiers import Tier  # imports torch: not for the command line's status
+
     return max(
         (s for path in directories if path.is_dir() for s in Tier(path, "any").committed_steps()[:1]), default=-1
     )

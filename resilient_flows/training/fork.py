@@ -27,7 +27,7 @@ from typing import Any
 from resilient_flows.checkpoint import Checkpointer, TrainState
 from resilient_flows.checkpoint.tiers import Tier
 from resilient_flows.training.control import CloneOrder, clone_order_path, member_dir, read_spec
-from resilient_flows.training.spec import MemberSpec, ParentSpec
+from resilient_flows.training.spec import OPTIMIZER_KEYS, MemberSpec, ParentSpec
 
 __all__ = ["SEED_TIMEOUT_S", "Handoff", "Seed", "apply_overrides", "mark_forking", "wait_for_seed"]
 
@@ -150,7 +150,6 @@ def _fall_back(run_dir: Path, parent: ParentSpec, checkpointer: Checkpointer, pr
 
 
 #: Optimizer hyperparameters an override may change; anything else changes the workload's params.
-OPTIMIZER_KEYS = ("lr", "momentum", "weight_decay", "dampening", "betas", "eps", "alpha", "rho", "lr_decay")
 
 
 def apply_overrides(state: TrainState, overrides: dict[str, Any]) -> dict[str, Any]:

@@ -13,7 +13,7 @@ from typing import Any
 
 from resilient_flows.errors import WorkflowError
 
-__all__ = ["PARALLEL_MODES", "CheckpointSpec", "FaultSpec", "MemberSpec", "ParentSpec", "StageSpec"]
+__all__ = ["OPTIMIZER_KEYS", "PARALLEL_MODES", "CheckpointSpec", "FaultSpec", "MemberSpec", "ParentSpec", "StageSpec"]
 
 #: How a member's ranks share the model: replicated (DDP) or sharded (FSDP2).
 PARALLEL_MODES = ("ddp", "fsdp")
@@ -59,6 +59,10 @@ class FaultSpec:
             os.kill(os.getpid(), signal.SIGTERM)
         else:
             raise RuntimeError(f"injected error in {where}")
+
+
+#: Overrides of a clone that go into every optimizer parameter group (see :class:`ParentSpec`).
+OPTIMIZER_KEYS = ("lr", "momentum", "weight_decay", "dampening", "betas", "eps", "alpha", "rho", "lr_decay")
 
 
 @dataclass(frozen=True)

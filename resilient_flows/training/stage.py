@@ -19,14 +19,15 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from resilient_flows.resilience import Context, Filter, every
 from resilient_flows.training.control import count_attempt, newest_committed, write_durably
 from resilient_flows.training.events import EventLog
 from resilient_flows.training.heartbeat import Heartbeat
 from resilient_flows.training.spec import StageSpec
-from resilient_flows.training.workloads import import_function
+
+if TYPE_CHECKING:
+    from resilient_flows.resilience import Filter
 
 __all__ = ["newest_iteration", "run_stage", "stage_dir", "stage_finished", "stage_output"]
 
@@ -52,6 +53,9 @@ def stage_finished(run_dir: str | os.PathLike, name: str) -> bool:
 
 def run_stage(spec: dict[str, Any], run_dir: str) -> Any:
     """Run the stage's loop from its newest checkpoint to the end; the loop function's value."""
+    from resilient_flows.resilience import Context, every  # torch: only where a stage runs
+    from resilient_flows.training.workloads import import_function
+
     stage = StageSpec.from_dict(spec)
     loop = import_function(stage.loop, "loop function")
     directory = stage_dir(run_dir, stage.name)

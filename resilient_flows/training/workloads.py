@@ -26,6 +26,7 @@ import torch.distributed as dist
 from torch import nn
 
 from resilient_flows.errors import ResilientFlowsError
+from resilient_flows.training.builtins import BUILTIN_WORKLOADS, DEFAULTS, STRUCTURAL
 from resilient_flows.training.context import TrainContext
 from resilient_flows.training.distributed import local_slice
 
@@ -44,11 +45,6 @@ __all__ = [
     "load_dataset",
     "resolve_workload",
 ]
-
-#: Defaults of the built-ins; a member's ``params`` override them.
-DEFAULTS = {"lr": 0.05, "momentum": 0.9, "hidden": 64, "batch_size": 64, "dropout": 0.1, "weight_decay": 0.0}
-#: Params that decide the shape of a model: a clone cannot change them.
-STRUCTURAL = frozenset({"hidden", "channels"})
 
 
 @dataclass(frozen=True)
@@ -269,7 +265,7 @@ class Workload:
     evaluate: Callable[[dict[str, Any], dict[str, Any]], dict[str, float]] | None = None
 
 
-BUILTIN_WORKLOADS = tuple(_BUILDERS)
+assert tuple(_BUILDERS) == BUILTIN_WORKLOADS, "training.builtins lists the built-ins"
 
 
 def resolve_workload(name: str, evaluate: str | None = None) -> Workload:

@@ -3,12 +3,22 @@
 ``run`` creates a run directory and submits every member; ``resume`` continues one; ``status``
 reads one. Everything is recorded in the run directory, so any of them can happen in a later
 session, from another login node.
+
+Names are imported on first use: ``validate`` and ``status`` need the schema, the plan and the
+statuses, and must not pay for the runner's Parsl import.
 """
 
-from resilient_flows.workflow.rundir import Plan, read_plan
-from resilient_flows.workflow.runner import plan_workflow, resume_run, start_run
-from resilient_flows.workflow.schema import Workflow, load_workflow
-from resilient_flows.workflow.status import MemberStatus, member_statuses
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from resilient_flows.workflow.plan import plan_workflow
+    from resilient_flows.workflow.rundir import Plan, read_plan
+    from resilient_flows.workflow.runner import resume_run, start_run
+    from resilient_flows.workflow.schema import Workflow, load_workflow
+    from resilient_flows.workflow.status import MemberStatus, member_statuses
 
 __all__ = [
     "MemberStatus",
@@ -21,3 +31,24 @@ __all__ = [
     "resume_run",
     "start_run",
 ]
+
+_SOURCES = {
+    "resilient_flows.workflow.plan": ("plan_workflow",),
+    "resilient_flows.workflow.rundir": ("Plan", "read_plan"),
+    "resilient_flows.workflow.runner": ("resume_run", "start_run"),
+    "resilient_flows.workflow.schema": ("Workflow", "load_workflow"),
+    "resilient_flows.workflow.status": ("MemberStatus", "member_statuses"),
+}
+_MODULE_OF = {name: module for module, names in _SOURCES.items() for name in names}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _MODULE_OF:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(_MODULE_OF[name]), name)
+    globals()[name] = value  # the next access is a plain lookup
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

@@ -66,7 +66,8 @@ class PBTController:
             if status is None or status.state != "running" or status.step is None:
                 continue
             if name not in self.next_boundary:  # the first boundary after where it started (a clone: its fork)
-                first = min(status.metrics.curve, default=0) if status.metrics else 0
+                history = status.history()
+                first = min(history.curve, default=0) if history is not None else 0
                 self.next_boundary[name] = (first // interval + 1) * interval
             boundary = self.next_boundary[name]
             if status.step < boundary:
@@ -116,9 +117,10 @@ class PBTController:
         )
 
     def _score(self, status: MemberStatus | None, boundary: int) -> float | None:
-        if status is None or status.metrics is None:
+        history = None if status is None else status.history()  # a peer finished before a resume: read once
+        if history is None:
             return None
-        curve = status.metrics.curve
+        curve = history.curve
         values = [curve[s] for s in range(boundary - self.window, boundary) if s in curve]
         return sum(values) / len(values) if len(values) == self.window else None
 

@@ -14,14 +14,11 @@ from concurrent.futures import as_completed
 from dataclasses import asdict
 from pathlib import Path
 
-import parsl
 from rich.console import Console
 
-from resilient_flows.apps import mlc_label_app
 from resilient_flows.errors import WorkflowError
 from resilient_flows.mlc.dataset import read_rows, sample_params, write_rows
 from resilient_flows.mlc.recommender import fit
-from resilient_flows.sites import load_site
 
 __all__ = ["add_mlc_parser", "generate"]
 
@@ -36,6 +33,11 @@ def generate(
     console: Console | None = None,
 ) -> int:
     """Label ``samples`` parameter sets (drawn with ``seed``) on ``site``; rows appended to ``out``."""
+    import parsl  # Parsl and torch: only when labels are generated, not for `resilient-flows --help`
+
+    from resilient_flows.apps import mlc_label_app
+    from resilient_flows.sites import load_site
+
     if samples < 1 or chunk < 1 or trials < 1:
         raise WorkflowError(f"samples, chunk and trials must be >= 1, got {samples}, {chunk}, {trials}")
     console = console or Console()

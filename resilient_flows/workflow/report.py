@@ -1,43 +1,111 @@
-"""The run's report: a summary table (terminal and text file) and a loss plot with failures marked."""
+"""The run's report: a summary table (terminal and text file) and a loss plot with failures marked.
+
+Up to :data:`~resilient_flows.workflow.families.GROUP_ABOVE` members every member has its row;
+above, a row per family, then the best members and every member that failed or is retrying.
+"""
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-from rich.console import Console
+from rich.console import Console, Group, RenderableType
 from rich.table import Table
 
 from resilient_flows.training.events import read_events
 from resilient_flows.training.spec import MemberSpec, StageSpec
 from resilient_flows.training.stage import newest_iteration
-from resilient_flows.workflow.ondemand import part_names
+from resilient_flows.workflow.families import (
+    GROUP_ABOVE,
+    STATES,
+    best_members,
+    family_stats,
+    troubled_members,
+)
+from resilient_flows.workflow.plots import plot_losses
 from resilient_flows.workflow.status import MemberStatus
 
-__all__ = ["campaign_table", "ondemand_table", "plot_losses", "stage_table", "status_table", "write_report"]
+__all__ = [
+    "campaign_table",
+    "family_table",
+    "member_table",
+    "ondemand_table",
+    "plot_losses",
+    "stage_table",
+    "status_table",
+    "write_report",
+]
+
+#: How many of the best members the grouped view lists.
+BEST_SHOWN = 5
 
 
-def status_table(statuses: dict[str, MemberStatus], title: str) -> Table:
+def status_table(statuses: dict[str, MemberStatus], title: str, all_members: bool = False) -> RenderableType:
+    """Every member's row (up to :data:`GROUP_ABOVE` members, or with ``all_members``), else the
+    family table, the best members and the members that failed or are retrying."""
+    if all_members or len(statuses) <= GROUP_ABOVE:
+        return member_table(statuses.values(), title)
+    parts: list[RenderableType] = [
+        family_table(statuses.values(), title),
+        member_table(best_members(statuses.values(), BEST_SHOWN), f"best {BEST_SHOWN} members (lowest loss)"),
+    ]
+    troubled = troubled_members(statuses.values())
+    if troubled:
+        parts.append(member_table(troubled, f"{len(troubled)} member(s) failed or retrying", errors=True))
+    return Group(*parts)
+
+
+def member_table(statuses: Iterable[MemberStatus], title: str, errors: bool = False) -> Table:
+    """A row per member; with ``errors``, the last error of each."""
     table = Table(title=title)
     for column in ("member", "state", "step", "loss", "checkpoint", "attempts", "failures", "preempted", "test acc."):
         table.add_column(column, justify="left" if column in ("member", "state") else "right")
-    for s in statuses.values():
+    if errors:
+        table.add_column("last error", overflow="fold")
+    for s in statuses:
         accuracy = None if s.result is None else s.result.get("test_accuracy")
-        table.add_row(
+        row = [
             s.name,
             s.state,
             "-" if s.step is None else f"{s.step + 1}/{s.steps}",
-            "-" if s.loss is None else f"{s.loss:.4g}",
+            _loss(s.loss),
             "-" if s.checkpoint is None else str(s.checkpoint),
             str(s.attempts),
             str(s.failures),
             str(s.preemptions),
             "-" if accuracy is None else f"{accuracy:.3f}",
+        ]
+        if errors:
+            row.append(s.errors[-1] if s.errors else "-")
+        table.add_row(*row)
+    return table
+
+
+def family_table(statuses: Iterable[MemberStatus], title: str) -> Table:
+    """A row per family: members by state (the states that occur), steps trained, best and median
+    of the members' newest losses, failures."""
+    stats = family_stats(statuses)
+    states = [state for state in STATES if any(f.states[state] for f in stats)]
+    table = Table(title=title)
+    table.add_column("family")
+    for column in ("members", *states, "steps", "best loss", "median loss", "failures"):
+        table.add_column(column, justify="right")
+    for f in stats:
+        table.add_row(
+            f.family,
+            str(f.members),
+            *(str(f.states[state]) for state in states),
+            f"{f.steps_done}/{f.steps_total}",
+            _loss(f.best_loss),
+            _loss(f.median_loss),
+            str(f.failures),
         )
     return table
+
+
+def _loss(value: float | None) -> str:
+    return "-" if value is None else f"{value:.4g}"
 
 
 def campaign_table(workflow: Any, members: list[MemberSpec], statuses: dict[str, MemberStatus]) -> Table:
@@ -51,7 +119,7 @@ def campaign_table(workflow: Any, members: list[MemberSpec], statuses: dict[str,
             if m.parent is not None and m.parent.member in family:
                 family.add(m.name)
         done = [statuses[n] for n in sorted(family) if n in statuses]
-        trained = sum(len(s.metrics.curve) for s in done if s.metrics is not None)
+        trained = sum(len(metrics.curve) for s in done if (metrics := s.history()) is not None)
         scored = [s for s in done if s.result and "test_accuracy" in s.result and "retired" not in s.result]
         best = max(scored, key=lambda s: s.result["test_accuracy"], default=None)
         table.add_row(
@@ -68,6 +136,8 @@ def campaign_table(workflow: Any, members: list[MemberSpec], statuses: dict[str,
 
 def ondemand_table(run_dir: Path) -> Table:
     """Per on-demand analytics request: what the policy decided, whom it preempted, how long it waited."""
+    from resilient_flows.workflow.ondemand import part_names  # imports Parsl: the runner's table only
+
     table = Table(title="on-demand analytics")
     for column in ("request", "slots", "policy", "free", "decision", "cost", "latency"):
         table.add_column(column, justify="left" if column in ("request", "policy", "decision") else "right")
@@ -119,55 +189,13 @@ def stage_table(run_dir: Path, stages: list[StageSpec], events: Iterable[dict[st
     return table
 
 
-def plot_losses(statuses: dict[str, MemberStatus], path: Path, title: str) -> None:
-    """Each member's loss against steps (raw, faint, and a running mean); X where an attempt was
-    lost, o where the next one resumed from a checkpoint, ^ where a clone branched off."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    figure, axes = plt.subplots(figsize=(8, 4.5))
-    for s in statuses.values():
-        if s.metrics is None or not s.metrics.curve:
-            continue
-        steps = sorted(s.metrics.curve)
-        losses = np.array([s.metrics.curve[k] for k in steps])
-        smooth = _running_mean(losses, max(1, len(steps) // 50))
-        (line,) = axes.plot(steps, losses, linewidth=0.6, alpha=0.25)
-        color = line.get_color()
-        axes.plot(steps, smooth, color=color, linewidth=1.6, label=s.name)
-        at = dict(zip(steps, smooth, strict=True))
-        if steps[0] > 0:  # a clone: its curve branches off its source's at the fork
-            axes.plot(steps[0], smooth[0], "^", color=color, markersize=9, markeredgecolor="black")
-        spans = sorted(s.metrics.attempt_spans.values())
-        for (_, died), (resumed, _) in itertools.pairwise(spans):
-            axes.axvline(died, color=color, linestyle=":", linewidth=1)
-            axes.plot(died, at.get(died, np.nan), "X", color=color, markersize=10, markeredgecolor="black")
-            axes.plot(resumed, at.get(resumed, np.nan), "o", color=color, markersize=8, markeredgecolor="black")
-    axes.set_yscale("log")
-    axes.set_xlabel("step")
-    axes.set_ylabel("training loss")
-    legend = "X: attempt lost, o: resumed from its checkpoint, ^: clone branches off"
-    axes.set_title(f"{title}\n{legend}", fontsize="medium")
-    axes.legend(fontsize="small")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.tight_layout()
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
-
-
-def _running_mean(values: np.ndarray, window: int) -> np.ndarray:
-    """Mean over the last ``window`` values (fewer at the start), so the curve keeps its length."""
-    sums = np.cumsum(np.insert(values, 0, 0.0))
-    index = np.arange(1, len(values) + 1)
-    start = np.maximum(index - window, 0)
-    return (sums[index] - sums[start]) / (index - start)
-
-
 def write_report(
-    statuses: dict[str, MemberStatus], summary: Path, plot: Path, title: str, extra: tuple[Table, ...] = ()
-) -> Table:
+    statuses: dict[str, MemberStatus],
+    summary: Path,
+    plot: Path,
+    title: str,
+    extra: tuple[RenderableType, ...] = (),
+) -> RenderableType:
     """Write the summary text (the status table, then ``extra``) and the plot; the table, for the terminal."""
     table = status_table(statuses, title)
     summary.parent.mkdir(parents=True, exist_ok=True)

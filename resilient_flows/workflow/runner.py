@@ -39,9 +39,10 @@ from resilient_flows.training.stage import stage_finished
 from resilient_flows.workflow.blocks import BlockLedger, RunnerLock, retire_block
 from resilient_flows.workflow.explore import PBTController
 from resilient_flows.workflow.ondemand import OnDemandAnalytics, worker_slots
+from resilient_flows.workflow.plan import plan_workflow
 from resilient_flows.workflow.report import campaign_table, ondemand_table, stage_table, status_table, write_report
 from resilient_flows.workflow.rundir import MemberIndex, Plan, create_run_dir, default_run_dir, read_plan, run_members
-from resilient_flows.workflow.schema import Workflow, load_workflow, run_path
+from resilient_flows.workflow.schema import load_workflow, run_path
 from resilient_flows.workflow.status import StatusTracker
 from resilient_flows.workflow.watchdog import Lost, Watchdog, clear_heartbeats
 
@@ -51,17 +52,6 @@ POLL_SECONDS = 0.5
 
 #: Seconds Parsl has to shut down an instance whose interchange was lost.
 ABANDON_S = 30.0
-
-
-def plan_workflow(workflow: Workflow, site: str | None = None, run_name: str | None = None) -> Plan:
-    """Bind a workflow to a site (the workflow's own unless ``site`` is given), checked to load."""
-    site_name = site or workflow.site
-    facts = site_facts(site_name)
-    local_root = None
-    if facts.local_scratch:
-        local_root = f"{facts.local_scratch}/resilient-flows/{run_name or workflow.name}"
-    load_site(site_name)
-    return Plan(workflow, site_name, tuple(workflow.member_specs(local_root, facts.node_mtbf_s)))
 
 
 def start_run(
@@ -301,6 +291,7 @@ def _execute(run_dir: Path, plan: Plan, members: list[MemberSpec], console: Cons
 
     ondemand = OnDemandAnalytics(workflow.analytics, workflow.cosched, run_dir, worker_slots(config), submit_analytics)
     pending = [m for m in members if m.parent is None]  # clones wait until their source serves them
+    listed: list[MemberSpec] | None = None
     with Live(console=console, refresh_per_second=4, transient=True) as live:
         while True:  # one pass per Parsl instance: a lost interchange needs a new one
             for what in ledger.cancel_previous(config.executors):
@@ -317,7 +308,10 @@ def _execute(run_dir: Path, plan: Plan, members: list[MemberSpec], console: Cons
                     everyone = index.members()
                     submitter.submit_new_clones(index.clones())
                     elapsed = time.monotonic() - started
-                    statuses = tracker.update([(m.name, m.steps) for m in everyone])
+                    if everyone is not listed:  # the index gives the same list until a member is added
+                        listed, names = everyone, [(m.name, m.steps) for m in everyone]
+                        families = {m.name: m.family for m in everyone}
+                    statuses = tracker.update(names, families)
                     ondemand.update(elapsed, everyone, statuses)
                     if submitter.all_done() and all(f.done() for f in ondemand.futures):
                         break
@@ -354,7 +348,7 @@ def _execute(run_dir: Path, plan: Plan, members: list[MemberSpec], console: Cons
     failed = {name: f.exception() for name, f in futures.items() if f.exception() is not None}
     reports = [f.result() for f in ondemand.futures if f.exception() is None]
     everyone = index.members()
-    statuses = tracker.update([(m.name, m.steps) for m in everyone])
+    statuses = tracker.update([(m.name, m.steps) for m in everyone], {m.name: m.family for m in everyone})
     title = f"{workflow.name}: {time.monotonic() - started:.0f} s on {plan.site}"
     extra = []
     if stages:

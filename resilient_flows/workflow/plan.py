@@ -1,0 +1,31 @@
+"""Binding a workflow to a site: what ``validate`` checks and ``run`` starts from.
+
+Planning needs the site's facts (node-local scratch, node MTBF), read from its YAML file; only
+building the site's ``parsl.Config`` needs Parsl, so ``validate`` plans without it and leaves the
+build to ``run``.
+"""
+
+from __future__ import annotations
+
+from resilient_flows.sites.facts import site_facts
+from resilient_flows.workflow.rundir import Plan
+from resilient_flows.workflow.schema import Workflow
+
+__all__ = ["plan_workflow"]
+
+
+def plan_workflow(
+    workflow: Workflow, site: str | None = None, run_name: str | None = None, build_site: bool = True
+) -> Plan:
+    """Bind a workflow to a site (the workflow's own unless ``site`` is given), whose facts are
+    checked; with ``build_site`` also its Parsl configuration, which imports Parsl."""
+    site_name = site or workflow.site
+    facts = site_facts(site_name)
+    local_root = None
+    if facts.local_scratch:
+        local_root = f"{facts.local_scratch}/resilient-flows/{run_name or workflow.name}"
+    if build_site:
+        from resilient_flows.sites import load_site
+
+        load_site(site_name)
+    return Plan(workflow, site_name, tuple(workflow.member_specs(local_root, facts.node_mtbf_s)))
