@@ -73,8 +73,8 @@ class BlockLedger:
             if not isinstance(executor, BlockProviderExecutor):
                 continue
             proc = getattr(executor, "interchange_proc", None)
-            if proc is not None and ("interchange", executor.label) not in self._seen:
-                self._seen.add(("interchange", executor.label))
+            if proc is not None and (executor.label, f"interchange {proc.pid}") not in self._seen:
+                self._seen.add((executor.label, f"interchange {proc.pid}"))  # a new one per Parsl instance
                 self._append(
                     {"executor": executor.label, "interchange": proc.pid, "started": process_start_time(proc.pid)}
                 )
@@ -89,7 +89,8 @@ class BlockLedger:
 
     def reap(self, executors: Iterable[Any], everything: bool = False) -> None:
         """Kill what is left of this runner's local blocks once Parsl sees them ended (or, with
-        ``everything``, of all of them: the run is over).
+        ``everything``, of all of them: the Parsl instance is shut down, and the next one's blocks
+        and interchange, numbered afresh, are recorded anew).
 
         A pool killed with SIGKILL leaves its multiprocessing manager and resource tracker behind,
         orphaned in the block's process group; nothing else would ever stop them.
@@ -103,6 +104,8 @@ class BlockLedger:
                 if everything or (state is not None and state.terminal):
                     kill_stragglers(group)
                     del self._groups[executor.label][block]
+        if everything:
+            self._seen.clear()
 
     def previous(self) -> list[dict[str, Any]]:
         """The records of the runners before this one."""
