@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -162,3 +163,25 @@ def test_cli_finds_tiers_below_a_run_directory(tmp_path: Path, capsys: pytest.Ca
     assert main(["checkpoints", "verify", str(tmp_path / "run")]) == 0
     out = capsys.readouterr().out
     assert str(tmp_path / "run" / "a" / "ckpt") in out and str(tmp_path / "run" / "b" / "ckpt") in out
+
+
+def test_a_member_whose_newest_checkpoints_are_damaged_trains_on_and_saves_them_again(tmp_path: Path) -> None:
+    """Restore falls back below two damaged checkpoints; training goes on from there, writes those
+    steps afresh (it used to refuse: an older step than one already committed) and ends bitwise
+    like a run that never broke."""
+    from resilient_flows.training import MemberSpec, run_member
+    from resilient_flows.training.spec import CheckpointSpec
+
+    spec = MemberSpec(
+        name="m", workload="userworkload:train", params={}, steps=30, checkpoint=CheckpointSpec(interval_steps=10)
+    )
+    run_member(spec.to_dict(), str(tmp_path / "run"))
+    tier = tmp_path / "run/members/m/checkpoints"
+    for step in (19, 29):
+        flip_byte(tier / f"step-{step:08d}")
+    (tmp_path / "run/members/m/result.json").unlink()
+    longer = replace(spec, steps=50)
+    result = run_member(longer.to_dict(), str(tmp_path / "run"))
+    assert result["digest"] == run_member(longer.to_dict(), str(tmp_path / "reference"))["digest"]
+    assert [i.step for i in scan(tier) if i.valid] == [49, 39, 29]
+    assert all(i.valid for i in scan(tier, verify=True))

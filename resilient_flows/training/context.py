@@ -224,6 +224,8 @@ class TrainContext:
                 wait_for_seed(self.run_dir, self.spec, self.checkpointer) if self.rank == 0 else None
             )
         self.restored_step = self.checkpointer.restore(self.state)
+        if self.checkpointer.skipped:  # newer ones it could not read: training goes on from here
+            self.checkpointer.discard_newer_than(-1 if self.restored_step is None else self.restored_step)
         self._last_saved = self.restored_step
         if parent is not None and self.restored_step == self._seed_step():
             apply_overrides(self.state, parent.overrides)  # after the state, so that they win

@@ -31,7 +31,8 @@ from parsl.executors.status_handling import BlockProviderExecutor
 from parsl.jobs.states import JobState, JobStatus
 from parsl.providers import LocalProvider
 
-from resilient_flows.errors import WorkflowError
+from resilient_flows.errors import WorkflowError, is_storage_full
+from resilient_flows.training.events import FULL_WAIT_S
 
 __all__ = ["BlockLedger", "RunnerLock", "cancel_block", "kill_stragglers", "process_start_time", "retire_block"]
 
@@ -230,14 +231,18 @@ def kill_stragglers(group: int) -> int:
 def cancel_block(provider: Any, record: dict[str, Any]) -> bool:
     """Cancel one recorded block through ``provider``; False when there was nothing to cancel.
 
-    A LocalProvider's block is its process group, signalled only while the recorded process still
-    lives on this host. A batch provider's job is cancelled with its own command (``scancel``,
+    A LocalProvider's block is its process group, signalled as a whole while the recorded process
+    still lives on this host; once it is gone (its pool died first), what is left of the group that
+    runs this Python (orphaned workers still training, the multiprocessing manager) is killed. A
+    batch provider's job is cancelled with its own command (``scancel``,
     ``qdel``), whether or not it still runs: cancelling a finished job is harmless.
     """
     if isinstance(provider, LocalProvider):
         if record.get("host") != socket.gethostname():
             return False
-        return _kill_recorded(record.get("pid"), record.get("started"), signal.SIGKILL, group=True)
+        if _kill_recorded(record.get("pid"), record.get("started"), signal.SIGKILL, group=True):
+            return True
+        return record.get("pgid") is not None and kill_stragglers(int(record["pgid"])) > 0
     job_id = str(record["job_id"])
     resources = getattr(provider, "resources", None)
     if isinstance(resources, dict) and job_id not in resources:  # a job another runner submitted
@@ -293,5 +298,13 @@ class RunnerLock:
             )
         me = {"pid": os.getpid(), "host": socket.gethostname(), "started": process_start_time(os.getpid())}
         tmp = path.with_name(f"{RUNNER}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(me))
+        deadline = time.monotonic() + FULL_WAIT_S
+        while True:
+            try:
+                tmp.write_text(json.dumps(me))
+                break
+            except OSError as exc:  # a full file system is waited out, as for events
+                if not is_storage_full(exc) or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
         os.replace(tmp, path)
