@@ -1,0 +1,90 @@
+"""The chaos harness (``benchmarks/chaos.py``) on a small ensemble: every kind of fault at least once,
+several at a time, from outside the processes, and nothing lost.
+
+Six paced members (``chaos:paced``: the ``mlp-digits`` step, then a pause) live long enough for
+three bursts of faults while leaving the two cores mostly idle; their fault-free digests are
+trained in this process without the pause, in seconds. Each run must end with every member
+finished with the reference's weights, no torn line in ``events.jsonl`` or ``metrics.jsonl``, and
+no pool, interchange or Slurm job of the run left behind. Timings are the harness's business
+(``python benchmarks/chaos.py``): on a loaded CI machine they are not something to assert.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+from rich.console import Console
+from slurm import require_slurm
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _load_harness() -> ModuleType:
+    """``benchmarks/chaos.py`` as the module ``chaos``: workers import its workload by that name."""
+    spec = importlib.util.spec_from_file_location("chaos", REPO / "benchmarks" / "chaos.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["chaos"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+chaos = _load_harness()
+
+SMALL = chaos.Config(
+    members=6, steps=400, interval=40, params={"hidden": 64, "pause_ms": 25}, workload="chaos:paced", bursts=3
+)
+#: The bursts fall within this many seconds after the first checkpoint: while the first members train.
+SPAN_S = 12.0
+
+
+def survive_chaos(tmp_path: Path, site: str, kinds: tuple[str, ...]) -> None:
+    workflow = tmp_path / "reference.yaml"
+    workflow.write_text(chaos.workflow_yaml(SMALL, site))
+    reference = chaos.fault_free_digests(workflow, tmp_path / "reference")
+    console = Console(file=sys.stdout, width=150, highlight=False)
+    run, faults = chaos.run_chaos(
+        SMALL,
+        tmp_path / "chaos",
+        site,
+        span_s=SPAN_S,
+        seed=1,
+        shared_mib=256,
+        timeout_s=200,
+        console=console,
+        keep=True,
+    )
+    found = {f.key: f for f in chaos.figures(SMALL, chaos.SiteFacts.of(site), run, faults, reference, None)}
+    # The report, printed (shown when the test fails) and written beside the run's copy in chaos/chaos-run.
+    chaos.print_report(console, f"chaos on {site}", list(found.values()), faults, chaos.notes(run))
+    chaos.write_json(tmp_path / "chaos.json", {"site": site}, list(found.values()), faults, chaos.notes(run))
+    log = run.log.read_text()[-6000:]
+
+    assert not run.timed_out, f"the run hung; runner log:\n{log}"
+    assert run.returncode == 0 and not run.runner_exits, log
+    assert found["members_finished"].value == SMALL.members, log
+    assert found["digests_equal"].value == SMALL.members
+    if os.geteuid() != 0:
+        kinds = tuple(k for k in kinds if k != "storage-full")  # needs a tmpfs: skipped with a message
+    assert {f.kind for f in faults if f.skipped is None} == set(kinds), [(f.kind, f.skipped) for f in faults]
+    assert found["torn_events"].value == 0 and found["torn_metrics"].value == 0
+    assert found["attempts_unexplained"].value == 0
+    assert found["members_out_of_retries"].value == 0
+    assert found["flips_detected"].ok, "a damaged checkpoint was restored"
+    assert sum(run.leftovers.values()) == 0, run.leftover_details
+
+
+def test_an_ensemble_survives_every_kind_of_fault_on_the_local_site(tmp_path: Path) -> None:
+    survive_chaos(tmp_path, "local", chaos.LOCAL_KINDS)
+
+
+def test_an_ensemble_survives_every_kind_of_fault_on_a_slurm_cluster(tmp_path: Path) -> None:
+    require_slurm()
+    survive_chaos(tmp_path, "local-slurm", chaos.SLURM_KINDS)
