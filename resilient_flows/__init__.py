@@ -7,8 +7,9 @@ nothing: a compute node that only checkpoints does not import Parsl, and the com
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from resilient_flows.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from resilient_flows.apps import ResumingRetryHandler, analytics_app, mpi_train_app, train_app
@@ -82,7 +83,6 @@ _SOURCES = {
     ),
     "resilient_flows.workflow": ("Workflow", "load_workflow", "resume_run", "start_run"),
 }
-_MODULE_OF = {name: module for module, names in _SOURCES.items() for name in names}
 
 __all__ = [
     "CheckpointError",
@@ -128,14 +128,4 @@ __all__ = [
     "train_app",
 ]
 
-
-def __getattr__(name: str) -> Any:
-    if name not in _MODULE_OF:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(_MODULE_OF[name]), name)
-    globals()[name] = value  # the next access is a plain lookup
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+__getattr__, __dir__ = lazy_exports(__name__, _SOURCES)

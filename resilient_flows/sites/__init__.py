@@ -6,10 +6,10 @@ that reading a site's facts (:func:`site_facts`) does not import Parsl.
 
 from __future__ import annotations
 
-import importlib
 import os
 from typing import TYPE_CHECKING, Any
 
+from resilient_flows.lazy import lazy_exports
 from resilient_flows.sites.facts import SiteFacts, site_facts
 from resilient_flows.sites.sitefile import SITE_DIR, site_names
 
@@ -34,9 +34,4 @@ def load_site(name_or_path: str | os.PathLike = "local", **overrides: Any) -> Co
     return build_config(read_site(path), str(path), **overrides)
 
 
-def __getattr__(name: str) -> Any:
-    if name != "CobaltProvider":
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = importlib.import_module("resilient_flows.sites.cobalt").CobaltProvider
-    globals()[name] = value
-    return value
+__getattr__, __dir__ = lazy_exports(__name__, {"resilient_flows.sites.cobalt": ("CobaltProvider",)})

@@ -8,8 +8,9 @@ Names are imported on first use (PEP 562): importing one light submodule does no
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from resilient_flows.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from resilient_flows.training.builtins import BUILTIN_WORKLOADS
@@ -78,12 +79,5 @@ _SOURCES = {
     "resilient_flows.training.builtins": ("BUILTIN_WORKLOADS",),
     "resilient_flows.training.workloads": ("Workload", "load_dataset", "resolve_workload"),
 }
-_MODULE_OF = {name: module for module, names in _SOURCES.items() for name in names}
 
-
-def __getattr__(name: str) -> Any:
-    if name not in _MODULE_OF:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(_MODULE_OF[name]), name)
-    globals()[name] = value
-    return value
+__getattr__, __dir__ = lazy_exports(__name__, _SOURCES)

@@ -10,8 +10,9 @@ statuses, and must not pay for the runner's Parsl import.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from resilient_flows.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from resilient_flows.workflow.plan import plan_workflow
@@ -39,16 +40,5 @@ _SOURCES = {
     "resilient_flows.workflow.schema": ("Workflow", "load_workflow"),
     "resilient_flows.workflow.status": ("MemberStatus", "member_statuses"),
 }
-_MODULE_OF = {name: module for module, names in _SOURCES.items() for name in names}
 
-
-def __getattr__(name: str) -> Any:
-    if name not in _MODULE_OF:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(_MODULE_OF[name]), name)
-    globals()[name] = value  # the next access is a plain lookup
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+__getattr__, __dir__ = lazy_exports(__name__, _SOURCES)
