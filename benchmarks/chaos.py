@@ -117,6 +117,9 @@ LOCAL_KINDS = (
     "shard-flip",
 )
 SLURM_KINDS = (*LOCAL_KINDS, "pilot-cancel")
+#: On ``local-nodes`` (three emulated nodes, each a block with its own node-local directories).
+NODES_KINDS = (*LOCAL_KINDS, "node-loss")
+KINDS = {"local": LOCAL_KINDS, "local-nodes": NODES_KINDS, "local-slurm": SLURM_KINDS}
 #: Faults that only the runner's watchdog notices: their threshold is the member's stall timeout.
 HANGS = ("worker-stop", "manager-process-kill")
 #: Faults that last a while and may end no attempt: their recovery counts from the fault to the
@@ -182,11 +185,13 @@ def workflow_yaml(config: Config, site: str) -> str:
         "count": config.members,
         "stall_timeout": f"{config.stall_timeout_s:g}s",
     }
+    # on emulated nodes every other checkpoint stays on its node only: a lost node loses it
+    node_local = {"persist_every": 2} if site == "local-nodes" else {}
     document = {
         "name": "chaos",
         "site": site,
         "retries": config.retries,
-        "checkpoint": {"interval": config.interval, "keep": 3},
+        "checkpoint": {"interval": config.interval, "keep": 3, **node_local},
         "members": [member],
     }
     return yaml.safe_dump(document, sort_keys=False)
@@ -552,9 +557,11 @@ class Chaos(threading.Thread):
         facts: SiteFacts,
         config: Config,
         seed: int,
+        nodes: Path | None = None,
     ) -> None:
         super().__init__(name="chaos", daemon=True)
         self.bursts, self.span_s, self.run_dir, self.shared = bursts, span_s, run_dir, shared
+        self.nodes = nodes
         self.runner, self.watcher, self.facts, self.config = runner, watcher, facts, config
         self.seed = seed
         self.rng = random.Random(seed + 1)
@@ -686,6 +693,25 @@ class Chaos(threading.Thread):
         manager = procs.spawned[pool.pid][0]
         self._begin(fault, hit, f"multiprocessing manager {manager.pid} of pool {pool.pid}")
         return send(manager, signal.SIGKILL)
+
+    def _node_loss(self, fault: Fault, rng: random.Random) -> bool:
+        """An emulated node of ``local-nodes`` lost: its block's processes killed at once, and its
+        node-local directories (``node-<block>.*``) gone; the members resume from the shared tier."""
+        found = self._busy_pool(self.watcher.look(), rng)
+        if found is None or self.nodes is None:
+            return False
+        pool, hit = found
+        block = next((b for b in pool.cmdline.split() if b.startswith("--block_id=")), "=?").split("=", 1)[1]
+        try:
+            group = os.getpgid(pool.pid)
+        except ProcessLookupError:
+            return False
+        self._begin(fault, hit, f"node {block} (pool {pool.pid}) and its node-local directories")
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(group, signal.SIGKILL)
+        for directory in self.nodes.glob(f"node-{block}.*"):
+            shutil.rmtree(directory, ignore_errors=True)
+        return True
 
     def _interchange_kill(self, fault: Fault, rng: random.Random) -> bool:
         procs = self.watcher.look()
@@ -893,13 +919,16 @@ def execute(
     timeout_s: float,
     chaos: Callable[[Runner, Watcher], Chaos] | None = None,
     keep: Path | None = None,
+    nodes: Path | None = None,
 ) -> Execution:
     """Run ``workflow`` into ``run_dir`` (with ``chaos`` injected), wait for it up to ``timeout_s``,
-    count and kill what it left, and read what it wrote. ``keep``: copy the run directory there."""
+    count and kill what it left, and read what it wrote. ``keep``: copy the run directory there;
+    ``nodes``: where the emulated nodes of ``local-nodes`` keep their node-local directories."""
     env = {
         **os.environ,
         "COLUMNS": "200",
         "PYTHONPATH": os.pathsep.join(filter(None, [str(BENCH_DIR), os.environ.get("PYTHONPATH")])),
+        **({"RESILIENT_FLOWS_NODES": str(nodes)} if nodes is not None else {}),
     }
     runner = Runner(workflow, run_dir, site, log, env)
     watcher = Watcher(run_dir, runner)
@@ -1012,7 +1041,7 @@ def run_chaos(
     """The workflow under the chaos schedule of ``seed``, its bursts spread over ``span_s`` seconds
     after the first checkpoint; the run directory on a tmpfs of ``shared_mib`` when root."""
     facts = SiteFacts.of(site)
-    kinds = SLURM_KINDS if site != "local" else LOCAL_KINDS
+    kinds = KINDS[site]
     work.mkdir(parents=True, exist_ok=True)
     workflow = work / "chaos.yaml"
     workflow.write_text(workflow_yaml(config, site))
@@ -1023,10 +1052,18 @@ def run_chaos(
         run_dir = (shared or work) / "run"
 
         def chaos(runner: Runner, watcher: Watcher) -> Chaos:
-            return Chaos(bursts, span_s, run_dir, shared, runner, watcher, facts, config, seed)
+            nodes = work / "nodes" if site == "local-nodes" else None
+            return Chaos(bursts, span_s, run_dir, shared, runner, watcher, facts, config, seed, nodes)
 
         execution = execute(
-            workflow, run_dir, site, work / "chaos.log", timeout_s, chaos, work / "chaos-run" if keep else None
+            workflow,
+            run_dir,
+            site,
+            work / "chaos.log",
+            timeout_s,
+            chaos,
+            work / "chaos-run" if keep else None,
+            nodes=work / "nodes",
         )
     return execution, [fault for burst in bursts for fault in burst]
 
@@ -1036,7 +1073,8 @@ def run_reference(config: Config, work: Path, site: str, timeout_s: float) -> Ex
     work.mkdir(parents=True, exist_ok=True)
     workflow = work / "reference.yaml"
     workflow.write_text(workflow_yaml(config, site))
-    return execute(workflow, work / "reference", site, work / "reference.log", timeout_s)
+    nodes = work / "nodes-reference"
+    return execute(workflow, work / "reference", site, work / "reference.log", timeout_s, nodes=nodes)
 
 
 def directory_mib(path: Path) -> float:
@@ -1121,13 +1159,14 @@ def attribute(name: str, attempt: int, start: float, detected: float, how: str, 
     of its loss, the latest that struck it directly, else the latest that found it running (a
     block cancelled for another member's sake, a runner killed). An attempt that started after
     the runner was killed, and ended when the next runner came, ran in the dead runner's orphaned
-    blocks (its interchange still hands them tasks): that kill ended it."""
+    blocks (its interchange still hands them tasks): that kill ended it. Likewise an attempt that
+    started after its interchange was killed and ended when the runner started Parsl again."""
     window = [f for f in faults if start - 1.0 <= f.time <= detected]
     for members in ("hit", "running"):
         struck = [f for f in window if getattr(f, members).get(name) == attempt]
         if struck:
             return max(struck, key=lambda f: f.time)
-    kills = [f for f in faults if f.kind == "runner-kill" and f.time <= start]
+    kills = [f for f in faults if f.kind in ("runner-kill", "interchange-kill") and f.time <= start]
     return max(kills, key=lambda f: f.time) if kills and how == "submitted" else None
 
 
@@ -1447,6 +1486,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--slurm", action="store_true", help="on the local-slurm site (starts a cluster if none answers)"
     )
+    parser.add_argument(
+        "--nodes",
+        action="store_true",
+        help="on the local-nodes site: three emulated nodes with node-local tiers, and node-loss faults",
+    )
     parser.add_argument("--seed", type=int, default=0, help="the chaos schedule's seed (default 0)")
     parser.add_argument("--json", type=Path, help="write every figure with its unit, the checks and the faults")
     parser.add_argument("--dir", type=Path, help="working directory (default: a new temporary one)")
@@ -1455,7 +1499,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     size = "quick" if args.quick else "full" if args.full else "default"
     config = MODES[size]
-    site = "local-slurm" if args.slurm else "local"
+    site = "local-slurm" if args.slurm else "local-nodes" if args.nodes else "local"
     console = Console(width=None if sys.stdout.isatty() else 120, highlight=False)
     # SIGTERM (a CI timeout) unwinds like Ctrl-C: processes, mounts and clusters are cleaned up.
     signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))

@@ -181,6 +181,21 @@ def test_the_leftovers_of_a_killed_pool_are_reaped_and_nothing_else(tmp_path: Pa
         group.wait()
 
 
+def test_the_leftovers_of_a_slurm_job_on_this_host_are_found_by_their_job_id() -> None:
+    """Slurm's proctrack/linuxproc loses the orphans of a killed pool; they carry the job's id."""
+    env = {**os.environ, "SLURM_JOB_ID": "987654"}
+    orphan = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], env=env)
+    bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        time.sleep(0.3)
+        assert kill_stragglers(slurm_job="987654") == 1
+        assert orphan.wait(timeout=10) == -signal.SIGKILL and bystander.poll() is None
+    finally:
+        for proc in (orphan, bystander):
+            proc.kill()
+            proc.wait()
+
+
 def members_of(pgid: int) -> dict[int, str]:
     """pid -> command line of the live processes of group ``pgid``."""
     found = {}

@@ -66,7 +66,7 @@ class BlockLedger:
     run_dir: Path
     runner: int = field(default_factory=os.getpid)
     _seen: set[tuple[str, str]] = field(default_factory=set)
-    _groups: dict[str, dict[str, int]] = field(default_factory=dict)  # executor -> block -> process group
+    _leftovers: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)  # executor -> block -> its processes
 
     def record(self, executors: Iterable[Any]) -> None:
         """Record what is new among the executors' blocks (and interchanges) since the last call."""
@@ -84,8 +84,9 @@ class BlockLedger:
                     continue
                 self._seen.add((executor.label, block))
                 record = _job_record(executor.provider, job_id)
-                if record.get("pgid") is not None:
-                    self._groups.setdefault(executor.label, {})[block] = record["pgid"]
+                found = _stragglers_of(record)
+                if found:
+                    self._leftovers.setdefault(executor.label, {})[block] = found
                 self._append({"executor": executor.label, "block": block, **record})
 
     def reap(self, executors: Iterable[Any], everything: bool = False) -> None:
@@ -100,11 +101,11 @@ class BlockLedger:
             if not isinstance(executor, BlockProviderExecutor):
                 continue
             status = executor.status_facade
-            for block, group in list(self._groups.get(executor.label, {}).items()):
+            for block, found in list(self._leftovers.get(executor.label, {}).items()):
                 state = status.get(block)
                 if everything or (state is not None and state.terminal):
-                    kill_stragglers(group)
-                    del self._groups[executor.label][block]
+                    kill_stragglers(**found)
+                    del self._leftovers[executor.label][block]
         if everything:
             self._seen.clear()
 
@@ -164,6 +165,16 @@ def _job_record(provider: Any, job_id: str) -> dict[str, Any]:
     return record
 
 
+def _stragglers_of(record: dict[str, Any]) -> dict[str, Any]:
+    """How to find a recorded block's processes on this host once it ended: its process group
+    (LocalProvider), or its Slurm job id."""
+    if record.get("pgid") is not None:
+        return {"group": record["pgid"]}
+    if record.get("provider") == "SlurmProvider":
+        return {"slurm_job": str(record["job_id"])}
+    return {}
+
+
 def retire_block(executor: BlockProviderExecutor, block: str | None) -> bool:
     """Cancel one block of a running executor, as Parsl's own scale-in does; False if it has none such.
 
@@ -208,20 +219,31 @@ def _kill_group(group: int) -> None:
         os.killpg(group, signal.SIGKILL)
 
 
-def kill_stragglers(group: int) -> int:
-    """SIGKILL the processes of process group ``group`` that run this Python (a pool's leftovers);
-    how many. Other processes that may have come to use the number are never touched."""
+def kill_stragglers(group: int | None = None, slurm_job: str | None = None) -> int:
+    """SIGKILL the processes on this host that run this Python and belong to process group ``group``
+    or to Slurm job ``slurm_job`` (a pool's leftovers); how many. Other processes that may have come
+    to use the numbers are never touched.
+
+    A Slurm job's orphans escape its end where Slurm tracks processes by parentage
+    (``proctrack/linuxproc``); with cgroups Slurm kills them itself.
+    """
     killed = 0
     python = os.path.realpath(sys.executable)
+    job = None if slurm_job is None else f"SLURM_JOB_ID={slurm_job}".encode()
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
         try:
             stat = Path(f"/proc/{entry}/stat").read_text()
             command = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")[0].decode()
+            if os.path.realpath(command) != python:
+                continue
+            ours = group is not None and int(stat[stat.rfind(")") + 2 :].split()[2]) == group
+            if not ours and job is not None:
+                ours = job in Path(f"/proc/{entry}/environ").read_bytes().split(b"\0")
         except OSError:
             continue
-        if int(stat[stat.rfind(")") + 2 :].split()[2]) == group and os.path.realpath(command) == python:
+        if ours:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(int(entry), signal.SIGKILL)
                 killed += 1
@@ -242,7 +264,7 @@ def cancel_block(provider: Any, record: dict[str, Any]) -> bool:
             return False
         if _kill_recorded(record.get("pid"), record.get("started"), signal.SIGKILL, group=True):
             return True
-        return record.get("pgid") is not None and kill_stragglers(int(record["pgid"])) > 0
+        return record.get("pgid") is not None and kill_stragglers(group=int(record["pgid"])) > 0
     job_id = str(record["job_id"])
     resources = getattr(provider, "resources", None)
     if isinstance(resources, dict) and job_id not in resources:  # a job another runner submitted
@@ -253,10 +275,14 @@ def cancel_block(provider: Any, record: dict[str, Any]) -> bool:
             "job_stderr_path": None,
         }
     try:
-        return bool(provider.cancel([job_id])[0])
+        cancelled = bool(provider.cancel([job_id])[0])
     except Exception as exc:  # a provider's command failing must not stop the resume
         logger.warning("could not cancel job %s through %s: %s", job_id, type(provider).__name__, exc)
         return False
+    found = _stragglers_of(record)
+    if found:
+        kill_stragglers(**found)
+    return cancelled
 
 
 def _kill_recorded(pid: int | None, started: int | None, sig: signal.Signals, group: bool) -> bool:
