@@ -63,6 +63,7 @@ def main(mode: str, directory: Path, layout: str) -> None:
     wrap = {"ddp": ddp, "fsdp": fsdp}[layout]
     report = save(directory, wrap) if mode == "save" else restore(directory, wrap)
     (directory / f"{mode}-{dist.get_world_size()}-{dist.get_rank()}.json").write_text(json.dumps(report))
+    dist.barrier()  # no rank tears the group down while another still uses it
     dist.destroy_process_group()
 
 

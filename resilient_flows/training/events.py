@@ -115,22 +115,29 @@ class MetricsLog:
             self.flush()
 
     def flush(self) -> None:
-        """Write the held lines. On a full file system what could not be written is kept, and the
-        next flush continues exactly where this one stopped: a line is never torn, only late."""
+        """Write the held lines. On a full file system they are kept, whatever part got in is cut
+        back, and the next flush writes them again: a line is never torn, only late."""
         self._flushed = time.monotonic()
         if not self._lines and not self._unwritten:
             return
         if self._fd is None:
             self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         data, self._lines = self._unwritten + "".join(self._lines).encode(), []
+        size = os.fstat(self._fd).st_size
         try:
-            while data:
-                data = data[os.write(self._fd, data) :]
+            rest = data
+            while rest:
+                rest = rest[os.write(self._fd, rest) :]
         except OSError as exc:
             if not is_storage_full(exc):
                 raise
+            # this file has no other writer: cut back the part of a line that got in, so that a kill
+            # before the next flush leaves no torn line, and write all of it again later
+            os.ftruncate(self._fd, size)
             logger.warning("%s: file system full, %d bytes of metrics held back", self.path, len(data))
-        self._unwritten = data
+            self._unwritten = data
+            return
+        self._unwritten = b""
 
     def close(self) -> None:
         self.flush()
