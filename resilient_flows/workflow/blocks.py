@@ -46,13 +46,18 @@ KILL_GRACE_S = 5.0
 RUNNER = "runner.json"
 
 
+def _stat_fields(pid: int | str) -> list[str]:
+    """The fields of ``/proc/<pid>/stat`` after the command name (state first); raises OSError."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return stat[stat.rfind(")") + 2 :].split()
+
+
 def process_start_time(pid: int) -> int | None:
     """When process ``pid`` started, in clock ticks since boot (``/proc/<pid>/stat``); None if it is gone."""
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
+        return int(_stat_fields(pid)[19])
     except OSError:
         return None
-    return int(stat[stat.rfind(")") + 2 :].split()[19])
 
 
 def _same_process(pid: int | None, started: int | None) -> bool:
@@ -234,11 +239,10 @@ def kill_stragglers(group: int | None = None, slurm_job: str | None = None) -> i
         if not entry.isdigit():
             continue
         try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
             command = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")[0].decode()
             if os.path.realpath(command) != python:
                 continue
-            ours = group is not None and int(stat[stat.rfind(")") + 2 :].split()[2]) == group
+            ours = group is not None and int(_stat_fields(entry)[2]) == group
             if not ours and job is not None:
                 ours = job in Path(f"/proc/{entry}/environ").read_bytes().split(b"\0")
         except OSError:
