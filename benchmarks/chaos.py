@@ -92,7 +92,7 @@ import tempfile
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -135,6 +135,9 @@ LOOK_S = 0.5
 RESUMES_AFTER_EXIT = 3
 #: How long the run's processes have to go once the last runner exited, before they count as left over.
 LEFTOVER_GRACE_S = 10.0
+#: How long after a fault a worker it kills may still start a task: a hung pool lives until the
+#: watchdog retires it (the site's stall timeout, plus the look that sees it).
+DOOMED_S = 90.0
 SLURM_ACTIVE = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED", "RESIZING"}
 
 
@@ -500,6 +503,7 @@ class Fault:
     time: float = 0.0
     end: float = 0.0  # when a window closed (SIGCONT, ballast removed); ``time`` for instant faults
     hit: dict[str, int] = field(default_factory=dict)  # members struck directly -> their attempt
+    doomed: frozenset[int] = frozenset()  # worker pids the fault kills: a task they start after it dies too
     running: dict[str, int] = field(default_factory=dict)  # every member running then -> its attempt
     detail: str = ""
     skipped: str | None = None
@@ -643,10 +647,10 @@ class Chaos(threading.Thread):
         if timer is None:
             run_once()
 
-    def _begin(self, fault: Fault, hit: dict[str, int], detail: str) -> None:
+    def _begin(self, fault: Fault, hit: dict[str, int], detail: str, doomed: Iterable[Proc] = ()) -> None:
         fault.running = {name: attempt for name, (attempt, _) in running_members(self.run_dir).items()}
         fault.time = fault.end = time.time()
-        fault.hit, fault.detail = hit, detail
+        fault.hit, fault.detail, fault.doomed = hit, detail, frozenset(p.pid for p in doomed)
 
     def _busy_workers(self, procs: RunProcs) -> list[tuple[str, int, Proc]]:
         """(member, attempt, worker) of the members that run in a worker of this run's pools."""
@@ -668,7 +672,7 @@ class Chaos(threading.Thread):
         if not busy:
             return False
         name, attempt, worker = rng.choice(busy)
-        self._begin(fault, {name: attempt}, f"worker {worker.pid} running {name}")
+        self._begin(fault, {name: attempt}, f"worker {worker.pid} running {name}", [worker])
         return send(worker, signal.SIGKILL)
 
     def _busy_pool(self, procs: RunProcs, rng: random.Random) -> tuple[Proc, dict[str, int]] | None:
@@ -677,11 +681,12 @@ class Chaos(threading.Thread):
         return rng.choice(sorted(pools, key=lambda p: p[0].pid)) if pools else None
 
     def _pool_kill(self, fault: Fault, rng: random.Random) -> bool:
-        found = self._busy_pool(self.watcher.look(), rng)
+        procs = self.watcher.look()
+        found = self._busy_pool(procs, rng)
         if found is None:
             return False
         pool, hit = found
-        self._begin(fault, hit, f"pool {pool.pid}")
+        self._begin(fault, hit, f"pool {pool.pid}", procs.spawned[pool.pid][1:])
         return send(pool, signal.SIGKILL)
 
     def _manager_process_kill(self, fault: Fault, rng: random.Random) -> bool:
@@ -691,13 +696,15 @@ class Chaos(threading.Thread):
             return False
         pool, hit = found
         manager = procs.spawned[pool.pid][0]
-        self._begin(fault, hit, f"multiprocessing manager {manager.pid} of pool {pool.pid}")
+        workers = procs.spawned[pool.pid][1:]
+        self._begin(fault, hit, f"multiprocessing manager {manager.pid} of pool {pool.pid}", workers)
         return send(manager, signal.SIGKILL)
 
     def _node_loss(self, fault: Fault, rng: random.Random) -> bool:
         """An emulated node of ``local-nodes`` lost: its block's processes killed at once, and its
         node-local directories (``node-<block>.*``) gone; the members resume from the shared tier."""
-        found = self._busy_pool(self.watcher.look(), rng)
+        procs = self.watcher.look()
+        found = self._busy_pool(procs, rng)
         if found is None or self.nodes is None:
             return False
         pool, hit = found
@@ -706,7 +713,9 @@ class Chaos(threading.Thread):
             group = os.getpgid(pool.pid)
         except ProcessLookupError:
             return False
-        self._begin(fault, hit, f"node {block} (pool {pool.pid}) and its node-local directories")
+        self._begin(
+            fault, hit, f"node {block} (pool {pool.pid}) and its node-local directories", procs.spawned[pool.pid][1:]
+        )
         with contextlib.suppress(ProcessLookupError):
             os.killpg(group, signal.SIGKILL)
         for directory in self.nodes.glob(f"node-{block}.*"):
@@ -718,7 +727,8 @@ class Chaos(threading.Thread):
         mine = [p for p in procs.interchanges if p.ppid == self.runner.pid]
         if not mine or not self._busy_workers(procs):
             return False
-        self._begin(fault, {}, f"interchange {mine[0].pid}")
+        workers = [w for pool in procs.pools for w in procs.spawned[pool.pid][1:]]
+        self._begin(fault, {}, f"interchange {mine[0].pid}", workers)  # prefetched tasks start, then die
         fault.hit = dict(fault.running)
         return send(mine[0], signal.SIGKILL)
 
@@ -727,7 +737,7 @@ class Chaos(threading.Thread):
         if not busy:
             return False
         name, attempt, worker = rng.choice(busy)
-        self._begin(fault, {name: attempt}, f"worker {worker.pid} running {name}, stopped {self.stop_s:g} s")
+        self._begin(fault, {name: attempt}, f"worker {worker.pid} running {name}, stopped {self.stop_s:g} s", [worker])
         if not send(worker, signal.SIGSTOP):
             return False
 
@@ -748,14 +758,17 @@ class Chaos(threading.Thread):
         return pid is not None
 
     def _pilot_cancel(self, fault: Fault, rng: random.Random) -> bool:
-        if not self._busy_workers(self.watcher.look()):
+        procs = self.watcher.look()
+        if not self._busy_workers(procs):
             return False
         running = [job for job, state in slurm_jobs(self.run_dir).items() if state == "RUNNING"]
         if not running:
             return False
-        self._begin(fault, {}, f"Slurm job {max(running)}")  # the newest: the current runner's
+        job = max(running)  # the newest: the current runner's
+        workers = [w for pool in procs.pools if slurm_job_of(pool.pid) == job for w in procs.spawned[pool.pid][1:]]
+        self._begin(fault, {}, f"Slurm job {job}", workers)
         fault.hit = dict(fault.running)
-        return subprocess.run(["scancel", str(max(running))], capture_output=True, timeout=30).returncode == 0
+        return subprocess.run(["scancel", str(job)], capture_output=True, timeout=30).returncode == 0
 
     def _storage_full(self, fault: Fault, rng: random.Random) -> bool:
         assert self.shared is not None
@@ -803,6 +816,15 @@ def slurm_jobs(run_dir: Path) -> dict[int, str]:
     marker = f"{run_dir}/parsl/"
     jobs = (line.split("|", 2) for line in done.stdout.splitlines() if line.count("|") >= 2)
     return {int(job): state for job, state, command in jobs if command.startswith(marker)}
+
+
+def slurm_job_of(pid: int) -> int | None:
+    """The Slurm job a process runs in, from its environment."""
+    with contextlib.suppress(OSError, ValueError):
+        for entry in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
+            if entry.startswith(b"SLURM_JOB_ID="):
+                return int(entry.split(b"=", 1)[1])
+    return None
 
 
 def slurm_problem() -> str | None:
@@ -1126,6 +1148,7 @@ def losses(data: RunData, faults: list[Fault]) -> list[Loss]:
     found = []
     for name, mine in by_member(data).items():
         started = {e["attempt"]: e["time"] for e in mine if e["kind"] == "started"}
+        pids = {e["attempt"]: e.get("pid") for e in mine if e["kind"] == "started"}
         resumed = {e["attempt"]: e["time"] for e in mine if e["kind"] == "resumed"}
         finished = [e["time"] for e in mine if e["kind"] == "finished"]
         done = {e.get("attempt") for e in mine if e["kind"] == "finished"}  # ended well, whatever followed
@@ -1141,7 +1164,7 @@ def losses(data: RunData, faults: list[Fault]) -> list[Loss]:
                 continue
             a_start, b_start = started[a], started[b]
             detected, how = next(((t, kind) for t, kind in notices if a_start < t <= b_start), (b_start, "started"))
-            fault = attribute(name, a, a_start, detected, how, injected)
+            fault = attribute(name, a, a_start, pids[a], detected, how, injected)
             later = set().union(*(steps.get(c, set()) for c in attempts if c > a))
             first_new = first_line.get(b) or next((t for t in finished if t > b_start), None)
             recovery = None if fault is None or first_new is None else first_new - fault.time
@@ -1154,18 +1177,25 @@ def losses(data: RunData, faults: list[Fault]) -> list[Loss]:
     return found
 
 
-def attribute(name: str, attempt: int, start: float, detected: float, how: str, faults: list[Fault]) -> Fault | None:
+def attribute(
+    name: str, attempt: int, start: float, pid: int | None, detected: float, how: str, faults: list[Fault]
+) -> Fault | None:
     """The fault that ended ``attempt`` of ``name``: of those between its start and the first sign
     of its loss, the latest that struck it directly, else the latest that found it running (a
-    block cancelled for another member's sake, a runner killed). An attempt that started after
-    the runner was killed, and ended when the next runner came, ran in the dead runner's orphaned
-    blocks (its interchange still hands them tasks): that kill ended it. Likewise an attempt that
-    started after its interchange was killed and ended when the runner started Parsl again."""
+    block cancelled for another member's sake, a runner killed), else one that killed the worker
+    it started on just after the fault (a task the pool had prefetched, or that its interchange
+    handed it before a cancelled job's processes died). An attempt that started after the runner
+    was killed, and ended when the next runner came, ran in the dead runner's orphaned blocks (its
+    interchange still hands them tasks): that kill ended it. Likewise an attempt that started
+    after its interchange was killed and ended when the runner started Parsl again."""
     window = [f for f in faults if start - 1.0 <= f.time <= detected]
     for members in ("hit", "running"):
         struck = [f for f in window if getattr(f, members).get(name) == attempt]
         if struck:
             return max(struck, key=lambda f: f.time)
+    doomed = [f for f in faults if pid in f.doomed and f.time - 1.0 <= start <= f.time + DOOMED_S]
+    if doomed:
+        return max(doomed, key=lambda f: f.time)
     kills = [f for f in faults if f.kind in ("runner-kill", "interchange-kill") and f.time <= start]
     return max(kills, key=lambda f: f.time) if kills and how == "submitted" else None
 
@@ -1435,9 +1465,25 @@ def out_of_retries(data: RunData) -> set[str]:
 # ---------------------------------------------------------------------- report
 
 
-def notes(execution: Execution) -> list[str]:
-    """What went wrong beyond the figures, in words: runners that gave up, processes left over."""
-    return [*execution.runner_exits, *(f"left over: {leftover}" for leftover in execution.leftover_details)]
+def notes(execution: Execution, faults: list[Fault]) -> list[str]:
+    """What went wrong beyond the figures, in words: runners that gave up, processes left over,
+    and each attempt lost that no fault explains, with its member's events around it."""
+    data = execution.data
+    t0 = min((e["time"] for e in data.events), default=0.0)
+    unexplained = []
+    for loss in losses(data, faults):
+        if loss.fault is not None:
+            continue
+        mine = [e for e in by_member(data).get(loss.member, []) if e.get("attempt") in (loss.attempt, loss.attempt + 1)]
+        told = "; ".join(f"{e['time'] - t0:.1f} {e['kind']}#{e.get('attempt')}" for e in mine)
+        unexplained.append(f"unexplained: {loss.member} attempt {loss.attempt} ({loss.detected_by}): {told}")
+    injected = "; ".join(f"{f.time - t0:.1f} {f.kind} {sorted(f.hit)}" for f in faults if f.skipped is None)
+    return [
+        *execution.runner_exits,
+        *(f"left over: {leftover}" for leftover in execution.leftover_details),
+        *unexplained,
+        *([f"faults (s after the first event): {injected}"] if unexplained else []),
+    ]
 
 
 def print_report(console: Console, title: str, found: list[Figure], faults: list[Fault], remarks: list[str]) -> None:
@@ -1471,7 +1517,7 @@ def write_json(path: Path, meta: dict[str, Any], found: list[Figure], faults: li
             for f in found
             if f.ok is not None
         },
-        "faults": [asdict(f) for f in faults],
+        "faults": [{**asdict(f), "doomed": sorted(f.doomed)} for f in faults],
         "notes": remarks,
     }
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -1535,7 +1581,7 @@ def main(argv: list[str] | None = None) -> int:
             f"Chaos: {config.members} members on {site}, seed {args.seed}",
             found,
             faults,
-            notes(chaos),
+            notes(chaos, faults),
         )
         verdict = all(f.ok is not False for f in found)
         console.print(
@@ -1543,7 +1589,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         if args.json:
             meta = {"mode": size, "site": site, "seed": args.seed, "config": asdict(config), "cpus": os.cpu_count()}
-            write_json(args.json, meta, found, faults, notes(chaos))
+            write_json(args.json, meta, found, faults, notes(chaos, faults))
         return 0 if verdict else 1
     finally:
         if not args.keep:

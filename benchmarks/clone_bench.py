@@ -387,6 +387,7 @@ def _timed(fn: Callable[[], object]) -> float:
 
 
 def _fsync_dir(path: Path) -> None:
+    """The baseline's own (it imports nothing of ours)."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -623,7 +624,7 @@ def measure_ours(
 
 def measure_baseline(work: dict[str, Any], reps: int, root: Path) -> dict[str, Any]:
     """The same clones by stopping a plain torch process, torch.save, a new process and torch.load."""
-    from resilient_flows.training.control import write_durably
+    from resilient_flows.durable import write_durably
 
     run_dir = root / "baseline"
     run_dir.mkdir()
@@ -666,7 +667,7 @@ def measure_baseline(work: dict[str, Any], reps: int, root: Path) -> dict[str, A
 
 def measure_mpi(work: dict[str, Any], reps: int, root: Path) -> dict[str, Any]:
     """Clones over MPI point to point: ``mpiexec -n 2``, rank 0 the source, rank 1 a waiting clone rank."""
-    from resilient_flows.training.control import write_durably
+    from resilient_flows.durable import write_durably
 
     mpiexec = shutil.which("mpiexec")
     if mpiexec is None:

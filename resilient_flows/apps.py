@@ -21,20 +21,12 @@ from parsl import bash_app, python_app
 from parsl.app.errors import BashExitFailure
 from parsl.executors.high_throughput.errors import ManagerLost, WorkerLost
 
-from resilient_flows.errors import is_storage_full
-from resilient_flows.training import (
-    EventLog,
-    MemberSpec,
-    Preempted,
-    StageSpec,
-    evaluate_members,
-    member_dir,
-    run_member,
-    run_stage,
-)
-from resilient_flows.training.control import latest_committed_step
+from resilient_flows.errors import Preempted, is_storage_full
+from resilient_flows.training.control import latest_committed_step, member_dir
+from resilient_flows.training.events import EventLog
 from resilient_flows.training.heartbeat import analytics_task, heartbeat_path
 from resilient_flows.training.mpi_member import EXIT_PREEMPTED
+from resilient_flows.training.spec import MemberSpec, StageSpec
 from resilient_flows.training.stage import newest_iteration
 
 __all__ = [
@@ -56,6 +48,8 @@ def train_app(spec: dict[str, Any], run_dir: str, inputs: Sequence[Any] = ()) ->
 
     ``inputs``: futures of the stages whose output it reads; Parsl starts it once they are done.
     """
+    from resilient_flows.training.run import run_member
+
     return run_member(spec, run_dir)
 
 
@@ -63,6 +57,8 @@ def train_app(spec: dict[str, Any], run_dir: str, inputs: Sequence[Any] = ()) ->
 def stage_app(spec: dict[str, Any], run_dir: str, inputs: Sequence[Any] = ()) -> Any:
     """Run one workflow stage (a :class:`StageSpec` as a dict): a checkpointed array loop that
     resumes after its newest committed iteration. ``inputs``: futures of the stages it reads."""
+    from resilient_flows.training.stage import run_stage
+
     return run_stage(spec, run_dir)
 
 
@@ -78,6 +74,8 @@ def analytics_app(
     On-demand requests pass ``parsl_resource_specification={"priority": 0}``: HTEX then runs them
     before every queued member.
     """
+    from resilient_flows.training.run import evaluate_members
+
     return evaluate_members(specs, run_dir, request)
 
 

@@ -15,6 +15,7 @@ __all__ = [
     "CorruptCheckpointError",
     "InvalidJobError",
     "LaunchError",
+    "Preempted",
     "ResilientFlowsError",
     "SiteConfigError",
     "StateMismatchError",
@@ -26,6 +27,20 @@ __all__ = [
 
 class ResilientFlowsError(Exception):
     """Root of every error this library raises on purpose."""
+
+
+class Preempted(ResilientFlowsError):
+    """A member stopped on request after committing a checkpoint of ``step``; resubmit to continue.
+
+    It lives here, not beside :class:`~resilient_flows.training.TrainContext`, because the runner's
+    retry handler tests for it and must not import torch to do so."""
+
+    def __init__(self, member: str, step: int, reason: str) -> None:
+        super().__init__(member, step, reason)
+        self.member, self.step, self.reason = member, step, reason
+
+    def __str__(self) -> str:
+        return f"member {self.member} preempted ({self.reason}) after committing step {self.step}"
 
 
 class CheckpointError(ResilientFlowsError):

@@ -63,8 +63,8 @@ def survive_chaos(tmp_path: Path, site: str, kinds: tuple[str, ...]) -> None:
     )
     found = {f.key: f for f in chaos.figures(SMALL, chaos.SiteFacts.of(site), run, faults, reference, None)}
     # The report, printed (shown when the test fails) and written beside the run's copy in chaos/chaos-run.
-    chaos.print_report(console, f"chaos on {site}", list(found.values()), faults, chaos.notes(run))
-    chaos.write_json(tmp_path / "chaos.json", {"site": site}, list(found.values()), faults, chaos.notes(run))
+    chaos.print_report(console, f"chaos on {site}", list(found.values()), faults, chaos.notes(run, faults))
+    chaos.write_json(tmp_path / "chaos.json", {"site": site}, list(found.values()), faults, chaos.notes(run, faults))
     log = run.log.read_text()[-6000:]
 
     assert not run.timed_out, f"the run hung; runner log:\n{log}"

@@ -36,7 +36,7 @@ SOURCE = MemberSpec(
 
 def losses(run_dir: Path, name: str) -> dict[int, float]:
     reader = MetricsReader(run_dir / "members" / name / "metrics.jsonl")
-    reader.update()
+    reader.read_curve()
     return reader.curve
 
 

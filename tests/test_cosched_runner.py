@@ -35,7 +35,7 @@ cosched: {policy: dp, max_delay: 0s}
 
 def curve(run_dir: Path, name: str) -> dict[int, float]:
     reader = MetricsReader(run_dir / "members" / name / "metrics.jsonl")
-    reader.update()
+    reader.read_curve()
     return reader.curve
 
 

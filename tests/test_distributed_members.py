@@ -265,7 +265,7 @@ def test_resume_rank_overrides(tmp_path: Path, capsys) -> None:
 
 def curve(run_dir: Path, name: str) -> dict[int, float]:
     reader = MetricsReader(run_dir / "members" / name / "metrics.jsonl")
-    reader.update()
+    reader.read_curve()
     return reader.curve
 
 

@@ -128,5 +128,5 @@ def test_clones_of_an_fsdp_member_on_the_same_and_on_another_rank_count(tmp_path
 
 def losses(run_dir: Path, name: str) -> dict[int, float]:
     reader = MetricsReader(run_dir / "members" / name / "metrics.jsonl")
-    reader.update()
+    reader.read_curve()
     return reader.curve

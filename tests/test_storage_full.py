@@ -6,6 +6,8 @@ Real file systems: a small tmpfs (root, as in CI) filled with a ballast file, fr
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import threading
 import time
 from dataclasses import replace
@@ -53,6 +55,26 @@ def test_an_event_waits_for_space(small_filesystem: Path) -> None:  # noqa: F811
     events.emit("started", "a", attempt=1)
     assert time.monotonic() - started >= 0.9
     assert [e["kind"] for e in read_events(small_filesystem)] == ["submitted", "started"]
+
+
+def test_an_event_writer_killed_while_the_file_system_is_full_leaves_no_torn_line(
+    small_filesystem: Path,  # noqa: F811
+) -> None:
+    log = small_filesystem / "events.jsonl"
+    first = {"time": 0.0, "kind": "submitted", "member": "a", "pad": ""}
+    first["pad"] = "x" * (4096 - 10 - len(json.dumps(first)) - 1)
+    log.write_text(json.dumps(first) + "\n")
+    assert log.stat().st_size == 4096 - 10  # the last page has 10 bytes left: a line would be split there
+    ballast = fill(small_filesystem)
+    victim = f"EventLog({str(small_filesystem)!r}).emit('started', 'victim', attempt=1, note='y' * 100)"
+    writer = subprocess.Popen([sys.executable, "-c", f"from resilient_flows.training.events import EventLog\n{victim}"])
+    time.sleep(1.5)  # it waits for room
+    writer.kill()
+    writer.wait()
+    ballast.unlink()
+    EventLog(small_filesystem).emit("finished", "a")
+    assert all(json.loads(line) for line in log.read_text().splitlines())
+    assert [(e["kind"], e["member"]) for e in read_events(small_filesystem)] == [("submitted", "a"), ("finished", "a")]
 
 
 def test_a_member_trains_through_a_full_file_system_and_ends_like_an_uninterrupted_run(

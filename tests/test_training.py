@@ -40,7 +40,7 @@ def spec(name: str = "m", workload: str = "mlp-digits", steps: int = 60, **chang
 
 def curve(run_dir: Path, name: str) -> dict[int, float]:
     reader = MetricsReader(run_dir / "members" / name / "metrics.jsonl")
-    reader.update()
+    reader.read_curve()
     return reader.curve
 
 

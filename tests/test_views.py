@@ -295,14 +295,48 @@ def test_a_retiring_member_is_watched_until_its_result_is_written(
     assert tracker.update(members)["m-0"].state == "retired" and opens.take() == {"events.jsonl": 1}
 
 
-def test_a_followed_member_keeps_its_curve_and_others_read_theirs_on_demand(tmp_path: Path) -> None:
+def test_a_followed_member_is_read_at_its_ends_and_curves_on_demand(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     run_dir, members = make_run(tmp_path, 3, running=1)
+    parsed = []
+    real_loads = status_module.json.loads
+    monkeypatch.setattr(status_module.json, "loads", lambda raw: parsed.append(raw) or real_loads(raw))
     followed = StatusTracker(run_dir).update(members)
-    assert len(followed["m-0"].metrics.curve) == 10  # running: followed line by line
+    m0 = followed["m-0"].metrics
+    assert (followed["m-0"].step, m0.attempt_spans, m0.attempt_times) == (9, {1: (0, 9)}, {1: (2.0, 11.0)})
+    lines = [raw for raw in parsed if isinstance(raw, bytes) and b'"attempt"' in raw and b'"loss"' in raw]
+    assert m0.curve == {} and len(lines) == 2 + 2  # m-0's first and last lines, m-1's and m-2's newest
     assert followed["m-1"].metrics.curve == {} and followed["m-1"].step == 49  # finished: its newest line only
     assert len(followed["m-1"].history().curve) == 50
     once = status_module.member_statuses(run_dir, members)
     assert once["m-0"].metrics.curve == {} and once["m-0"].step == 9
+
+
+def test_a_chunk_that_spans_two_attempts_is_read_whole_and_later_attempts_replace_the_curve(tmp_path: Path) -> None:
+    path = tmp_path / "metrics.jsonl"
+    first = [{"step": i, "attempt": 1, "time": 10.0 + i, "loss": 1.0} for i in range(6)]
+    second = [{"step": i, "attempt": 2, "time": 30.0 + i, "loss": 2.0} for i in range(4, 9)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in first[:3]))
+    reader = MetricsReader(path)
+    reader.update()
+    with path.open("a") as f:
+        f.write("".join(json.dumps(r) + "\n" for r in first[3:] + second) + '{"step": 9, "att')  # cut short
+    reader.update()
+    assert reader.attempt_spans == {1: (0, 5), 2: (4, 8)}
+    assert reader.attempt_times == {1: (10.0, 15.0), 2: (34.0, 38.0)}
+    assert reader.last == second[-1] and reader.curve == {}
+    reader.read_curve()
+    assert reader.curve == {**dict.fromkeys(range(4), 1.0), **dict.fromkeys(range(4, 9), 2.0)}
+    assert reader.last == second[-1]
+
+
+def test_a_sampled_curve_spreads_over_the_file_and_ends_at_its_newest_line(tmp_path: Path) -> None:
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("".join(json.dumps({"step": i, "attempt": 1, "loss": i / 10}) + "\n" for i in range(1001)))
+    curve = MetricsReader(path).sampled_curve(100)
+    assert sorted(curve) == [*range(0, 1001, 10)]
+    assert curve[1000] == 100.0
 
 
 def test_a_status_table_of_a_dead_runner_s_run_matches_the_files(tmp_path: Path) -> None:
@@ -332,6 +366,18 @@ def imported_by(args: list[str]) -> list[str]:
     done = subprocess.run([sys.executable, "-c", probe, *args], capture_output=True, text=True, env=env, cwd=REPO)
     (line,) = [line for line in done.stdout.splitlines() if line.startswith("IMPORTED")]
     return line.split()[1:]
+
+
+def test_the_runner_imports_parsl_but_not_torch() -> None:
+    """Members import torch in their workers; the runner, which polls all of them, need not."""
+    probe = (
+        "import sys, resilient_flows.workflow.runner\n"
+        "from resilient_flows.training.control import newest_committed\n"
+        "newest_committed([])\n"  # what the retry handler asks after a failure
+        "print(*(m for m in ('torch', 'parsl') if m in sys.modules))"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, cwd=REPO)
+    assert done.stdout.split() == ["parsl"]
 
 
 def test_help_validate_and_status_import_neither_torch_nor_parsl(tmp_path: Path) -> None:

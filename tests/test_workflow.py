@@ -140,7 +140,7 @@ def test_python_tags_are_refused(tmp_path: Path, capsys: pytest.CaptureFixture) 
 
 def curve(run_dir: Path, name: str) -> dict[int, float]:
     reader = MetricsReader(run_dir / "members" / name / "metrics.jsonl")
-    reader.update()
+    reader.read_curve()
     return reader.curve
 
 

@@ -23,9 +23,10 @@ import torch
 
 from resilient_flows.checkpoint.manifest import Manifest
 from resilient_flows.checkpoint.reader import OpenCheckpoint, Target
-from resilient_flows.checkpoint.shardfile import DTYPE_CODES, fsync_dir
+from resilient_flows.checkpoint.shardfile import DTYPE_CODES
 from resilient_flows.checkpoint.state import RANK_LOCAL
 from resilient_flows.checkpoint.tiers import Tier
+from resilient_flows.durable import fsync_dir
 from resilient_flows.errors import CheckpointError, CorruptCheckpointError
 
 __all__ = ["FORMATS", "ExportResult", "export"]

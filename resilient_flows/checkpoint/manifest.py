@@ -32,7 +32,9 @@ import numpy as np
 import torch
 
 from resilient_flows.checkpoint.boxes import Box
-from resilient_flows.checkpoint.shardfile import CODE_DTYPES, DTYPE_CODES, ShardRecord, fsync_dir
+from resilient_flows.checkpoint.shardfile import CODE_DTYPES, DTYPE_CODES, ShardRecord
+from resilient_flows.checkpoint.tiers import MANIFEST
+from resilient_flows.durable import fsync_dir
 from resilient_flows.errors import CorruptCheckpointError
 
 __all__ = [
@@ -48,7 +50,6 @@ __all__ = [
 
 FORMAT = "resilient-flows-checkpoint"
 VERSION = 2
-MANIFEST = "manifest.json"
 
 
 @dataclass(frozen=True)

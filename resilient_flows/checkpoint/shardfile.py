@@ -41,7 +41,6 @@ __all__ = [
     "ShardEntry",
     "ShardRecord",
     "copy_shard",
-    "fsync_dir",
     "write_shard",
 ]
 
@@ -423,15 +422,6 @@ class MappedShard:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def fsync_dir(path: Path) -> None:
-    """Make renames inside ``path`` durable."""
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _chunks(view: memoryview) -> Iterator[memoryview]:

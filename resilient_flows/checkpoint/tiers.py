@@ -1,5 +1,7 @@
 """A storage tier: one directory of step checkpoints, its debris, its retention, its ``latest``.
 
+Nothing here imports torch: the runner reads tiers to judge a member's progress.
+
 A job writes to up to two tiers: a node-local one (fast, lost with the node) and a shared one
 (slow, survives the job). The engine commits in the first and flushes to the second in the
 background; this module only knows what lies in one directory.
@@ -18,10 +20,12 @@ import re
 import shutil
 from pathlib import Path
 
-from resilient_flows.checkpoint.manifest import MANIFEST
-from resilient_flows.checkpoint.shardfile import fsync_dir
+from resilient_flows.durable import fsync_dir
 
-__all__ = ["Tier", "shard_filename", "step_dirname"]
+__all__ = ["MANIFEST", "Tier", "shard_filename", "step_dirname"]
+
+#: A step directory's manifest, renamed into place last: its presence commits the step.
+MANIFEST = "manifest.json"
 
 logger = logging.getLogger(__name__)
 

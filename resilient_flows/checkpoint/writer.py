@@ -31,11 +31,11 @@ import torch
 
 from resilient_flows.checkpoint.boxes import Box
 from resilient_flows.checkpoint.comm import Comm, first_problem
-from resilient_flows.checkpoint.manifest import MANIFEST, ArrayRecord, Manifest, PieceRecord, write_manifest
+from resilient_flows.checkpoint.manifest import ArrayRecord, Manifest, PieceRecord, write_manifest
 from resilient_flows.checkpoint.planner import WriteItem
 from resilient_flows.checkpoint.shardfile import ShardEntry, ShardRecord, copy_shard, write_shard
 from resilient_flows.checkpoint.snapshot import HostArena, Snapshot
-from resilient_flows.checkpoint.tiers import Tier, shard_filename
+from resilient_flows.checkpoint.tiers import MANIFEST, Tier, shard_filename
 
 __all__ = ["CheckpointStats", "WriteJob", "WritePipeline"]
 

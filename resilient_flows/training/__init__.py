@@ -13,8 +13,9 @@ from typing import TYPE_CHECKING
 from resilient_flows.lazy import lazy_exports
 
 if TYPE_CHECKING:
+    from resilient_flows.errors import Preempted
     from resilient_flows.training.builtins import BUILTIN_WORKLOADS
-    from resilient_flows.training.context import Preempted, TrainContext, state_digest
+    from resilient_flows.training.context import TrainContext, state_digest
     from resilient_flows.training.control import member_dir, request_preemption, request_retirement
     from resilient_flows.training.distributed import (
         DistributedInfo,
@@ -62,7 +63,8 @@ __all__ = [
 
 
 _SOURCES = {
-    "resilient_flows.training.context": ("Preempted", "TrainContext", "state_digest"),
+    "resilient_flows.errors": ("Preempted",),
+    "resilient_flows.training.context": ("TrainContext", "state_digest"),
     "resilient_flows.training.control": ("member_dir", "request_preemption", "request_retirement"),
     "resilient_flows.training.distributed": (
         "DistributedInfo",

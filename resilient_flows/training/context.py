@@ -30,7 +30,7 @@ from torch import nn
 
 from resilient_flows.checkpoint import Checkpointer, TrainState
 from resilient_flows.envvars import expand_env
-from resilient_flows.errors import LaunchError, ResilientFlowsError, StorageFullError
+from resilient_flows.errors import LaunchError, Preempted, ResilientFlowsError, StorageFullError
 from resilient_flows.training.autotune import MAX_PERSIST_EVERY, AutoTuner, tuned_fields
 from resilient_flows.training.control import (
     CloneOrder,
@@ -63,17 +63,6 @@ STORAGE_RETRY_S = 2.0
 
 #: Signals a batch system sends before it stops a job (walltime, preemption).
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
-
-
-class Preempted(ResilientFlowsError):
-    """A member stopped on request after committing a checkpoint of ``step``; resubmit to continue."""
-
-    def __init__(self, member: str, step: int, reason: str) -> None:
-        super().__init__(member, step, reason)
-        self.member, self.step, self.reason = member, step, reason
-
-    def __str__(self) -> str:
-        return f"member {self.member} preempted ({self.reason}) after committing step {self.step}"
 
 
 def state_digest(module: Any) -> str:

@@ -28,6 +28,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from resilient_flows.durable import write_durably
 from resilient_flows.training.spec import MemberSpec
 
 __all__ = [
@@ -46,7 +47,6 @@ __all__ = [
     "request_preemption",
     "request_retirement",
     "write_clone_order",
-    "write_durably",
 ]
 
 
@@ -84,16 +84,6 @@ def registered_members(run_dir: str | os.PathLike, known: dict[Path, MemberSpec]
         if path not in known:
             known[path] = MemberSpec.from_dict(json.loads(path.read_text()))
     return [known[path] for path in paths]
-
-
-def write_durably(path: Path, text: str) -> None:
-    """Write, fsync and rename: readers see the old content or the new, never a torn file."""
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    with tmp.open("w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def count_attempt(directory: Path) -> int:

@@ -2,11 +2,14 @@
 
 Every line is one JSON object written with a single ``write`` on an ``O_APPEND`` descriptor, so
 lines from concurrent writers (workers on several nodes, the runner) interleave but never tear on
-POSIX and Lustre file systems (a file system that fills up mid-line takes part of it: the rest
-follows once there is room). ``status``, ``resume`` and the report are computed from it alone.
+POSIX and Lustre file systems. ``status``, ``resume`` and the report are computed from it alone.
 
 A full file system (or quota) is waited out for a while, not turned into a crash: it passes (a
-purge, another job ending), and a member or runner that dies of it loses more than it waits.
+purge, another job ending), and a member or runner that dies of it loses more than it waits. A
+writer waits for room *before* it writes: a file system that fills up mid-line takes part of the
+line, and a writer killed before it could add the rest would leave a torn line that the next
+writer's line is glued to. Only writers racing for the last free block can still split a line;
+the rest follows once there is room.
 """
 
 from __future__ import annotations
@@ -68,6 +71,8 @@ class EventLog:
         deadline = time.monotonic() + FULL_WAIT_S
         fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:
+            while not _has_room(fd, len(line)) and time.monotonic() < deadline:
+                time.sleep(0.5)
             while line:
                 try:
                     line = line[os.write(fd, line) :]  # a full file system may take part of it
@@ -77,6 +82,16 @@ class EventLog:
                     time.sleep(0.5)
         finally:
             os.close(fd)
+
+
+def _has_room(fd: int, size: int) -> bool:
+    """Whether the file system of ``fd`` has room for ``size`` more bytes and a block to spare
+    (the line may start a block, the directory may need one). Quotas do not show here."""
+    try:
+        found = os.fstatvfs(fd)
+    except OSError:
+        return True  # cannot tell: let the write find out
+    return found.f_bavail * found.f_frsize >= size + found.f_frsize
 
 
 class MetricsLog:

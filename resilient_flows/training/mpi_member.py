@@ -13,8 +13,7 @@ import json
 import sys
 from pathlib import Path
 
-from resilient_flows.training.context import Preempted
-from resilient_flows.training.run import run_member
+from resilient_flows.errors import Preempted
 
 #: ``EX_TEMPFAIL`` from sysexits.h: try again later.
 EXIT_PREEMPTED = 75
@@ -23,6 +22,8 @@ EXIT_PREEMPTED = 75
 def main(argv: list[str] | None = None) -> int:
     spec_path, run_dir = argv if argv is not None else sys.argv[1:]
     from mpi4py import MPI
+
+    from resilient_flows.training.run import run_member
 
     spec = json.loads(Path(spec_path).read_text())
     try:

@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from resilient_flows.checkpoint import read_checkpoint
+from resilient_flows.durable import write_durably
 from resilient_flows.training.context import TrainContext, member_dir
-from resilient_flows.training.control import write_durably
 from resilient_flows.training.events import EventLog
 from resilient_flows.training.heartbeat import Heartbeat, analytics_task
 from resilient_flows.training.spec import MemberSpec

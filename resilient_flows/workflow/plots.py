@@ -57,7 +57,8 @@ def loss_figure(statuses: dict[str, MemberStatus], title: str) -> Figure:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    curves = {name: _curve(s) for name, s in statuses.items()}
+    sample = None if len(statuses) <= GROUP_ABOVE else 2 * GRID_POINTS  # a band needs no more
+    curves = {name: _curve(s, sample) for name, s in statuses.items()}
     if len(statuses) <= GROUP_ABOVE:
         figure, axes = plt.subplots(figsize=(8, 4.5), layout="constrained")
         _member_lines(axes, statuses, curves)
@@ -77,13 +78,18 @@ def loss_figure(statuses: dict[str, MemberStatus], title: str) -> Figure:
     return figure
 
 
-def _curve(status: MemberStatus) -> tuple[np.ndarray, np.ndarray] | None:
-    """Steps and their losses smoothed by a running mean (raw losses are noisy); None without any."""
-    metrics = status.history()
-    if metrics is None or not metrics.curve:
+def _curve(status: MemberStatus, sample: int | None) -> tuple[np.ndarray, np.ndarray] | None:
+    """Steps and their losses smoothed by a running mean (raw losses are noisy), every step or
+    about ``sample`` of them; None without any."""
+    if sample is None:
+        metrics = status.history()
+        curve = {} if metrics is None else metrics.curve
+    else:
+        curve = {} if status.metrics is None else status.metrics.sampled_curve(sample)
+    if not curve:
         return None
-    steps = np.array(sorted(metrics.curve))
-    losses = np.array([metrics.curve[k] for k in steps.tolist()])
+    steps = np.array(sorted(curve))
+    losses = np.array([curve[k] for k in steps.tolist()])
     return steps, _running_mean(losses, max(1, len(steps) // 50))
 
 

@@ -49,7 +49,13 @@ class MetricsReader:
     ``curve`` maps step -> loss as the final model saw it; ``attempt_spans`` maps each attempt to
     the (first, last) step it logged, which is where the report marks failures and resumes;
     ``attempt_times`` to the (first, last) times it logged, from which its pace follows. ``last``
-    is the newest line, which :meth:`peek` finds without reading the rest.
+    is the newest line.
+
+    A runner follows every running member twice a second while each logs a line per step: it
+    cannot afford to parse them all. :meth:`update` parses the first and last of the lines that
+    arrived (all of them only when those two belong to different attempts), which keeps ``last``,
+    the spans and the times exact while one attempt writes at a time; the curve is read when a
+    view asks (:meth:`read_curve`), or sampled for a plot (:meth:`sampled_curve`).
     """
 
     def __init__(self, path: Path) -> None:
@@ -58,32 +64,69 @@ class MetricsReader:
         self.attempt_spans: dict[int, tuple[int, int]] = {}
         self.attempt_times: dict[int, tuple[float, float]] = {}
         self.last: dict[str, Any] | None = None
-        self._offset = 0
+        self._followed = 0  # bytes :meth:`update` has seen
+        self._curved = 0  # bytes :meth:`read_curve` has seen
 
     def update(self) -> None:
-        """Read the complete lines appended since the last update."""
+        """Take in the complete lines appended since the last update (the curve excepted)."""
+        lines = self._lines_after(self._followed)
+        self._followed += sum(len(raw) + 1 for raw in lines)
+        if not lines:
+            return
+        ends = [_record(lines[0]), _record(lines[-1])]
+        records = ends
+        if ends[0] is None or ends[1] is None or _attempt(ends[0]) != _attempt(ends[1]):
+            records = [record for raw in lines if (record := _record(raw)) is not None]
+        for record in records:
+            self._note(record)
+        if records:
+            self.last = records[-1]
+
+    def read_curve(self) -> None:
+        """Take in the loss of every line not read for the curve yet."""
+        lines = self._lines_after(self._curved)
+        self._curved += sum(len(raw) + 1 for raw in lines)
+        for raw in lines:
+            record = _record(raw)
+            if record is None:
+                continue
+            if "loss" in record:
+                self.curve[int(record["step"])] = float(record["loss"])
+            self._note(record)
+            if self._curved >= self._followed:
+                self.last = record
+        self._followed = max(self._followed, self._curved)
+
+    def sampled_curve(self, points: int) -> dict[int, float]:
+        """About ``points`` (step, loss) of the curve, evenly spread over the file's lines and
+        including its newest, parsed without the rest: enough for a band over many members."""
+        lines = self._lines_after(0)
+        stride = max(1, len(lines) // max(1, points))
+        curve: dict[int, float] = {}
+        for raw in [*lines[::stride], *lines[-1:]]:
+            record = _record(raw)
+            if record is not None and "loss" in record:
+                curve[int(record["step"])] = float(record["loss"])
+        return curve
+
+    def _lines_after(self, offset: int) -> list[bytes]:
+        """The complete lines from byte ``offset`` on."""
         try:
             with self.path.open("rb") as f:
-                f.seek(self._offset)
+                f.seek(offset)
                 chunk = f.read()
         except FileNotFoundError:
-            return
-        complete = chunk[: chunk.rfind(b"\n") + 1]
-        self._offset += len(complete)
-        for raw in complete.splitlines():
-            try:
-                record = json.loads(raw)
-            except json.JSONDecodeError:
-                continue
-            step, attempt = int(record["step"]), int(record.get("attempt", 1))
-            if "loss" in record:
-                self.curve[step] = float(record["loss"])
-            first, _ = self.attempt_spans.get(attempt, (step, step))
-            self.attempt_spans[attempt] = (first, step)
-            if "time" in record:
-                began, _ = self.attempt_times.get(attempt, (float(record["time"]),) * 2)
-                self.attempt_times[attempt] = (began, float(record["time"]))
-            self.last = record
+            return []
+        return chunk[: chunk.rfind(b"\n") + 1].split(b"\n")[:-1]
+
+    def _note(self, record: dict[str, Any]) -> None:
+        step, attempt = int(record["step"]), _attempt(record)
+        first, last = self.attempt_spans.get(attempt, (step, step))
+        self.attempt_spans[attempt] = (min(first, step), max(last, step))
+        if "time" in record:
+            when = float(record["time"])
+            began, latest = self.attempt_times.get(attempt, (when, when))
+            self.attempt_times[attempt] = (min(began, when), max(latest, when))
 
     def peek(self) -> None:
         """Set ``last`` to the newest complete line, reading the file's end only; the curve stays
@@ -192,8 +235,20 @@ class MemberStatus:
     def history(self) -> MetricsReader | None:
         """The metrics with the whole loss curve, read up to now (once: later calls read what was added)."""
         if self.metrics is not None:
-            self.metrics.update()
+            self.metrics.read_curve()
         return self.metrics
+
+
+def _record(raw: bytes) -> dict[str, Any] | None:
+    """One metrics line, or None for a line that does not parse (torn by a crash)."""
+    try:
+        return json.loads(raw)
+    except json.JSONDecodeError:
+        return None
+
+
+def _attempt(record: dict[str, Any]) -> int:
+    return int(record.get("attempt", 1))
 
 
 def _read_result(path: Path) -> dict[str, Any] | None:
