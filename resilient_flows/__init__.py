@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from resilient_flows.lazy import lazy_exports
 
 if TYPE_CHECKING:
-    from resilient_flows.apps import ResumingRetryHandler, analytics_app, mpi_train_app, train_app
+    from resilient_flows.apps import ResumingRetryHandler, analytics_app, command_app, mpi_train_app, train_app
     from resilient_flows.checkpoint import (
         Checkpointer,
         CheckpointError,
@@ -39,7 +39,9 @@ if TYPE_CHECKING:
         DistributedInfo,
         MemberSpec,
         Preempted,
+        RunContract,
         TrainContext,
+        from_env,
         init_process_group,
         run_member,
         shutdown_process_group,
@@ -49,7 +51,7 @@ if TYPE_CHECKING:
 __version__ = "0.1.0"
 
 _SOURCES = {
-    "resilient_flows.apps": ("ResumingRetryHandler", "analytics_app", "mpi_train_app", "train_app"),
+    "resilient_flows.apps": ("ResumingRetryHandler", "analytics_app", "command_app", "mpi_train_app", "train_app"),
     "resilient_flows.checkpoint": (
         "CheckpointError",
         "CheckpointInfo",
@@ -76,7 +78,9 @@ _SOURCES = {
         "DistributedInfo",
         "MemberSpec",
         "Preempted",
+        "RunContract",
         "TrainContext",
+        "from_env",
         "init_process_group",
         "run_member",
         "shutdown_process_group",
@@ -101,6 +105,7 @@ __all__ = [
     "Preempted",
     "ResilientFlowsError",
     "ResumingRetryHandler",
+    "RunContract",
     "RunningJob",
     "SiteConfigError",
     "StateMismatchError",
@@ -111,7 +116,9 @@ __all__ = [
     "WorkflowError",
     "__version__",
     "analytics_app",
+    "command_app",
     "decide",
+    "from_env",
     "init_process_group",
     "load_site",
     "load_workflow",

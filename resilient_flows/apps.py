@@ -22,6 +22,7 @@ from parsl.app.errors import BashExitFailure
 from parsl.executors.high_throughput.errors import ManagerLost, WorkerLost
 
 from resilient_flows.errors import Preempted, is_storage_full
+from resilient_flows.training.command import CommandKilled
 from resilient_flows.training.control import latest_committed_step, member_dir
 from resilient_flows.training.events import EventLog
 from resilient_flows.training.heartbeat import analytics_task, heartbeat_path
@@ -32,6 +33,7 @@ from resilient_flows.training.stage import newest_iteration
 __all__ = [
     "ResumingRetryHandler",
     "analytics_app",
+    "command_app",
     "loop_app",
     "mlc_label_app",
     "mpi_train_app",
@@ -40,6 +42,9 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+
+#: Failures that lose a running attempt from outside: free when the member made progress.
+_LOST = (WorkerLost, ManagerLost, CommandKilled)
 
 
 @python_app
@@ -51,6 +56,18 @@ def train_app(spec: dict[str, Any], run_dir: str, inputs: Sequence[Any] = ()) ->
     from resilient_flows.training.run import run_member
 
     return run_member(spec, run_dir)
+
+
+@python_app
+def command_app(spec: dict[str, Any], run_dir: str, inputs: Sequence[Any] = ()) -> dict[str, Any]:
+    """Run a command member (a :class:`MemberSpec` with ``command``) in a worker: its own
+    process group, its run contract in the environment, stop signals forwarded with a grace
+    period (see :mod:`resilient_flows.training.command`). A retry runs the command again; a
+    script that uses ``from_env()`` resumes from its checkpoint.
+    """
+    from resilient_flows.training.command import run_command
+
+    return run_command(spec, run_dir)
 
 
 @python_app
@@ -106,10 +123,11 @@ def mpi_train_app(
 class ResumingRetryHandler:
     """A ``parsl.Config(retry_handler=...)`` for member apps; pair it with ``retries=N``.
 
-    - :class:`Preempted` (or the MPI variant's exit status 75): cost 0, the member stopped cleanly.
-    - A lost worker or manager (SIGKILL, node failure, walltime), or a full file system: cost 0
-      when the member committed a newer checkpoint than at its previous failure, else 1, so a
-      task that dies before making progress cannot loop forever.
+    - :class:`Preempted` (or the MPI variant's or a command's exit status 75): cost 0, the member
+      stopped cleanly.
+    - A lost worker or manager (SIGKILL, node failure, walltime), a command killed by a signal, or
+      a full file system: cost 0 when the member committed a newer checkpoint than at its previous
+      failure, else 1, so a task that dies before making progress cannot loop forever.
     - Anything else: cost 1.
 
     Failures and retries go to the run's ``events.jsonl``.
@@ -130,9 +148,9 @@ class ResumingRetryHandler:
             isinstance(exception, BashExitFailure) and exception.exitcode == EXIT_PREEMPTED
         ):
             cost, why = 0.0, "preempted"
-        elif isinstance(exception, WorkerLost | ManagerLost) or is_storage_full(exception):
+        elif isinstance(exception, _LOST) or is_storage_full(exception):
             before = self._progress.get(task_record["id"], -1)
-            what = "lost" if isinstance(exception, WorkerLost | ManagerLost) else "storage full"
+            what = "lost" if isinstance(exception, _LOST) else "storage full"
             cost, why = (0.0, f"{what} after progress") if latest > before else (1.0, f"{what} without progress")
         else:
             cost, why = 1.0, "error"
@@ -164,7 +182,7 @@ def _resumable_task(task_record: dict[str, Any]) -> tuple[str, str, int] | None:
     if len(args) < 2:
         return None
     run_dir = str(args[1])
-    if task_record.get("func_name") in ("train_app", "mpi_train_app"):
+    if task_record.get("func_name") in ("train_app", "mpi_train_app", "command_app"):
         spec = MemberSpec.from_dict(args[0])
         return spec.name, run_dir, latest_committed_step(run_dir, spec)
     if task_record.get("func_name") == "stage_app":

@@ -1,4 +1,5 @@
-"""The training loop contract (:class:`TrainContext`), built-in workloads, and member runs.
+"""The training loop contract (:class:`TrainContext`), built-in workloads, and member runs; for
+your own script, its run contract (:class:`RunContract`) and :func:`from_env`.
 
 Nothing here imports Parsl: ``apps`` wraps :func:`run_member`, :func:`run_stage` and
 :func:`evaluate_members`.
@@ -16,6 +17,7 @@ if TYPE_CHECKING:
     from resilient_flows.errors import Preempted
     from resilient_flows.training.builtins import BUILTIN_WORKLOADS
     from resilient_flows.training.context import TrainContext, state_digest
+    from resilient_flows.training.contract import RunContract
     from resilient_flows.training.control import member_dir, request_preemption, request_retirement
     from resilient_flows.training.distributed import (
         DistributedInfo,
@@ -27,6 +29,7 @@ if TYPE_CHECKING:
     )
     from resilient_flows.training.events import EventLog, read_events
     from resilient_flows.training.run import evaluate_members, run_member
+    from resilient_flows.training.script import ScriptRun, from_env
     from resilient_flows.training.spec import CheckpointSpec, FaultSpec, MemberSpec, ParentSpec, StageSpec
     from resilient_flows.training.stage import run_stage, stage_dir
     from resilient_flows.training.workloads import Workload, load_dataset, resolve_workload
@@ -41,10 +44,13 @@ __all__ = [
     "MemberSpec",
     "ParentSpec",
     "Preempted",
+    "RunContract",
+    "ScriptRun",
     "StageSpec",
     "TrainContext",
     "Workload",
     "evaluate_members",
+    "from_env",
     "init_process_group",
     "load_dataset",
     "local_slice",
@@ -65,6 +71,7 @@ __all__ = [
 _SOURCES = {
     "resilient_flows.errors": ("Preempted",),
     "resilient_flows.training.context": ("TrainContext", "state_digest"),
+    "resilient_flows.training.contract": ("RunContract",),
     "resilient_flows.training.control": ("member_dir", "request_preemption", "request_retirement"),
     "resilient_flows.training.distributed": (
         "DistributedInfo",
@@ -76,6 +83,7 @@ _SOURCES = {
     ),
     "resilient_flows.training.events": ("EventLog", "read_events"),
     "resilient_flows.training.run": ("evaluate_members", "run_member"),
+    "resilient_flows.training.script": ("ScriptRun", "from_env"),
     "resilient_flows.training.spec": ("CheckpointSpec", "FaultSpec", "MemberSpec", "ParentSpec", "StageSpec"),
     "resilient_flows.training.stage": ("run_stage", "stage_dir"),
     "resilient_flows.training.builtins": ("BUILTIN_WORKLOADS",),

@@ -29,9 +29,9 @@ import torch
 from torch import nn
 
 from resilient_flows.checkpoint import Checkpointer, TrainState
-from resilient_flows.envvars import expand_env
 from resilient_flows.errors import LaunchError, Preempted, ResilientFlowsError, StorageFullError
 from resilient_flows.training.autotune import MAX_PERSIST_EVERY, AutoTuner, tuned_fields
+from resilient_flows.training.contract import node_local_dir
 from resilient_flows.training.control import (
     CloneOrder,
     RequestWatch,
@@ -108,9 +108,15 @@ class TrainContext:
     process group here (:func:`~resilient_flows.training.distributed.init_process_group`), shares
     it with its checkpointer, and destroys it on :meth:`close`. ``comm``: an mpi4py communicator
     to carry the rendezvous (what ``mpiexec`` members pass), or a torch ProcessGroup to use.
+
+    ``attempt`` is given when another process runs the attempt (a command member's launcher, see
+    :func:`~resilient_flows.training.from_env`): it counted the attempt, announces it and beats
+    for it, so this context does none of the three. Without it, the context does them itself.
     """
 
-    def __init__(self, spec: MemberSpec, run_dir: str | os.PathLike, comm: Any = None) -> None:
+    def __init__(
+        self, spec: MemberSpec, run_dir: str | os.PathLike, comm: Any = None, *, attempt: int | None = None
+    ) -> None:
         self.spec = spec
         self.name = spec.name
         self.seed = spec.seed
@@ -140,7 +146,7 @@ class TrainContext:
         try:
             self.checkpointer = Checkpointer(
                 self.directory / "checkpoints",
-                local_dir=self._node_local_dir(),
+                local_dir=node_local_dir(spec),
                 persist_every=ck.persist_every,
                 keep=ck.keep,
                 comm=comm if self.group is None else self.group,
@@ -151,8 +157,12 @@ class TrainContext:
         self.rank, self.world_size = self.checkpointer.rank, self.checkpointer.world_size
         self._interval_steps, self._interval_s = ck.interval_steps, ck.interval_s
         self._tuner = AutoTuner(ck.process_mtbf_s, ck.node_mtbf_s, spec.steps) if ck.auto else None
-        self.attempt: int = self.checkpointer.comm.bcast(count_attempt(self.directory) if self.rank == 0 else None)
         torch.set_num_threads(spec.threads)
+        self._heartbeat: Heartbeat | None = None
+        if attempt is not None:
+            self.attempt = attempt
+            return
+        self.attempt = self.checkpointer.comm.bcast(count_attempt(self.directory) if self.rank == 0 else None)
         self._heartbeat = Heartbeat(run_dir, self.name, self.attempt).start() if self.rank == 0 else None
         self._emit("started", attempt=self.attempt, host=socket.gethostname(), pid=os.getpid())
 
@@ -278,12 +288,6 @@ class TrainContext:
             self._leave_ranks()
             if self._heartbeat is not None:
                 self._heartbeat.stop()
-
-    def _node_local_dir(self) -> str | None:
-        """The member's node-local tier on this node: a site may name the node in it (``${VAR}``,
-        expanded here, where the member runs)."""
-        local = self.spec.checkpoint.local_dir
-        return None if local is None else expand_env(local, f"member {self.name}", "node-local checkpoint directory")
 
     def _join_ranks(self, comm: Any) -> DistributedInfo | None:
         """The member's process group when it has several ranks: formed (or joined) here.

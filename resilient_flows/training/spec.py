@@ -93,6 +93,11 @@ class MemberSpec:
     campaign; clones inherit their source's): views of large runs group members by it.
     ``stall_timeout_s``: how long a running attempt may stay silent (no heartbeat) before the
     runner declares it lost; None leaves it to the runner (10x its step time, at least the site's).
+
+    A command member runs ``command`` (an argv, placeholders already filled) in ``workdir`` (the
+    workflow file's directory) instead of a workload, whose name is then empty; a stop signal
+    forwarded to it is followed by SIGKILL after ``grace_s`` seconds (None: the default, 60 s).
+    See :mod:`resilient_flows.training.contract` for what the command finds in its environment.
     """
 
     name: str
@@ -110,6 +115,9 @@ class MemberSpec:
     inputs: dict[str, str] = field(default_factory=dict)
     family: str = ""
     stall_timeout_s: float | None = None
+    command: list[str] | None = None
+    workdir: str | None = None
+    grace_s: float | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.ranks, int) or self.ranks < 1:

@@ -28,7 +28,14 @@ from parsl.jobs.error_handlers import simple_error_handler, windowed_error_handl
 from rich.console import Console, Group
 from rich.live import Live
 
-from resilient_flows.apps import ResumingRetryHandler, analytics_app, mpi_train_app, stage_app, train_app
+from resilient_flows.apps import (
+    ResumingRetryHandler,
+    analytics_app,
+    command_app,
+    mpi_train_app,
+    stage_app,
+    train_app,
+)
 from resilient_flows.clone import request_clone
 from resilient_flows.errors import WorkflowError
 from resilient_flows.sites import load_site, site_facts
@@ -154,7 +161,9 @@ class _Submitter:
 
     def submit(self, member: MemberSpec) -> None:
         after = self._after(member.inputs)
-        if member.ranks > 1:
+        if member.command:
+            future = command_app(member.to_dict(), str(self.run_dir), inputs=after)
+        elif member.ranks > 1:
             future = mpi_train_app(member.to_dict(), str(self.run_dir), ranks=member.ranks, inputs=after)
         else:
             future = train_app(member.to_dict(), str(self.run_dir), inputs=after)

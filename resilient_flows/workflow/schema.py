@@ -17,7 +17,16 @@ from dataclasses import replace
 from pathlib import Path, PurePosixPath
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from resilient_flows.clone import check_overrides
 from resilient_flows.cosched import BASELINES
@@ -26,6 +35,7 @@ from resilient_flows.training.builtins import BUILTIN_WORKLOADS
 from resilient_flows.training.spec import PARALLEL_MODES, CheckpointSpec, FaultSpec, MemberSpec, StageSpec
 from resilient_flows.training.stage import stage_output
 from resilient_flows.units import parse_duration
+from resilient_flows.workflow.commands import check_command, fill_command
 from resilient_flows.workflow.yamlsource import YamlSource
 
 __all__ = [
@@ -60,6 +70,38 @@ def _duration(value: Any, what: str) -> float:
         return parse_duration(value, what)
     except ValueError as exc:
         raise ValueError(str(exc)) from None
+
+
+def _positive_duration(value: Any, what: str) -> float:
+    seconds = _duration(value, what)
+    if seconds <= 0:
+        raise ValueError(f"{what} must be positive, got {value!r}")
+    return seconds
+
+
+def check_workload(value: str) -> str:
+    """``value`` if it names a built-in workload or a ``module:function``."""
+    module, _, function = value.partition(":")
+    if value not in BUILTIN_WORKLOADS and not (module and function):
+        raise ValueError(
+            f"unknown workload {value!r}: a built-in ({', '.join(BUILTIN_WORKLOADS)}) or 'module:function'"
+        )
+    return value
+
+
+def check_one_way_to_run(what: str, workload: str | None, command: list[str] | str | None) -> None:
+    """Exactly one of ``workload`` and ``command``; ``what`` names the member or campaign."""
+    choice = "give 'workload' (a training function) or 'command' (your own script)"
+    if workload is not None and command is not None:
+        raise ValueError(f"{what}: {choice}, not both")
+    if workload is None and command is None:
+        raise ValueError(f"{what}: {choice}")
+
+
+def _directory(info: ValidationInfo) -> Path | None:
+    """The workflow file's directory, which :func:`load_workflow` passes as validation context."""
+    context = info.context or {}
+    return context.get("directory")
 
 
 class CheckpointConfig(_Strict):
@@ -128,16 +170,22 @@ class MemberConfig(_Strict):
     ``ranks`` processes (``mpiexec -n ranks``) train each member in one torch.distributed process
     group; ``parallel`` is how the built-in workloads and ``ctx.wrap`` share the model between
     them: ``ddp`` (replicated, gradients averaged; the default) or ``fsdp`` (FSDP2, sharded).
+
+    ``command`` (an argv list, or a string split like a shell would) runs a program instead of a
+    ``workload``; ``{param}`` in it is filled from each member's params (and ``{name}``,
+    ``{seed}``, ``{steps}``). ``grace`` is how long it has to exit after a forwarded stop signal.
     """
 
     name: Name
-    workload: str
+    workload: str | None  # required unless there is a command (see _workload_or_command)
     steps: Annotated[int, Field(ge=0)]
     params: dict[str, Any] = {}
     seed: int = 0
     seeds: list[int] | None = None
     count: Annotated[int, Field(ge=1)] | None = None
     grid: dict[str, list[Any]] | None = None
+    command: str | list[str | int | float] | None = None
+    grace: float | None = None  # seconds; None: the default of command members
     evaluate: str | None = None
     ranks: int = 1
     parallel: Literal[PARALLEL_MODES] = "ddp"
@@ -149,22 +197,33 @@ class MemberConfig(_Strict):
     @field_validator("stall_timeout", mode="before")
     @classmethod
     def _stall_timeout(cls, value: Any) -> float | None:
-        if value is None:
-            return None
-        seconds = _duration(value, "stall_timeout")
-        if seconds <= 0:
-            raise ValueError(f"stall_timeout must be positive, got {value!r}")
-        return seconds
+        return None if value is None else _positive_duration(value, "stall_timeout")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _workload_or_command(cls, data: Any) -> Any:
+        """A member with a command needs no workload key; without either, ``workload`` is missing."""
+        if isinstance(data, dict) and "command" in data and "workload" not in data:
+            return {**data, "workload": None}
+        return data
 
     @field_validator("workload")
     @classmethod
-    def _workload(cls, value: str) -> str:
-        module, _, function = value.partition(":")
-        if value not in BUILTIN_WORKLOADS and not (module and function):
-            raise ValueError(
-                f"unknown workload {value!r}: a built-in ({', '.join(BUILTIN_WORKLOADS)}) or 'module:function'"
-            )
-        return value
+    def _workload(cls, value: str | None) -> str | None:
+        return None if value is None else check_workload(value)
+
+    @field_validator("command")
+    @classmethod
+    def _command(cls, value: str | list[Any] | None, info: ValidationInfo) -> list[str] | None:
+        if value is None or "params" not in info.data or "grid" not in info.data:
+            return value  # params or grid failed: that error is the one to show
+        names = {*info.data["params"], *(info.data["grid"] or {})}
+        return check_command(value, names, info.data.get("name", "?"), _directory(info))
+
+    @field_validator("grace", mode="before")
+    @classmethod
+    def _grace(cls, value: Any) -> float | None:
+        return None if value is None else _positive_duration(value, "grace")
 
     @field_validator("ranks")
     @classmethod
@@ -175,6 +234,16 @@ class MemberConfig(_Strict):
 
     @model_validator(mode="after")
     def _one_way_to_seed(self) -> MemberConfig:
+        check_one_way_to_run(f"member {self.name!r}", self.workload, self.command)
+        if self.command is not None:
+            given = sorted(self.model_fields_set & {"ranks", "parallel", "evaluate"})
+            if given:
+                raise ValueError(
+                    f"member {self.name!r}: {', '.join(given)} apply to workloads; a command launches its own "
+                    "ranks (put torchrun, srun or mpiexec in it)"
+                )
+        elif self.grace is not None:
+            raise ValueError(f"member {self.name!r}: grace applies to command members only")
         if self.seeds is not None and self.count is not None:
             raise ValueError("give 'seeds' or 'count', not both")
         if self.grid is not None and any(not values for values in self.grid.values()):
@@ -322,10 +391,12 @@ class ExploreConfig(_Strict):
 
     name: Name
     strategy: Literal["pbt", "random", "grid"]
-    workload: str
+    workload: str | None  # required unless there is a command
     steps: Annotated[int, Field(ge=1)]
     hyperparameters: Annotated[dict[str, HyperparameterSpace], Field(min_length=1)]
     params: dict[str, Any] = {}
+    command: str | list[str | int | float] | None = None
+    grace: float | None = None
     population: Annotated[int, Field(ge=2)] = 4
     interval: Annotated[int, Field(ge=1)] = 100
     fraction: Annotated[float, Field(gt=0, le=0.5)] = 0.25
@@ -335,8 +406,34 @@ class ExploreConfig(_Strict):
     seed: int = 0
     threads: Annotated[int, Field(ge=1)] = 1
 
+    @model_validator(mode="before")
+    @classmethod
+    def _workload_or_command(cls, data: Any) -> Any:
+        return MemberConfig._workload_or_command(data)
+
+    @field_validator("workload")
+    @classmethod
+    def _workload(cls, value: str | None) -> str | None:
+        return None if value is None else check_workload(value)
+
+    @field_validator("grace", mode="before")
+    @classmethod
+    def _grace(cls, value: Any) -> float | None:
+        return None if value is None else _positive_duration(value, "grace")
+
+    @field_validator("command")
+    @classmethod
+    def _command(cls, value: str | list[Any] | None, info: ValidationInfo) -> list[str] | None:
+        if value is None or "params" not in info.data or "hyperparameters" not in info.data:
+            return value
+        names = {*info.data["params"], *info.data["hyperparameters"]}
+        return check_command(value, names, info.data.get("name", "?"), _directory(info))
+
     @model_validator(mode="after")
     def _grid_needs_values(self) -> ExploreConfig:
+        check_one_way_to_run(f"campaign {self.name!r}", self.workload, self.command)
+        if self.command is not None and self.strategy == "pbt":
+            raise ValueError(f"campaign {self.name!r}: pbt needs a workload (it copies state between members)")
         if self.strategy == "grid" and any(s.values is None for s in self.hyperparameters.values()):
             raise ValueError("strategy grid needs 'values' for every hyperparameter")
         if self.strategy == "pbt" and self.interval >= self.steps:
@@ -350,6 +447,8 @@ class ExploreConfig(_Strict):
             MemberConfig(
                 name=f"{self.name}-{i}",
                 workload=self.workload,
+                command=self.command,
+                grace=self.grace,
                 steps=self.steps,
                 params={**self.params, **point},
                 seed=self.seed + i,
@@ -457,6 +556,12 @@ class Workflow(_Strict):
     analytics: list[AnalyticsConfig] = []
     cosched: CoschedConfig = CoschedConfig()
     report: ReportConfig = ReportConfig()
+    _directory: Path | None = PrivateAttr(default=None)  # the file's: where command members run
+
+    @model_validator(mode="after")
+    def _remember_directory(self, info: ValidationInfo) -> Workflow:
+        self._directory = _directory(info)
+        return self
 
     def all_members(self) -> list[MemberConfig]:
         """The members as written, then each campaign's initial population."""
@@ -500,9 +605,12 @@ class Workflow(_Strict):
                     f"{', '.join([*names, *stages])}"
                 )
         specs = {spec.name: spec for spec in self.member_specs(None)}
+        commands = sorted(name for name, spec in specs.items() if spec.command)
         for clone in self.clones:
             if clone.member not in specs:
                 raise ValueError(f"clone names member {clone.member!r}, which is not one of {', '.join(names)}")
+            if clone.member in commands:
+                raise ValueError(f"clone names member {clone.member!r}, a command member: only workloads clone")
             per_clone = clone.overrides if isinstance(clone.overrides, list) else [clone.overrides] * clone.n
             if len(per_clone) != clone.n:
                 raise ValueError(f"{len(per_clone)} sets of overrides for {clone.n} clones")
@@ -514,6 +622,13 @@ class Workflow(_Strict):
             unknown = [] if request.members == "all" else sorted(set(request.members) - set(names))
             if unknown:
                 raise ValueError(f"analytics names unknown members {', '.join(unknown)}")
+            chosen = names if request.members == "all" else request.members
+            evaluated = [name for name in chosen if name in commands]
+            if evaluated:
+                raise ValueError(
+                    f"analytics {request.name!r} would evaluate command members ({', '.join(evaluated)}), "
+                    "which have no evaluate function: list the workload members under 'members'"
+                )
             if request.when is not None and request.when.member not in names:
                 raise ValueError(
                     f"analytics {request.name!r} waits for member {request.when.member!r}, "
@@ -529,10 +644,17 @@ class Workflow(_Strict):
             for name, seed, params in member.expand():
                 local = None if local_root is None else str(PurePosixPath(local_root) / name)
                 faults = tuple(FaultSpec(f.kind, f.at_step) for f in self.faults if f.member == name)
+                command = None
+                if member.command is not None:
+                    values = {**params, "name": name, "seed": seed, "steps": member.steps}
+                    command = fill_command(list(member.command), values, self._directory)
                 specs.append(
                     MemberSpec(
                         name=name,
-                        workload=member.workload,
+                        workload=member.workload or "",
+                        command=command,
+                        workdir=None if command is None or self._directory is None else str(self._directory),
+                        grace_s=member.grace,
                         params=params,
                         seed=seed,
                         steps=member.steps,
@@ -576,7 +698,7 @@ def parse_workflow(source: YamlSource) -> Workflow:
     if not isinstance(source.data, dict):
         raise WorkflowError(f"{source.path}: expected a mapping with 'name' and 'members'")
     try:
-        return Workflow.model_validate(source.data)
+        return Workflow.model_validate(source.data, context={"directory": Path(source.path).resolve().parent})
     except ValidationError as exc:
         errors = sorted(exc.errors(), key=lambda e: (e["type"] != "extra_forbidden", source.line(tuple(e["loc"])) or 0))
         first = errors[0]
@@ -601,6 +723,8 @@ def _explain(error: dict[str, Any]) -> str:
         hint = f" (did you mean {close[0]!r}?)" if close else ""
         return f"unknown key{hint}; allowed: {', '.join(allowed)}"
     if kind == "missing":
+        if error["loc"][-1] == "workload":
+            return "required key is missing; give 'workload' (a training function) or 'command' (your own script)"
         return "required key is missing"
     message = error["msg"]
     return message.removeprefix("Value error, ")

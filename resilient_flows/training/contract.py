@@ -1,0 +1,147 @@
+"""The run contract: what a command member's process finds in its environment.
+
+A member given as ``command:`` runs any program; resilient-flows tells it where it is and what to
+do through these variables, a stable interface that scripts may read directly or through
+:func:`resilient_flows.training.from_env`:
+
+=====================================  ===========================================================
+``RESILIENT_FLOWS_RUN_DIR``            the run directory (absolute)
+``RESILIENT_FLOWS_MEMBER``             the member's name
+``RESILIENT_FLOWS_CHECKPOINT_DIR``     the shared checkpoint tier: ``<run>/members/<name>/checkpoints``
+``RESILIENT_FLOWS_LOCAL_DIR``          the node-local tier on this node; empty when there is none
+``RESILIENT_FLOWS_ATTEMPT``            which attempt this is, 1 for the first
+``RESILIENT_FLOWS_PARAMS``             the member's params as JSON, with ``seed`` and ``steps``
+``RESILIENT_FLOWS_CHECKPOINT_INTERVAL`` steps between checkpoints; empty when the member
+                                       checkpoints by time only
+=====================================  ===========================================================
+
+Exit status 75 (``EX_TEMPFAIL``) means "stopped after committing a checkpoint": the member is
+requeued without spending a retry. This module imports neither torch nor Parsl: the process that
+launches a command sets the contract, the script reads it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from resilient_flows.envvars import expand_env
+from resilient_flows.errors import WorkflowError
+from resilient_flows.training.control import member_dir
+from resilient_flows.training.mpi_member import EXIT_PREEMPTED
+from resilient_flows.training.spec import MemberSpec
+
+__all__ = ["ENV_NAMES", "EXIT_PREEMPTED", "REPORT_FILE", "RunContract", "node_local_dir"]
+
+_PREFIX = "RESILIENT_FLOWS_"
+
+#: What a script reported when it closed, in its member's directory (written by
+#: :meth:`~resilient_flows.training.script.ScriptRun.close`); the launcher makes it the member's
+#: ``result.json`` once the command exited with status 0.
+REPORT_FILE = "command-result.json"
+
+#: The contract's variables by field of :class:`RunContract`.
+ENV_NAMES = {
+    "run_dir": f"{_PREFIX}RUN_DIR",
+    "member": f"{_PREFIX}MEMBER",
+    "checkpoint_dir": f"{_PREFIX}CHECKPOINT_DIR",
+    "local_dir": f"{_PREFIX}LOCAL_DIR",
+    "attempt": f"{_PREFIX}ATTEMPT",
+    "params": f"{_PREFIX}PARAMS",
+    "checkpoint_interval": f"{_PREFIX}CHECKPOINT_INTERVAL",
+}
+
+
+def node_local_dir(spec: MemberSpec) -> str | None:
+    """The member's node-local tier on this node: a site may name the node in it (``${VAR}``),
+    so it is expanded where the member runs, never where it was planned."""
+    local = spec.checkpoint.local_dir
+    return None if local is None else expand_env(local, f"member {spec.name}", "node-local checkpoint directory")
+
+
+@dataclass(frozen=True)
+class RunContract:
+    """One attempt of one member, as its process sees it (see the module's table)."""
+
+    run_dir: Path
+    member: str
+    checkpoint_dir: Path
+    attempt: int = 1
+    params: dict[str, Any] = field(default_factory=dict)
+    local_dir: Path | None = None
+    checkpoint_interval: int | None = None
+
+    @classmethod
+    def for_member(cls, spec: MemberSpec, run_dir: str | os.PathLike, attempt: int) -> RunContract:
+        """The contract of ``attempt`` of ``spec`` in ``run_dir``; call it where the member runs."""
+        local = node_local_dir(spec)
+        return cls(
+            run_dir=Path(run_dir).resolve(),
+            member=spec.name,
+            checkpoint_dir=(member_dir(run_dir, spec.name) / "checkpoints").resolve(),
+            attempt=attempt,
+            params={**spec.params, "seed": spec.seed, "steps": spec.steps},
+            local_dir=None if local is None else Path(local),
+            checkpoint_interval=spec.checkpoint.interval_steps,
+        )
+
+    def to_env(self) -> dict[str, str]:
+        """The variables to add to the command's environment."""
+        return {
+            ENV_NAMES["run_dir"]: str(self.run_dir),
+            ENV_NAMES["member"]: self.member,
+            ENV_NAMES["checkpoint_dir"]: str(self.checkpoint_dir),
+            ENV_NAMES["local_dir"]: "" if self.local_dir is None else str(self.local_dir),
+            ENV_NAMES["attempt"]: str(self.attempt),
+            ENV_NAMES["params"]: json.dumps(self.params),
+            ENV_NAMES["checkpoint_interval"]: "" if self.checkpoint_interval is None else str(self.checkpoint_interval),
+        }
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> RunContract:
+        """The contract of this process; a :class:`WorkflowError` naming the first variable that is
+        missing or malformed (a script started outside a workflow has none of them)."""
+        env = os.environ if environ is None else environ
+
+        def get(key: str, required: bool = True) -> str:
+            value = env.get(ENV_NAMES[key], "")
+            if required and not value:
+                raise WorkflowError(
+                    f"{ENV_NAMES[key]} is not set: this script expects to run as a workflow's command member"
+                )
+            return value
+
+        try:
+            params = json.loads(get("params", required=False) or "{}")
+            if not isinstance(params, dict):
+                raise ValueError("not a JSON object")
+        except ValueError as exc:
+            raise WorkflowError(f"{ENV_NAMES['params']} is not a JSON object of params ({exc})") from None
+        local, interval, attempt = get("local_dir", False), get("checkpoint_interval", False), get("attempt", False)
+        return cls(
+            run_dir=Path(get("run_dir")),
+            member=get("member"),
+            checkpoint_dir=Path(get("checkpoint_dir")),
+            attempt=_positive(attempt or "1", ENV_NAMES["attempt"]),
+            params=params,
+            local_dir=Path(local) if local else None,
+            checkpoint_interval=_positive(interval, ENV_NAMES["checkpoint_interval"]) if interval else None,
+        )
+
+    def checkpointer_settings(self) -> dict[str, Any]:
+        """Keyword arguments of :class:`~resilient_flows.checkpoint.Checkpointer` for this member's tiers."""
+        return {"directory": self.checkpoint_dir, "local_dir": self.local_dir}
+
+
+def _positive(text: str, name: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise WorkflowError(f"{name} must be a positive integer, got {text!r}")
+    return value
