@@ -1,12 +1,14 @@
 """Chaos harness: an ensemble of deterministic members under many faults at once, from outside.
 
 A workflow of N members (default 128 of about 5 s each on a 2-core machine; ``--full``: 1,000 with
-tiny steps; ``--quick``: 6) runs twice through the real ``resilient-flows`` command, on the
-``local`` site (``--slurm``: ``local-slurm``, a one-node Slurm cluster, started with
-``.ci/slurm-up`` when none answers and stopped afterwards): first without faults (the reference),
-then under a seeded chaos schedule. Every member trains the same weights whatever happens to it,
-so the run passes only if every member's final digest (``members/<name>/result.json``) equals the
-reference's.
+tiny steps) runs twice through the real ``resilient-flows`` command, on the ``local`` site
+(``--slurm``: ``local-slurm``, a one-node Slurm cluster, started with ``.ci/slurm-up`` when none
+answers and stopped afterwards): first without faults (the reference), then under a seeded chaos
+schedule. Every member trains the same weights whatever happens to it, so the run passes only if
+every member's final digest (``members/<name>/result.json``) equals the reference's. ``--quick``
+runs 4 paced members (:func:`paced`: a short step, then a pause) under two bursts over 8 s, and
+trains their reference weights in this process: it has no fault-free run to compare wall time
+and runner CPU with.
 
 The schedule (``--seed``) spreads bursts of faults over the first 60 % of the reference's
 training time, counted from the chaos run's first checkpoint. A burst strikes several faults at
@@ -42,8 +44,8 @@ issue 13 where it sets one:
 - members finished / N; digests equal to the reference / N (targets: N/N); runs killed at their
   timeout; faults injected by kind, and skipped for want of a target (target: 0);
 - steps lost per attempt that a fault ended: steps that the attempt logged (``metrics.jsonl``)
-  and a later attempt logged again. Each lost attempt is charged to the latest fault before the
-  first sign of its loss that struck it directly, else that found it running; none is a FAIL
+  and a later attempt logged again. Each lost attempt is charged to the first fault before the
+  first sign of its loss that struck it directly, else the latest that found it running; none is a FAIL
   (``attempts lost that no fault explains``). Targets: median <= one checkpoint interval, max
   <= two (a fault during a checkpoint, which cannot be told from outside), three after a flipped
   shard (the restore falls back one checkpoint). Attempts that lived through a full file system
@@ -55,7 +57,10 @@ issue 13 where it sets one:
   attempt ``started`` -> its first step: restore and one step). The target "p95 <= heartbeat
   threshold + restore" is checked as detection p95 <= the threshold of whatever noticed the loss
   plus how often it looks: Parsl's ``heartbeat_threshold`` + ``heartbeat_period``, or for the
-  hangs and for losses the runner's watchdog found, the member's ``stall_timeout`` + 2 s. A fault
+  hangs and for losses the runner's watchdog found, the member's ``stall_timeout`` + 2 s, counted
+  from when the attempt fell silent where that came after the fault (the ``lost`` event's
+  ``silent_s``: a pool whose manager process died runs its tasks on, beating, until they need
+  it). A fault
   that ended no attempt by itself reports instead the time until a member started after it (a
   hung pool takes no work), or for a full file system waited out, until the first step after it;
 - retries spent (``cost`` of the ``failed`` events), members that ran out of retries (target 0),
@@ -69,7 +74,7 @@ issue 13 where it sets one:
   every kind (targets: 0).
 
 ``python benchmarks/chaos.py [--quick | --full] [--slurm] [--seed N] [--json PATH] [--dir DIR]
-[--keep] [--timeout S]``; ``--quick`` takes about two minutes, the default about 15. The tests
+[--keep] [--timeout S]``; ``--quick`` takes about a minute, the default about 15. The tests
 (``tests/test_chaos.py``) drive the same functions with a small paced ensemble (:func:`paced`)
 and a reference trained in their own process.
 """
@@ -159,10 +164,20 @@ class Config:
     full_window_s: float = 4.0
     retries: int = 2
     judge_runner_cpu: bool = False  # the 1 % target is for 128 members of 5-second tasks
+    span_s: float | None = None  # set: bursts over this many seconds, and no fault-free run (see ``main``)
 
 
 MODES = {
-    "quick": Config(members=6, steps=1500, interval=150, params={"hidden": 256}),
+    # paced members that leave the cores idle; their reference weights trained in this process
+    "quick": Config(
+        members=4,
+        steps=300,
+        interval=30,
+        params={"hidden": 64, "pause_ms": 25},
+        workload="chaos:paced",
+        bursts=2,
+        span_s=8.0,
+    ),
     "default": Config(
         members=128,
         steps=3000,
@@ -1123,7 +1138,7 @@ class Loss:
     steps: int  # logged by this attempt and again by a later one
     detected_by: str  # the first sign of the loss: failed, lost, submitted (a new runner) or started
     recovery_s: float | None  # fault -> the next attempt's first step
-    detect_s: float | None  # fault -> the first sign of the loss
+    detect_s: float | None  # fault (or the silence it caused, if later) -> the first sign of the loss
     restart_s: float | None  # the next attempt: started -> its first step
     restore_s: float | None  # the next attempt: started -> resumed
     through_full: bool  # the attempt lived through a full file system: checkpoints may have failed
@@ -1142,57 +1157,96 @@ def by_member(data: RunData) -> dict[str, list[dict[str, Any]]]:
 
 
 def losses(data: RunData, faults: list[Fault]) -> list[Loss]:
-    """Every attempt followed by another, with the fault that ended it (see :func:`attribute`)."""
+    """Every attempt followed by another, with the fault that ended it (see :func:`attribute`).
+
+    An attempt that no fault struck, ended when the runner's watchdog cancelled its block for
+    another member's sake (its worker got SIGTERM with the block), is charged to the fault that
+    made that member silent."""
     injected = [f for f in faults if f.skipped is None and f.time > 0]
     fulls = [f for f in injected if f.kind == "storage-full"]
-    found = []
+    ended = []  # (member, events, attempt, next attempt, detected, how, fault)
     for name, mine in by_member(data).items():
         started = {e["attempt"]: e["time"] for e in mine if e["kind"] == "started"}
         pids = {e["attempt"]: e.get("pid") for e in mine if e["kind"] == "started"}
-        resumed = {e["attempt"]: e["time"] for e in mine if e["kind"] == "resumed"}
-        finished = [e["time"] for e in mine if e["kind"] == "finished"]
         done = {e.get("attempt") for e in mine if e["kind"] == "finished"}  # ended well, whatever followed
         notices = sorted((e["time"], e["kind"]) for e in mine if e["kind"] in ("failed", "lost", "submitted"))
-        steps: dict[int, set[int]] = {}
-        first_line: dict[int, float] = {}
-        for step, attempt, when in data.metrics.get(name, []):
-            steps.setdefault(attempt, set()).add(step)
-            first_line[attempt] = min(first_line.get(attempt, when), when)
-        attempts = sorted(started)
-        for a, b in itertools.pairwise(attempts):
+        for a, b in itertools.pairwise(sorted(started)):
             if a in done:
                 continue
-            a_start, b_start = started[a], started[b]
-            detected, how = next(((t, kind) for t, kind in notices if a_start < t <= b_start), (b_start, "started"))
-            fault = attribute(name, a, a_start, pids[a], detected, how, injected)
-            later = set().union(*(steps.get(c, set()) for c in attempts if c > a))
-            first_new = first_line.get(b) or next((t for t in finished if t > b_start), None)
-            recovery = None if fault is None or first_new is None else first_new - fault.time
-            detect = None if fault is None else detected - fault.time
-            restart = None if first_new is None else first_new - b_start
-            restore = resumed[b] - b_start if b in resumed else None
-            through = any(f.time < detected and f.end > a_start for f in fulls)
-            lost = len(steps.get(a, set()) & later)
-            found.append(Loss(name, a, fault, lost, how, recovery, detect, restart, restore, through))
+            detected, how = next(((t, k) for t, k in notices if started[a] < t <= started[b]), (started[b], "started"))
+            fault = attribute(name, a, started[a], pids[a], detected, how, injected)
+            ended.append((name, mine, a, b, detected, how, fault))
+    silenced = {(name, detected): fault for name, _, _, _, detected, how, fault in ended if how == "lost" and fault}
+    found = []
+    for name, mine, a, b, detected, how, fault in ended:
+        started = {e["attempt"]: e["time"] for e in mine if e["kind"] == "started"}
+        if fault is None:
+            cancelled = [
+                silenced[(e.get("member"), e["time"])]
+                for e in data.events
+                if e["kind"] == "lost"
+                and started[a] - 1.0 <= e["time"] <= detected
+                and (e.get("member"), e["time"]) in silenced
+            ]
+            fault = cancelled[0] if cancelled else None
+        found.append(_loss(data, name, mine, a, b, detected, how, fault, fulls))
     return found
+
+
+def _loss(
+    data: RunData,
+    name: str,
+    mine: list[dict[str, Any]],
+    a: int,
+    b: int,
+    detected: float,
+    how: str,
+    fault: Fault | None,
+    fulls: list[Fault],
+) -> Loss:
+    """What attempt ``a`` of ``name``, ended by ``fault`` and followed by ``b``, cost."""
+    started = {e["attempt"]: e["time"] for e in mine if e["kind"] == "started"}
+    resumed = {e["attempt"]: e["time"] for e in mine if e["kind"] == "resumed"}
+    finished = [e["time"] for e in mine if e["kind"] == "finished"]
+    # when the watchdog found an attempt silent: since when, in wall-clock time
+    silent_since = {e["time"]: e["time"] - e["silent_s"] for e in mine if e["kind"] == "lost" and e.get("silent_s")}
+    steps: dict[int, set[int]] = {}
+    first_line: dict[int, float] = {}
+    for step, attempt, when in data.metrics.get(name, []):
+        steps.setdefault(attempt, set()).add(step)
+        first_line[attempt] = min(first_line.get(attempt, when), when)
+    later = set().union(*(s for c, s in steps.items() if c > a))
+    first_new = first_line.get(b) or next((t for t in finished if t > started[b]), None)
+    recovery = None if fault is None or first_new is None else first_new - fault.time
+    # a hang is noticeable once the attempt falls silent: a pool whose manager process died runs
+    # its tasks on, beating, until they need it
+    detect = None if fault is None else detected - max(fault.time, silent_since.get(detected, fault.time))
+    restart = None if first_new is None else first_new - started[b]
+    restore = resumed[b] - started[b] if b in resumed else None
+    through = any(f.time < detected and f.end > started[a] for f in fulls)
+    lost = len(steps.get(a, set()) & later)
+    return Loss(name, a, fault, lost, how, recovery, detect, restart, restore, through)
 
 
 def attribute(
     name: str, attempt: int, start: float, pid: int | None, detected: float, how: str, faults: list[Fault]
 ) -> Fault | None:
     """The fault that ended ``attempt`` of ``name``: of those between its start and the first sign
-    of its loss, the latest that struck it directly, else the latest that found it running (a
-    block cancelled for another member's sake, a runner killed), else one that killed the worker
+    of its loss, the first that struck it directly (every kind that strikes an attempt ends it:
+    a worker stopped, then orphaned by a runner kill, was ended by the stop), else the latest
+    that found it running (a full file system), else one that killed the worker
     it started on just after the fault (a task the pool had prefetched, or that its interchange
     handed it before a cancelled job's processes died). An attempt that started after the runner
     was killed, and ended when the next runner came, ran in the dead runner's orphaned blocks (its
     interchange still hands them tasks): that kill ended it. Likewise an attempt that started
     after its interchange was killed and ended when the runner started Parsl again."""
     window = [f for f in faults if start - 1.0 <= f.time <= detected]
-    for members in ("hit", "running"):
-        struck = [f for f in window if getattr(f, members).get(name) == attempt]
-        if struck:
-            return max(struck, key=lambda f: f.time)
+    struck = [f for f in window if f.hit.get(name) == attempt]
+    if struck:
+        return min(struck, key=lambda f: f.time)
+    found = [f for f in window if f.running.get(name) == attempt]
+    if found:
+        return max(found, key=lambda f: f.time)
     doomed = [f for f in faults if pid in f.doomed and f.time - 1.0 <= start <= f.time + DOOMED_S]
     if doomed:
         return max(doomed, key=lambda f: f.time)
@@ -1553,29 +1607,28 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with slurm_cluster(console) if args.slurm else contextlib.nullcontext():
             console.print(f"{size}: {config.members} members of {config.steps} steps on {site}; work in {work}")
-            reference = run_reference(config, work, site, args.timeout or 40.0 * config.members + 300)
-            failures = [name for name in reference.data.names if name not in reference.data.digests]
-            if failures or reference.timed_out:
-                console.print(f"[red]the fault-free run did not finish ({len(failures)} members); see {reference.log}")
-                return 1
-            shared_mib = max(512, int(4 * directory_mib(work / "reference")))
-            span_s = 0.6 * members_span_s(reference.data)
-            console.print(
-                f"fault-free run: {reference.wall_s:.0f} s; chaos over {span_s:.0f} s, seed {args.seed}, "
-                f"shared tier {shared_mib} MiB"
-            )
+            if config.span_s is None:
+                reference = run_reference(config, work, site, args.timeout or 40.0 * config.members + 300)
+                failures = [name for name in reference.data.names if name not in reference.data.digests]
+                if failures or reference.timed_out:
+                    console.print(f"[red]fault-free run unfinished ({len(failures)} members); see {reference.log}")
+                    return 1
+                digests = reference.data.digests
+                shared_mib = max(512, int(4 * directory_mib(work / "reference")))
+                span_s = 0.6 * members_span_s(reference.data)
+                timeout_s = args.timeout or 3 * reference.wall_s + 120
+                console.print(f"fault-free run: {reference.wall_s:.0f} s")
+            else:  # no fault-free run to compare wall time and runner CPU with: the weights suffice
+                reference, span_s, shared_mib, timeout_s = None, config.span_s, 256, args.timeout or 200.0
+                (work / "reference").mkdir(parents=True)
+                (work / "reference.yaml").write_text(workflow_yaml(config, site))
+                digests = fault_free_digests(work / "reference.yaml", work / "reference")
+                console.print(f"fault-free weights trained in this process ({len(digests)} members)")
+            console.print(f"chaos over {span_s:.0f} s, seed {args.seed}, shared tier {shared_mib} MiB")
             chaos, faults = run_chaos(
-                config,
-                work / "chaos",
-                site,
-                span_s,
-                args.seed,
-                shared_mib,
-                args.timeout or 3 * reference.wall_s + 120,
-                console,
-                keep=args.keep,
+                config, work / "chaos", site, span_s, args.seed, shared_mib, timeout_s, console, keep=args.keep
             )
-        found = figures(config, SiteFacts.of(site), chaos, faults, reference.data.digests, reference)
+        found = figures(config, SiteFacts.of(site), chaos, faults, digests, reference)
         print_report(
             console,
             f"Chaos: {config.members} members on {site}, seed {args.seed}",

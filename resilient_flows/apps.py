@@ -25,7 +25,7 @@ from resilient_flows.errors import Preempted, is_storage_full
 from resilient_flows.training.command import CommandKilled
 from resilient_flows.training.control import latest_committed_step, member_dir
 from resilient_flows.training.events import EventLog
-from resilient_flows.training.heartbeat import analytics_task, heartbeat_path
+from resilient_flows.training.heartbeat import analytics_task, heartbeat_path, read_heartbeat
 from resilient_flows.training.mpi_member import EXIT_PREEMPTED
 from resilient_flows.training.spec import MemberSpec, StageSpec
 from resilient_flows.training.stage import newest_iteration
@@ -126,8 +126,10 @@ class ResumingRetryHandler:
     - :class:`Preempted` (or the MPI variant's or a command's exit status 75): cost 0, the member
       stopped cleanly.
     - A lost worker or manager (SIGKILL, node failure, walltime), a command killed by a signal, or
-      a full file system: cost 0 when the member committed a newer checkpoint than at its previous
-      failure, else 1, so a task that dies before making progress cannot loop forever.
+      a full file system: cost 0 when the member made progress, else 1, so a task that dies
+      before making progress cannot loop forever. Progress is a newer checkpoint than at its
+      previous failure in the tiers the runner sees, or one the lost attempt committed in any
+      tier (its heartbeat says so): a node-local checkpoint lost with its node was progress too.
     - Anything else: cost 1.
 
     Failures and retries go to the run's ``events.jsonl``.
@@ -143,7 +145,9 @@ class ResumingRetryHandler:
             _forget_analytics_heartbeat(task_record)
             return 1.0
         name, run_dir, latest = found
-        heartbeat_path(run_dir, name).unlink(missing_ok=True)  # the attempt is over, however it ended
+        beat = heartbeat_path(run_dir, name)
+        record = read_heartbeat(beat)
+        beat.unlink(missing_ok=True)  # the attempt is over, however it ended
         if isinstance(exception, Preempted) or (
             isinstance(exception, BashExitFailure) and exception.exitcode == EXIT_PREEMPTED
         ):
@@ -151,7 +155,8 @@ class ResumingRetryHandler:
         elif isinstance(exception, _LOST) or is_storage_full(exception):
             before = self._progress.get(task_record["id"], -1)
             what = "lost" if isinstance(exception, _LOST) else "storage full"
-            cost, why = (0.0, f"{what} after progress") if latest > before else (1.0, f"{what} without progress")
+            progressed = latest > before or (record is not None and record.get("committed") is not None)
+            cost, why = (0.0, f"{what} after progress") if progressed else (1.0, f"{what} without progress")
         else:
             cost, why = 1.0, "error"
         self._progress[task_record["id"]] = latest

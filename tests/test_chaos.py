@@ -81,6 +81,44 @@ def survive_chaos(tmp_path: Path, site: str, kinds: tuple[str, ...]) -> None:
     assert sum(run.leftovers.values()) == 0, run.leftover_details
 
 
+def started(name: str, attempt: int, time: float, pid: int) -> dict:
+    return {"time": time, "kind": "started", "member": name, "attempt": attempt, "pid": pid}
+
+
+@pytest.mark.timeout(10)
+def test_every_attempt_a_fault_ended_is_charged_to_it_even_one_started_after_it() -> None:
+    """A worker stopped (a hang): its member is found silent and its block cancelled, which stops
+    another member that had started on that block after the stop; a pool killed after it had
+    taken a task that then started. None of the four losses is left unexplained."""
+    stop = chaos.Fault("worker-stop", 0, time=100.0, hit={"a": 1}, running={"a": 1}, doomed=frozenset({11}))
+    kill = chaos.Fault("pool-kill", 0, time=200.0, hit={"c": 1}, running={"c": 1}, doomed=frozenset({21, 22}))
+    events = [
+        started("a", 1, 90.0, 11),
+        started("b", 1, 105.0, 12),
+        {"time": 112.5, "kind": "lost", "member": "a", "attempt": 1, "silent_s": 13.0},
+        {"time": 113.0, "kind": "failed", "member": "b", "cause": "preempted"},
+        {"time": 113.1, "kind": "failed", "member": "a", "cause": "lost after progress"},
+        started("a", 2, 120.0, 13),
+        started("b", 2, 121.0, 14),
+        started("c", 1, 190.0, 21),
+        started("d", 1, 200.5, 22),  # the killed pool's other worker took a task just before it died
+        {"time": 203.0, "kind": "failed", "member": "c", "cause": "lost after progress"},
+        {"time": 203.1, "kind": "failed", "member": "d", "cause": "lost without progress"},
+        started("c", 2, 210.0, 31),
+        started("d", 2, 211.0, 32),
+    ]
+    data = chaos.RunData(["a", "b", "c", "d"], {}, events, 0, {}, 0, 0.0)
+    found = {(loss.member, loss.attempt): loss for loss in chaos.losses(data, [stop, kill])}
+    assert {key: loss.fault.kind for key, loss in found.items()} == {
+        ("a", 1): "worker-stop",
+        ("b", 1): "worker-stop",
+        ("c", 1): "pool-kill",
+        ("d", 1): "pool-kill",
+    }
+    assert found[("a", 1)].detect_s == 12.5  # from the fault: it fell silent when it struck
+    assert found[("d", 1)].detect_s == pytest.approx(3.1)  # from the kill, not from its start
+
+
 def test_an_ensemble_survives_every_kind_of_fault_on_the_local_site(tmp_path: Path) -> None:
     survive_chaos(tmp_path, "local", chaos.LOCAL_KINDS)
 

@@ -17,10 +17,13 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+import torch
+from parsl.executors.high_throughput.errors import ManagerLost
 
+from resilient_flows.apps import ResumingRetryHandler
 from resilient_flows.errors import WorkflowError
-from resilient_flows.training import read_events, run_member
-from resilient_flows.training.heartbeat import Heartbeat, heartbeat_path, read_heartbeat
+from resilient_flows.training import CheckpointSpec, MemberSpec, TrainContext, read_events, run_member
+from resilient_flows.training.heartbeat import BEAT_S, Heartbeat, heartbeat_path, read_heartbeat
 from resilient_flows.workflow import read_plan
 from resilient_flows.workflow.blocks import BlockLedger, RunnerLock, cancel_block, kill_stragglers, process_start_time
 from resilient_flows.workflow.watchdog import WATCH_S, Watchdog, clear_heartbeats, stall_timeout
@@ -69,6 +72,42 @@ def test_a_heartbeat_rewrites_its_record_in_place_and_removes_it_on_exit(tmp_pat
         assert record is not None and record["step"] == 4 and record["step_s"] > 0
         assert os.stat(path).st_mtime_ns > 0 and path.stat().st_size >= 512  # padded, rewritten in place
     assert not path.exists()
+
+
+def test_a_member_s_heartbeat_tells_the_newest_checkpoint_its_attempt_committed(tmp_path: Path) -> None:
+    spec = MemberSpec(
+        name="h", workload="mlp-digits", params={"hidden": 8}, steps=4, checkpoint=CheckpointSpec(interval_steps=2)
+    )
+    context = TrainContext(spec, tmp_path)
+    path = heartbeat_path(tmp_path, "h")
+    try:
+        assert read_heartbeat(path)["committed"] is None
+        model = torch.nn.Linear(2, 2)
+        context.track(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
+        for step in context.steps(4):
+            context.log(step, loss=1.0)
+        context.checkpointer.wait()
+        deadline = time.monotonic() + 3 * BEAT_S
+        while read_heartbeat(path)["committed"] != 3 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert read_heartbeat(path)["committed"] == 3
+    finally:
+        context.close()
+
+
+@pytest.mark.parametrize(("committed", "cost"), [(None, 1.0), (300, 0.0)])
+def test_a_lost_attempt_whose_only_checkpoint_went_with_its_node_retries_free(
+    tmp_path: Path, committed: int | None, cost: float
+) -> None:
+    """The shared tier holds nothing newer, but the attempt committed a node-local checkpoint
+    (its heartbeat says so) before its node was lost: it made progress."""
+    spec = MemberSpec(name="m", workload="mlp-digits", params={}, steps=600)
+    beat(tmp_path, "m", committed=committed)
+    record = {"id": 0, "func_name": "train_app", "args": (spec.to_dict(), str(tmp_path)), "fail_cost": 0, "try_id": 0}
+    assert ResumingRetryHandler(retries=2)(ManagerLost(b"m", "n1"), record) == cost
+    (failed,) = [e for e in read_events(tmp_path) if e["kind"] == "failed"]
+    assert failed["cause"] == ("lost after progress" if cost == 0 else "lost without progress")
+    assert not heartbeat_path(tmp_path, "m").exists()
 
 
 def test_a_heartbeat_is_removed_when_the_task_raises(tmp_path: Path) -> None:

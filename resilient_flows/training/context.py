@@ -21,7 +21,7 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -339,7 +339,7 @@ class TrainContext:
         )
         handoff = self._handoff(step, orders) if orders else None
         if due or request is not None or handoff is not None:
-            self._save(step, persist=True if request or handoff else None, on_commit=handoff)
+            self._save(step, persist=True if request or handoff else None, handoff=handoff)
         elif not self._prepared:  # after the first step the optimizer has its state: the layout is final
             self.checkpointer.prepare(self.state)
         self._prepared = True
@@ -391,7 +391,7 @@ class TrainContext:
                 mark_forking(self.run_dir, self.name, order, step, self.attempt)
         return Handoff(self.run_dir, self.name, orders, self.rank, self.checkpointer.world_size)
 
-    def _save(self, step: int, persist: bool | None = None, on_commit: Handoff | None = None) -> None:
+    def _save(self, step: int, persist: bool | None = None, handoff: Handoff | None = None) -> None:
         """Queue a checkpoint of ``step``. A full file system fails only that checkpoint (training
         goes on from the last committed one) until it has lasted :data:`STORAGE_RETRIES` tries."""
         self._metrics.flush()  # every step up to a committed checkpoint is on disk
@@ -401,8 +401,8 @@ class TrainContext:
                 self.state,
                 overlap=self.spec.checkpoint.overlap,
                 persist=persist,
-                on_commit=on_commit,
-                cached=on_commit is not None,  # a clone on this node reads it next: keep it in memory
+                on_commit=self._on_commit(handoff),
+                cached=handoff is not None,  # a clone on this node reads it next: keep it in memory
             )
         except StorageFullError as exc:  # an earlier checkpoint's; this one is queued
             self._storage_full(exc)
@@ -414,6 +414,21 @@ class TrainContext:
         if self._tuner is not None:
             self._tuner.saved(stats)
         self._emit("checkpointed", step=step, stall_ms=round(1000 * stats.last_stall, 3))
+
+    def _on_commit(self, handoff: Handoff | None) -> Callable[[Any, int], None] | None:
+        """What runs when a checkpoint commits in a tier: the heartbeat records it (a lost attempt
+        that committed one made progress, even if its node took that checkpoint along), and a
+        clone handoff is served."""
+        beat = self._heartbeat
+        if beat is None:
+            return handoff
+
+        def committed(tier: Any, step: int) -> None:
+            beat.committed(step)
+            if handoff is not None:
+                handoff(tier, step)
+
+        return committed
 
     def _commit(self, step: int) -> None:
         """Make sure ``step`` is committed (the last step, or before stopping), saving it again

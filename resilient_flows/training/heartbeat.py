@@ -10,8 +10,10 @@ changing for longer than its stall timeout.
 
 Each beat is one ``pwrite`` of a fixed-size record at offset 0: no rename, no extra metadata
 operation on the shared file system, and the record says who beats (attempt, pid, host, Parsl
-block) and how fast the task progresses (its step and seconds per step), from which the runner
-derives the stall timeout. A reader may rarely see a record being rewritten; it keeps the last one
+block), how fast the task progresses (its step and seconds per step), from which the runner
+derives the stall timeout, and the newest checkpoint this attempt committed in any tier: the
+retry handler counts a lost attempt that committed one as progress even when that checkpoint was
+node-local and went with its node. A reader may rarely see a record being rewritten; it keeps the last one
 it could parse.
 """
 
@@ -77,6 +79,7 @@ class Heartbeat:
             "started": round(time.time(), 3),
         }
         self._step: int | None = None
+        self._committed: int | None = None
         self._first: tuple[int, float] | None = None  # (step, time) of the first progress seen
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -85,6 +88,10 @@ class Heartbeat:
 
     def progress(self, step: int) -> None:
         self._step = step
+
+    def committed(self, step: int) -> None:
+        """This attempt committed a checkpoint of ``step`` in some tier (from the writer's thread)."""
+        self._committed = step if self._committed is None else max(self._committed, step)
 
     def __enter__(self) -> Heartbeat:
         return self.start()
@@ -126,7 +133,13 @@ class Heartbeat:
                 self._first = (step, now)
             elif step > self._first[0]:
                 step_s = round((now - self._first[1]) / (step - self._first[0]), 6)
-        record = {**self._fixed, "time": round(time.time(), 3), "step": step, "step_s": step_s}
+        record = {
+            **self._fixed,
+            "time": round(time.time(), 3),
+            "step": step,
+            "step_s": step_s,
+            "committed": self._committed,
+        }
         data = json.dumps(record, separators=(",", ":")).encode()
         self._size = max(self._size, len(data))
         assert self._fd is not None

@@ -57,8 +57,10 @@ __all__ = ["plan_workflow", "resize_members", "resume_run", "start_run"]
 
 POLL_SECONDS = 0.5
 
-#: Seconds Parsl has to shut down an instance whose interchange was lost.
-ABANDON_S = 30.0
+#: Seconds Parsl has to shut down an instance whose interchange was lost: its own work (the dead
+#: interchange reaped, blocks cancelled) takes well under a second; what takes longer is a thread
+#: stuck in a request to the lost interchange, which never returns, while members wait to resume.
+ABANDON_S = 5.0
 
 
 def start_run(
@@ -234,7 +236,13 @@ def _handle_lost(
     then only a new Parsl instance helps."""
     for lost in found:
         submitter.events.emit(
-            "lost", lost.task, attempt=lost.attempt, block=lost.block, executor=lost.executor, reason=lost.reason
+            "lost",
+            lost.task,
+            attempt=lost.attempt,
+            block=lost.block,
+            executor=lost.executor,
+            reason=lost.reason,
+            silent_s=lost.silent_s,
         )
         what = f"{lost.task} (attempt {lost.attempt})" if lost.task else f"executor {lost.executor}"
         console.print(f"[bold yellow]lost {what}:[/] {lost.reason}")

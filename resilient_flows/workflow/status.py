@@ -130,7 +130,7 @@ class MetricsReader:
 
     def peek(self) -> None:
         """Set ``last`` to the newest complete line, reading the file's end only; the curve stays
-        as it was (:meth:`update` continues where it stopped)."""
+        as it was (:meth:`read_curve` continues where it stopped)."""
         try:
             with self.path.open("rb") as f:
                 size = f.seek(0, os.SEEK_END)

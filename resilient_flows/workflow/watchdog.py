@@ -52,13 +52,15 @@ STEP_FACTOR = 10.0
 @dataclass(frozen=True)
 class Lost:
     """What the watchdog found: a silent attempt (``task`` set), a block whose tasks never beat, or
-    an executor whose interchange exited (``block`` None, ``executor`` set)."""
+    an executor whose interchange exited (``block`` None, ``executor`` set). ``silent_s``: how
+    long a silent attempt had not beaten, on the runner's clock."""
 
     reason: str
     task: str | None = None
     attempt: int | None = None
     block: str | None = None
     executor: str | None = None
+    silent_s: float | None = None
 
 
 @dataclass
@@ -169,6 +171,7 @@ class Watchdog:
                     task=name,
                     attempt=beat.record.get("attempt"),
                     block=beat.record.get("block"),
+                    silent_s=round(silent, 3),
                 )
 
     def _quiet_blocks(self, label: str, managers: list[dict[str, Any]], now: float) -> Iterable[Lost]:
