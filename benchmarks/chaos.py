@@ -1177,20 +1177,24 @@ def losses(data: RunData, faults: list[Fault]) -> list[Loss]:
             fault = attribute(name, a, started[a], pids[a], detected, how, injected)
             ended.append((name, mine, a, b, detected, how, fault))
     silenced = {(name, detected): fault for name, _, _, _, detected, how, fault in ended if how == "lost" and fault}
+    hangs = [f for f in injected if f.kind in HANGS]
     found = []
     for name, mine, a, b, detected, how, fault in ended:
-        started = {e["attempt"]: e["time"] for e in mine if e["kind"] == "started"}
+        start = next(e["time"] for e in mine if e["kind"] == "started" and e["attempt"] == a)
         if fault is None:
-            cancelled = [
-                silenced[(e.get("member"), e["time"])]
-                for e in data.events
-                if e["kind"] == "lost"
-                and started[a] - 1.0 <= e["time"] <= detected
-                and (e.get("member"), e["time"]) in silenced
-            ]
-            fault = cancelled[0] if cancelled else None
+            cancels = [e for e in data.events if e["kind"] == "lost" and start - 1.0 <= e["time"] <= detected]
+            fault = next(filter(None, (_silencer(e, silenced, hangs) for e in cancels)), None)
         found.append(_loss(data, name, mine, a, b, detected, how, fault, fulls))
     return found
+
+
+def _silencer(lost: dict[str, Any], silenced: dict[tuple[str, float], Fault], hangs: list[Fault]) -> Fault | None:
+    """The fault behind a ``lost`` event of the watchdog, whose block cancel stops every attempt
+    on the block: the fault charged with the silent member's loss, or for a block none of whose
+    tasks beat, the latest hang before it."""
+    if lost.get("member") is not None:
+        return silenced.get((lost["member"], lost["time"]))
+    return max((f for f in hangs if f.time <= lost["time"]), key=lambda f: f.time, default=None)
 
 
 def _loss(

@@ -22,7 +22,7 @@ from resilient_flows.errors import CloneError
 from resilient_flows.training import CheckpointSpec, MemberSpec, read_events, run_member, state_digest
 from resilient_flows.training.control import read_spec, register_member
 from resilient_flows.training.workloads import batch_indices, builtin_model
-from resilient_flows.workflow.status import MetricsReader
+from resilient_flows.workflow.status import loss_curve
 
 SOURCE = MemberSpec(
     name="src",
@@ -32,12 +32,6 @@ SOURCE = MemberSpec(
     steps=160,
     checkpoint=CheckpointSpec(interval_steps=25, keep=2),
 )
-
-
-def losses(run_dir: Path, name: str) -> dict[int, float]:
-    reader = MetricsReader(run_dir / "members" / name / "metrics.jsonl")
-    reader.read_curve()
-    return reader.curve
 
 
 @pytest.fixture
@@ -50,7 +44,7 @@ def test_an_unchanged_clone_continues_bit_for_bit_like_its_source(run_dir: Path)
     (clone,) = request_clone(run_dir, "src", at_step=80)
     source = run_member(SOURCE.to_dict(), str(run_dir))  # forks after step 80 and keeps training
     result = run_member(read_spec(run_dir, clone).to_dict(), str(run_dir))
-    mine, theirs = losses(run_dir, clone), losses(run_dir, "src")
+    mine, theirs = loss_curve(run_dir, clone), loss_curve(run_dir, "src")
     assert min(mine) == 81 and len(mine) == 160 - 81
     assert all(mine[s] == theirs[s] for s in range(81, 131))  # the next 50 steps, and all the rest
     assert mine == {s: v for s, v in theirs.items() if s > 80}
@@ -83,9 +77,9 @@ def test_an_lr_override_applies_from_the_first_step_and_changes_nothing_else(run
     loss.backward()
     optimizer.step()
     assert one_step["digest"] == state_digest(model)
-    assert losses(run_dir, "src.c1") == {81: loss.item()}
-    assert losses(run_dir, "src.c2")[81] == losses(run_dir, "src")[81]  # same weights going into step 81
-    assert losses(run_dir, "src.c2")[82] != losses(run_dir, "src")[82]
+    assert loss_curve(run_dir, "src.c1") == {81: loss.item()}
+    assert loss_curve(run_dir, "src.c2")[81] == loss_curve(run_dir, "src")[81]  # same weights going into step 81
+    assert loss_curve(run_dir, "src.c2")[82] != loss_curve(run_dir, "src")[82]
     _, final = read_checkpoint(run_dir / "members/src.c2/checkpoints")
     assert [g["lr"] for g in final["optimizer"]["param_groups"]] == [0.2]
     assert [g["momentum"] for g in final["optimizer"]["param_groups"]] == [0.9]

@@ -22,7 +22,7 @@ from resilient_flows.training import MemberSpec, RunContract, read_events
 from resilient_flows.training.command import CommandFailed, CommandKilled, run_command
 from resilient_flows.training.spec import CheckpointSpec
 from resilient_flows.workflow import load_workflow, plan_workflow
-from resilient_flows.workflow.status import MetricsReader, member_statuses
+from resilient_flows.workflow.status import loss_curve, member_statuses
 
 HERE = Path(__file__).resolve().parent
 SCRIPT = HERE / "command_script.py"
@@ -281,12 +281,6 @@ def digest_of(run_dir: Path, name: str) -> str:
     return json.loads((run_dir / "members" / name / "result.json").read_text())["digest"]
 
 
-def curve(run_dir: Path, name: str) -> dict[int, float]:
-    reader = MetricsReader(run_dir / "members" / name / "metrics.jsonl")
-    reader.read_curve()
-    return reader.curve
-
-
 @pytest.mark.slow
 def test_command_members_finish_resume_bitwise_and_cost_what_their_exit_says(tmp_path: Path, capsys) -> None:
     """Real processes on the local site: the plain PyTorch script finishes; SIGKILLed mid-run or
@@ -334,8 +328,8 @@ def test_command_members_finish_resume_bitwise_and_cost_what_their_exit_says(tmp
 
     # bit for bit the uninterrupted run's weights and losses
     assert digest_of(run_dir, "killed") == digest_of(run_dir, "ok") == digest_of(run_dir, "stopped")
-    assert curve(run_dir, "killed") == curve(run_dir, "ok") == curve(run_dir, "stopped")
-    assert sorted(curve(run_dir, "ok")) == list(range(40))
+    assert loss_curve(run_dir, "killed") == loss_curve(run_dir, "ok") == loss_curve(run_dir, "stopped")
+    assert sorted(loss_curve(run_dir, "ok")) == list(range(40))
 
     # the table: progress for the script that logs through from_env, state alone for the others
     statuses = member_statuses(run_dir, [(n, s) for n, s in (("ok", 40), ("exit1", 1), ("broken", 1))])
@@ -385,5 +379,5 @@ def test_under_torchrun_the_ranks_write_one_sharded_checkpoint(tmp_path: Path) -
     assert results["two"]["digest"] == results["one"]["digest"]
     shards = sorted(p.name for p in (tmp_path / "members/two/checkpoints/step-00000019").glob("shard-*"))
     assert shards == ["shard-00000-of-00002.safetensors", "shard-00001-of-00002.safetensors"]
-    assert sorted(curve(tmp_path, "two")) == list(range(20))
+    assert sorted(loss_curve(tmp_path, "two")) == list(range(20))
     assert len((tmp_path / "members/two/metrics.jsonl").read_text().splitlines()) == 20

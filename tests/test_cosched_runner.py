@@ -14,7 +14,7 @@ from resilient_flows.errors import WorkflowError
 from resilient_flows.training import read_events, run_member
 from resilient_flows.workflow import load_workflow, read_plan
 from resilient_flows.workflow.ondemand import job_from_record
-from resilient_flows.workflow.status import MetricsReader
+from resilient_flows.workflow.status import loss_curve
 
 # Both worker slots of the local site are busy when "peek" needs one. max_delay 0: the request
 # cannot wait, so dp must pick the victim now; "steady" has a checkpoint a few steps old, "rare"
@@ -31,12 +31,6 @@ analytics:
   - {name: peek, when: {member: steady, step: 200}, slots: 1}
 cosched: {policy: dp, max_delay: 0s}
 """
-
-
-def curve(run_dir: Path, name: str) -> dict[int, float]:
-    reader = MetricsReader(run_dir / "members" / name / "metrics.jsonl")
-    reader.read_curve()
-    return reader.curve
 
 
 @pytest.mark.slow
@@ -75,7 +69,7 @@ def test_the_member_dp_picks_is_preempted_and_ends_like_an_uninterrupted_run(tmp
         reference = run_member(replace(spec, faults=()).to_dict(), str(tmp_path / "ref"))
         result = json.loads((run_dir / "members" / spec.name / "result.json").read_text())
         assert result["digest"] == reference["digest"], spec.name
-        assert curve(run_dir, spec.name) == curve(tmp_path / "ref", spec.name)
+        assert loss_curve(run_dir, spec.name) == loss_curve(tmp_path / "ref", spec.name)
 
 
 def test_an_on_demand_request_is_checked_when_the_workflow_loads(tmp_path: Path) -> None:

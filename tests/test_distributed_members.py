@@ -29,7 +29,7 @@ from resilient_flows.training import (
 from resilient_flows.training.distributed import PORT_BASE, PORT_SPAN, parse_first_host
 from resilient_flows.training.mpi_member import EXIT_PREEMPTED
 from resilient_flows.workflow.runner import resize_members
-from resilient_flows.workflow.status import MetricsReader
+from resilient_flows.workflow.status import loss_curve
 
 WORKER = Path(__file__).with_name("distributed_worker.py")
 TOLERANCE = 1e-5
@@ -263,12 +263,6 @@ def test_resume_rank_overrides(tmp_path: Path, capsys) -> None:
 # ------------------------------------------------------------------ two real ranks
 
 
-def curve(run_dir: Path, name: str) -> dict[int, float]:
-    reader = MetricsReader(run_dir / "members" / name / "metrics.jsonl")
-    reader.read_curve()
-    return reader.curve
-
-
 def assert_close(got: dict[int, float], want: dict[int, float]) -> None:
     assert sorted(got) == sorted(want)
     worst = max(abs(got[s] - want[s]) / abs(want[s]) for s in want)
@@ -359,7 +353,7 @@ def test_a_member_on_two_ranks_trains_like_one_rank_on_the_same_global_batch(
     root, reports = two_ranks
     assert [r["members"][name] for r in reports] == [0, 0]
     reference = run_member(replace(TWO_RANKS[name], ranks=1).to_dict(), str(tmp_path))
-    assert_close(curve(root / "run", name), curve(tmp_path, name))
+    assert_close(loss_curve(root / "run", name), loss_curve(tmp_path, name))
     result = json.loads((root / f"run/members/{name}/result.json").read_text())
     assert abs(result["test_loss"] - reference["test_loss"]) <= TOLERANCE * reference["test_loss"]
     shards = sorted(p.name for p in (root / f"run/members/{name}/checkpoints/step-00000019").glob("shard-*"))
@@ -381,7 +375,7 @@ def test_a_member_resumes_on_another_rank_count(two_ranks, tmp_path: Path, name:
     resumed = [e["step"] for e in read_events(run_dir) if e["member"] == name and e["kind"] == "resumed"]
     assert resumed == [12]
     run_member(replace(member, ranks=1, faults=()).to_dict(), str(tmp_path))
-    assert_close(curve(run_dir, name), curve(tmp_path, name))
+    assert_close(loss_curve(run_dir, name), loss_curve(tmp_path, name))
 
 
 @pytest.mark.slow
@@ -395,4 +389,4 @@ def test_resume_ranks_runs_a_failed_two_rank_member_on_one(two_ranks, tmp_path: 
     assert [e["ranks"] for e in read_events(run_dir) if e["kind"] == "submitted"] == [1]
     assert [e["step"] for e in read_events(run_dir) if e["kind"] == "resumed"] == [9]
     run_member(spec(steps=30).to_dict(), str(tmp_path))
-    assert_close(curve(run_dir, "dp"), curve(tmp_path, "dp"))
+    assert_close(loss_curve(run_dir, "dp"), loss_curve(tmp_path, "dp"))

@@ -14,7 +14,7 @@ from conftest import mpiexec, python_env
 from resilient_flows.cli import main
 from resilient_flows.training import CheckpointSpec, FaultSpec, MemberSpec, read_events
 from resilient_flows.training.mpi_member import EXIT_PREEMPTED
-from resilient_flows.workflow.status import MetricsReader
+from resilient_flows.workflow.status import loss_curve
 
 pytestmark = [pytest.mark.mpi, pytest.mark.slow]
 
@@ -118,15 +118,9 @@ def test_clones_of_an_fsdp_member_on_the_same_and_on_another_rank_count(tmp_path
     assert main(["run", str(workflow), "--run-dir", str(run_dir)]) == 0
     result = {n: json.loads((run_dir / f"members/{n}/result.json").read_text()) for n in ("dp", "dp.c1", "dp.c2")}
     assert result["dp.c1"]["digest"] == result["dp"]["digest"]
-    source, other = losses(run_dir, "dp"), losses(run_dir, "dp.c2")
+    source, other = loss_curve(run_dir, "dp"), loss_curve(run_dir, "dp.c2")
     assert min(other) == 21 and max(other) == 59
     for step, loss in other.items():
         assert loss == pytest.approx(source[step], rel=1e-5), step
     spec = json.loads((run_dir / "members/dp.c2/spec.json").read_text())
     assert spec["ranks"] == 1 and spec["parallel"] == "fsdp"
-
-
-def losses(run_dir: Path, name: str) -> dict[int, float]:
-    reader = MetricsReader(run_dir / "members" / name / "metrics.jsonl")
-    reader.read_curve()
-    return reader.curve

@@ -95,7 +95,7 @@ def test_a_workflow_member_survives_scancel_of_its_pilot_job(tmp_path: Path, mon
     workflow = tmp_path / "wf.yaml"
     workflow.write_text(
         "name: slurm\nsite: local-slurm\nretries: 1\ncheckpoint: {interval: 250}\n"
-        "members:\n  - {name: m, workload: cnn-digits, steps: 6000, seed: 5}\n"
+        "members:\n  - {name: m, workload: cnn-digits, steps: 2000, seed: 5}\n"
     )
     run_dir = tmp_path / "run"
     outcome: list[int] = []

@@ -77,6 +77,34 @@ def test_an_event_writer_killed_while_the_file_system_is_full_leaves_no_torn_lin
     assert [(e["kind"], e["member"]) for e in read_events(small_filesystem)] == [("submitted", "a"), ("finished", "a")]
 
 
+def test_a_runner_starts_parsl_once_the_full_run_directory_has_room(small_filesystem: Path) -> None:  # noqa: F811
+    """A runner resumed while the shared tier is full: Parsl's first files cannot be written."""
+    import io
+
+    import parsl
+    from rich.console import Console
+
+    from resilient_flows.workflow.runner import _close_logs, _file_logs, _load_parsl, _site_config
+
+    run_dir = small_filesystem / "run"
+    run_dir.mkdir()
+    ballast = fill(small_filesystem)
+    threading.Timer(3.0, ballast.unlink).start()
+    out = io.StringIO()
+    started = time.monotonic()
+    config = _site_config("local", run_dir, 0)
+    dfk, _ = _load_parsl(config, lambda: _site_config("local", run_dir, 0), Console(file=out))
+    try:
+        assert time.monotonic() - started >= 2.5
+        assert "waiting for space" in out.getvalue() and "No space left on device" in out.getvalue()
+        assert dfk.executors["local"].interchange_proc.poll() is None  # it runs
+    finally:
+        logs = _file_logs(config.run_dir)
+        dfk.cleanup()
+        parsl.clear()
+        _close_logs(logs)  # as the runner does: Parsl's cleanup leaves its log open
+
+
 def test_a_member_trains_through_a_full_file_system_and_ends_like_an_uninterrupted_run(
     tmp_path: Path,
     small_filesystem: Path,  # noqa: F811

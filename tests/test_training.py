@@ -23,7 +23,7 @@ from resilient_flows.training import (
 )
 from resilient_flows.training.events import MetricsLog
 from resilient_flows.training.workloads import resolve_workload
-from resilient_flows.workflow.status import MetricsReader
+from resilient_flows.workflow.status import loss_curve
 
 
 def spec(name: str = "m", workload: str = "mlp-digits", steps: int = 60, **changes) -> MemberSpec:
@@ -38,12 +38,6 @@ def spec(name: str = "m", workload: str = "mlp-digits", steps: int = 60, **chang
     return replace(base, **changes)
 
 
-def curve(run_dir: Path, name: str) -> dict[int, float]:
-    reader = MetricsReader(run_dir / "members" / name / "metrics.jsonl")
-    reader.read_curve()
-    return reader.curve
-
-
 @pytest.mark.parametrize("workload", ["mlp-digits", "cnn-digits", "mlp-breast-cancer", "userworkload:train"])
 def test_a_failed_member_rerun_ends_bit_for_bit_like_an_uninterrupted_one(tmp_path: Path, workload: str) -> None:
     reference = run_member(spec(workload=workload).to_dict(), str(tmp_path / "ref"))
@@ -53,7 +47,7 @@ def test_a_failed_member_rerun_ends_bit_for_bit_like_an_uninterrupted_one(tmp_pa
     resumed = run_member(faulty, str(tmp_path / "run"))  # what a Parsl retry does
     assert resumed["digest"] == reference["digest"]
     assert resumed["attempts"] == 2
-    assert curve(tmp_path / "run", "m") == curve(tmp_path / "ref", "m")
+    assert loss_curve(tmp_path / "run", "m") == loss_curve(tmp_path / "ref", "m")
     kinds = [(e["kind"], e.get("step")) for e in read_events(tmp_path / "run") if e["kind"] != "checkpointed"]
     assert kinds == [("started", None), ("started", None), ("resumed", 29), ("finished", 59)]
 

@@ -12,7 +12,7 @@ import pytest
 from resilient_flows.cli import main
 from resilient_flows.training import read_events, run_member
 from resilient_flows.workflow import load_workflow, read_plan
-from resilient_flows.workflow.status import MetricsReader
+from resilient_flows.workflow.status import loss_curve
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -138,12 +138,6 @@ def test_python_tags_are_refused(tmp_path: Path, capsys: pytest.CaptureFixture) 
     assert "not valid YAML" in capsys.readouterr().err
 
 
-def curve(run_dir: Path, name: str) -> dict[int, float]:
-    reader = MetricsReader(run_dir / "members" / name / "metrics.jsonl")
-    reader.read_curve()
-    return reader.curve
-
-
 @pytest.mark.slow
 def test_a_killed_worker_is_retried_and_ends_like_an_uninterrupted_run(tmp_path: Path, capsys, monkeypatch) -> None:
     """SIGKILL of the real HTEX worker process running mlp-1; Parsl retries; the member resumes."""
@@ -178,7 +172,7 @@ def test_a_killed_worker_is_retried_and_ends_like_an_uninterrupted_run(tmp_path:
         reference = run_member(replace(spec, faults=()).to_dict(), str(tmp_path / "ref"))
         result = json.loads((run_dir / "members" / spec.name / "result.json").read_text())
         assert result["digest"] == reference["digest"], spec.name
-        assert curve(run_dir, spec.name) == curve(tmp_path / "ref", spec.name)
+        assert loss_curve(run_dir, spec.name) == loss_curve(tmp_path / "ref", spec.name)
     assert main(["status", str(run_dir)]) == 0
 
 
@@ -221,7 +215,7 @@ def test_clones_from_a_workflow_branch_off_and_the_unchanged_one_matches(tmp_pat
     results = {n: json.loads((run_dir / f"members/{n}/result.json").read_text()) for n in ("m", "m.c1", "m.c2")}
     assert results["m.c1"]["digest"] == results["m"]["digest"]
     assert results["m.c2"]["step"] == 299 and results["m.c2"]["digest"] != results["m"]["digest"]
-    assert min(curve(run_dir, "m.c1")) == 151 and curve(run_dir, "m.c1")[151] == curve(run_dir, "m")[151]
+    assert min(loss_curve(run_dir, "m.c1")) == 151 and loss_curve(run_dir, "m.c1")[151] == loss_curve(run_dir, "m")[151]
     cloned = {e["member"]: e for e in read_events(run_dir) if e["kind"] == "cloned"}
     assert set(cloned) == {"m.c1", "m.c2"} and all(e["step"] == 150 for e in cloned.values())
     assert main(["lineage", str(run_dir)]) == 0

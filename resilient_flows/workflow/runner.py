@@ -9,12 +9,14 @@ directory, fires analytics requests (making room for on-demand ones, see
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import logging
 import os
 import sys
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from dataclasses import replace
 from pathlib import Path
@@ -37,10 +39,10 @@ from resilient_flows.apps import (
     train_app,
 )
 from resilient_flows.clone import request_clone
-from resilient_flows.errors import WorkflowError
+from resilient_flows.errors import WorkflowError, is_storage_full
 from resilient_flows.sites import load_site, site_facts
 from resilient_flows.training.control import clone_order_path, member_dir
-from resilient_flows.training.events import EventLog
+from resilient_flows.training.events import FULL_WAIT_S, EventLog
 from resilient_flows.training.spec import MemberSpec, StageSpec
 from resilient_flows.training.stage import stage_finished
 from resilient_flows.workflow.blocks import BlockLedger, RunnerLock, retire_block
@@ -61,6 +63,9 @@ POLL_SECONDS = 0.5
 #: interchange reaped, blocks cancelled) takes well under a second; what takes longer is a thread
 #: stuck in a request to the lost interchange, which never returns, while members wait to resume.
 ABANDON_S = 5.0
+
+#: Seconds between two tries to start Parsl on a full file system.
+STORAGE_WAIT_S = 2.0
 
 
 def start_run(
@@ -257,6 +262,41 @@ def _handle_lost(
     return None
 
 
+def _load_parsl(config: Config, fresh: Callable[[], Config], console: Console) -> tuple[Any, Config]:
+    """``parsl.load(config)``, waiting out a full file system under the run directory (Parsl
+    writes its keys and scripts there first: a runner resumed while the shared tier is full would
+    die of it), with a ``fresh`` config for each new try; the DFK and the config it runs."""
+    deadline = time.monotonic() + FULL_WAIT_S
+    while True:
+        try:
+            return parsl.load(config), config
+        except OSError as exc:
+            if not is_storage_full(exc) or time.monotonic() > deadline:
+                raise
+            console.print(f"[yellow]cannot start Parsl ({exc}): waiting for space[/]")
+            _close_logs(_file_logs(config.run_dir))
+            parsl.clear()
+            time.sleep(STORAGE_WAIT_S)
+            config = fresh()
+
+
+def _file_logs(directory: str) -> list[logging.FileHandler]:
+    """The log files Parsl keeps open under ``directory``. Its shutdown detaches them but leaves
+    them open, and an instance that failed to start keeps them attached: one more open file, and
+    one more copy of every later log line, per Parsl instance of a run."""
+    root = str(Path(directory).resolve())
+    handlers = logging.getLogger("parsl").handlers
+    return [h for h in handlers if isinstance(h, logging.FileHandler) and h.baseFilename.startswith(root)]
+
+
+def _close_logs(handlers: list[logging.FileHandler]) -> None:
+    for handler in handlers:
+        for name in ("parsl", "concurrent.futures"):  # where Parsl attaches them
+            logging.getLogger(name).removeHandler(handler)
+        with contextlib.suppress(OSError):  # its last lines cannot be flushed to a full disk
+            handler.close()
+
+
 def _abandon(dfk: Any, executors: list[Any]) -> None:
     """Shut a Parsl instance whose interchange exited or hung: its blocks are cancelled through
     their providers, and nothing waits for the lost interchange's answers.
@@ -314,7 +354,7 @@ def _execute(run_dir: Path, plan: Plan, members: list[MemberSpec], console: Cons
             for what in ledger.cancel_previous(config.executors):
                 console.print(f"cancelled {what}, left by an earlier runner")
             clear_heartbeats(run_dir)
-            dfk = parsl.load(config)
+            dfk, config = _load_parsl(config, lambda: _site_config(plan.site, run_dir, workflow.retries), console)
             watchdog = Watchdog(run_dir, facts.stall_timeout_s, {})
             lost_parsl = None
             try:
@@ -349,11 +389,13 @@ def _execute(run_dir: Path, plan: Plan, members: list[MemberSpec], console: Cons
                     live.update(table)
                     time.sleep(POLL_SECONDS)
             finally:
+                logs = _file_logs(config.run_dir)
                 if lost_parsl is not None:
                     _abandon(dfk, config.executors)
                 else:
                     dfk.cleanup()
                 parsl.clear()
+                _close_logs(logs)
                 ledger.reap(config.executors, everything=True)
             if lost_parsl is None:
                 break

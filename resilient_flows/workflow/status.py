@@ -22,7 +22,7 @@ from typing import Any
 from resilient_flows.training.control import member_dir
 from resilient_flows.training.events import EventTail
 
-__all__ = ["TIMELINE_KINDS", "MemberStatus", "MetricsReader", "StatusTracker", "member_statuses"]
+__all__ = ["TIMELINE_KINDS", "MemberStatus", "MetricsReader", "StatusTracker", "loss_curve", "member_statuses"]
 
 #: The state a member is in after each kind of event.
 _STATE_AFTER = {
@@ -327,3 +327,10 @@ def member_statuses(
     """Status of ``members`` ((name, steps) pairs) now, from the run's files, each read once:
     right for a run whose runner is gone as for a live one."""
     return StatusTracker(run_dir, follow=False).update(members, families)
+
+
+def loss_curve(run_dir: str | os.PathLike, name: str) -> dict[int, float]:
+    """A member's loss per step as its final model saw it (a redone step keeps its last loss)."""
+    reader = MetricsReader(member_dir(run_dir, name) / "metrics.jsonl")
+    reader.read_curve()
+    return reader.curve
