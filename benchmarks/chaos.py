@@ -29,9 +29,10 @@ runners' interchanges); a fault without a target waits for one for up to 90 s:
 ``storage-full``          the shared tier full (ENOSPC) for 4 s: the chaos run's directory is a
                           tmpfs that a ballast file fills, then frees (root only; skipped with a
                           message otherwise);
-``shard-flip``            a flipped byte in a running member's newest committed checkpoint shard,
-                          then SIGKILL of its worker, so that the retry must detect the damage by
-                          checksum and restore an older checkpoint.
+``shard-flip``            a flipped byte in a running member's newest committed checkpoint shard
+                          (every copy of it: node-local ones too), then SIGKILL of its worker, so
+                          that the retry must detect the damage by checksum and restore an older
+                          checkpoint.
 
 Every run has a hard timeout: a run that hangs is killed and reported as a FAIL, never waited on.
 Once it ended, what of the run still lives 10 s later is counted as left over and killed (pools,
@@ -799,6 +800,9 @@ class Chaos(threading.Thread):
         return True
 
     def _shard_flip(self, fault: Fault, rng: random.Random) -> bool:
+        """A byte flipped in the newest shared checkpoint's first shard, and in every node-local
+        copy of that shard (on ``local-nodes``): an intact copy on another tier would be restored
+        instead, rightly, and the damage would never be met."""
         busy = self._busy_workers(self.watcher.look())
         rng.shuffle(busy)
         for name, attempt, worker in busy:
@@ -806,18 +810,31 @@ class Chaos(threading.Thread):
             try:
                 step = int((tier / "latest").read_text())
                 shard = sorted((tier / f"step-{step:08d}").glob("shard-*.safetensors"))[0]
-                with shard.open("r+b") as f:
-                    f.seek(shard.stat().st_size // 2)
-                    byte = f.read(1)
-                    f.seek(-1, os.SEEK_CUR)
-                    self._begin(fault, {name: attempt}, f"{shard.relative_to(self.run_dir)}, then worker {worker.pid}")
-                    f.write(bytes([byte[0] ^ 0x01]))
             except (OSError, ValueError, IndexError):  # no checkpoint yet, or retention removed it
                 continue
+            local = [] if self.nodes is None else self.nodes.glob(f"node-*/*/*/{name}/step-{step:08d}/{shard.name}")
+            self._begin(fault, {name: attempt}, f"{shard.relative_to(self.run_dir)}, then worker {worker.pid}")
+            if not flip_byte(shard):
+                continue
+            copies = sum(flip_byte(copy) for copy in local)
+            fault.detail += f" ({copies} node-local copies flipped too)" if copies else ""
             fault.flipped_step = step
             send(worker, signal.SIGKILL)
             return True
         return False
+
+
+def flip_byte(path: Path) -> bool:
+    """Flip one bit of the byte in the middle of ``path``; False if it is gone (retention)."""
+    try:
+        with path.open("r+b") as f:
+            f.seek(path.stat().st_size // 2)
+            byte = f.read(1)
+            f.seek(-1, os.SEEK_CUR)
+            f.write(bytes([byte[0] ^ 0x01]))
+    except (OSError, IndexError):
+        return False
+    return True
 
 
 # ---------------------------------------------------------------------- Slurm
