@@ -46,7 +46,7 @@ import torch
 from resilient_flows.durable import write_durably
 from resilient_flows.errors import CheckpointError, ResilientFlowsError
 from resilient_flows.integrations.pathstore import PathStore, load
-from resilient_flows.training.contract import ENV_NAMES, EXIT_PREEMPTED, REPORT_FILE, RunContract
+from resilient_flows.training.contract import ENV_NAMES, EXIT_PREEMPTED, REPORT_FILE, STOP_SIGNALS, RunContract
 from resilient_flows.training.control import RequestWatch, member_dir, read_spec, read_stop_request
 from resilient_flows.training.events import EventLog, MetricsLog
 from resilient_flows.training.spec import FaultSpec
@@ -54,9 +54,6 @@ from resilient_flows.training.spec import FaultSpec
 __all__ = ["LIGHTNING", "ResilientCallback", "ResilientCheckpointIO"]
 
 logger = logging.getLogger(__name__)
-
-#: Signals a batch system sends before it stops a job (walltime, preemption).
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 
 
 def _import_lightning() -> ModuleType:

@@ -49,7 +49,7 @@ from resilient_flows.checkpoint.manifest import read_manifest
 from resilient_flows.checkpoint.state import capture_rng, restore_rng
 from resilient_flows.checkpoint.tree import unflatten
 from resilient_flows.errors import CheckpointError, CorruptCheckpointError, ResilientFlowsError
-from resilient_flows.training.contract import ENV_NAMES
+from resilient_flows.training.contract import ENV_NAMES, STOP_SIGNALS
 
 __all__ = ["ResilientTrainerCallback", "resilient_trainer"]
 
@@ -59,9 +59,6 @@ logger = logging.getLogger(__name__)
 #: replicated ``extra`` values.
 TRAINER_STATE = "trainer_state"
 SCALER = "grad_scaler"
-
-#: Signals a batch system sends before it stops a job (walltime, preemption).
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 
 _TRAINER_STATE_FILE = "trainer_state.json"  # the name Trainer looks for in a resume directory
 

@@ -33,7 +33,7 @@ from typing import Any
 
 from resilient_flows.durable import write_durably
 from resilient_flows.errors import Preempted, ResilientFlowsError
-from resilient_flows.training.contract import EXIT_PREEMPTED, REPORT_FILE, RunContract
+from resilient_flows.training.contract import EXIT_PREEMPTED, REPORT_FILE, STOP_SIGNALS, RunContract
 from resilient_flows.training.control import count_attempt, latest_committed_step, member_dir
 from resilient_flows.training.events import EventLog
 from resilient_flows.training.heartbeat import Heartbeat
@@ -44,8 +44,6 @@ __all__ = ["DEFAULT_GRACE_S", "CommandFailed", "CommandKilled", "run_command"]
 #: Seconds a command has, after a forwarded stop signal, to commit a checkpoint and exit.
 DEFAULT_GRACE_S = 60.0
 
-#: Signals forwarded to the command's process group.
-FORWARDED = (signal.SIGTERM, signal.SIGUSR1)
 
 #: Seconds between two looks at the command while it runs.
 POLL_S = 0.1
@@ -151,7 +149,7 @@ def _forwarding(process: subprocess.Popen) -> Iterator[_Stop]:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signum)
 
-    previous = {sig: signal.signal(sig, forward) for sig in FORWARDED}
+    previous = {sig: signal.signal(sig, forward) for sig in STOP_SIGNALS}
     try:
         yield stop
     finally:

@@ -31,7 +31,7 @@ from torch import nn
 from resilient_flows.checkpoint import Checkpointer, TrainState
 from resilient_flows.errors import LaunchError, Preempted, ResilientFlowsError, StorageFullError
 from resilient_flows.training.autotune import MAX_PERSIST_EVERY, AutoTuner, tuned_fields
-from resilient_flows.training.contract import node_local_dir
+from resilient_flows.training.contract import STOP_SIGNALS, node_local_dir
 from resilient_flows.training.control import (
     CloneOrder,
     RequestWatch,
@@ -60,9 +60,6 @@ logger = logging.getLogger(__name__)
 #: the pause between two tries of a checkpoint it cannot go on without (the last, or a stop's).
 STORAGE_RETRIES = 300
 STORAGE_RETRY_S = 2.0
-
-#: Signals a batch system sends before it stops a job (walltime, preemption).
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 
 
 def state_digest(module: Any) -> str:

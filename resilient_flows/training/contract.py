@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,7 +36,11 @@ from resilient_flows.training.control import member_dir
 from resilient_flows.training.mpi_member import EXIT_PREEMPTED
 from resilient_flows.training.spec import MemberSpec
 
-__all__ = ["ENV_NAMES", "EXIT_PREEMPTED", "REPORT_FILE", "RunContract", "node_local_dir"]
+__all__ = ["ENV_NAMES", "EXIT_PREEMPTED", "REPORT_FILE", "STOP_SIGNALS", "RunContract", "node_local_dir"]
+
+#: Signals a batch system sends before it stops a job (walltime, preemption): a member commits a
+#: checkpoint at its next step boundary and exits with :data:`EXIT_PREEMPTED`.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 
 _PREFIX = "RESILIENT_FLOWS_"
 
