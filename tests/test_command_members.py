@@ -17,7 +17,7 @@ import pytest
 
 from resilient_flows.apps import ResumingRetryHandler
 from resilient_flows.cli import main
-from resilient_flows.errors import Preempted, WorkflowError
+from resilient_flows.errors import Preempted, SiteConfigError, WorkflowError
 from resilient_flows.training import MemberSpec, RunContract, read_events
 from resilient_flows.training.command import CommandFailed, CommandKilled, run_command
 from resilient_flows.training.spec import CheckpointSpec
@@ -175,6 +175,22 @@ def test_placeholders_are_filled_per_member_of_a_grid_and_a_campaign(tmp_path: P
         "echo 16",
     ]
     assert {s.grace_s for s in specs} == {120.0, None} and {s.workload for s in specs} == {""}
+
+
+def test_the_site_grace_applies_to_command_members_that_name_none(tmp_path: Path) -> None:
+    site = tmp_path / "site.yaml"
+    site.write_text((HERE.parent / "site-configs" / "local.yaml").read_text() + "  stop_grace: 25s\n")
+    text = (
+        "name: g\nmembers:\n"
+        + sh_member("own", "exit 0", grace="2m")
+        + sh_member("site", "exit 0")
+        + "  - {name: builtin, workload: mlp-digits, steps: 3}\n"
+    )
+    specs = plan_workflow(load_workflow(write(tmp_path, text)), site=str(site), build_site=False).members
+    assert {s.name: s.grace_s for s in specs} == {"own": 120.0, "site": 25.0, "builtin": None}
+    site.write_text(site.read_text().replace("stop_grace: 25s", "stop_grace: -5s"))
+    with pytest.raises(SiteConfigError, match=r"facts\.stop_grace must be"):
+        plan_workflow(load_workflow(write(tmp_path, text)), site=str(site), build_site=False)
 
 
 def test_command_members_cannot_be_cloned_or_evaluated(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:

@@ -26,9 +26,10 @@ from pytorch_lightning.plugins.io.async_plugin import AsyncCheckpointIO
 from pytorch_lightning.plugins.io.torch_plugin import TorchCheckpointIO
 
 from resilient_flows.checkpoint.tiers import Tier
+from resilient_flows.checkpoint.tree import flatten
 from resilient_flows.errors import CheckpointError
 from resilient_flows.integrations.lightning import ResilientCallback, ResilientCheckpointIO
-from resilient_flows.integrations.pathstore import read_ref
+from resilient_flows.integrations.pathstore import load, read_ref
 from resilient_flows.training import MemberSpec, RunContract, read_events
 from resilient_flows.training.control import register_member
 from resilient_flows.training.spec import CheckpointSpec, FaultSpec
@@ -161,6 +162,51 @@ def test_model_checkpoint_top_k_and_last_work_unchanged_on_the_plugin(tmp_path: 
     assert resumed.ckpt_path == str(tmp_path / "ckpts" / "last.ckpt") and resumed.global_step == 45
 
 
+UNIFIED = """
+import sys
+import torch
+import lightning.pytorch as L  # the unified package's Lightning, imported first
+from resilient_flows.integrations.lightning import LIGHTNING, ResilientCallback, ResilientCheckpointIO
+
+assert LIGHTNING is L and "pytorch_lightning" not in sys.modules
+
+
+class Tiny(L.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.net = torch.nn.Linear(4, 1)
+
+    def training_step(self, batch, batch_idx):
+        return torch.nn.functional.mse_loss(self.net(batch[0]), batch[1])
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+x = torch.randn(64, 4, generator=torch.Generator().manual_seed(0))
+data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, x.sum(1, keepdim=True)), batch_size=8)
+for steps in (6, 10):
+    trainer = L.Trainer(
+        max_steps=steps, accelerator="cpu", plugins=[ResilientCheckpointIO(sys.argv[1])],
+        callbacks=[L.callbacks.ModelCheckpoint(sys.argv[1], every_n_train_steps=3, save_last=True),
+                   ResilientCallback()],
+        logger=False, enable_progress_bar=False, enable_model_summary=False,
+    )
+    trainer.fit(Tiny(), data, ckpt_path="last")
+    print(steps, trainer.ckpt_path is not None, trainer.global_step)
+"""
+
+
+def test_the_unified_lightning_package_gets_classes_of_its_own(tmp_path: Path) -> None:
+    pytest.importorskip("lightning", reason="the unified lightning package is not installed")
+    done = subprocess.run(
+        [sys.executable, "-c", UNIFIED, str(tmp_path)], capture_output=True, text=True, timeout=120, cwd=ROOT
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split("\n")[:2] == ["6 False 6", "10 True 10"]  # the second run resumed from step 6
+    assert committed(tmp_path) == [8, 5]  # global steps 9 and 6, the two kept
+
+
 # ------------------------------------------------------------------------------- as a workflow member
 
 
@@ -241,3 +287,32 @@ def test_a_member_stopped_by_a_signal_resumes_as_ddp_on_two_cpu_processes(tmp_pa
     assert committed(checkpoints)[:2] == [19, 14]  # written under DDP by rank 0 (global steps 20 and 15)
     result = report(run_dir, "ddp")
     assert result["step"] == 23 and result["ranks_agree"] is True  # rank 1 restored what rank 0 did
+
+
+@pytest.mark.slow
+def test_an_fsdp2_member_stopped_by_a_signal_resumes_to_the_weights_of_an_uninterrupted_run(tmp_path: Path) -> None:
+    fsdp = ("--devices", "2", "--strategy", "fsdp")
+    run_dir = tmp_path / "run"
+    spec = member(run_dir, "fsdp", steps=24, faults=(FaultSpec("preempt", 12),), interval=5)
+    first = attempt(spec, run_dir, 1, *fsdp)
+    assert first.returncode == 75, first.stderr[-3000:]
+    checkpoints = run_dir / "members" / "fsdp" / "checkpoints"
+    assert committed(checkpoints)[0] == 12 and read_ref(checkpoints / "last.ckpt").step == 12
+
+    second = attempt(spec, run_dir, 2, *fsdp)  # shards the full checkpoint it reads back
+    assert second.returncode == 0, second.stderr[-3000:]
+    kinds = [(e["kind"], e.get("step")) for e in read_events(run_dir) if e["kind"] in ("preempted", "resumed")]
+    assert kinds == [("preempted", 12), ("resumed", 12)]
+
+    plain = tmp_path / "plain"
+    argv = [sys.executable, str(SCRIPT), "--dir", str(plain), "--steps", "24", "--every", "5", "--seed", "3", *fsdp]
+    reference = subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert reference.returncode == 0, reference.stderr[-3000:]
+    _, resumed_state = load(checkpoints / "last.ckpt")
+    _, plain_state = load(plain / "last.ckpt")
+    for part in ("state_dict", "optimizer_states"):  # weights and Adam moments, bit for bit
+        names, resumed_leaves = flatten(resumed_state[part])
+        assert names == flatten(plain_state[part])[0]
+        for key, value in resumed_leaves.items():
+            assert torch.equal(value, flatten(plain_state[part])[1][key]), key
+    assert report(run_dir, "fsdp")["ranks_agree"] is True

@@ -141,6 +141,7 @@ def test_site_facts_describe_the_machine(user_env: None) -> None:
         node_mtbf_s=1825 * 86400.0,
         walltime_s=3600.0,
         stall_timeout_s=300.0,
+        stop_grace_s=8.0,
     )
     assert site_facts("theta").shared_fs == "/lus/theta-fs0/projects/MyAlloc"
     assert site_facts("aurora").gpus_per_node == 12 and site_facts("aurora").local_scratch == "/tmp"

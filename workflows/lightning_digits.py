@@ -23,9 +23,14 @@ import torch
 import torch.distributed as dist
 from pytorch_lightning.callbacks import ModelCheckpoint
 from torch import nn
+from torch.distributed.fsdp import fully_shard
 from torch.utils.data import DataLoader, Sampler, TensorDataset
 
-from resilient_flows.integrations.lightning import ResilientCallback, ResilientCheckpointIO
+from resilient_flows.integrations.lightning import (
+    ResilientCallback,
+    ResilientCheckpointIO,
+    ResilientModelParallelStrategy,
+)
 from resilient_flows.training import RunContract, load_dataset
 
 
@@ -40,6 +45,16 @@ class Digits(pl.LightningModule):
         loss = nn.functional.cross_entropy(self.net(x), y)
         self.log("train_loss", loss)
         return loss
+
+    def configure_model(self) -> None:
+        """Under ``--strategy fsdp``: shard each layer, then the rest, over the data-parallel ranks (FSDP2)."""
+        if not isinstance(self.trainer.strategy, ResilientModelParallelStrategy):
+            return
+        mesh = self.trainer.strategy.device_mesh["data_parallel"]
+        for layer in self.net:
+            if isinstance(layer, nn.Linear):
+                fully_shard(layer, mesh=mesh)
+        fully_shard(self.net, mesh=mesh)
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.SGD(self.parameters(), lr=self.hparams.lr, momentum=0.9)
@@ -95,7 +110,8 @@ def main() -> Digits:
     parser.add_argument("--steps", type=int, default=300, help="outside a workflow (a member's steps win)")
     parser.add_argument("--every", type=int, default=25, help="steps between checkpoints outside a workflow")
     parser.add_argument("--dir", help="checkpoint directory outside a workflow")
-    parser.add_argument("--devices", type=int, default=1, help="CPU processes (DDP with gloo when more than one)")
+    parser.add_argument("--devices", type=int, default=1, help="CPU processes (gloo when more than one)")
+    parser.add_argument("--strategy", choices=("ddp", "fsdp"), default="ddp", help="with more than one process")
     args = parser.parse_args()
 
     contract = RunContract.from_env() if "RESILIENT_FLOWS_RUN_DIR" in os.environ else None
@@ -114,7 +130,7 @@ def main() -> Digits:
         max_steps=args.steps,
         accelerator="cpu",
         devices=args.devices,
-        strategy="ddp" if args.devices > 1 else "auto",
+        strategy=strategy(args.strategy, args.devices),
         plugins=[io],
         callbacks=[
             ModelCheckpoint(
@@ -130,6 +146,17 @@ def main() -> Digits:
     model = Digits(args.lr)
     trainer.fit(model, loader, ckpt_path="last")  # resilient-flows (3/3): resume if there is a checkpoint
     return model
+
+
+def strategy(name: str, devices: int) -> Any:
+    """DDP, or FSDP2 through the strategy that resumes from resilient-flows checkpoints.
+
+    Lightning's default for ``ModelParallelStrategy`` is one data-parallel group per node and tensor
+    parallelism within it: every process here is data-parallel instead.
+    """
+    if name == "fsdp":
+        return ResilientModelParallelStrategy(data_parallel_size=devices, tensor_parallel_size=1)
+    return "ddp" if devices > 1 else "auto"
 
 
 if __name__ == "__main__":

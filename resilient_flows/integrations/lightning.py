@@ -22,8 +22,13 @@ Trainer checks its plugins and callbacks against its own package's classes), els
 installed, ``pytorch_lightning`` first. Import your Lightning before this module when both are
 installed.
 
-Under DDP (and FSDP with ``state_dict_type="full"``) Lightning gathers the checkpoint and calls
-the plugin on global rank 0 only; that rank writes it whole, and every rank reads it whole.
+Under DDP Lightning calls the plugin on global rank 0 only; that rank writes the checkpoint whole,
+and every rank reads it whole. FSDP2 (``fully_shard`` in ``configure_model``) runs under
+:class:`ResilientModelParallelStrategy`: Lightning's own FSDP strategies read checkpoints with
+``torch.load`` or DCP, around the plugin, so that one gathers the full state onto rank 0 to save
+and shards what every rank reads back, on any number of ranks. Each rank writing its own shard,
+as :class:`~resilient_flows.checkpoint.Checkpointer` does under ``TrainContext``, is not done
+for Lightning yet.
 """
 
 from __future__ import annotations
@@ -51,7 +56,7 @@ from resilient_flows.training.control import RequestWatch, member_dir, read_spec
 from resilient_flows.training.events import EventLog, MetricsLog
 from resilient_flows.training.spec import FaultSpec
 
-__all__ = ["LIGHTNING", "ResilientCallback", "ResilientCheckpointIO"]
+__all__ = ["LIGHTNING", "ResilientCallback", "ResilientCheckpointIO", "ResilientModelParallelStrategy"]
 
 logger = logging.getLogger(__name__)
 
@@ -78,10 +83,15 @@ LIGHTNING = _import_lightning()
 _CheckpointIO = LIGHTNING.plugins.CheckpointIO
 _Callback = LIGHTNING.Callback
 _ModelCheckpoint = LIGHTNING.callbacks.ModelCheckpoint
+_ModelParallelStrategy = LIGHTNING.strategies.ModelParallelStrategy
 
 
-#: Strategies whose ``load_checkpoint`` bypasses the CheckpointIO plugin (Lightning 2.6).
-_BYPASSING_STRATEGIES = ("FSDPStrategy", "ModelParallelStrategy", "DeepSpeedStrategy")
+#: Strategies whose ``load_checkpoint`` bypasses the CheckpointIO plugin (Lightning 2.6), and what to use.
+_BYPASSING_STRATEGIES = {
+    "FSDPStrategy": "ResilientModelParallelStrategy (FSDP2: fully_shard in configure_model) or DDP",
+    "ModelParallelStrategy": "ResilientModelParallelStrategy, which reads checkpoints through the plugin",
+    "DeepSpeedStrategy": "DDP or ResilientModelParallelStrategy",
+}
 
 
 def _contract() -> RunContract | None:
@@ -200,6 +210,59 @@ class ResilientCheckpointIO(_CheckpointIO):
         return self._store
 
 
+class ResilientModelParallelStrategy(_ModelParallelStrategy):
+    """Lightning's ``ModelParallelStrategy`` (FSDP2 and tensor parallelism) resuming from our checkpoints.
+
+    Lightning's strategy reads a checkpoint with ``torch.load`` or DCP, never through the Trainer's
+    ``CheckpointIO``; this one reads it through :class:`ResilientCheckpointIO`. Saving gathers the
+    full model and optimizer state onto global rank 0, which hands it to the plugin (a copy into
+    host buffers, then background writes). Every rank reads the checkpoint whole and keeps its
+    shards, so a run may resume on another number of ranks. The arguments are
+    ``ModelParallelStrategy``'s, less ``save_distributed_checkpoint``: Lightning's per-rank
+    checkpoints are DCP directories that the plugin never sees.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        if kwargs.pop("save_distributed_checkpoint", False):
+            raise ValueError(
+                "ResilientModelParallelStrategy saves through ResilientCheckpointIO, which gets the full state on "
+                "rank 0: save_distributed_checkpoint=True (a DCP directory per checkpoint) cannot go through it"
+            )
+        super().__init__(*args, save_distributed_checkpoint=False, **kwargs)
+
+    def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:
+        """Read ``checkpoint_path`` through the plugin and load its shards into the model and optimizers."""
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            set_model_state_dict,
+            set_optimizer_state_dict,
+        )
+
+        if not isinstance(self.checkpoint_io, ResilientCheckpointIO):
+            raise ResilientFlowsError(
+                "ResilientModelParallelStrategy reads checkpoints through ResilientCheckpointIO: "
+                "Trainer(strategy=ResilientModelParallelStrategy(), plugins=[ResilientCheckpointIO()])"
+            )
+        checkpoint = self.checkpoint_io.load_checkpoint(Path(self.broadcast(checkpoint_path)))
+        full = StateDictOptions(full_state_dict=True, strict=self.lightning_module.strict_loading)
+        set_model_state_dict(self.model, checkpoint.pop("state_dict"), options=full)
+        if self.lightning_module.trainer.state.fn == LIGHTNING.trainer.states.TrainerFn.FITTING:
+            for optimizer, state in zip(self.optimizers, checkpoint.get("optimizer_states", ()), strict=True):
+                state = _keyed_by_name(state, self.model)
+                set_optimizer_state_dict(self.model, optimizer, optim_state_dict=state, options=full)
+        return checkpoint
+
+
+def _keyed_by_name(state: dict[str, Any], model: torch.nn.Module) -> dict[str, Any]:
+    """Optimizer state as ``set_optimizer_state_dict`` takes it: Lightning saved it keyed by parameter index."""
+    from torch.distributed.fsdp import FullyShardedDataParallel, OptimStateKeyType
+
+    keys = [*state.get("state", {}), *(p for group in state.get("param_groups", ()) for p in group["params"])]
+    if not any(isinstance(key, int) for key in keys):
+        return state
+    return FullyShardedDataParallel.rekey_optim_state_dict(state, OptimStateKeyType.PARAM_NAME, model)
+
+
 def _to_device(node: Any, device: torch.device) -> Any:
     if isinstance(node, torch.Tensor):
         return node.to(device)
@@ -261,10 +324,11 @@ class ResilientCallback(_Callback):
                 "ResilientCallback needs the Trainer to checkpoint through ResilientCheckpointIO: "
                 "Trainer(plugins=[ResilientCheckpointIO()], callbacks=[..., ResilientCallback()])"
             )
-        if type(trainer.strategy).__name__ in _BYPASSING_STRATEGIES:
+        strategy = type(trainer.strategy).__name__
+        if strategy in _BYPASSING_STRATEGIES:
             raise ResilientFlowsError(
-                f"{type(trainer.strategy).__name__} loads checkpoints itself (torch.load of a file, or DCP), never "
-                "through the Trainer's CheckpointIO, so a resume could not read ours: use DDP"
+                f"{strategy} loads checkpoints itself (torch.load of a file, or DCP), never through the Trainer's "
+                f"CheckpointIO, so a resume could not read ours: use {_BYPASSING_STRATEGIES[strategy]}"
             )
         if self.contract is not None and trainer.is_global_zero:
             self._metrics = MetricsLog(self._directory / "metrics.jsonl")

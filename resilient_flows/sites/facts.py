@@ -12,6 +12,8 @@ Parsl::
       node_mtbf: 1825d              # mean time between failures of one node; null if unknown
       walltime: "01:00:00"          # of one block: 6h, 90m or HH:MM:SS; null if unlimited
       stall_timeout: 2m             # silence after which a running attempt is lost; default 60s
+      stop_grace: 90s               # a command member's time to exit after a forwarded stop signal;
+                                    # default 60s; a member's own grace: wins
 
 Durations take the units of :func:`resilient_flows.units.parse_duration` (s, m, h, d);
 ``walltime`` also takes Parsl's ``HH:MM:SS``, so a YAML anchor can share it with the provider.
@@ -33,7 +35,15 @@ from resilient_flows.units import parse_duration
 __all__ = ["SiteFacts", "site_facts"]
 
 _REQUIRED = ("nodes", "cores_per_node")
-_OPTIONAL = ("gpus_per_node", "local_scratch", "shared_fs", "node_mtbf", "walltime", "stall_timeout")
+_OPTIONAL = (
+    "gpus_per_node",
+    "local_scratch",
+    "shared_fs",
+    "node_mtbf",
+    "walltime",
+    "stall_timeout",
+    "stop_grace",
+)
 
 #: Seconds a running attempt may stay silent before it is declared lost, unless the site says.
 DEFAULT_STALL_TIMEOUT_S = 60.0
@@ -48,6 +58,9 @@ class SiteFacts:
     or ``None`` when the machine has no such storage. ``stall_timeout_s`` is the least silence
     (no heartbeat) after which the runner declares an attempt lost (see
     :mod:`resilient_flows.workflow.watchdog`); a slow machine or file system wants more.
+    ``stop_grace_s`` is how long a command member has to commit and exit after a forwarded stop
+    signal before it is killed: set it below the time between the batch system's warning signal
+    and its kill. ``None``: the launcher's default, unless the member says.
     """
 
     name: str
@@ -59,6 +72,7 @@ class SiteFacts:
     node_mtbf_s: float | None = None
     walltime_s: float | None = None
     stall_timeout_s: float = DEFAULT_STALL_TIMEOUT_S
+    stop_grace_s: float | None = None
 
 
 def site_facts(name_or_path: str | os.PathLike = "local") -> SiteFacts:
@@ -95,6 +109,7 @@ def parse_facts(raw: Any, name: str, where: str) -> SiteFacts:
         node_mtbf_s=_seconds(raw.get("node_mtbf"), "node_mtbf", where),
         walltime_s=_seconds(raw.get("walltime"), "walltime", where, clock=True),
         stall_timeout_s=_seconds(raw.get("stall_timeout"), "stall_timeout", where) or DEFAULT_STALL_TIMEOUT_S,
+        stop_grace_s=_seconds(raw.get("stop_grace"), "stop_grace", where),
     )
 
 

@@ -28,4 +28,4 @@ def plan_workflow(
         from resilient_flows.sites import load_site
 
         load_site(site_name)
-    return Plan(workflow, site_name, tuple(workflow.member_specs(local_root, facts.node_mtbf_s)))
+    return Plan(workflow, site_name, tuple(workflow.member_specs(local_root, facts.node_mtbf_s, facts.stop_grace_s)))

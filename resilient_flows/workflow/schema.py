@@ -636,9 +636,12 @@ class Workflow(_Strict):
                 )
         return self
 
-    def member_specs(self, local_root: str | None, node_mtbf_s: float | None = None) -> list[MemberSpec]:
+    def member_specs(
+        self, local_root: str | None, node_mtbf_s: float | None = None, stop_grace_s: float | None = None
+    ) -> list[MemberSpec]:
         """One spec per expanded member; ``local_root`` is this run's directory on node-local scratch,
-        ``node_mtbf_s`` the site's node MTBF (for ``interval: auto``)."""
+        ``node_mtbf_s`` the site's node MTBF (for ``interval: auto``), ``stop_grace_s`` the site's
+        grace for command members that name none."""
         specs = []
         for family, member in self._families():
             for name, seed, params in member.expand():
@@ -654,7 +657,7 @@ class Workflow(_Strict):
                         workload=member.workload or "",
                         command=command,
                         workdir=None if command is None or self._directory is None else str(self._directory),
-                        grace_s=member.grace,
+                        grace_s=None if command is None else member.grace or stop_grace_s,
                         params=params,
                         seed=seed,
                         steps=member.steps,
