@@ -17,9 +17,11 @@ import pytest
 
 from resilient_flows.apps import ResumingRetryHandler
 from resilient_flows.cli import main
+from resilient_flows.clone import request_clone
 from resilient_flows.errors import Preempted, SiteConfigError, WorkflowError
 from resilient_flows.training import MemberSpec, RunContract, read_events
 from resilient_flows.training.command import CommandFailed, CommandKilled, run_command
+from resilient_flows.training.control import read_spec, register_member
 from resilient_flows.training.spec import CheckpointSpec
 from resilient_flows.workflow import load_workflow, plan_workflow
 from resilient_flows.workflow.status import loss_curve, member_statuses
@@ -193,10 +195,22 @@ def test_the_site_grace_applies_to_command_members_that_name_none(tmp_path: Path
         plan_workflow(load_workflow(write(tmp_path, text)), site=str(site), build_site=False)
 
 
-def test_command_members_cannot_be_cloned_or_evaluated(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    clone = VALID + "clones:\n  - {member: m, at_step: 2}\n"
-    assert main(["validate", str(write(tmp_path, clone))]) == 2
-    assert "clone names member 'm', a command member: only workloads clone" in capsys.readouterr().err
+def test_a_clone_of_a_command_member_gets_its_own_command_line(tmp_path: Path) -> None:
+    text = VALID.replace('"echo {lr} {seed}"', '"echo {lr} {seed} {name}"') + "clones:\n  - {member: m, at_step: 2}\n"
+    assert main(["validate", str(write(tmp_path, text))]) == 0
+    (spec,) = plan_workflow(load_workflow(write(tmp_path, text)), build_site=False).members
+    run_dir = tmp_path / "run"
+    register_member(run_dir, spec)
+    names = request_clone(run_dir, "m", 2, [{}, {"lr": 0.5, "seed": 7}])
+    clones = [read_spec(run_dir, name) for name in names]
+    assert [c.command for c in clones] == [
+        ["sh", "-c", "echo 0.1 0 m.c1"],
+        ["sh", "-c", "echo 0.5 7 m.c2"],
+    ]
+    assert clones[1].params == {"lr": 0.5} and clones[1].command_template == spec.command_template
+
+
+def test_command_members_cannot_be_evaluated(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     analytics = VALID + "analytics:\n  - {after: 5s}\n"
     assert main(["validate", str(write(tmp_path, analytics))]) == 2
     assert "would evaluate command members (m)" in capsys.readouterr().err
@@ -312,6 +326,7 @@ def test_command_members_finish_resume_bitwise_and_cost_what_their_exit_says(tmp
         + sh_member("lost", 'test "$RESILIENT_FLOWS_ATTEMPT" -ge 2 || kill -9 $$')
         + sh_member("broken", "echo broken for good >&2; exit 3")
         + "faults:\n  - {kill: killed, at_step: 25}\n  - {preempt: stopped, at_step: 15}\n"
+        + "clones:\n  - {member: ok, at_step: 10, n: 2, overrides: [{}, {lr: 0.2}]}\n"
     )
     run_dir = tmp_path / "run"
     assert main(["run", str(write(tmp_path, text)), "--run-dir", str(run_dir)]) == 1  # broken failed
@@ -346,6 +361,14 @@ def test_command_members_finish_resume_bitwise_and_cost_what_their_exit_says(tmp
     assert digest_of(run_dir, "killed") == digest_of(run_dir, "ok") == digest_of(run_dir, "stopped")
     assert loss_curve(run_dir, "killed") == loss_curve(run_dir, "ok") == loss_curve(run_dir, "stopped")
     assert sorted(loss_curve(run_dir, "ok")) == list(range(40))
+
+    # clones of the script, forked after step 10 without stopping it: the unchanged one ends bit for
+    # bit like its source, the other runs its own command line (--lr 0.2) from the same state
+    assert [(e["step"], e["clones"]) for e in events if e["kind"] == "forked"] == [(10, ["ok.c1", "ok.c2"])]
+    assert digest_of(run_dir, "ok.c1") == digest_of(run_dir, "ok")
+    assert loss_curve(run_dir, "ok.c1") == {s: v for s, v in loss_curve(run_dir, "ok").items() if s > 10}
+    assert digest_of(run_dir, "ok.c2") != digest_of(run_dir, "ok")
+    assert read_spec(run_dir, "ok.c2").command[-2:] == ["--lr", "0.2"]
 
     # the table: progress for the script that logs through from_env, state alone for the others
     statuses = member_statuses(run_dir, [(n, s) for n, s in (("ok", 40), ("exit1", 1), ("broken", 1))])

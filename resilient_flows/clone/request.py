@@ -26,6 +26,7 @@ from resilient_flows.training.control import (
 )
 from resilient_flows.training.events import EventLog
 from resilient_flows.training.spec import OPTIMIZER_KEYS, CheckpointSpec, MemberSpec, ParentSpec
+from resilient_flows.workflow.commands import fill_command
 
 __all__ = ["allowed_overrides", "check_overrides", "request_clone"]
 
@@ -116,17 +117,24 @@ def _new_names(run_dir: Path, member: str, n: int) -> list[str]:
 
 
 def _clone_spec(source: MemberSpec, name: str, changes: dict[str, Any], parent: ParentSpec, ranks: int) -> MemberSpec:
-    params = {k: v for k, v in changes.items() if k not in ("seed", "steps")}
+    params = {**source.params, **{k: v for k, v in changes.items() if k not in ("seed", "steps")}}
+    seed, steps = int(changes.get("seed", source.seed)), int(changes.get("steps", source.steps))
     local = source.checkpoint.local_dir
     checkpoint: CheckpointSpec = replace(
         source.checkpoint, local_dir=None if local is None else str(PurePosixPath(local).parent / name)
     )
+    command = source.command
+    if source.command_template is not None:  # the clone's own command line: {lr} is its lr
+        workdir = None if source.workdir is None else Path(source.workdir)
+        values = {**params, "name": name, "seed": seed, "steps": steps}
+        command = fill_command(source.command_template, values, workdir)
     return replace(
         source,
         name=name,
-        params={**source.params, **params},
-        seed=int(changes.get("seed", source.seed)),
-        steps=int(changes.get("steps", source.steps)),
+        params=params,
+        seed=seed,
+        steps=steps,
+        command=command,
         checkpoint=checkpoint,
         faults=(),
         parent=parent,

@@ -330,6 +330,11 @@ class ResilientCallback(_Callback):
                 f"{strategy} loads checkpoints itself (torch.load of a file, or DCP), never through the Trainer's "
                 f"CheckpointIO, so a resume could not read ours: use {_BYPASSING_STRATEGIES[strategy]}"
             )
+        if self._spec is not None and self._spec.parent is not None:
+            raise ResilientFlowsError(
+                f"member {self._spec.name} is a clone of {self._spec.parent.member}, and Lightning members do not "
+                "clone yet: clone members whose scripts use from_env()"
+            )
         if self.contract is not None and trainer.is_global_zero:
             self._metrics = MetricsLog(self._directory / "metrics.jsonl")
             self._watch = RequestWatch(self._directory)

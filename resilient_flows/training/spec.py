@@ -97,6 +97,8 @@ class MemberSpec:
     A command member runs ``command`` (an argv, placeholders already filled) in ``workdir`` (the
     workflow file's directory) instead of a workload, whose name is then empty; a stop signal
     forwarded to it is followed by SIGKILL after ``grace_s`` seconds (None: the default, 60 s).
+    ``command_template`` is the command as the workflow wrote it, placeholders unfilled, so that a
+    clone with other params gets its own command line.
     See :mod:`resilient_flows.training.contract` for what the command finds in its environment.
     """
 
@@ -118,6 +120,7 @@ class MemberSpec:
     command: list[str] | None = None
     workdir: str | None = None
     grace_s: float | None = None
+    command_template: list[str] | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.ranks, int) or self.ranks < 1:

@@ -609,8 +609,6 @@ class Workflow(_Strict):
         for clone in self.clones:
             if clone.member not in specs:
                 raise ValueError(f"clone names member {clone.member!r}, which is not one of {', '.join(names)}")
-            if clone.member in commands:
-                raise ValueError(f"clone names member {clone.member!r}, a command member: only workloads clone")
             per_clone = clone.overrides if isinstance(clone.overrides, list) else [clone.overrides] * clone.n
             if len(per_clone) != clone.n:
                 raise ValueError(f"{len(per_clone)} sets of overrides for {clone.n} clones")
@@ -656,6 +654,7 @@ class Workflow(_Strict):
                         name=name,
                         workload=member.workload or "",
                         command=command,
+                        command_template=None if command is None else list(member.command),
                         workdir=None if command is None or self._directory is None else str(self._directory),
                         grace_s=None if command is None else member.grace or stop_grace_s,
                         params=params,
