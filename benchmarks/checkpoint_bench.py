@@ -19,7 +19,10 @@ Sections of the first table:
   running during the next step, and the writer's own interference is shown apart (the whole next
   step against one without a checkpoint) and lands in the throughput (a checkpoint every k steps
   against none). Also: time to a durable commit, flush throughput from a node-local tier (a
-  temporary directory under the system's temp dir) to the target directory, and restore.
+  temporary directory under ``--local-dir``, by default the system's temp dir; ``/dev/shm``
+  takes the local disk out of the picture) to the target directory, and restore. The flush
+  writes from the engine's host arena, which still holds the checkpoint: the figure is the
+  shared tier's write path, against a raw write + fsync of as many bytes there.
 * ``baselines``: ``torch.save`` (synchronous: its stall is its whole time), DCP ``save`` and
   ``async_save`` (stall: until it returns; torch 2.13 runs DCP without a process group, as
   ``no_dist=True`` asks),
@@ -36,7 +39,8 @@ and flush threads need a core, as they have on a GPU node whose host cores idle 
 giving training every core would measure CPU contention with checkpoint I/O instead. The
 ``limits`` copy runs with the same thread count as the engine's copy.
 
-Run ``python benchmarks/checkpoint_bench.py [--quick | --full | --size 256MiB] [--json PATH]``.
+Run ``python benchmarks/checkpoint_bench.py [--quick | --full | --size 256MiB] [--json PATH]
+[--local-dir /dev/shm]``.
 """
 
 from __future__ import annotations
@@ -462,6 +466,9 @@ def main(argv: list[str] | None = None) -> None:
     mode.add_argument("--size", type=parse_size, help=f"state size, e.g. 256MiB (default {SIZES['default'] // MiB}MiB)")
     parser.add_argument("--dir", type=Path, help="target directory (default: a temporary one in ./bench-results)")
     parser.add_argument("--json", type=Path, help="write every figure, ratio and the configuration here")
+    parser.add_argument(
+        "--local-dir", type=Path, help="where the flush's node-local tier lives (default: the system's temp dir)"
+    )
     parser.add_argument("--skip-mpi", action="store_true", help="leave out the mpiexec -n 2 part")
     parser.add_argument("--reps", type=int, help=f"rounds per median, >= 5 (default {REPS['default']}, quick 5)")
     parser.add_argument("--mpi-worker", action="store_true", help=argparse.SUPPRESS)
@@ -481,7 +488,7 @@ def main(argv: list[str] | None = None) -> None:
     made_base = not base.exists()
     base.mkdir(parents=True, exist_ok=True)
     root = Path(tempfile.mkdtemp(prefix="checkpoint-bench-", dir=base))
-    local = Path(tempfile.mkdtemp(prefix="checkpoint-bench-local-"))
+    local = Path(tempfile.mkdtemp(prefix="checkpoint-bench-local-", dir=args.local_dir))
     figures: dict[str, float] = {}
 
     def phase(name: str) -> None:
@@ -516,10 +523,14 @@ def main(argv: list[str] | None = None) -> None:
     checks = ratios(figures)
     print_report(figures, checks)
     wall = time.perf_counter() - started
-    console.print(f"wall time {wall:.1f} s, torch threads {threads}, {reps} rounds per median, target {base}")
+    console.print(
+        f"wall time {wall:.1f} s, torch threads {threads}, {reps} rounds per median, target {base}, "
+        f"node-local tier {local.parent}"
+    )
     if args.json:
         config = {"state_bytes": work.nbytes, "width": work.width, "depth": DEPTH, "batch": BATCH, "reps": reps}
-        config |= {"torch_threads": threads, "target_dir": str(base), "wall_s": wall, "torch": torch.__version__}
+        config |= {"torch_threads": threads, "target_dir": str(base), "local_dir": str(local.parent)}
+        config |= {"wall_s": wall, "torch": torch.__version__}
         units = {key: {"value": v, "unit": FIGURES[key][1], "label": FIGURES[key][2]} for key, v in figures.items()}
         args.json.write_text(json.dumps({"figures": units, "ratios": checks, "config": config}, indent=1))
 

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
         CorruptCheckpointError,
         Stateful,
         StateMismatchError,
+        TierSpec,
         TrainState,
         read_checkpoint,
     )
@@ -60,6 +61,7 @@ _SOURCES = {
         "CorruptCheckpointError",
         "StateMismatchError",
         "Stateful",
+        "TierSpec",
         "TrainState",
         "read_checkpoint",
     ),
@@ -110,6 +112,7 @@ __all__ = [
     "SiteConfigError",
     "StateMismatchError",
     "Stateful",
+    "TierSpec",
     "TrainContext",
     "TrainState",
     "Workflow",

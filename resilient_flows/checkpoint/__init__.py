@@ -1,4 +1,4 @@
-"""Asynchronous, sharded, two-level checkpoints of PyTorch training state.
+"""Asynchronous, sharded, multi-level checkpoints of PyTorch training state.
 
 Nothing here imports Parsl: the engine is useful, and tested, on its own. Names are imported on
 first use (PEP 562), so that the runner can read a tier's committed steps without torch.
@@ -13,7 +13,7 @@ from resilient_flows.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from resilient_flows.checkpoint.catalog import CheckpointInfo, scan
-    from resilient_flows.checkpoint.engine import Checkpointer, CheckpointStats, SkippedCheckpoint
+    from resilient_flows.checkpoint.engine import Checkpointer, CheckpointStats, SkippedCheckpoint, TierSpec
     from resilient_flows.checkpoint.export import ExportResult, export
     from resilient_flows.checkpoint.reader import read_checkpoint
     from resilient_flows.checkpoint.state import Stateful, TrainState
@@ -28,6 +28,7 @@ __all__ = [
     "SkippedCheckpoint",
     "StateMismatchError",
     "Stateful",
+    "TierSpec",
     "TrainState",
     "export",
     "read_checkpoint",
@@ -36,7 +37,7 @@ __all__ = [
 
 _SOURCES = {
     "resilient_flows.checkpoint.catalog": ("CheckpointInfo", "scan"),
-    "resilient_flows.checkpoint.engine": ("Checkpointer", "CheckpointStats", "SkippedCheckpoint"),
+    "resilient_flows.checkpoint.engine": ("Checkpointer", "CheckpointStats", "SkippedCheckpoint", "TierSpec"),
     "resilient_flows.checkpoint.export": ("ExportResult", "export"),
     "resilient_flows.checkpoint.reader": ("read_checkpoint",),
     "resilient_flows.checkpoint.state": ("Stateful", "TrainState"),

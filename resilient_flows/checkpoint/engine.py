@@ -3,7 +3,7 @@
 It is a facade over three parts, each with its contract where it is defined, as in PyTorch's DCP:
 what each rank writes (:mod:`~resilient_flows.checkpoint.planner`: boxes of replicated and sharded
 arrays, balanced by bytes), how it is written (:mod:`~resilient_flows.checkpoint.writer`: host
-arena -> node-local tier -> shared tier, committed per tier), and how it is read back
+arena -> node-local tiers -> shared tier, committed per tier), and how it is read back
 (:mod:`~resilient_flows.checkpoint.reader`: verify, reshard into the live layout).
 
 Order of operations for one ``save`` (each rank):
@@ -21,11 +21,12 @@ import atexit
 import contextlib
 import logging
 import os
+import socket
 import threading
 import time
 import weakref
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -45,9 +46,32 @@ from resilient_flows.checkpoint.tree import Leaf, dtype_of, flatten
 from resilient_flows.checkpoint.writer import CheckpointStats, WriteJob, WritePipeline
 from resilient_flows.errors import CheckpointError, StorageFullError, is_storage_full
 
-__all__ = ["CheckpointStats", "Checkpointer", "SkippedCheckpoint"]
+__all__ = ["CheckpointStats", "Checkpointer", "SkippedCheckpoint", "TierSpec"]
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class TierSpec:
+    """One storage tier of a :class:`Checkpointer`, in a list ordered fastest first.
+
+    Parameters
+    ----------
+    path:
+        The tier's directory. Every tier but the last is node-local (``/dev/shm/...``,
+        ``/local/scratch/...``): each node keeps its own ranks' shards there. The last one is
+        shared by every node (the parallel file system) and survives the job.
+    persist_every:
+        Every ``persist_every``-th checkpoint sent to the previous tier is also sent on to this
+        one, in the background. The first tier gets every checkpoint (it must be 1 there).
+    name:
+        How messages and ``on_commit`` call the tier. Default: ``"local"`` for the first of
+        several, ``"local-<index>"`` for the next node-local ones, ``"shared"`` for the last.
+    """
+
+    path: str | os.PathLike
+    persist_every: int = 1
+    name: str | None = None
 
 
 @dataclass(frozen=True)
@@ -65,7 +89,7 @@ class _Layout:
 
 
 class Checkpointer:
-    """Asynchronous, sharded, two-level checkpoints of a training state.
+    """Asynchronous, sharded, multi-level checkpoints of a training state.
 
     Parameters
     ----------
@@ -77,6 +101,13 @@ class Checkpointer:
     persist_every:
         With ``local_dir``, every ``persist_every``-th checkpoint also goes to the shared tier.
         ``save(..., persist=True)`` forces it (use it for the last checkpoint before a walltime).
+    tiers:
+        Instead of the three above, any number of tiers, fastest first, each a :class:`TierSpec`
+        (or a path, for ``TierSpec(path)``): e.g. ``[TierSpec("/dev/shm/x"),
+        TierSpec("/scratch/x", persist_every=2), TierSpec("/lus/x", persist_every=4)]``. A
+        checkpoint is committed in the first, then flushed on from tier to tier in the
+        background, from host memory while the next save has not reused it. ``persist=True``
+        sends it through every tier. Restore takes the newest valid step found in any tier.
     keep:
         Committed checkpoints kept per tier; older ones are pruned after each commit.
     comm:
@@ -95,31 +126,32 @@ class Checkpointer:
 
     def __init__(
         self,
-        directory: str | os.PathLike,
+        directory: str | os.PathLike | None = None,
         *,
         local_dir: str | os.PathLike | None = None,
-        persist_every: int = 1,
+        persist_every: int | None = None,
+        tiers: Sequence[TierSpec | str | os.PathLike] | None = None,
         keep: int = 3,
         comm: Any = None,
         pin_memory: bool | None = None,
     ) -> None:
-        _check_positive_int("persist_every", persist_every)
         _check_positive_int("keep", keep)
-        self.shared = Tier(directory, "shared")
-        self.local = Tier(local_dir, "local") if local_dir is not None else None
-        if self.local is not None and _same_path(self.local.path, self.shared.path):
-            raise ValueError(f"local_dir and directory are the same directory {self.shared.path}")
-        self.persist_every = persist_every
+        specs = _tier_specs(directory, local_dir, persist_every, tiers)
+        self.tiers = [Tier(spec.path, spec.name) for spec in specs]
+        self._every = [spec.persist_every for spec in specs]
+        self._sent = [0] * len(specs)  # per tier: checkpoints sent to the tier before it
+        self.shared = self.tiers[-1]
+        self.local = self.tiers[0] if len(self.tiers) > 1 else None
         self.keep = keep
         self.comm = as_comm(comm)
         self.rank, self.world_size = self.comm.rank, self.comm.size
-        self.stats = CheckpointStats()
+        self.stats = CheckpointStats.of_tiers(len(self.tiers))
         self.skipped: list[SkippedCheckpoint] = []
         problem = None
         try:
             for tier in self.tiers:
                 tier.path.mkdir(parents=True, exist_ok=True)
-                if tier is self.local or self.rank == 0:
+                if tier is not self.shared or self.rank == 0:
                     tier.clean_debris()
         except OSError as exc:
             problem = f"cannot prepare the {tier.name} checkpoint directory {tier.path}: {exc}"
@@ -127,13 +159,13 @@ class Checkpointer:
         if any(problems):
             raise CheckpointError(first_problem(problems))
         newest = [tier.committed_steps()[:1] for tier in self.tiers]
-        self._newest = max((s for steps in self.comm.allgather(newest) for t in steps for s in t), default=-1)
+        gathered = self.comm.allgather((newest, socket.gethostname()))
+        self._newest = max((s for steps, _ in gathered for t in steps for s in t), default=-1)
+        self.nodes = len({host for _, host in gathered})
         self._group_ranks = self.comm.group_ranks()
 
         pin = torch.cuda.is_available() if pin_memory is None else pin_memory
         self._arena = HostArena(pin_memory=pin)
-        self._arena_free = threading.Event()
-        self._arena_free.set()
         self._copier = CopyWorker()
         self._plans: dict[tuple[ArraySpec, ...], tuple[list[list[WriteItem]], str]] = {}
         self._held: dict[Any, tuple[HeldBox, ...]] = {}
@@ -142,16 +174,26 @@ class Checkpointer:
         self._pending_snapshot: Snapshot | None = None
         self._hooked: weakref.WeakKeyDictionary[torch.optim.Optimizer, Any] = weakref.WeakKeyDictionary()
         self._closed = False
-        self._pipeline = WritePipeline(
-            self.tiers, self.comm, keep, self._arena, self._arena_free, self._record, self.stats
-        )
+        self._pipeline = WritePipeline(self.tiers, self.comm, keep, self._arena, self._record, self.stats)
         self._pipeline.comm.allgather(None)  # nobody writes before every rank has cleaned up
         atexit.register(_close_at_exit, weakref.ref(self))
 
     @property
-    def tiers(self) -> list[Tier]:
-        """Fastest first."""
-        return [self.local, self.shared] if self.local is not None else [self.shared]
+    def persist_every(self) -> int:
+        """The last tier's ``persist_every``: what ``local_dir`` + ``persist_every`` set, and what
+        ``interval: auto`` tunes."""
+        return self._every[-1]
+
+    @persist_every.setter
+    def persist_every(self, value: int) -> None:
+        _check_positive_int("persist_every", value)
+        self._every[-1] = value
+
+    @property
+    def flushing(self) -> bool:
+        """A checkpoint is on its way to a tier after the first right now (to the only tier, with
+        one): what a training loop tags its step times with to measure a flush's interference."""
+        return self._pipeline.flushing
 
     # ------------------------------------------------------------------ saving
 
@@ -168,14 +210,19 @@ class Checkpointer:
         """Checkpoint ``state`` as of ``step``; return once later mutation cannot alter it.
 
         Blocks first while the previous checkpoint still occupies the host arena (at most one
-        checkpoint is staged at a time; ``stats.last_wait`` says how long). With ``overlap=True``
+        checkpoint is staged at a time; a flush still sending the previous one from the arena lets
+        go within one chunk and reads the rest from the lower tier; ``stats.last_wait`` says how
+        long). With ``overlap=True``
         parameters and optimizer state are copied while the next forward/backward pass runs and
         ``optimizer.step()`` waits for that copy; everything else is copied before returning.
         A failure of an earlier checkpoint is raised as :class:`CheckpointError` after this one is
         queued, so that all ranks always queue the same checkpoints.
 
+        ``persist=True`` sends this checkpoint through every tier, ``False`` keeps it in the first;
+        by default each tier's ``persist_every`` decides.
+
         ``on_commit(tier, step)`` runs on every rank in a background thread once this checkpoint is
-        committed in a tier (the local one, then the shared one), before retention may prune it:
+        committed in a tier (fastest first, up to the shared one), before retention may prune it:
         the place to hand the checkpoint to someone else (a clone) without stalling training.
         Its exceptions are logged, never raised. ``cached`` writes the shards through the page
         cache rather than with direct I/O, so that a reader on this node right after the commit
@@ -192,9 +239,6 @@ class Checkpointer:
             )
         self._newest = step
         started = time.perf_counter()
-        self._arena_free.wait()
-        waited = time.perf_counter() - started
-
         stateful = _as_stateful(state)
         if overlap and not (isinstance(stateful, TrainState) and stateful.optimizer is not None):
             raise ValueError("overlap=True needs a TrainState with an optimizer: its step() waits for the copy")
@@ -202,7 +246,9 @@ class Checkpointer:
         leaves = {**layout.arrays, **layout.local_arrays}
         deferrable = stateful.deferrable() if overlap else lambda name: False
 
-        self._arena_free.clear()
+        before = time.perf_counter()
+        generation = self._arena.acquire()  # the flush of the previous checkpoint re-reads from here on
+        waited = time.perf_counter() - before
         try:
             views = self._arena.views(layout.entries)
             tasks = [
@@ -215,15 +261,14 @@ class Checkpointer:
             if overlap:
                 self._pending_snapshot = snapshot
         except BaseException:
-            self._arena_free.set()
+            self._arena.release(generation)
             raise
 
         self.stats.saves += 1
-        if persist is None:
-            persist = self.stats.saves % self.persist_every == 0
         job = WriteJob(
             step=step,
-            persist=persist and self.local is not None,
+            depth=self._depth(persist),
+            generation=generation,
             snapshot=snapshot,
             entries=layout.entries,
             layout=layout.digest,
@@ -246,6 +291,17 @@ class Checkpointer:
         self._raise_pending()  # after queueing: every rank queues the same checkpoints, errors or not
         return self.stats
 
+    def _depth(self, persist: bool | None) -> int:
+        """How many tiers this save goes to: tier k when it is the ``persist_every``-th sent to
+        tier k-1 (all with ``persist=True``, only the first with ``persist=False``)."""
+        depth = 1
+        for index in range(1, len(self.tiers)):
+            self._sent[index] += 1
+            if not (persist or (persist is None and self._sent[index] % self._every[index] == 0)):
+                break
+            depth += 1
+        return depth
+
     def prepare(self, state: Any) -> None:
         """Allocate and touch the host arena for ``state``'s layout now, in the background.
 
@@ -259,18 +315,17 @@ class Checkpointer:
         """
         self._check_open()
         entries = self._layout(_as_stateful(state)).entries
-        self._arena_free.wait()  # never while a checkpoint occupies the arena
-        self._arena_free.clear()
-        threading.Thread(target=self._allocate, args=(entries,), name="rf-arena", daemon=True).start()
+        generation = self._arena.acquire()  # never while a checkpoint occupies the arena
+        threading.Thread(target=self._allocate, args=(entries, generation), name="rf-arena", daemon=True).start()
 
-    def _allocate(self, entries: list[ShardEntry]) -> None:
+    def _allocate(self, entries: list[ShardEntry], generation: int) -> None:
         try:
             self._arena.views(entries)
             self._arena.touch()
         except Exception as exc:  # the save that follows allocates again and reports its own failure
             logger.warning("preparing the host arena failed: %r", exc)
         finally:
-            self._arena_free.set()
+            self._arena.release(generation)
 
     def _layout(self, stateful: Stateful) -> _Layout:
         """What this rank stages for ``stateful``: flattened arrays, the plan, its own pieces in order."""
@@ -402,7 +457,7 @@ class Checkpointer:
         self._drain()
         removed: set[int] = set()
         for tier in self.tiers:
-            if tier is self.local:
+            if tier is not self.shared:
                 removed.update(tier.discard_after(step, own_files=[self._pipeline.shard_name]))
             elif self.rank == 0:
                 removed.update(tier.discard_after(step))
@@ -486,6 +541,50 @@ def _as_stateful(state: Any) -> Stateful:
 def _check_positive_int(name: str, value: Any) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+
+
+def _tier_specs(
+    directory: str | os.PathLike | None,
+    local_dir: str | os.PathLike | None,
+    persist_every: int | None,
+    tiers: Sequence[TierSpec | str | os.PathLike] | None,
+) -> list[TierSpec]:
+    """The tiers, fastest first, named: from ``tiers=`` or from the two-tier shorthand."""
+    if tiers is None:
+        if directory is None:
+            raise ValueError("Checkpointer needs directory= (the shared tier) or tiers=")
+        every = 1 if persist_every is None else persist_every
+        _check_positive_int("persist_every", every)
+        if local_dir is None:
+            return [TierSpec(directory, every, name="shared")]
+        if _same_path(Path(local_dir), Path(directory)):
+            raise ValueError(f"local_dir and directory are the same directory {Path(directory)}")
+        return [TierSpec(local_dir, name="local"), TierSpec(directory, every, name="shared")]
+    given = [name for name, value in (("directory", directory), ("local_dir", local_dir)) if value is not None]
+    if persist_every is not None:
+        given.append("persist_every")
+    if given:
+        raise ValueError(f"tiers= replaces {' and '.join(given)}: give each tier's path and persist_every in tiers")
+    if isinstance(tiers, str | os.PathLike) or not tiers:
+        raise ValueError(f"tiers must be a non-empty list of TierSpec or paths, got {tiers!r}")
+    specs = [spec if isinstance(spec, TierSpec) else TierSpec(spec) for spec in tiers]
+    seen: dict[Path, int] = {}
+    for index, spec in enumerate(specs):
+        _check_positive_int(f"tiers[{index}].persist_every", spec.persist_every)
+        where = Path(spec.path).resolve()
+        if where in seen:
+            raise ValueError(f"tiers[{index}] and tiers[{seen[where]}] are the same directory {where}")
+        seen[where] = index
+    if specs[0].persist_every != 1:
+        first = specs[0].persist_every
+        raise ValueError(f"tiers[0].persist_every must be 1 (the first tier gets every save), got {first}")
+    return [replace(spec, name=spec.name or _tier_name(i, len(specs))) for i, spec in enumerate(specs)]
+
+
+def _tier_name(index: int, count: int) -> str:
+    if index == count - 1:
+        return "shared"
+    return "local" if index == 0 else f"local-{index}"
 
 
 def _same_path(a: Path, b: Path) -> bool:

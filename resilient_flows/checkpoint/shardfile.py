@@ -8,9 +8,11 @@ shape, so ``safetensors.torch.load_file`` on a shard gives correctly shaped tens
 
 Two checksums: one per piece, so that a rank restoring part of a checkpoint verifies exactly what
 it reads; one of the whole file, so that a copy to another tier or a full scan verifies a shard
-without interpreting it. Reading maps the file and checks a piece's checksum before its bytes are
-used, so that a flipped or missing byte is reported as corruption and never reaches the training
-state.
+without interpreting it. A flush to the next tier from the host arena that the shard was written
+from hashes nothing: those bytes were hashed on their way to the first tier. Bytes it has to read
+back from a file instead are verified against the piece checksums before they are committed.
+Reading maps the file and checks a piece's checksum before its bytes are used, so that a flipped
+or missing byte is reported as corruption and never reaches the training state.
 """
 
 from __future__ import annotations
@@ -26,9 +28,10 @@ import queue
 import struct
 import threading
 import warnings
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import torch
 import xxhash
@@ -38,9 +41,12 @@ from resilient_flows.errors import CorruptCheckpointError
 __all__ = [
     "DTYPE_CODES",
     "MappedShard",
+    "MemoryLease",
     "ShardEntry",
     "ShardRecord",
     "copy_shard",
+    "header_bytes",
+    "send_shard",
     "write_shard",
 ]
 
@@ -66,6 +72,8 @@ DTYPE_CODES: dict[torch.dtype, str] = {
 CODE_DTYPES = {code: dtype for dtype, code in DTYPE_CODES.items()}
 
 CHUNK = 16 << 20
+#: Write chunk of a flush from the host arena: a save waiting for the arena waits for one of them.
+SEND_CHUNK = 4 << 20
 PAGE = 4096
 
 
@@ -128,9 +136,10 @@ def header_bytes(entries: Sequence[ShardEntry], metadata: dict[str, str]) -> byt
 
 
 def write_shard(
-    path: Path, entries: Sequence[ShardEntry], data: torch.Tensor, metadata: dict[str, str], cached: bool = False
+    path: Path, head: bytes, entries: Sequence[ShardEntry], data: torch.Tensor, cached: bool = False
 ) -> tuple[ShardRecord, dict[str, str]]:
-    """Write ``data`` (a uint8 CPU tensor holding ``entries`` back to back) durably to ``path``.
+    """Write ``head`` (from :func:`header_bytes`) and ``data`` (a uint8 CPU tensor holding
+    ``entries`` back to back) durably to ``path``.
 
     Returns the file's record and each entry's xxh3-64 by key. The file is written under a
     temporary name, fsynced, then renamed: a reader sees either no shard or a complete one. The
@@ -138,47 +147,64 @@ def write_shard(
     cache instead of with direct I/O, for a shard that another process on this node reads right
     away (a clone).
     """
-    head = header_bytes(entries, metadata)
     digest = xxhash.xxh3_64()
     tmp = path.with_name(path.name + ".tmp")
     view = memoryview(data.numpy())
     aligned = data.data_ptr() % PAGE == 0 and not cached
-    pieces: dict[str, str] = {}
-    nbytes = _write_durably(tmp, head, _hashed_chunks(view, entries, pieces), digest, aligned=aligned)
+    hasher = _PieceHasher(entries)
+    nbytes = _write_durably(tmp, head, _hashed_chunks(view, hasher), digest, aligned=aligned)
     os.replace(tmp, path)
     record = ShardRecord(path.name, nbytes, digest.hexdigest(), len(head), xxhash.xxh3_64_hexdigest(head))
-    return record, pieces
+    return record, hasher.finish()
 
 
-def _hashed_chunks(view: memoryview, entries: Sequence[ShardEntry], digests: dict[str, str]) -> Iterator[memoryview]:
-    """``view`` in write chunks, filling ``digests`` with each entry's checksum on the way.
+class _PieceHasher:
+    """Each entry's xxh3-64, from a shard's data section fed in order in chunks of any size.
 
-    Each chunk is hashed per entry just before it is written, while it is still in the cache.
+    ``first`` skips the entries before it: bytes fed before its start are ignored, so a reader
+    resuming mid-file can start at any offset at or before that entry.
     """
-    bounds, offset = [], 0
-    for entry in entries:
-        bounds.append((entry.key, offset, offset + entry.nbytes))
-        offset += entry.nbytes
-    pending = iter(bounds)
-    current = next(pending, None)
-    digest = xxhash.xxh3_64()
+
+    def __init__(self, entries: Sequence[ShardEntry], first: int = 0) -> None:
+        bounds, offset = [], 0
+        for entry in entries:
+            bounds.append((entry.key, offset, offset + entry.nbytes))
+            offset += entry.nbytes
+        self._pending = iter(bounds[first:])
+        self._current = next(self._pending, None)
+        self._digest = xxhash.xxh3_64()
+        self._digests: dict[str, str] = {}
+
+    def update(self, start: int, chunk: memoryview) -> None:
+        """Hash ``chunk``: the data section's bytes from offset ``start`` on."""
+        stop = start + len(chunk)
+        while self._current is not None and self._current[1] < stop:
+            _, begin, end = self._current
+            with chunk[max(begin, start) - start : min(end, stop) - start] as part:
+                self._digest.update(part)
+            if end > stop:
+                return
+            self._next()
+
+    def finish(self) -> dict[str, str]:
+        """Every entry's checksum by key; entries not fed (empty ones at the end) hash nothing."""
+        while self._current is not None:
+            self._next()
+        return self._digests
+
+    def _next(self) -> None:
+        self._digests[self._current[0]] = self._digest.hexdigest()
+        self._digest.reset()
+        self._current = next(self._pending, None)
+
+
+def _hashed_chunks(view: memoryview, hasher: _PieceHasher) -> Iterator[memoryview]:
+    """``view`` in write chunks, each hashed per entry just before it is written, while it is
+    still in the cache."""
     for start in range(0, len(view), CHUNK):
         chunk = view[start : start + CHUNK]
-        stop = start + len(chunk)
-        while current is not None and current[1] < stop:
-            key, begin, end = current
-            with view[max(begin, start) : min(end, stop)] as part:
-                digest.update(part)
-            if end > stop:
-                break
-            digests[key] = digest.hexdigest()
-            digest.reset()
-            current = next(pending, None)
+        hasher.update(start, chunk)
         yield chunk
-    while current is not None:  # empty entries at the end
-        digests[current[0]] = digest.hexdigest()
-        digest.reset()
-        current = next(pending, None)
 
 
 def copy_shard(src: Path, dst: Path, record: ShardRecord) -> None:
@@ -201,13 +227,120 @@ def copy_shard(src: Path, dst: Path, record: ShardRecord) -> None:
     os.replace(tmp, dst)
 
 
+class MemoryLease(Protocol):
+    """The host arena as :func:`send_shard` borrows it: given back as soon as ``wanted``."""
+
+    @property
+    def wanted(self) -> bool: ...
+
+    def give_back(self) -> None: ...
+
+
+def send_shard(
+    dst: Path,
+    head: bytes,
+    entries: Sequence[ShardEntry],
+    data: torch.Tensor,
+    record: ShardRecord,
+    pieces: Mapping[str, str],
+    src: Path,
+    lease: MemoryLease,
+) -> int:
+    """Write the shard that was written from ``head`` and ``data`` to ``dst``, from memory; the
+    bytes that came from memory.
+
+    ``data`` is read only while ``lease`` is held: once it is ``wanted`` (a newer save), the
+    lease is given back at the next chunk boundary and the rest comes from ``src``, the same
+    shard in a lower tier, verified against the piece checksums ``pieces`` before the copy is
+    renamed into place. Bytes from memory are not hashed again: they are the bytes whose
+    checksums ``record`` and ``pieces`` hold.
+    """
+    tmp = dst.with_name(dst.name + ".tmp")
+    stream = _MemoryThenFile(memoryview(data.numpy()), len(head), entries, src, lease)
+    try:
+        if len(head) + data.numel() != record.nbytes or xxhash.xxh3_64_hexdigest(head) != record.header_xxh3_64:
+            raise CorruptCheckpointError(f"the host copy of {record.file} does not match its record; not flushing it")
+        copied = _write_durably(tmp, head, stream, None, aligned=data.data_ptr() % PAGE == 0)
+    finally:
+        lease.give_back()
+    problem = stream.problem(pieces)
+    if copied != record.nbytes or problem is not None:
+        tmp.unlink()
+        problem = problem or f"{src} changed since it was committed"
+        raise CorruptCheckpointError(f"{problem}; not copying it to {dst.parent}")
+    os.replace(tmp, dst)
+    return stream.from_memory
+
+
+class _MemoryThenFile:
+    """A shard's data section in write chunks: from memory while the lease holds, then from the file.
+
+    Switching at data offset ``x``, it reads the file from the start of the entry holding ``x``
+    (hashing the bytes before ``x`` without yielding them), so that every entry it yields any
+    byte of from the file is hashed whole.
+    """
+
+    def __init__(
+        self, view: memoryview, head_bytes: int, entries: Sequence[ShardEntry], src: Path, lease: MemoryLease
+    ) -> None:
+        self._view, self._head_bytes, self._entries, self._src, self._lease = view, head_bytes, entries, src, lease
+        self._hasher: _PieceHasher | None = None
+        self.from_memory = head_bytes
+
+    def __iter__(self) -> Iterator[memoryview]:
+        for start in range(0, len(self._view), SEND_CHUNK):
+            if self._lease.wanted:
+                self._lease.give_back()
+                yield from self._from_file(start)
+                return
+            chunk = self._view[start : start + SEND_CHUNK]
+            self.from_memory += len(chunk)
+            yield chunk
+        self._lease.give_back()  # written: a save may take the arena during the fsync
+
+    def _from_file(self, x: int) -> Iterator[memoryview]:
+        first, begin = _entry_at(self._entries, x)
+        self._hasher = _PieceHasher(self._entries, first)
+        offset = self._head_bytes + begin - begin % PAGE  # the header is whole pages: still aligned
+        size = self._src.stat().st_size
+        if size != self._head_bytes + len(self._view):
+            raise CorruptCheckpointError(f"{self._src} has {size} bytes, not {self._head_bytes + len(self._view)}")
+        with _ChunkReader(self._src, offset) as chunks:
+            for chunk in chunks:
+                start = offset - self._head_bytes
+                offset += len(chunk)
+                self._hasher.update(start, chunk)
+                if start + len(chunk) > x:
+                    with chunk[max(0, x - start) :] as part:
+                        yield part
+
+    def problem(self, pieces: Mapping[str, str]) -> str | None:
+        """What the bytes read from the file fail, if anything."""
+        if self._hasher is None:
+            return None
+        bad = sorted(key for key, found in self._hasher.finish().items() if pieces.get(key) != found)
+        return f"{self._src}: entries {bad} changed since it was committed" if bad else None
+
+
+def _entry_at(entries: Sequence[ShardEntry], x: int) -> tuple[int, int]:
+    """The index and start of the first entry with bytes at or after data offset ``x``."""
+    offset = 0
+    for index, entry in enumerate(entries):
+        if offset + entry.nbytes > x:
+            return index, offset
+        offset += entry.nbytes
+    return len(entries), offset
+
+
 class _ChunkReader:
     """Iterate over a file's contents in page-aligned chunks read ahead by a background thread."""
 
     DEPTH = 3
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, offset: int = 0) -> None:
+        """Read from ``offset`` on: a multiple of the page size, as direct I/O needs."""
         self._fd = _open(path, os.O_RDONLY, direct=True)
+        os.lseek(self._fd, offset, os.SEEK_SET)
         self._free: queue.SimpleQueue[mmap.mmap | None] = queue.SimpleQueue()
         self._full: queue.SimpleQueue[tuple[mmap.mmap, int] | BaseException] = queue.SimpleQueue()
         for _ in range(self.DEPTH):
@@ -252,8 +385,11 @@ class _ChunkReader:
         os.close(self._fd)
 
 
-def _write_durably(path: Path, head: bytes, chunks: Iterable[memoryview], digest: xxhash.xxh3_64, aligned: bool) -> int:
-    """Write ``head`` and then ``chunks`` to ``path``, fsync it, hash every byte; the size written.
+def _write_durably(
+    path: Path, head: bytes, chunks: Iterable[memoryview], digest: xxhash.xxh3_64 | None, aligned: bool
+) -> int:
+    """Write ``head`` and then ``chunks`` to ``path``, fsync it, hash every byte into ``digest``
+    (unless None); the size written.
 
     Where the file system allows it, ``head`` is whole pages and the chunks are page-aligned
     memory, the data goes to the disk with ``O_DIRECT``: buffered writes would copy every byte into
@@ -264,7 +400,8 @@ def _write_durably(path: Path, head: bytes, chunks: Iterable[memoryview], digest
     fd = _open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, direct=aligned and len(head) % PAGE == 0)
     try:
         direct = bool(fcntl.fcntl(fd, fcntl.F_GETFL) & getattr(os, "O_DIRECT", 0))
-        digest.update(head)
+        if digest is not None:
+            digest.update(head)
         if direct and head:
             with mmap.mmap(-1, len(head)) as page_aligned, memoryview(page_aligned) as staged:
                 staged[:] = head
@@ -273,7 +410,8 @@ def _write_durably(path: Path, head: bytes, chunks: Iterable[memoryview], digest
             _write_all(fd, head)
         written = len(head)
         for chunk in chunks:
-            digest.update(chunk)
+            if digest is not None:
+                digest.update(chunk)
             bulk = len(chunk) - len(chunk) % PAGE if direct else len(chunk)
             with chunk[:bulk] as pages:
                 try:

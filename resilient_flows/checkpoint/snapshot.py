@@ -13,6 +13,12 @@ Order of operations the caller guarantees (the contract of :class:`Snapshot`):
 2. The caller does not mutate a deferred leaf until ``wait_copied`` has returned (the engine
    enforces this with an optimizer step pre-hook).
 3. The arena is not reused until the writer has finished with it (``release``).
+
+The arena also serves the flush to the next tier: once the writer is done, the flusher may
+``lend`` it, as long as no newer save has taken it. A save ``acquire``-ing it meanwhile takes it
+back at the next chunk boundary (the flusher polls ``wanted``), and the flusher reads the rest
+from the lower tier's file instead. So a flush never delays a save by more than one chunk, and
+never reads the disk when the checkpoint is still in memory.
 """
 
 from __future__ import annotations
@@ -35,7 +41,13 @@ __all__ = ["CopyTask", "CopyWorker", "HostArena", "Snapshot"]
 
 
 class HostArena:
-    """One contiguous uint8 host buffer laid out as a shard's data section."""
+    """One contiguous uint8 host buffer laid out as a shard's data section.
+
+    Who may touch it is one small state machine under a condition variable: a save holds it
+    (``acquire``) until the writer has written the first tier (``release``); after that it still
+    holds that checkpoint, identified by the ``generation`` its ``acquire`` returned, and the
+    flusher may read it (``lend`` .. ``give_back``) until the next ``acquire`` bumps the generation.
+    """
 
     def __init__(self, pin_memory: bool) -> None:
         self.pin_memory = pin_memory
@@ -43,6 +55,53 @@ class HostArena:
         self._layout: tuple[ShardEntry, ...] = ()
         self._views: list[torch.Tensor] = []
         self.allocations = 0
+        self.generation = 0
+        self._cond = threading.Condition()
+        self._busy = False  # a save fills it, or the writer writes from it
+        self._lent = False  # the flusher reads from it
+        self._wanted = False  # a save waits for the flusher to give it back
+
+    def acquire(self) -> int:
+        """Take the arena for a new checkpoint; its generation.
+
+        Waits for the writer to finish with the previous checkpoint (backpressure), then for the
+        flusher to give it back, which it does within one chunk.
+        """
+        with self._cond:
+            while self._busy:
+                self._cond.wait()
+            self._busy = self._wanted = True
+            while self._lent:
+                self._cond.wait()
+            self._wanted = False
+            self.generation += 1
+            return self.generation
+
+    def release(self, generation: int) -> None:
+        """The writer is done with checkpoint ``generation``; a stale call (after a newer
+        ``acquire``) changes nothing, so that an error path may call it unconditionally."""
+        with self._cond:
+            if generation == self.generation:
+                self._busy = False
+                self._cond.notify_all()
+
+    def lend(self, generation: int) -> bool:
+        """For the flusher: True, and the arena is lent, if it still holds checkpoint ``generation``."""
+        with self._cond:
+            if self._busy or generation != self.generation:
+                return False
+            self._lent = True
+            return True
+
+    @property
+    def wanted(self) -> bool:
+        """A save waits for the flusher to give the arena back."""
+        return self._wanted
+
+    def give_back(self) -> None:
+        with self._cond:
+            self._lent = False
+            self._cond.notify_all()
 
     @property
     def nbytes(self) -> int:

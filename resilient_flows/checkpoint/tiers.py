@@ -2,9 +2,9 @@
 
 Nothing here imports torch: the runner reads tiers to judge a member's progress.
 
-A job writes to up to two tiers: a node-local one (fast, lost with the node) and a shared one
-(slow, survives the job). The engine commits in the first and flushes to the second in the
-background; this module only knows what lies in one directory.
+A job writes to an ordered list of tiers: node-local ones (fast, lost with the node: ``/dev/shm``,
+a local SSD) and, last, a shared one (slow, survives the job). The engine commits in the first and
+flushes on from tier to tier in the background; this module only knows what lies in one directory.
 
 Several ranks of one node share a node-local directory, and a rank's background flush may still
 read a shard there while a sibling rank prunes; so pruning a local tier removes only this rank's
@@ -41,7 +41,8 @@ def shard_filename(rank: int, world_size: int) -> str:
 
 
 class Tier:
-    """One checkpoint directory. ``name`` is ``"local"`` or ``"shared"``, as reported to users."""
+    """One checkpoint directory. ``name`` is how users see it: ``"local"`` (the first node-local
+    tier), ``"local-<index>"`` (later ones), ``"shared"``, or what a :class:`TierSpec` named it."""
 
     def __init__(self, path: str | os.PathLike, name: str) -> None:
         self.path = Path(path)
