@@ -234,8 +234,7 @@ class TrainContext:
         if self.state is None:
             raise ResilientFlowsError("call ctx.track(model=..., optimizer=...) before ctx.steps()")
         start = 0 if self.restored_step is None else self.restored_step + 1
-        if self._seed is not None and self.restored_step == self._seed.step:
-            self._report_clone()
+        self._report_if_cloned()
         with self._stop_signals():
             for step in range(start, total):
                 yield step
@@ -361,6 +360,11 @@ class TrainContext:
         if self._seed is not None:
             return self._seed.step
         return _read_seed_step(self.directory)
+
+    def _report_if_cloned(self) -> None:
+        """A clone about to take its first step from its source's state says so (``cloned``)."""
+        if self._seed is not None and self.restored_step == self._seed.step:
+            self._report_clone()
 
     def _report_clone(self) -> None:
         """The clone's ``cloned`` event. Its clock starts at the request, or when the source served

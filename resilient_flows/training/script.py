@@ -86,6 +86,7 @@ class ScriptRun:
     ) -> int:
         """Declare what a checkpoint holds and restore the newest committed one; the first step to run."""
         restored = self.context.track(model, optimizer, scheduler, extra)
+        self.context._report_if_cloned()
         return 0 if restored is None else restored + 1
 
     def step(self, step: int, **metrics: float) -> None:

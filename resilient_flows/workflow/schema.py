@@ -432,8 +432,6 @@ class ExploreConfig(_Strict):
     @model_validator(mode="after")
     def _grid_needs_values(self) -> ExploreConfig:
         check_one_way_to_run(f"campaign {self.name!r}", self.workload, self.command)
-        if self.command is not None and self.strategy == "pbt":
-            raise ValueError(f"campaign {self.name!r}: pbt needs a workload (it copies state between members)")
         if self.strategy == "grid" and any(s.values is None for s in self.hyperparameters.values()):
             raise ValueError("strategy grid needs 'values' for every hyperparameter")
         if self.strategy == "pbt" and self.interval >= self.steps:
