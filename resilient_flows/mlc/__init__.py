@@ -1,10 +1,12 @@
 """Checkpoint interval tuning: how often to checkpoint to L1, and how often to flush L1 to L2.
 
 Three ways to answer, from instant to slow. The analytic models (Young, Daly, the exact optimum
-of Daly's model, Benoit's first-order multi-level optimum) assume blocking checkpoints and one
-kind of failure, or a first-order expansion. The simulator plays out what our checkpoint engine
-actually does: blocking node-local checkpoints, an asynchronous flush to the shared tier, process
-crashes and lost nodes. The search finds the configuration the simulator likes best, the ground
+of Daly's model, Benoit's first-order multi-level optimum, the first-order interval for
+asynchronous flushes that slow compute) assume one kind of failure, or a first-order expansion.
+The simulator plays out what our checkpoint engine actually does: blocking node-local
+checkpoints, asynchronous flushes to the upper tiers that slow compute and block the writer when
+they fall behind, bandwidth shared with other flushers, process crashes and lost nodes, on two or
+three levels. The search finds the configuration the simulator likes best, the ground
 truth the analytic models and the learned model are measured against. The :class:`Recommender`,
 trained on search results, predicts that configuration in microseconds.
 
@@ -13,14 +15,17 @@ Nothing here imports Parsl or torch.
 
 from resilient_flows.mlc.analytic import (
     MultilevelOptimum,
+    async_interval,
+    async_optimum,
     daly_interval,
     daly_wall_time,
     multilevel_optimum,
     optimal_interval,
+    three_level_optimum,
     two_level_optimum,
     young_interval,
 )
-from resilient_flows.mlc.params import InvalidParameterError, MLCConfig, MLCParams
+from resilient_flows.mlc.params import InvalidParameterError, MLCConfig, MLCParams, Objective
 from resilient_flows.mlc.recommender import Recommender
 from resilient_flows.mlc.search import search
 from resilient_flows.mlc.simulator import SimResult, simulate, simulate_many
@@ -30,8 +35,11 @@ __all__ = [
     "MLCConfig",
     "MLCParams",
     "MultilevelOptimum",
+    "Objective",
     "Recommender",
     "SimResult",
+    "async_interval",
+    "async_optimum",
     "daly_interval",
     "daly_wall_time",
     "multilevel_optimum",
@@ -39,6 +47,7 @@ __all__ = [
     "search",
     "simulate",
     "simulate_many",
+    "three_level_optimum",
     "two_level_optimum",
     "young_interval",
 ]

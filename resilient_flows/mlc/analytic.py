@@ -20,7 +20,23 @@ against. What each one assumes:
   needed after failures of rate ``lambda_l``; ``n_l`` checkpoints of level ``l`` per pattern are
   proportional to ``sqrt(lambda_l / C_l)``, so level ``l`` comes every ``sqrt(2 C_l / lambda_l)``
   seconds, and the overhead (fraction of the time wasted) is ``sum_l sqrt(2 lambda_l C_l)``.
-  :func:`two_level_optimum` applies it to our two levels.
+  :func:`two_level_optimum` applies it to our two levels, :func:`three_level_optimum` to three.
+- :func:`async_interval` is the first-order interval when checkpoints have a blocking part ``C``
+  and a background part (the flush) of latency ``L`` that slows compute by a fraction ``s``.
+  A flush that ends within its period costs ``s * L`` seconds of wall time, so each period of
+  ``tau`` seconds of compute wastes ``C + s * L`` plus, on average, ``tau / 2`` of rework per
+  failure. The waste per unit of time, ``(C + s L) / tau + tau / (2 M)``, is least at ``tau =
+  sqrt(2 (C + s L) M)``, where it is ``sqrt(2 (C + s L) / M)``: Young's formula with the flush's
+  interference added to the checkpoint's cost. Aupy, Benoit, Hérault, Robert and Dongarra
+  ("Optimal checkpointing period: time vs. energy", PMBS 2013, arXiv:1310.8456) model a
+  non-blocking checkpoint of duration ``C`` during which work goes on at rate ``omega``, and find,
+  to first order, the period ``sqrt(2 (1 - omega) C M)``: the same with ``s = 1 - omega`` and no
+  blocking part. The sum of both parts is derived here. LLNL's asynchronous multi-level
+  checkpointing work (SCR project, "Asynchronous checkpointing research",
+  computing.llnl.gov/projects/scr/asynchronous-checkpointing-research) is what the interference
+  term stands for: the flush to the parallel file system competes with the application. The
+  formula ignores a flush that outlasts its period (the writer then blocks) and the delay before a
+  flush protects anything; :func:`async_optimum` applies it to a job.
 """
 
 from __future__ import annotations
@@ -33,10 +49,13 @@ from resilient_flows.mlc.params import InvalidParameterError, MLCConfig, MLCPara
 
 __all__ = [
     "MultilevelOptimum",
+    "async_interval",
+    "async_optimum",
     "daly_interval",
     "daly_wall_time",
     "multilevel_optimum",
     "optimal_interval",
+    "three_level_optimum",
     "two_level_optimum",
     "young_interval",
 ]
@@ -276,3 +295,86 @@ def two_level_optimum(p: MLCParams) -> MLCConfig:
 def _no_failure_waste(p: MLCParams) -> float:
     """Fraction of wall time spent in the one checkpoint a failure-free job takes (at its end)."""
     return p.l1_cost / (p.solve_time + p.l1_cost)
+
+
+def three_level_optimum(p: MLCParams) -> MLCConfig:
+    """First-order optimum for three levels: :func:`multilevel_optimum` with ``C_2``, ``C_3`` the flush latencies.
+
+    The same heuristic as :func:`two_level_optimum`: a flush's latency stands for its cost. When no
+    failure needs L2, L3 checkpoints still go through it, so every L2 checkpoint goes on to L3 and
+    ``l2_every`` comes from L1 against L3 alone.
+
+    Raises
+    ------
+    InvalidParameterError
+        ``p`` has no third level, or ``l1_cost`` is 0 while failures happen.
+    """
+    if not p.three_level:
+        raise InvalidParameterError("three_level_optimum needs a third level (l3_mtbf), got none")
+    if p.l1_cost == 0:
+        raise InvalidParameterError("l1_cost must be > 0 for a first-order optimum, got 0 (checkpoint continuously)")
+    lat2, lat3 = p.flush_latencies
+    if p.l2_rate == 0:
+        opt = multilevel_optimum((p.l1_cost, lat2 + lat3), (p.l1_rate, p.l3_rate))
+        every, deep = opt.every[0], 1
+    else:
+        opt = multilevel_optimum((p.l1_cost, lat2, lat3), (p.l1_rate, p.l2_rate, p.l3_rate))
+        every, deep = opt.every
+    rate = p.l1_rate + p.l2_rate + p.l3_rate
+    interval = opt.periods[0] if p.l1_rate > 0 else young_interval(p.l1_cost, 1.0 / rate)
+    return MLCConfig(
+        interval=min(interval, p.solve_time),
+        l2_every=every or 1,
+        predicted_efficiency=max(0.0, 1.0 - opt.overhead),
+        l3_every=deep or 1,
+    )
+
+
+def async_interval(checkpoint_cost: float, flush_latency: float, slowdown: float, mtbf: float) -> float:
+    """First-order interval ``sqrt(2 * (C + s * L) * M)`` for checkpoints with a slowing background flush.
+
+    Parameters
+    ----------
+    checkpoint_cost:
+        ``C``, seconds each checkpoint blocks compute.
+    flush_latency:
+        ``L``, seconds the background flush of each checkpoint takes.
+    slowdown:
+        ``s``, the fraction of compute speed lost while it runs, in ``[0, 1)``.
+    mtbf:
+        ``M``, mean time between failures (``math.inf`` gives an infinite interval).
+
+    Returns
+    -------
+    float
+        0 when ``C + s * L`` is 0 (checkpoints are free). See the module docstring for the derivation
+        and the literature.
+    """
+    c = check_number("checkpoint_cost", checkpoint_cost)
+    latency = check_number("flush_latency", flush_latency)
+    s = check_number("slowdown", slowdown)
+    if s >= 1:
+        raise InvalidParameterError(f"slowdown must be in [0, 1), got {slowdown!r}")
+    return young_interval(c + s * latency, mtbf)
+
+
+def async_optimum(p: MLCParams) -> MLCConfig:
+    """:func:`async_interval` for the job ``p``, every checkpoint flushed to every level.
+
+    The failures are all failures (``1 / M`` the sum of the rates) and the flush is all of it, L2
+    and L3 parts. Without failures that need a flush (two levels and no L2 failures) nothing is
+    flushed and the interval is Young's. ``predicted_efficiency`` is ``1 - sqrt(2 (C + s L) / M)``
+    (at least 0).
+    """
+    rate = p.l1_rate + p.l2_rate + p.l3_rate
+    if rate == 0:
+        return MLCConfig(interval=p.solve_time, l2_every=None, predicted_efficiency=1.0 - _no_failure_waste(p))
+    flush = p.three_level or p.l2_rate > 0
+    cost = p.l1_cost + (p.l2_slowdown * sum(p.flush_latencies) if flush else 0.0)
+    interval = async_interval(p.l1_cost, sum(p.flush_latencies) if flush else 0.0, p.l2_slowdown, 1.0 / rate)
+    return MLCConfig(
+        interval=min(interval, p.solve_time) or p.solve_time * 1e-4,
+        l2_every=1 if flush else None,
+        predicted_efficiency=max(0.0, 1.0 - math.sqrt(2.0 * cost * rate)),
+        l3_every=1 if p.three_level else None,
+    )

@@ -44,16 +44,17 @@ def features(params: Sequence[MLCParams]) -> np.ndarray:
     """One row per parameter set: the scale-free ratios the optimum depends on."""
     rows = []
     for p in params:
-        if math.isinf(p.l2_mtbf) or p.l1_cost <= 0 or p.l2_latency <= 0 or math.isinf(p.l1_mtbf):
+        latency = p.shared_latency
+        if math.isinf(p.l2_mtbf) or p.l1_cost <= 0 or latency <= 0 or math.isinf(p.l1_mtbf) or p.three_level:
             raise InvalidParameterError(
-                f"the learned model covers two levels with finite MTBFs and non-zero l1_cost and l2_latency; got {p}"
+                f"the learned model covers two levels with finite MTBFs and a non-zero l1_cost and flush time; got {p}"
             )
         rows.append(
             [
                 math.log(p.l1_cost / p.l1_mtbf),
-                math.log(p.l2_latency / p.l1_cost),
+                math.log(latency / p.l1_cost),
                 math.log(max(p.l1_restart, 1e-3) / p.l1_cost),
-                math.log(max(p.l2_restart, 1e-3) / p.l2_latency),
+                math.log(max(p.l2_restart, 1e-3) / latency),
                 math.log(p.l2_mtbf / p.l1_mtbf),
                 math.log(p.solve_time / p.l1_mtbf),
             ]

@@ -3,8 +3,12 @@
 The first :data:`WARMUP_CHECKPOINTS` checkpoints are taken every few steps, as configured for the
 warm-up; they give the stall of a checkpoint (the L1 cost: what training waits for), the time to
 the shared tier (the L2 latency; the commit, without a node-local tier), the member's pace and
-how long it took to start (a restart repeats it). With the failure rates the planner put in the
-spec, :class:`~resilient_flows.mlc.Recommender` turns these into a time interval and a
+how long it took to start (a restart repeats it). They also give the flush's interference
+(``l2_slowdown``): every step between two checkpoints is timed and tagged with whether a flush
+ran at both of its ends (:attr:`~resilient_flows.checkpoint.Checkpointer.flushing`), and the
+median step with a flush is compared with the median step without; and the bytes of a
+checkpoint per node with the bandwidths the tiers gave them. With the failure rates the planner
+put in the spec, :class:`~resilient_flows.mlc.Recommender` turns these into a time interval and a
 ``persist_every``, which hold for the rest of the attempt; the choice and what it was made from
 go to ``events.jsonl`` as a ``tuned`` event.
 """
@@ -13,7 +17,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from dataclasses import asdict
+from dataclasses import fields as dataclass_fields
 from typing import Any
 
 from resilient_flows.checkpoint import CheckpointStats
@@ -26,6 +30,10 @@ WARMUP_CHECKPOINTS = 3
 MAX_PERSIST_EVERY = 1 << 30
 #: Floor of a measured duration, so that a ratio of two never divides by zero.
 FLOOR_S = 1e-4
+#: Ceiling of a measured slowdown: a flush that stops training entirely is a measurement gone wrong.
+MAX_SLOWDOWN = 0.99
+#: Step times needed both with and without a flush before their medians are compared.
+MIN_SAMPLES = 3
 
 
 class AutoTuner:
@@ -38,22 +46,64 @@ class AutoTuner:
         self.created = time.monotonic()
         self.stalls: list[float] = []
         self.first_step: tuple[int, float] | None = None
+        self.step_times: dict[bool, list[float]] = {False: [], True: []}  # by "a flush ran"
+        self._previous: tuple[float, bool] | None = None  # when the last step ended, and if a flush ran then
+        self._saved_since = False
         self.done = False  # set by the caller on every rank once the choice is applied
 
-    def stepped(self, step: int) -> None:
+    def stepped(self, step: int, flushing: bool = False) -> None:
+        """Step ``step`` ended; ``flushing``: a flush runs now.
+
+        The time since the previous step is a sample of a step with a flush when one ran at both
+        ends, of one without when none did; a step with a save in it is no sample (its stall is
+        the L1 cost, measured apart), nor is one that a flush started or ended in.
+        """
+        now = time.monotonic()
         if self.first_step is None:
-            self.first_step = (step, time.monotonic())
+            self.first_step = (step, now)
+        if self._previous is not None and not self._saved_since and self._previous[1] == flushing:
+            self.step_times[flushing].append(now - self._previous[0])
+        self._previous, self._saved_since = (now, flushing), False
 
     def saved(self, stats: CheckpointStats) -> None:
         self.stalls.append(stats.last_stall)
+        self._saved_since = True
+
+    def l2_slowdown(self) -> float:
+        """The fraction of step throughput lost while a flush runs; 0 until :data:`MIN_SAMPLES`
+        steps both with and without a flush were seen (flushes shorter than a step cost too little
+        to measure)."""
+        idle, busy = self.step_times[False], self.step_times[True]
+        if min(len(idle), len(busy)) < MIN_SAMPLES:
+            return 0.0
+        return min(MAX_SLOWDOWN, max(0.0, 1.0 - statistics.median(idle) / statistics.median(busy)))
+
+    def observed(self, stats: CheckpointStats, nodes: int = 1) -> dict[str, Any]:
+        """What the measurement saw beyond the model's inputs: a checkpoint's bytes per node, the
+        sample counts of ``l2_slowdown`` and every tier's own bandwidth (bytes/s, from the start of
+        this rank's write to the commit, fastest tier first; None for a tier not written yet)."""
+        return {
+            "checkpoint_bytes": stats.last_checkpoint_bytes / nodes,
+            "steps_with_flush": len(self.step_times[True]),
+            "steps_without_flush": len(self.step_times[False]),
+            "tier_bandwidths": [stats.bandwidth(tier) for tier in range(len(stats.tier_bytes))],
+        }
 
     def ready(self, stats: CheckpointStats, two_tiers: bool) -> bool:
         """Enough checkpoints seen, and one of them through to the shared tier (its latency known)."""
         through = stats.persisted if two_tiers else stats.committed
         return len(self.stalls) >= WARMUP_CHECKPOINTS and through > 0
 
-    def recommend(self, step: int, stats: CheckpointStats, two_tiers: bool) -> tuple[MLCParams, MLCConfig]:
-        """What the member measured, and the configuration for the rest of its run."""
+    def recommend(
+        self, step: int, stats: CheckpointStats, two_tiers: bool, nodes: int = 1
+    ) -> tuple[MLCParams, MLCConfig]:
+        """What the member measured, and the configuration for the rest of its run.
+
+        The shared tier is given by its measured latency (from a save to the commit there: the
+        first tier's write and the wait for the flusher included). :class:`MLCParams` takes that
+        or the bytes and bandwidths, not both: the bytes and each tier's bandwidth go to
+        :meth:`observed`, for the ``tuned`` event.
+        """
         assert self.first_step is not None
         first, began = self.first_step
         now = time.monotonic()
@@ -70,10 +120,16 @@ class AutoTuner:
             l2_latency=l2_latency,
             l2_restart=startup + l2_latency,
             l2_mtbf=self.node_mtbf_s,
+            l2_slowdown=self.l2_slowdown(),
+            nodes=nodes,
         )
         return params, Recommender.default().recommend(params)
 
 
-def tuned_fields(params: MLCParams, config: MLCConfig) -> dict[str, Any]:
-    """The ``tuned`` event's fields: the inputs and the choice, enough to replay it."""
-    return {"params": asdict(params), "interval_s": config.interval, "persist_every": config.l2_every}
+def tuned_fields(params: MLCParams, config: MLCConfig, observed: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The ``tuned`` event's fields: the inputs and the choice, enough to replay it, and what else
+    the measurement ``observed``. Parameters at their defaults are left out (an infinite MTBF or
+    bandwidth is no JSON number); ``MLCParams(**params)`` fills them in again."""
+    given = {f.name: getattr(params, f.name) for f in dataclass_fields(params) if getattr(params, f.name) != f.default}
+    fields = {"params": given, "interval_s": config.interval, "persist_every": config.l2_every}
+    return fields | ({"observed": observed} if observed is not None else {})

@@ -460,12 +460,13 @@ class TrainContext:
     def _tune(self, step: int) -> None:
         """``interval: auto``: once the warm-up checkpoints are measured, take the recommender's choice."""
         tuner, stats = self._tuner, self.checkpointer.stats
-        tuner.stepped(step)
+        tuner.stepped(step, self.checkpointer.flushing)  # step times with and without a flush: l2_slowdown
         two_tiers = self.checkpointer.local is not None
         choice = None
         if self.rank == 0 and tuner.ready(stats, two_tiers):
-            params, config = tuner.recommend(step, stats, two_tiers)
-            choice = (config.interval, config.l2_every or MAX_PERSIST_EVERY, tuned_fields(params, config))
+            params, config = tuner.recommend(step, stats, two_tiers, self.checkpointer.nodes)
+            fields = tuned_fields(params, config, tuner.observed(stats, self.checkpointer.nodes))
+            choice = (config.interval, config.l2_every or MAX_PERSIST_EVERY, fields)
         if self.checkpointer.world_size > 1:  # every rank checkpoints on the same steps
             choice = self.checkpointer.comm.bcast(choice)
         if choice is None:
