@@ -292,6 +292,9 @@ def test_a_member_stopped_by_a_signal_resumes_as_ddp_on_two_cpu_processes(tmp_pa
 @pytest.mark.slow
 def test_an_fsdp2_member_stopped_by_a_signal_resumes_to_the_weights_of_an_uninterrupted_run(tmp_path: Path) -> None:
     fsdp = ("--devices", "2", "--strategy", "fsdp")
+    plain = tmp_path / "plain"  # the uninterrupted run, beside the first attempt
+    argv = [sys.executable, str(SCRIPT), "--dir", str(plain), "--steps", "24", "--every", "5", "--seed", "3", *fsdp]
+    uninterrupted = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
     run_dir = tmp_path / "run"
     spec = member(run_dir, "fsdp", steps=24, faults=(FaultSpec("preempt", 12),), interval=5)
     first = attempt(spec, run_dir, 1, *fsdp)
@@ -304,10 +307,8 @@ def test_an_fsdp2_member_stopped_by_a_signal_resumes_to_the_weights_of_an_uninte
     kinds = [(e["kind"], e.get("step")) for e in read_events(run_dir) if e["kind"] in ("preempted", "resumed")]
     assert kinds == [("preempted", 12), ("resumed", 12)]
 
-    plain = tmp_path / "plain"
-    argv = [sys.executable, str(SCRIPT), "--dir", str(plain), "--steps", "24", "--every", "5", "--seed", "3", *fsdp]
-    reference = subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd=ROOT)
-    assert reference.returncode == 0, reference.stderr[-3000:]
+    output, _ = uninterrupted.communicate(timeout=120)
+    assert uninterrupted.returncode == 0, output[-3000:]
     _, resumed_state = load(checkpoints / "last.ckpt")
     _, plain_state = load(plain / "last.ckpt")
     for part in ("state_dict", "optimizer_states"):  # weights and Adam moments, bit for bit

@@ -68,9 +68,9 @@ def test_one_level_jobs_get_the_exact_daly_optimum() -> None:
 
 
 def test_training_rows_round_trip_and_train_writes_a_loadable_model(tmp_path) -> None:
-    rows = [label(p, trials=50) for p in sample_params(12, seed=4)]
+    rows = [label(p, trials=20) for p in sample_params(10, seed=8)]
     data = tmp_path / "rows.jsonl"
-    assert write_rows(rows, data) == 12
+    assert write_rows(rows, data) == 10
     pairs = list(read_rows(data))
     assert [asdict(p) for p, _ in pairs] == [r["params"] for r in rows]
     model = tmp_path / "model.json"
@@ -78,7 +78,7 @@ def test_training_rows_round_trip_and_train_writes_a_loadable_model(tmp_path) ->
     config = Recommender.load(model).recommend(EXAMPLE)
     assert config.l2_every >= 1 and 0 < config.interval <= EXAMPLE.solve_time and math.isfinite(config.interval)
     data.write_text(data.read_text() + "{not json\n")
-    with pytest.raises(InvalidParameterError, match=r"rows.jsonl:13: not a training row"):
+    with pytest.raises(InvalidParameterError, match=r"rows.jsonl:11: not a training row"):
         list(read_rows(data))
 
 
@@ -104,8 +104,8 @@ def test_tune_prints_every_method(capsys) -> None:
 @pytest.mark.slow
 def test_generate_labels_in_parallel_through_parsl_on_the_local_site(tmp_path) -> None:
     out = tmp_path / "rows.jsonl"
-    args = ["--samples", "6", "--chunk", "2", "--trials", "40", "--seed", "5", "--out", str(out)]
+    args = ["--samples", "4", "--chunk", "2", "--trials", "20", "--seed", "5", "--out", str(out)]
     assert main(["mlc", "generate", *args]) == 0
     pairs = list(read_rows(out))  # chunks finish in any order: compare as sets
-    expected = [label(p, trials=40, seed=5) for p in sample_params(6, seed=5)]
+    expected = [label(p, trials=20, seed=5) for p in sample_params(4, seed=5)]
     assert sorted(json.dumps(asdict(c)) for _, c in pairs) == sorted(json.dumps(r["config"]) for r in expected)
