@@ -66,8 +66,8 @@ from pathlib import Path
 
 import torch
 import torch.distributed.checkpoint as dcp
+from report import judge, print_checks, print_figures
 from rich.console import Console
-from rich.table import Table
 
 from resilient_flows.checkpoint import Checkpointer, TrainState
 
@@ -423,32 +423,15 @@ def mpi_worker(nbytes: int, root: Path, reps: int, out: Path) -> None:
 
 def ratios(figures: dict[str, float]) -> dict[str, dict]:
     """Every ratio of RATIOS whose figures exist, with its verdict."""
-    result = {}
-    for key, label, num, op, den, target in RATIOS:
-        if num in figures and den in figures:
-            value = figures[num] / figures[den]
-            verdict = "PASS" if (value <= target if op == "<=" else value >= target) else "FAIL"
-            result[key] = {"label": label, "value": value, "target": f"{op} {target:g}", "result": verdict}
+    result = judge(figures, RATIOS)
     if figures["fwd_bwd_time"] <= figures["copy_time"]:
         result["overlap_vs_copy"]["result"] = "n/a: forward/backward shorter than the copy"
     return result
 
 
 def print_report(figures: dict[str, float], checks: dict[str, dict]) -> None:
-    table = Table(title="Figures (medians)")
-    for column in ("section", "quantity", "value", "unit"):
-        table.add_column(column, justify="right" if column == "value" else "left")
-    for key, (section, unit, label) in FIGURES.items():
-        if key in figures:
-            table.add_row(section, label, f"{figures[key]:.4g}", unit)
-    console.print(table)
-    table = Table(title="Ratios against targets")
-    for column in ("ratio", "value", "target", "result"):
-        table.add_column(column, justify="right" if column == "value" else "left")
-    for check in checks.values():
-        style = {"PASS": "green", "FAIL": "red"}.get(check["result"], "yellow")
-        table.add_row(check["label"], f"{check['value']:.3f}", check["target"], f"[{style}]{check['result']}")
-    console.print(table)
+    print_figures(console, figures, FIGURES)
+    print_checks(console, checks, heading="ratio", value_format=".3f")
 
 
 def parse_size(text: str) -> int:

@@ -91,6 +91,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from report import judge
 
 # Only torch and the standard library at module level: the baseline's processes import this module
 # and nothing of ours. The driver and our members import resilient_flows and rich where they use them.
@@ -743,18 +744,7 @@ def summarize(
 
 
 def ratios(figures: dict[str, float]) -> dict[str, dict[str, Any]]:
-    result = {}
-    for key, label, num, op, den, target in RATIOS:
-        if num not in figures or den not in figures:
-            continue
-        value = figures[num] / figures[den]
-        if target is None:
-            verdict, wanted = "info", ""
-        else:
-            verdict = "PASS" if (value <= target if op == "<=" else value >= target) else "FAIL"
-            wanted = f"{op} {target:g}"
-        result[key] = {"label": label, "value": value, "target": wanted, "result": verdict}
-    return result
+    return judge(figures, RATIOS)
 
 
 def transport_problems(measured: dict[str, dict[str, Any]]) -> list[str]:

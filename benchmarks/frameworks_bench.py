@@ -100,8 +100,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the GPT-2 is built from a config
 import pytorch_lightning as pl
 import torch
 from pytorch_lightning.plugins.io import AsyncCheckpointIO, TorchCheckpointIO
+from report import judge, print_checks, print_figures
 from rich.console import Console
-from rich.table import Table
 
 from resilient_flows.integrations.lightning import ResilientCallback, ResilientCheckpointIO
 from resilient_flows.integrations.pathstore import load as load_ref
@@ -683,19 +683,10 @@ RATIOS = [
 
 def checks(figures: dict[str, float], mode: Mode) -> dict[str, dict[str, Any]]:
     """Every ratio whose figures exist, and the torn-checkpoint counts, with their verdicts."""
-    result: dict[str, dict[str, Any]] = {}
-    for key, label, num, op, den, target in RATIOS:
-        if num not in figures or den not in figures:
-            continue
-        value = figures[num] / figures[den]
-        if target is None:
-            verdict, shown = "info", ""
-        else:
-            verdict = "PASS" if (value <= target if op == "<=" else value >= target) else "FAIL"
-            shown = f"{op} {target:g}"
-            if "paced" in key and mode.interval_s != 30.0:
-                shown += f" (at {mode.interval_s:g} s, not 30 s)"
-        result[key] = {"label": label, "value": value, "target": shown, "result": verdict}
+    result = judge(figures, RATIOS)
+    for key, check in result.items():
+        if "paced" in key and check["target"] and mode.interval_s != 30.0:
+            check["target"] += f" (at {mode.interval_s:g} s, not 30 s)"
     for section, variants in (("lit", LIT_VARIANTS), ("hf", HF_VARIANTS)):
         for v in variants:
             key = f"{section}_{v}_torn"
@@ -711,20 +702,8 @@ def checks(figures: dict[str, float], mode: Mode) -> dict[str, dict[str, Any]]:
 
 
 def print_report(figures: dict[str, float], verdicts: dict[str, dict[str, Any]]) -> None:
-    table = Table(title="Figures (medians)")
-    for column in ("section", "quantity", "value", "unit"):
-        table.add_column(column, justify="right" if column == "value" else "left")
-    for key, (section, unit, label) in FIGURES.items():
-        if key in figures:
-            table.add_row(section, label, f"{figures[key]:.4g}", unit)
-    console.print(table)
-    table = Table(title="Ratios against targets")
-    for column in ("check", "value", "target", "result"):
-        table.add_column(column, justify="right" if column == "value" else "left")
-    for check in verdicts.values():
-        style = {"PASS": "green", "FAIL": "red"}.get(check["result"], "yellow")
-        table.add_row(check["label"], f"{check['value']:.3g}", check["target"], f"[{style}]{check['result']}")
-    console.print(table)
+    print_figures(console, figures, FIGURES)
+    print_checks(console, verdicts)
 
 
 def quiet() -> None:

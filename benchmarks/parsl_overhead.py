@@ -103,6 +103,7 @@ from typing import Any
 import parsl
 import torch
 from parsl import python_app
+from report import print_figures
 from rich.console import Console
 from rich.table import Table
 from torch import nn
@@ -504,13 +505,7 @@ def checks(figures: dict[str, float], task: str) -> dict[str, dict[str, Any]]:
 
 
 def print_report(figures: dict[str, float], verdicts: dict[str, dict[str, Any]], task: str) -> None:
-    table = Table(title="Figures (medians)")
-    for column in ("section", "quantity", "value", "unit"):
-        table.add_column(column, justify="right" if column == "value" else "left")
-    for key, (section, unit, label) in FIGURES.items():
-        if key in figures:
-            table.add_row(section, label, f"{figures[key]:.4g}", unit)
-    console.print(table)
+    print_figures(console, figures, FIGURES)
     table = Table(title="Ours against bare Parsl")
     for column in ("figure", "ours", "baseline", "added", "target", "result"):
         table.add_column(column, justify="right" if column in ("ours", "baseline", "added") else "left")
