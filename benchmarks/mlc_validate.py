@@ -341,7 +341,7 @@ def configurations(p: Any, step_s: float, steps: int) -> dict[tuple[int, int], s
     from resilient_flows.mlc.tune import candidates
 
     formulas = candidates(p, Recommender.default())
-    daly = formulas["Daly"]
+    daly, best = formulas["Daly"], search(p, trials=400)
 
     def steps_of(interval: float) -> int:
         return int(min(steps, max(1, round(interval / step_s))))
@@ -349,7 +349,7 @@ def configurations(p: Any, step_s: float, steps: int) -> dict[tuple[int, int], s
     named = {
         "Daly": (steps_of(daly.interval), daly.l2_every or 1),
         "learned": (steps_of(formulas["learned"].interval), formulas["learned"].l2_every or 1),
-        "search": (steps_of(search(p, trials=400).interval), search(p, trials=400).l2_every or 1),
+        "search": (steps_of(best.interval), best.l2_every or 1),
         "Daly / 3": (steps_of(daly.interval / 3), 1),
         "Daly x 3": (steps_of(daly.interval * 3), 1),
         "Daly, l2_every 4": (steps_of(daly.interval), 4),
