@@ -42,6 +42,10 @@ class Comm(Protocol):
     def free(self) -> None:
         """Release a communicator made by ``dup`` (collective)."""
 
+    def release(self) -> None:
+        """Let go of a group the user tore down, so that it is destroyed now, not in the
+        interpreter's teardown, where a gloo group's destructor can abort the process."""
+
     def group_ranks(self) -> list[int]:
         """The global ``torch.distributed`` rank of each rank of this group, in order."""
 
@@ -68,6 +72,9 @@ class SingleProcess:
         return self
 
     def free(self) -> None:
+        pass
+
+    def release(self) -> None:
         pass
 
     def group_ranks(self) -> list[int]:
@@ -119,6 +126,9 @@ class MPIComm:
     def free(self) -> None:
         self._comm.Free()
 
+    def release(self) -> None:
+        pass  # MPI_Finalize freed every communicator
+
     def group_ranks(self) -> list[int]:
         """Taken to be the communicator's own ranks: launchers number MPI and torch ranks alike."""
         return list(range(self.size))
@@ -127,6 +137,9 @@ class MPIComm:
         from mpi4py import MPI
 
         return not MPI.Is_finalized()
+
+
+_RELEASED = object()  # what a released TorchComm holds instead of its group: any collective fails
 
 
 class TorchComm:
@@ -169,6 +182,9 @@ class TorchComm:
 
     def free(self) -> None:
         self._dist.destroy_process_group(self._group)
+
+    def release(self) -> None:
+        self._group = _RELEASED
 
     def group_ranks(self) -> list[int]:
         return self._dist.get_process_group_ranks(self._group or self._dist.group.WORLD)

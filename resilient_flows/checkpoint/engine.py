@@ -408,7 +408,8 @@ class Checkpointer:
         """Wait for pending checkpoints, then stop the background threads. Idempotent.
 
         Safe after ``torch.distributed.destroy_process_group()``: the communicators the engine
-        duplicated went with the group, and nothing is left to release.
+        duplicated went with the group; the engine lets go of them and of ``comm`` here, so that
+        they are destroyed now rather than in the interpreter's teardown.
         """
         if self._closed:
             return
@@ -416,7 +417,10 @@ class Checkpointer:
             self.wait()
         finally:
             self._closed = True
-            self._pipeline.stop(free=self.comm.alive())
+            alive = self.comm.alive()
+            self._pipeline.stop(free=alive)
+            if not alive:
+                self.comm.release()
             for handle in list(self._hooked.values()):
                 handle.remove()
             self._hooked.clear()

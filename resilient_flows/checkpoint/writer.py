@@ -191,15 +191,18 @@ class WritePipeline:
             self._flush_q.join()
 
     def stop(self, free: bool) -> None:
-        """End the threads once drained; ``free`` releases the communicators (collective)."""
+        """End the threads once drained; ``free`` frees the communicators (collective), otherwise
+        they are only released (the user tore the communication down)."""
         self._write_q.put(None)
         self._threads[0].join()
         if self._flush_comm is not None:
             self._flush_q.put(None)
             self._threads[1].join()
-        if free:
-            for comm in {id(c): c for c in (self._write_comm, self._flush_comm) if c is not None}.values():
+        for comm in {id(c): c for c in (self._write_comm, self._flush_comm) if c is not None}.values():
+            if free:
                 comm.free()
+            else:
+                comm.release()
 
     def prune(self, tier: Tier, step: int | None) -> None:
         """Retention; the writer and the flusher both call it, one at a time. Steps still to be
