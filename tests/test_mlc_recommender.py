@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import math
 import pickle
-from dataclasses import asdict
+from dataclasses import asdict, replace
 
 import numpy as np
 import pytest
@@ -46,9 +46,12 @@ def test_a_model_file_is_json_in_our_format_and_nothing_else(tmp_path) -> None:
     with pytest.raises(InvalidParameterError, match="is not JSON"):
         Recommender.load(path)
     path.write_text(json.dumps({"format": "other", "kind": "mlp", "model": {}}))
-    with pytest.raises(InvalidParameterError, match="is not a resilient-flows-mlc-model/1 document"):
+    with pytest.raises(InvalidParameterError, match=r"is not a resilient-flows-mlc-model/2 document$"):
         Recommender.load(path)
-    path.write_text(json.dumps({"format": "resilient-flows-mlc-model/1", "kind": "mlp", "model": {}}))
+    path.write_text(json.dumps({"format": "resilient-flows-mlc-model/1", "kind": "forest", "model": {}}))
+    with pytest.raises(InvalidParameterError, match="but resilient-flows-mlc-model/1: retrain it"):
+        Recommender.load(path)  # trained without l2_slowdown: its inputs would be misread
+    path.write_text(json.dumps({"format": "resilient-flows-mlc-model/2", "kind": "mlp", "model": {}}))
     with pytest.raises(InvalidParameterError, match="the mlp model is malformed"):
         Recommender.load(path)
 
@@ -59,6 +62,22 @@ def test_the_shipped_model_is_as_good_as_the_search_on_the_example() -> None:
     ours = simulate(EXAMPLE, recommended, trials=4000, seed=3).efficiency
     daly = simulate(EXAMPLE, type(recommended)(optimal_interval(10, 10, 6 * 3600 * 48 / 49), 1), trials=4000, seed=3)
     assert ours >= daly.efficiency - 0.001  # within 0.1 percentage point of the best formula, or better
+
+
+def test_the_shipped_model_spaces_out_flushes_that_slow_compute() -> None:
+    """The README's 1,024-node job (64 GiB per node, 250 GB/s, flushes slowing compute by 20 %):
+    the search flushes every sixth checkpoint, 5.5 points above Daly's flush-every-time."""
+    job = MLCParams(
+        l1_cost=10, l1_restart=10, l1_mtbf=6 * 3600, l2_mtbf=48 * 3600, solve_time=360000, l2_slowdown=0.2,
+        l2_latency=64 * 2**30 / (250e9 / 1024), l2_restart=64 * 2**30 / (250e9 / 1024),
+    )  # fmt: skip
+    recommended = Recommender.default().recommend(job)
+    assert recommended.l2_every > 1
+    ours = simulate(job, recommended, trials=2000, seed=3).efficiency
+    daly = simulate(job, type(recommended)(optimal_interval(10, 10, 6 * 3600 * 48 / 49), 1), trials=2000, seed=3)
+    assert ours >= daly.efficiency + 0.04
+    calm = Recommender.default().recommend(replace(job, l2_slowdown=0.0))
+    assert calm.l2_every < recommended.l2_every  # it reads the slowdown: a harmless flush may come more often
 
 
 def test_one_level_jobs_get_the_exact_daly_optimum() -> None:

@@ -1,7 +1,8 @@
 """A learned checkpoint configuration: the simulator's optimum, predicted in microseconds.
 
 The optimum does not depend on the unit of time, so the model sees only ratios (each cost against
-the L1 MTBF or against the cost it follows from) and predicts two numbers: the L1 interval as a
+the L1 MTBF or against the cost it follows from) and the fraction of compute speed a flush takes
+(``l2_slowdown``, already scale-free), and predicts two numbers: the L1 interval as a
 multiple of Young's, and the number of L1 checkpoints per L2 flush, both as logarithms. Trained
 with scikit-learn (a random forest and a small MLP; :func:`fit` keeps the one with the smaller
 validation error), a model is saved as JSON: the forest's split arrays or the MLP's weights,
@@ -26,7 +27,7 @@ from resilient_flows.mlc.params import InvalidParameterError, MLCConfig, MLCPara
 
 __all__ = ["FEATURES", "FORMAT", "KINDS", "Recommender", "features", "fit", "targets", "train_model"]
 
-FORMAT = "resilient-flows-mlc-model/1"
+FORMAT = "resilient-flows-mlc-model/2"
 FEATURES = (
     "log l1_cost / l1_mtbf",
     "log l2_latency / l1_cost",
@@ -34,6 +35,7 @@ FEATURES = (
     "log l2_restart / l2_latency",
     "log l2_mtbf / l1_mtbf",
     "log solve_time / l1_mtbf",
+    "l2_slowdown",
 )
 KINDS = ("forest", "mlp")
 #: The largest number of L1 checkpoints per flush the model recommends.
@@ -57,6 +59,7 @@ def features(params: Sequence[MLCParams]) -> np.ndarray:
                 math.log(max(p.l2_restart, 1e-3) / latency),
                 math.log(p.l2_mtbf / p.l1_mtbf),
                 math.log(p.solve_time / p.l1_mtbf),
+                p.l2_slowdown,
             ]
         )
     return np.array(rows, dtype=float)
@@ -108,7 +111,10 @@ class Recommender:
         except json.JSONDecodeError as exc:
             raise InvalidParameterError(f"{where} is not JSON: {exc}") from None
         if not isinstance(document, dict) or document.get("format") != FORMAT:
-            raise InvalidParameterError(f"{where} is not a {FORMAT} document")
+            found = str(document.get("format")) if isinstance(document, dict) else ""
+            older = found.startswith(FORMAT.rsplit("/", 1)[0])
+            hint = f" but {found}: retrain it with 'resilient-flows mlc train'" if older else ""
+            raise InvalidParameterError(f"{where} is not a {FORMAT} document{hint}")
         if document.get("kind") not in ("forest", "mlp"):
             raise InvalidParameterError(f"{where}: kind must be 'forest' or 'mlp', got {document.get('kind')!r}")
         return cls(document["kind"], document["model"], document.get("meta", {}))
