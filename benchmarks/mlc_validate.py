@@ -19,10 +19,13 @@ First a calibration measures what the simulator takes, on this machine, with no 
 - ``solve_time``: the compute time of the job without checkpoints;
 - ``l1_cost``: the median stall of a save (the copy into host buffers);
 - ``l2_latency``: the median time from a save to its commit in the shared tier;
-- ``l2_slowdown``: the compute time a run with checkpoints loses beyond its stalls, over the time
-  its flushes ran: ``(compute with checkpoints - solve_time - stalls) / (flushes * l2_latency)``;
-- ``l1_restart``, ``l2_restart``: from the launch of a process to the end of its restore, from the
-  node-local tier and (that tier deleted) from the shared one.
+- ``l2_slowdown``: within one run with checkpoints, ``1 - quiet / busy`` for the median step
+  while no flush runs (quiet) and while one does (busy), as ``interval: auto`` measures it. A
+  comparison between runs would charge the machine's drift between them to the flushes;
+- ``l1_restart``, ``l2_restart``: from the launch of a process until it is back at pace, from the
+  node-local tier and (that tier deleted) from the shared one: to the end of its restore and
+  its first step and save, less a warm step and a warm save (a new process's first step and
+  save are slower, and the simulator resumes at full pace).
 
 Then each configuration ``(interval, l2_every)`` runs ``trials`` times. Its measured efficiency is
 ``solve_time / mean wall time`` with a 95% interval (Student's t over trials, mapped through
@@ -120,22 +123,26 @@ def train(job: dict[str, Any], emit: Any) -> None:
     def committed(tier: Any, step: int) -> None:
         emit("committed", step=step, tier=tier.name)
 
-    compute = 0.0
+    compute, quiet, busy = 0.0, [], []
     for step in range(start, steps):
+        flushing = ckpt is not None and ckpt.flushing
         began = time.perf_counter()
         b = a
         for _ in range(job["reps"]):
             b = torch.tanh(b @ a)
         state["w"].add_(float(b[0, 0]))
         state["step"].fill_(step)
-        compute += time.perf_counter() - began
+        took = time.perf_counter() - began
+        compute += took
+        (busy if flushing else quiet).append(took)
         if ckpt is not None and ((step + 1) % k == 0 or step == last):
             stats = ckpt.save(step, state, on_commit=committed)
             emit("saved", step=step, stall=stats.last_stall)
     if ckpt is not None:
         ckpt.close()
         emit("closed", persist_latency=ckpt.stats.last_persist_latency, persisted=ckpt.stats.persisted)
-    emit("done", compute=compute, steps=steps - start)
+    middle = {name: statistics.median(x) if x else None for name, x in (("quiet", quiet), ("busy", busy))}
+    emit("done", compute=compute, steps=steps - start, **middle)
 
 
 # ------------------------------------------------------------------------------------------ driver
@@ -198,8 +205,11 @@ class Calibration:
     l2_restart: float
 
 
-def restart_time(job: Job, k: int, drop_local: bool) -> float:
-    """Launch to restored, resuming a job stopped half-way, from the local tier or (deleted) the shared one."""
+def restart_time(job: Job, k: int, drop_local: bool, step_s: float, l1_cost: float) -> float:
+    """Launch until back at pace, resuming a job stopped half-way, from the local tier or (deleted)
+    the shared one: to the end of the first step's save, less a warm step and a warm save. A new
+    process's first step and first save are slower (the first matmul, the host buffers' first
+    pages), and the simulator resumes at full pace after its restart, so that belongs here."""
     job.reset()
     job.run(k, 1, steps=2 * k)
     if drop_local:
@@ -209,10 +219,12 @@ def restart_time(job: Job, k: int, drop_local: bool) -> float:
     proc = job.launch(k, 1, steps=2 * k + 1)
     if proc.wait() != 0:
         raise RuntimeError("the resumed worker failed")
-    (restored,) = [e for e in events(job.log) if e["event"] == "restored"]
+    found = events(job.log)
+    (restored,) = [e for e in found if e["event"] == "restored"]
     if restored["step"] != 2 * k - 1:
         raise RuntimeError(f"resumed from step {restored['step']}, expected {2 * k - 1}")
-    return restored["t"] - launched
+    (saved,) = [e for e in found if e["event"] == "saved"]
+    return max(restored["t"] - launched, saved["t"] - launched - step_s - l1_cost)
 
 
 def calibrate(root: Path, size: Size) -> tuple[Job, Calibration]:
@@ -243,17 +255,17 @@ def calibrate(root: Path, size: Size) -> tuple[Job, Calibration]:
         e["t"] - saved_at[e["step"]] for e in checkpointed if e["event"] == "committed" and e["tier"] == "shared"
     ]
     l2_latency = statistics.median(flushes) if flushes else closed["persist_latency"]
-    compute = first(checkpointed, "done")["compute"]
-    lost = max(0.0, compute - plain["compute"])
-    slowdown = min(0.95, lost / (len(flushes) * l2_latency)) if flushes and l2_latency > 0 else 0.0
+    paces = first(checkpointed, "done")
+    slowdown = min(0.95, max(0.0, 1 - paces["quiet"] / paces["busy"])) if paces["busy"] else 0.0
+    l1_cost = statistics.median(stalls)
     calibration = Calibration(
         step_s=step_s,
         solve_time=plain["compute"],
-        l1_cost=statistics.median(stalls),
+        l1_cost=l1_cost,
         l2_latency=l2_latency,
         l2_slowdown=slowdown,
-        l1_restart=statistics.median(restart_time(job, k, drop_local=False) for _ in range(3)),
-        l2_restart=statistics.median(restart_time(job, k, drop_local=True) for _ in range(3)),
+        l1_restart=statistics.median(restart_time(job, k, False, step_s, l1_cost) for _ in range(3)),
+        l2_restart=statistics.median(restart_time(job, k, True, step_s, l1_cost) for _ in range(3)),
     )
     return Job(root / "trial", size, reps, steps), calibration
 
