@@ -19,8 +19,8 @@ First a calibration measures what the simulator takes, on this machine, with no 
 - ``solve_time``: the compute time of the job without checkpoints;
 - ``l1_cost``: the median stall of a save (the copy into host buffers);
 - ``l2_latency``: the median time from a save to its commit in the shared tier;
-- ``l2_slowdown``: within one run with checkpoints, ``1 - quiet / busy`` for the median step
-  while no flush runs (quiet) and while one does (busy), as ``interval: auto`` measures it. A
+- ``l2_slowdown``: within one run with checkpoints, by the :class:`AutoTuner` that ``interval:
+  auto`` measures it with (the median step while a flush runs against while none does). A
   comparison between runs would charge the machine's drift between them to the flushes;
 - ``l1_restart``, ``l2_restart``: from the launch of a process until it is back at pace, from the
   node-local tier and (that tier deleted) from the shared one: to the end of its restore and
@@ -106,6 +106,7 @@ def train(job: dict[str, Any], emit: Any) -> None:
     import torch
 
     from resilient_flows.checkpoint import Checkpointer
+    from resilient_flows.training.autotune import AutoTuner
 
     torch.set_num_threads(1)
     emit("started")
@@ -123,26 +124,24 @@ def train(job: dict[str, Any], emit: Any) -> None:
     def committed(tier: Any, step: int) -> None:
         emit("committed", step=step, tier=tier.name)
 
-    compute, quiet, busy = 0.0, [], []
+    compute, tuner = 0.0, AutoTuner(math.inf, math.inf, steps)  # only its step timing
     for step in range(start, steps):
-        flushing = ckpt is not None and ckpt.flushing
         began = time.perf_counter()
         b = a
         for _ in range(job["reps"]):
             b = torch.tanh(b @ a)
         state["w"].add_(float(b[0, 0]))
         state["step"].fill_(step)
-        took = time.perf_counter() - began
-        compute += took
-        (busy if flushing else quiet).append(took)
+        compute += time.perf_counter() - began
         if ckpt is not None and ((step + 1) % k == 0 or step == last):
             stats = ckpt.save(step, state, on_commit=committed)
+            tuner.saved(stats)
             emit("saved", step=step, stall=stats.last_stall)
+        tuner.stepped(step, ckpt is not None and ckpt.flushing)
     if ckpt is not None:
         ckpt.close()
         emit("closed", persist_latency=ckpt.stats.last_persist_latency, persisted=ckpt.stats.persisted)
-    middle = {name: statistics.median(x) if x else None for name, x in (("quiet", quiet), ("busy", busy))}
-    emit("done", compute=compute, steps=steps - start, **middle)
+    emit("done", compute=compute, steps=steps - start, slowdown=tuner.l2_slowdown())
 
 
 # ------------------------------------------------------------------------------------------ driver
@@ -255,15 +254,13 @@ def calibrate(root: Path, size: Size) -> tuple[Job, Calibration]:
         e["t"] - saved_at[e["step"]] for e in checkpointed if e["event"] == "committed" and e["tier"] == "shared"
     ]
     l2_latency = statistics.median(flushes) if flushes else closed["persist_latency"]
-    paces = first(checkpointed, "done")
-    slowdown = min(0.95, max(0.0, 1 - paces["quiet"] / paces["busy"])) if paces["busy"] else 0.0
     l1_cost = statistics.median(stalls)
     calibration = Calibration(
         step_s=step_s,
         solve_time=plain["compute"],
         l1_cost=l1_cost,
         l2_latency=l2_latency,
-        l2_slowdown=slowdown,
+        l2_slowdown=first(checkpointed, "done")["slowdown"],
         l1_restart=statistics.median(restart_time(job, k, False, step_s, l1_cost) for _ in range(3)),
         l2_restart=statistics.median(restart_time(job, k, True, step_s, l1_cost) for _ in range(3)),
     )
