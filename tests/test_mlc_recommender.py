@@ -67,9 +67,10 @@ def test_the_shipped_model_is_as_good_as_the_search_on_the_example() -> None:
 def test_the_shipped_model_spaces_out_flushes_that_slow_compute() -> None:
     """The README's 1,024-node job (64 GiB per node, 250 GB/s, flushes slowing compute by 20 %):
     the search flushes every sixth checkpoint, 5.5 points above Daly's flush-every-time."""
+    flush = 64 * 2**30 / (250e9 / 1024)  # 64 GiB at a 1,024th of 250 GB/s
     job = MLCParams(
         l1_cost=10, l1_restart=10, l1_mtbf=6 * 3600, l2_mtbf=48 * 3600, solve_time=360000, l2_slowdown=0.2,
-        l2_latency=64 * 2**30 / (250e9 / 1024), l2_restart=64 * 2**30 / (250e9 / 1024),
+        l2_latency=flush, l2_restart=flush,
     )  # fmt: skip
     recommended = Recommender.default().recommend(job)
     assert recommended.l2_every > 1
