@@ -18,6 +18,8 @@ First a calibration measures what the simulator takes, on this machine, with no 
 
 - ``solve_time``: the compute time of the job without checkpoints;
 - ``l1_cost``: the median stall of a save (the copy into host buffers);
+- ``l1_latency``: the median time from a save's return to its commit in the node-local tier (the
+  write behind the copy, which the next save waits for);
 - ``l2_latency``: the median time from a save to its commit in the shared tier;
 - ``l2_slowdown``: within one run with checkpoints, by the :class:`AutoTuner` that ``interval:
   auto`` measures it with (the median step while a flush runs against while none does). A
@@ -198,6 +200,7 @@ class Calibration:
     step_s: float
     solve_time: float
     l1_cost: float
+    l1_latency: float
     l2_latency: float
     l2_slowdown: float
     l1_restart: float
@@ -250,15 +253,18 @@ def calibrate(root: Path, size: Size) -> tuple[Job, Calibration]:
     stalls = [e["stall"] for e in checkpointed if e["event"] == "saved"]
     closed = first(checkpointed, "closed")
     saved_at = {e["step"]: e["t"] for e in checkpointed if e["event"] == "saved"}
-    flushes = [
-        e["t"] - saved_at[e["step"]] for e in checkpointed if e["event"] == "committed" and e["tier"] == "shared"
-    ]
+    after_save = {
+        tier: [e["t"] - saved_at[e["step"]] for e in checkpointed if e["event"] == "committed" and e["tier"] == tier]
+        for tier in ("local", "shared")
+    }
+    flushes = after_save["shared"]
     l2_latency = statistics.median(flushes) if flushes else closed["persist_latency"]
     l1_cost = statistics.median(stalls)
     calibration = Calibration(
         step_s=step_s,
         solve_time=plain["compute"],
         l1_cost=l1_cost,
+        l1_latency=statistics.median(after_save["local"]),
         l2_latency=l2_latency,
         l2_slowdown=first(checkpointed, "done")["slowdown"],
         l1_restart=statistics.median(restart_time(job, k, False, step_s, l1_cost) for _ in range(3)),
@@ -333,6 +339,7 @@ def params(c: Calibration, size: Size) -> Any:
 
     return MLCParams(
         l1_cost=c.l1_cost,
+        l1_latency=c.l1_latency,
         l1_restart=c.l1_restart,
         l1_mtbf=size.l1_mtbf_s,
         solve_time=c.solve_time,
@@ -414,7 +421,8 @@ def report(root: Path, size: Size, mode: str, args: argparse.Namespace) -> None:
     p = params(c, size)
     console.print(
         f"solve_time {c.solve_time:.2f} s ({job.steps} steps of {1000 * c.step_s:.1f} ms), "
-        f"l1_cost {1000 * c.l1_cost:.1f} ms, l2_latency {1000 * c.l2_latency:.0f} ms, "
+        f"l1_cost {1000 * c.l1_cost:.1f} ms, l1_latency {1000 * c.l1_latency:.0f} ms, "
+        f"l2_latency {1000 * c.l2_latency:.0f} ms, "
         f"l2_slowdown {c.l2_slowdown:.3f}, l1_restart {c.l1_restart:.2f} s, l2_restart {c.l2_restart:.2f} s; "
         f"MTBF {size.l1_mtbf_s:g} s (crash), {size.l2_mtbf_s:g} s (node)"
     )

@@ -173,6 +173,17 @@ def test_no_failures_efficiency_is_exact() -> None:
     assert simulate(q, MLCConfig(5000), trials=2).wall_time == 1010.0  # longer than the job: one, at the end
 
 
+def test_no_failures_a_slow_node_local_write_delays_every_checkpoint_and_the_last_commit() -> None:
+    # 130 s writes behind 100 s segments: each checkpoint waits 30 s, and the job ends when the
+    # tenth is written: 10 x (100 + 10 + 30) + 130 = 1530 s
+    p = _calm(l1_latency=130)
+    assert p.checkpoint_cost(100) == 40
+    r = simulate(p, MLCConfig(100), trials=2)
+    assert r.wall_time == 1530.0 and r.efficiency == 1000 / 1530
+    # a write shorter than a segment costs nothing but the wait for the last one: 10 x 110 + 60
+    assert simulate(_calm(l1_latency=60), MLCConfig(100, 1), trials=2).wall_time == 1160.0
+
+
 @pytest.mark.parametrize(
     ("mtbf", "cost", "restart"),
     [(6 * 3600, 10, 10), (3600, 60, 120), (600, 30, 60), (60, 10, 30)],
@@ -195,7 +206,8 @@ def _reference(p: MLCParams, c: MLCConfig, trials: int, seed: int) -> tuple[list
 
     Flushes are kept as a list of jobs (start, end of the L2 part, end of the L3 part or None,
     state) in the order the one flusher runs them; a request made while the previous one has not
-    started yet (it waits in the one-slot queue) blocks the writer until it starts.
+    started yet (it waits in the one-slot queue) blocks the writer until it starts. ``copies`` holds
+    when each checkpoint of the run was copied: it counts ``l1_latency`` later.
     """
     arrivals = [_Arrivals(m, trials, seed, level) for level, m in enumerate((p.l1_mtbf, p.l2_mtbf, p.l3_mtbf), 1)]
     lat2, lat3 = p.flush_latencies
@@ -205,6 +217,7 @@ def _reference(p: MLCParams, c: MLCConfig, trials: int, seed: int) -> tuple[list
         return float(arrivals[level].gap(np.array([trial]), np.array([j]))[0])
 
     nseg = max(1, math.ceil(p.solve_time / c.interval * (1 - 1e-12)))
+    cost = p.l1_cost + max(0.0, p.l1_latency - min(c.interval, p.solve_time))
     walls, fails1, fails2 = [], [], []
     for trial in range(trials):
         j = [0, 0, 0]
@@ -214,20 +227,23 @@ def _reference(p: MLCParams, c: MLCConfig, trials: int, seed: int) -> tuple[list
         far = False  # the newest state safe from L2 failures is only in L3
         count = sent = 0
         jobs: list[tuple[float, float, float | None, int]] = []
+        copies: list[float] = []
         failures = [0, 0, 0]
         while True:
             first = min(nf)
             if restart is not None:
                 if first >= t + restart:
-                    t, restart, count, sent, jobs = t + restart, None, 0, 0, []
+                    t, restart, count, sent, jobs, copies = t + restart, None, 0, 0, [], []
                     continue
             else:
                 seg = min(c.interval, p.solve_time - k * c.interval) if k < nseg - 1 else p.solve_time - k * c.interval
                 busy = max([0.0] + [(job[2] or job[1]) - t for job in jobs])
-                end = t + seg + slow * min(seg / (1 - slow), busy) + p.l1_cost
-                if first >= end:
-                    t, k, count, local = end, k + 1, count + 1, True
+                end = t + seg + slow * min(seg / (1 - slow), busy) + cost
+                if first >= end + (p.l1_latency if k == nseg - 1 else 0.0):
+                    t, k, count = end, k + 1, count + 1
+                    copies.append(end)
                     if k == nseg:
+                        t += p.l1_latency
                         break
                     if c.l2_every and count % c.l2_every == 0:
                         sent += 1
@@ -238,6 +254,9 @@ def _reference(p: MLCParams, c: MLCConfig, trials: int, seed: int) -> tuple[list
                         jobs.append((begin, begin + lat2, begin + lat2 + lat3 if deep else None, k))
                     continue
             t = first
+            written = sum(1 for copied in copies if copied + p.l1_latency <= t)
+            k -= len(copies) - written
+            local = local or written > 0
             for _, end2, end3, state in jobs:
                 if end2 <= t and state >= l2:
                     l2, far = state, False
@@ -252,7 +271,7 @@ def _reference(p: MLCParams, c: MLCConfig, trials: int, seed: int) -> tuple[list
                 k, local, rfar = l2, False, restart
             else:
                 restart = p.l1_restart if local else rfar
-            count, sent, jobs = 0, 0, []
+            count, sent, jobs, copies = 0, 0, [], []
             j[level] += 1
             nf[level] += gap(level, trial, j[level])
         walls.append(t)
@@ -285,9 +304,16 @@ def _reference(p: MLCParams, c: MLCConfig, trials: int, seed: int) -> tuple[list
         # three levels whose L3 flushes outlast their period
         (MLCParams(l1_cost=4, l2_latency=70, l1_restart=10, l2_restart=50, l1_mtbf=1800, l2_mtbf=2500,
                    l3_latency=500, l3_restart=400, l3_mtbf=4000, solve_time=9_000), MLCConfig(50, 1, l3_every=2)),
+        # node-local writes of 160 s behind 100 s segments: each checkpoint waits 60 s for the one
+        # before; a crash within 160 s of a copy finds that checkpoint unwritten
+        (MLCParams(l1_cost=6, l1_latency=160, l2_latency=230, l1_restart=25, l2_restart=120, l1_mtbf=900,
+                   l2_mtbf=4000, solve_time=8_000, l2_slowdown=0.2), MLCConfig(100, 2)),
+        # ... and shorter than a segment: only the commit is later
+        (MLCParams(l1_cost=6, l1_latency=40, l2_latency=90, l1_restart=25, l2_restart=120, l1_mtbf=700,
+                   l2_mtbf=3000, solve_time=8_000), MLCConfig(130, 1)),
     ],
     ids=["example", "never-flush", "busy-flusher", "lost-nodes", "slowdown", "slowdown-blocked", "three-level",
-         "three-level-blocked"],
+         "three-level-blocked", "slow-local-write", "local-write-lag"],
 )  # fmt: skip
 def test_simulator_matches_step_by_step_reference(params: MLCParams, config: MLCConfig) -> None:
     trials = 30
@@ -509,6 +535,8 @@ def test_search_one_level_and_no_failures() -> None:
         ("solve_time", math.inf, "solve_time must be finite"),
         ("l2_slowdown", 1.0, r"l2_slowdown must be in \[0, 1\), got 1.0"),
         ("l2_slowdown", -0.1, "l2_slowdown must be >= 0"),
+        ("l1_latency", -2, "l1_latency must be >= 0"),
+        ("l1_latency", math.inf, "l1_latency must be finite"),
         ("node_bandwidth", -1e9, "node_bandwidth must be > 0"),
         ("pfs_bandwidth", math.nan, "pfs_bandwidth must be a number"),
         ("checkpoint_bytes", -1, "checkpoint_bytes must be >= 0"),

@@ -7,10 +7,12 @@ that a configuration can be judged by its measured efficiency, ``solve_time / me
 The model, as the engine behaves:
 
 - Compute is cut into segments of ``interval`` seconds (the last one may be shorter). Each
-  segment ends with an L1 checkpoint that blocks compute for ``l1_cost``; it counts once it has
-  finished (is committed). The job is done when the checkpoint of its last segment is committed: a
+  segment ends with an L1 checkpoint that blocks compute for ``p.checkpoint_cost(interval)``: the
+  copy (``l1_cost``) and, when the node-local write (``l1_latency``) is longer than a segment, the
+  wait for the previous checkpoint's write. A checkpoint counts (is committed) ``l1_latency``
+  after its copy ends. The job is done when the checkpoint of its last segment is committed: a
   training job's result is its final checkpoint. Without flushes a failure-free job takes
-  ``solve_time + ceil(solve_time / interval) * l1_cost``.
+  ``solve_time + ceil(solve_time / interval) * checkpoint_cost + l1_latency``.
 - Every ``l2_every``-th L1 checkpoint since the job (re)started asks for a flush, as the engine's
   save counter does; with three levels every ``l3_every``-th of those flushes goes on to L3. A
   flush takes ``l2_latency`` (plus the L3 part, for those that go on) and from the end of each part
@@ -37,7 +39,7 @@ from the end of a restart) begins alike: an idle flusher and a save counter at z
 schedule that depends on the configuration only, not on the trial: when the writer resumes after
 its ``c``-th flush request, when the flusher is busy, when each flush started. Without slowdown,
 when each flush ends before the next request, the schedule is closed-form (a commit every
-``interval + l1_cost``, a flush every ``l2_every`` of them). Otherwise :class:`_Schedule` computes it
+``interval`` plus a checkpoint, a flush every ``l2_every`` of them). Otherwise :class:`_Schedule` computes it
 one request at a time for all configurations at once, until the flusher's state at a request
 repeats (idle, or blocked, at the same place in the ``l3_every`` cycle); from there on it is
 periodic and extended in closed form. Each trial then advances from one failure to the next by
@@ -242,8 +244,13 @@ def _segments(solve_time: float, interval: np.ndarray) -> tuple[np.ndarray, np.n
 
 def _failure_free_wall(p: MLCParams, interval: float) -> float:
     """A lower bound on any trial's wall time: the segments and their checkpoints, nothing slowed."""
-    _, n, _ = _segments(p.solve_time, np.array([interval]))
-    return p.solve_time + int(n[0]) * p.l1_cost
+    tau, n, _ = _segments(p.solve_time, np.array([interval]))
+    return p.solve_time + int(n[0]) * float(_checkpoint_costs(p, tau)[0]) + p.l1_latency
+
+
+def _checkpoint_costs(p: MLCParams, tau: np.ndarray) -> np.ndarray:
+    """:meth:`MLCParams.checkpoint_cost` of each configuration's (capped) interval."""
+    return p.l1_cost + np.maximum(0.0, p.l1_latency - tau)
 
 
 class _Arrivals:
@@ -282,7 +289,7 @@ class _Arrivals:
 class _Schedule:
     """Where a run stands ``e`` seconds after it began, per configuration (see the module docstring).
 
-    A run's ``c``-th flush request comes when its ``c * l2_every``-th segment is committed; the
+    A run's ``c``-th flush request comes when its ``c * l2_every``-th checkpoint is copied; the
     writer then resumes at ``B[c]`` (later than the request when it blocked), and its next
     ``l2_every`` segments are slowed while the flusher is busy, up to ``END[c]``. Flush ``c``
     starts at ``START[c]``; its L2 part ends ``l2_latency`` later and, when it goes on to L3, its
@@ -304,10 +311,10 @@ class _Schedule:
         self.s = p.l2_slowdown
         self.lat2, self.lat3 = p.flush_latencies
         self.three = p.three_level
-        self.cost = p.l1_cost
-        self.u = tau + p.l1_cost
+        self.cost = _checkpoint_costs(p, tau)
+        self.u = tau + self.cost
         self.tau_s = tau / (1.0 - self.s)  # wall time of a fully slowed segment's compute
-        self.u_s = self.tau_s + p.l1_cost
+        self.u_s = self.tau_s + self.cost
         self.last, self.every, self.l3 = last, every, l3
         self.period = np.where(every > 0, every * self.u, math.inf)
         longest = self.lat2 + np.where(l3 > 0, self.lat3, 0.0)
@@ -473,7 +480,7 @@ class _Schedule:
             begin = b + before * self.u[ch] + self.s * np.minimum(before * self.tau_s[ch], a)
             rest = np.maximum(0.0, end - begin)
             w = last[hard]
-            out[hard] = begin + w + self.s * np.minimum(w / (1.0 - self.s), rest) + self.cost
+            out[hard] = begin + w + self.s * np.minimum(w / (1.0 - self.s), rest) + self.cost[ch]
         return out
 
 
@@ -532,6 +539,7 @@ def _run(
     n = n_cfg * trials
     cfg = np.repeat(np.arange(n_cfg), trials)
     tau, nseg, last = _segments(p.solve_time, intervals)
+    cost = _checkpoint_costs(p, tau)
     schedule = _Schedule(p, tau, nseg, last, everys, l3s)
     arrivals = tuple(_Arrivals(m, trials, seed, level) for level, m in enumerate((p.l1_mtbf, p.l2_mtbf, p.l3_mtbf), 1))
     tid = np.tile(np.arange(trials), n_cfg)
@@ -540,9 +548,9 @@ def _run(
         row=np.arange(n),
         cfg=cfg,
         tid=tid,
-        u=(tau + p.l1_cost)[cfg],
+        u=(tau + cost)[cfg],
         nseg=nseg[cfg],
-        ulast=(last + p.l1_cost)[cfg],
+        ulast=(last + cost)[cfg],
         last=last[cfg],
         every=everys[cfg],
         l3=l3s[cfg],
@@ -578,6 +586,7 @@ def _run(
         hard = ~schedule.simple[s.cfg]
         if hard.any():
             t_fin[hard] = s.t[hard] + schedule.finish(s.cfg[hard], left[hard], s.last[hard])
+        t_fin += p.l1_latency  # the last checkpoint's write
         end = np.where(s.restarting, s.t + s.rcost, t_fin)
         ok = nf >= end
         finish = ok & ~s.restarting
@@ -626,7 +635,7 @@ def _fail(
     if running.any():
         sub = rows[running]
         elapsed = nf[sub] - s.t[sub]
-        done[running] = schedule.commits(s.cfg[sub], elapsed, left[sub])
+        done[running] = schedule.commits(s.cfg[sub], np.maximum(0.0, elapsed - p.l1_latency), left[sub])
         n2[running], n3[running], began[running] = schedule.flushed(s.cfg[sub], elapsed, left[sub])
     s.flushes[rows] += began
     l2 = np.where(n2 > 0, np.maximum(s.l2[rows], k + n2 * every), s.l2[rows])

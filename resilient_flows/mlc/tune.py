@@ -69,6 +69,7 @@ def add_tune_parser(subparsers: argparse._SubParsersAction) -> None:
     tune = subparsers.add_parser("tune", help="compare checkpoint intervals: formulas, the learned model, search")
     duration = duration_argument
     tune.add_argument("--l1-cost", type=duration, required=True, help="node-local checkpoint stall, e.g. 10s")
+    tune.add_argument("--l1-latency", type=duration, default=0.0, help="node-local write after the stall, e.g. 2s")
     tune.add_argument("--l2-latency", type=duration, default=0.0, help="flush to L2, e.g. 5m (or give bytes)")
     tune.add_argument("--l1-mtbf", type=duration, required=True, help="mean time between process failures, e.g. 6h")
     tune.add_argument("--l2-mtbf", type=duration, default=math.inf, help="mean time between lost nodes, e.g. 2d")
@@ -100,6 +101,7 @@ def params_from_args(args: argparse.Namespace) -> MLCParams:
     three = _duration("l3_mtbf", args.l3_mtbf)
     p = MLCParams(
         l1_cost=args.l1_cost,
+        l1_latency=args.l1_latency,
         l1_restart=args.l1_cost if args.l1_restart is None else args.l1_restart,
         l1_mtbf=args.l1_mtbf,
         solve_time=args.solve_time,

@@ -1,9 +1,10 @@
 """``interval: auto``: measure what this member's checkpoints cost, then let the recommender choose.
 
 The first :data:`WARMUP_CHECKPOINTS` checkpoints are taken every few steps, as configured for the
-warm-up; they give the stall of a checkpoint (the L1 cost: what training waits for), the time to
-the shared tier (the L2 latency; the commit, without a node-local tier), the member's pace and
-how long it took to start (a restart repeats it). They also give the flush's interference
+warm-up; they give the stall of a checkpoint (the L1 cost: what training waits for), how long
+its node-local write goes on after that (the L1 latency: a checkpoint waits for the one before),
+the time to the shared tier (the L2 latency; the commit, without a node-local tier), the member's
+pace and how long it took to start (a restart repeats it). They also give the flush's interference
 (``l2_slowdown``): every step between two checkpoints is timed and tagged with whether a flush
 ran at both of its ends (:attr:`~resilient_flows.checkpoint.Checkpointer.flushing`), and the
 median step with a flush is compared with the median step without; and the bytes of a
@@ -112,8 +113,11 @@ class AutoTuner:
         latency = stats.last_persist_latency if two_tiers else stats.last_commit_latency
         l2_latency = max(l1_cost, latency)
         startup = max(l1_cost, began - self.created)
+        # the node-local write goes on after the stall; without a shared tier it is the only write
+        l1_latency = max(0.0, stats.last_commit_latency - l1_cost) if two_tiers else 0.0
         params = MLCParams(
             l1_cost=l1_cost,
+            l1_latency=l1_latency,
             l1_restart=startup,
             l1_mtbf=self.process_mtbf_s,
             solve_time=max(1.0, (self.steps - step - 1) * pace),
