@@ -29,7 +29,7 @@ from resilient_flows.mlc import (
     two_level_optimum,
     young_interval,
 )
-from resilient_flows.mlc.simulator import _Arrivals
+from resilient_flows.mlc.simulator import FailureArrivals
 
 EXAMPLE = MLCParams(
     l1_cost=10,
@@ -209,7 +209,7 @@ def _reference(p: MLCParams, c: MLCConfig, trials: int, seed: int) -> tuple[list
     started yet (it waits in the one-slot queue) blocks the writer until it starts. ``copies`` holds
     when each checkpoint of the run was copied: it counts ``l1_latency`` later.
     """
-    arrivals = [_Arrivals(m, trials, seed, level) for level, m in enumerate((p.l1_mtbf, p.l2_mtbf, p.l3_mtbf), 1)]
+    arrivals = [FailureArrivals(m, trials, seed, level) for level, m in enumerate((p.l1_mtbf, p.l2_mtbf, p.l3_mtbf), 1)]
     lat2, lat3 = p.flush_latencies
     slow = p.l2_slowdown
 
@@ -427,8 +427,8 @@ def test_common_random_numbers() -> None:
     assert not np.array_equal(simulate(p, configs[0], trials=200, seed=6).wall_times, alone[0].wall_times)
     # the same failures: the first L1 failure arrives at the same time in every configuration, so a
     # trial whose first failure comes after the job would have finished is failure-free in both
-    first = _Arrivals(p.l1_mtbf, 200, 5, 1).gap(np.arange(200), np.zeros(200, dtype=np.int64))
-    first = np.minimum(first, _Arrivals(p.l2_mtbf, 200, 5, 2).gap(np.arange(200), np.zeros(200, dtype=np.int64)))
+    first = FailureArrivals(p.l1_mtbf, 200, 5, 1).gap(np.arange(200), np.zeros(200, dtype=np.int64))
+    first = np.minimum(first, FailureArrivals(p.l2_mtbf, 200, 5, 2).gap(np.arange(200), np.zeros(200, dtype=np.int64)))
     for r in alone:
         clean = first > r.wall_times
         assert np.all(r.wall_times[clean] == r.wall_times.min())

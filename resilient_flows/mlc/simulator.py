@@ -72,7 +72,7 @@ import numpy as np
 
 from resilient_flows.mlc.params import InvalidParameterError, MLCConfig, MLCParams, check_count, check_number
 
-__all__ = ["MAX_EVENTS", "MAX_WALL_FACTOR", "SimResult", "simulate", "simulate_many"]
+__all__ = ["MAX_EVENTS", "MAX_WALL_FACTOR", "FailureArrivals", "SimResult", "simulate", "simulate_many"]
 
 #: A trial is stopped at this many times the solve time of wall-clock time.
 MAX_WALL_FACTOR = 1000.0
@@ -253,8 +253,12 @@ def _checkpoint_costs(p: MLCParams, tau: np.ndarray) -> np.ndarray:
     return p.l1_cost + np.maximum(0.0, p.l1_latency - tau)
 
 
-class _Arrivals:
+class FailureArrivals:
     """Failure inter-arrival gaps of one level, by (trial, index), the same for every configuration.
+
+    Public so that a driver of real runs can inject the very failures that :func:`simulate` with
+    the same ``seed`` and ``trials`` meets: then each measured trial has a simulated twin, and
+    their difference is the model's error, not sampling noise (``benchmarks/mlc_validate.py``).
 
     Gap ``j`` of trial ``i`` is column ``j % B`` of block ``j // B``, a ``trials x B`` array drawn from a
     generator seeded by ``(seed, level, j // B)``. Blocks are drawn when first needed and dropped
@@ -541,7 +545,9 @@ def _run(
     tau, nseg, last = _segments(p.solve_time, intervals)
     cost = _checkpoint_costs(p, tau)
     schedule = _Schedule(p, tau, nseg, last, everys, l3s)
-    arrivals = tuple(_Arrivals(m, trials, seed, level) for level, m in enumerate((p.l1_mtbf, p.l2_mtbf, p.l3_mtbf), 1))
+    arrivals = tuple(
+        FailureArrivals(m, trials, seed, level) for level, m in enumerate((p.l1_mtbf, p.l2_mtbf, p.l3_mtbf), 1)
+    )
     tid = np.tile(np.arange(trials), n_cfg)
     zeros = np.zeros(n, dtype=np.int64)  # for reading only; each column gets its own array
     s = _Rows(
@@ -621,7 +627,7 @@ def _fail(
     fail: np.ndarray,
     nf: np.ndarray,
     left: np.ndarray,
-    arrivals: tuple[_Arrivals, ...],
+    arrivals: tuple[FailureArrivals, ...],
 ) -> None:
     """Roll the rows ``fail`` back for the failure that strikes them at ``nf``, in place."""
     rows = np.flatnonzero(fail)
