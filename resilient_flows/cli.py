@@ -20,6 +20,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from resilient_flows.cosched.agentcli import add_cosched_parser
 from resilient_flows.cosched.cosim import add_cosim_parser
 from resilient_flows.errors import ResilientFlowsError, WorkflowError
 from resilient_flows.mlc.tune import add_tune_parser
@@ -110,6 +111,7 @@ def _parser() -> argparse.ArgumentParser:
     lineage.add_argument("run_dir", metavar="RUN_DIR")
     lineage.set_defaults(handler=_lineage)
     add_cosim_parser(commands)
+    add_cosched_parser(commands)
     add_mlc_parser(commands)
     add_tune_parser(commands)
     return parser

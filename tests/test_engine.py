@@ -12,6 +12,7 @@ import torch
 from trainkit import Problem, digest, replicated_digest
 
 from resilient_flows.checkpoint import Checkpointer, CheckpointError, TrainState
+from resilient_flows.checkpoint.heartbeat import FILENAME
 
 
 def run(problem: Problem, steps: range) -> list[float]:
@@ -107,7 +108,7 @@ def test_retention_keeps_the_newest_per_tier_and_latest_points_at_newest(tiers: 
         assert ck.latest_step() == 9
     assert sorted(p.name for p in local.iterdir()) == ["latest", "step-00000008", "step-00000009"]
     # every 3rd save is persisted: saves 3, 6, 9 are steps 2, 5, 8
-    assert sorted(p.name for p in shared.iterdir()) == ["latest", "step-00000005", "step-00000008"]
+    assert sorted(p.name for p in shared.iterdir()) == [FILENAME, "latest", "step-00000005", "step-00000008"]
     assert (local / "latest").read_text().strip() == "9"
     assert (shared / "latest").read_text().strip() == "8"
 

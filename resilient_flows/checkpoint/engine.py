@@ -36,6 +36,7 @@ import xxhash
 
 from resilient_flows.checkpoint.boxes import Box, HeldBox, held_boxes, is_dtensor, local_box
 from resilient_flows.checkpoint.comm import as_comm, first_problem
+from resilient_flows.checkpoint.heartbeat import HeartbeatWriter
 from resilient_flows.checkpoint.planner import ArraySpec, WriteItem, plan_writes, shard_order
 from resilient_flows.checkpoint.reader import SkippedCheckpoint, read_agreed
 from resilient_flows.checkpoint.shardfile import ShardEntry
@@ -122,6 +123,11 @@ class Checkpointer:
         taken to be the communicator's ranks.
     pin_memory:
         Pin the host staging arena. Default: when CUDA is available.
+    heartbeat:
+        Rank 0 keeps ``checkpoint-heartbeat.json`` in the shared tier up to date (the newest commit
+        there, the period, the restore time) and, under Slurm, points its job's comment at it:
+        what the preemption agent (``resilient-flows cosched agent``) chooses victims by. See
+        :mod:`~resilient_flows.checkpoint.heartbeat`.
     """
 
     def __init__(
@@ -134,6 +140,7 @@ class Checkpointer:
         keep: int = 3,
         comm: Any = None,
         pin_memory: bool | None = None,
+        heartbeat: bool = True,
     ) -> None:
         _check_positive_int("keep", keep)
         specs = _tier_specs(directory, local_dir, persist_every, tiers)
@@ -175,6 +182,8 @@ class Checkpointer:
         self._hooked: weakref.WeakKeyDictionary[torch.optim.Optimizer, Any] = weakref.WeakKeyDictionary()
         self._closed = False
         self._pipeline = WritePipeline(self.tiers, self.comm, keep, self._arena, self._record, self.stats)
+        if heartbeat and self.rank == 0:
+            self._pipeline.heartbeat = HeartbeatWriter(self.shared.path)
         self._pipeline.comm.allgather(None)  # nobody writes before every rank has cleaned up
         atexit.register(_close_at_exit, weakref.ref(self))
 
@@ -485,6 +494,7 @@ class Checkpointer:
         :class:`StateMismatchError` and leaves the state untouched. Collective with ``comm``.
         """
         stateful = _as_stateful(state)
+        began = time.perf_counter()
         try:
             read = self._read(step, stateful)
         except BaseException:
@@ -497,6 +507,8 @@ class Checkpointer:
             return None
         saved_step, world_size, loaded = read
         stateful.load_state_dict(loaded)
+        if self._pipeline.heartbeat is not None:
+            self._pipeline.heartbeat.restore_s = time.perf_counter() - began
         logger.info("restored step %d (%d ranks at save time, %d now)", saved_step, world_size, self.world_size)
         return saved_step
 

@@ -37,6 +37,7 @@ import torch
 
 from resilient_flows.checkpoint.boxes import Box
 from resilient_flows.checkpoint.comm import Comm, first_problem
+from resilient_flows.checkpoint.heartbeat import HeartbeatWriter
 from resilient_flows.checkpoint.manifest import ArrayRecord, Manifest, PieceRecord, write_manifest
 from resilient_flows.checkpoint.planner import WriteItem
 from resilient_flows.checkpoint.shardfile import (
@@ -144,6 +145,7 @@ class WritePipeline:
         self.stats = stats
         self._arena = arena
         self._on_error = on_error
+        self.heartbeat: HeartbeatWriter | None = None  # rank 0's, set by the Checkpointer
         self._write_comm = comm.dup()
         self._flush_comm = comm.dup() if len(tiers) > 1 else None
         self._lock = threading.Lock()
@@ -363,6 +365,8 @@ class WritePipeline:
             self.stats.flushes_reread += 1
 
     def _committed(self, job: WriteJob, tier: Tier) -> None:
+        if tier is self.shared and self.heartbeat is not None:
+            self.heartbeat.committed(job.step, time.perf_counter() - job.started)
         if job.on_commit is None:
             return
         try:

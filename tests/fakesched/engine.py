@@ -19,6 +19,15 @@ State lives in ``$FAKESCHED_DIR``:
     the runner's pid, which is also the job's process group.
 ``jobs/<n>.started``, ``jobs/<n>.exit``, ``jobs/<n>.deleted``, ``jobs/<n>.walltime``
     markers: the script started; its exit status; ``qdel`` was asked; the walltime ran out.
+``jobs/<n>.rerun``, ``jobs/<n>.runs``
+    ``qrerun`` was asked (the runner removes it once the job is queued again); how many times the
+    script has started.
+
+The runner re-reads the record while the job waits, so a hold set or released later (``qhold``,
+``qrls``) takes effect; a rerun kills the script and sends the job back to waiting, under the same
+runner and lock, so it never looks finished in between. The runner shrugs off the signals users
+send to jobs (:data:`PASSED_ON`), which ``qsig`` delivers to the whole process group: they are for
+the script.
 
 Knobs (environment of ``qsub``): ``FAKESCHED_QUEUE_SECONDS`` keeps each job queued that long before
 it starts (default 0).
@@ -42,6 +51,10 @@ from typing import Any
 DIR_ENV = "FAKESCHED_DIR"
 QUEUE_SECONDS_ENV = "FAKESCHED_QUEUE_SECONDS"
 KILL_GRACE_S = 5.0
+#: Signals that ``qsig`` delivers to the job's process group and the runner ignores (the script keeps
+#: the default actions: a handler, unlike SIG_IGN, does not survive exec).
+PASSED_ON = (signal.SIGHUP, signal.SIGINT, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGALRM)
+POLL_S = 0.05
 
 
 def root_dir(prog: str) -> Path:
@@ -104,6 +117,15 @@ def submit(root: Path, number: int, record: dict[str, Any], env: dict[str, str])
         os.close(fd)
 
 
+def update(root: Path, number: int, **changes: Any) -> None:
+    """Change job ``number``'s record (``held``, say), one writer at a time."""
+    with open(root / "records.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        job = record(root, number)
+        assert job is not None
+        _write(_file(root, number, "json"), json.dumps({**job, **changes}, indent=1))
+
+
 def numbers(root: Path) -> list[int]:
     return sorted(int(p.stem) for p in (root / "jobs").glob("*.json"))
 
@@ -153,6 +175,13 @@ def started_at(root: Path, number: int) -> float | None:
         return None
 
 
+def run_count(root: Path, number: int) -> int:
+    try:
+        return int(_file(root, number, "runs").read_text())
+    except (FileNotFoundError, ValueError):
+        return 0
+
+
 def exit_status(root: Path, number: int) -> int | None:
     """The script's exit status, 256 + signal if a signal ended it; None while it runs."""
     try:
@@ -183,6 +212,27 @@ def delete(root: Path, number: int) -> bool:
     return True
 
 
+def signal_job(root: Path, number: int, sig: int) -> None:
+    """Send ``sig`` to every process of job ``number`` (the runner ignores :data:`PASSED_ON`)."""
+    _signal_group(int(_file(root, number, "pid").read_text()), sig)
+
+
+def rerun(root: Path, number: int) -> bool:
+    """Kill running job ``number``'s script (TERM now, KILL after the grace period) and queue the job
+    again, held if its record says so; returns once it is queued, or False if it was not running."""
+    if phase(root, number) != "running":
+        return False
+    marker = _file(root, number, "rerun")
+    _write(marker, str(time.time()))
+    signal_job(root, number, signal.SIGTERM)
+    while marker.exists() and alive(root, number):
+        time.sleep(0.02)
+    if marker.exists():  # the script ended on its own first: the job finished, nothing to requeue
+        marker.unlink(missing_ok=True)
+        return False
+    return True
+
+
 def delete_all(root: Path) -> list[int]:
     """Kill every job still alive under ``root`` (test clean-up); the numbers it killed."""
     return [n for n in numbers(root) if delete(root, n)]
@@ -201,47 +251,78 @@ def _write(path: Path, text: str) -> None:
 
 def _run(root: Path, number: int) -> int:
     """The runner: the scheduler's agent for one job (keeps the inherited lock until it exits)."""
-    # qdel's TERM ends a job that has not started; once the script runs, the TERM is for the script.
-    signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
+    for sig in PASSED_ON:
+        signal.signal(sig, lambda *_: None)
     job = record(root, number)
     assert job is not None
     log = job.get("log")
     _log(log, f"job {number} queued by {user()}")
     start_after = job["submit_time"] + job["queue_seconds"]
-    while time.time() < start_after or job.get("held"):
-        time.sleep(0.02)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    if _file(root, number, "deleted").exists():  # qdel came between the last check and now
-        return 0
-    _write(_file(root, number, "started"), str(time.time()))
-    _log(log, f"job {number} starting: {' '.join(job['command'])}")
-    with open(job["stdout"], "ab") as out, open(job["stderr"], "ab") as err:
-        script = subprocess.Popen(
-            job["command"],
-            cwd=job["cwd"],
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=err,
-            preexec_fn=lambda: signal.signal(signal.SIGTERM, signal.SIG_DFL),
-        )
-    try:
-        code = script.wait(timeout=job["walltime_s"])
-    except subprocess.TimeoutExpired:
-        _write(_file(root, number, "walltime"), str(time.time()))
-        _log(log, f"job {number} exceeded its walltime of {job['walltime_s']:.0f} s; killing it")
-        os.killpg(os.getpgrp(), signal.SIGTERM)
-        try:
-            code = script.wait(timeout=KILL_GRACE_S)
-        except subprocess.TimeoutExpired:
-            script.kill()
-            code = script.wait()
+    while True:
+        # qdel's TERM ends a job that has not started; once the script runs, the TERM is for the script.
+        signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
+        while time.time() < start_after or (record(root, number) or job).get("held"):
+            time.sleep(0.02)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        if _file(root, number, "deleted").exists():  # qdel came between the last check and now
+            return 0
+        _write(_file(root, number, "started"), str(time.time()))
+        _write(_file(root, number, "runs"), str(run_count(root, number) + 1))
+        _log(log, f"job {number} starting: {' '.join(job['command'])}")
+        with open(job["stdout"], "ab") as out, open(job["stderr"], "ab") as err:
+            script = subprocess.Popen(
+                job["command"],
+                cwd=job["cwd"],
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=err,
+                preexec_fn=lambda: signal.signal(signal.SIGTERM, signal.SIG_DFL),
+            )
+        code = _wait(root, number, job, script)
+        if code is not None:
+            break
+        _log(log, f"job {number} requeued (qrerun)")
+        _clear_node()
+        _file(root, number, "started").unlink()
+        _file(root, number, "rerun").unlink()
+        start_after = 0.0
     status = code if code >= 0 else 256 - code
     _log(log, f"job {number} exited with status {status}")
     _write(_file(root, number, "exit"), str(status))
-    # Like a real scheduler, clear the node: whatever the script left running in the job dies too.
+    _clear_node()
+    return 0
+
+
+def _wait(root: Path, number: int, job: dict[str, Any], script: subprocess.Popen[bytes]) -> int | None:
+    """The script's exit code, once it ends (killed at its walltime); None if ``qrerun`` ended it."""
+    began = time.monotonic()
+    rerun_asked: float | None = None
+    while True:
+        try:
+            code = script.wait(timeout=POLL_S)
+        except subprocess.TimeoutExpired:
+            pass
+        else:
+            return None if _file(root, number, "rerun").exists() else code
+        if job["walltime_s"] is not None and time.monotonic() - began >= job["walltime_s"]:
+            _write(_file(root, number, "walltime"), str(time.time()))
+            _log(job.get("log"), f"job {number} exceeded its walltime of {job['walltime_s']:.0f} s; killing it")
+            os.killpg(os.getpgrp(), signal.SIGTERM)
+            try:
+                return script.wait(timeout=KILL_GRACE_S)
+            except subprocess.TimeoutExpired:
+                script.kill()
+                return script.wait()
+        if rerun_asked is None and _file(root, number, "rerun").exists():
+            rerun_asked = time.monotonic()  # qrerun sent the TERM; KILL follows, as from PBS's MoM
+        if rerun_asked is not None and time.monotonic() - rerun_asked >= KILL_GRACE_S:
+            script.kill()
+
+
+def _clear_node() -> None:
+    """Like a real scheduler, clear the node: whatever the script left running in the job dies too."""
     os.killpg(os.getpgrp(), signal.SIGTERM)
     time.sleep(0.05)
-    return 0
 
 
 def _log(path: str | None, message: str) -> None:

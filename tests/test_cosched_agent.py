@@ -1,0 +1,459 @@
+"""The preemption agent: heartbeats, the Slurm adapter's parsing, the agent's rules, and end to end
+on the real one-node Slurm cluster of ``.ci/slurm-up`` (CPUs stand in for nodes there)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+from slurm import cancel, require_slurm
+
+from resilient_flows.checkpoint import Checkpointer
+from resilient_flows.checkpoint.heartbeat import FILENAME, Heartbeat, HeartbeatWriter, read_heartbeat
+from resilient_flows.cli import main as cli_main
+from resilient_flows.cosched import OnDemandRequest, RunningJob, decide, decision_cost
+from resilient_flows.cosched.agent import Agent, AgentConfig, running_job
+from resilient_flows.cosched.batch import BatchCommandError, BatchJob
+from resilient_flows.cosched.slurm import SlurmBatch, parse_sinfo_json, parse_squeue_json, parse_squeue_text
+from resilient_flows.errors import InvalidJobError
+from resilient_flows.examples.preemptible import train
+
+NOW = 1_796_396_700.0
+
+# ------------------------------------------------------------------------------------ heartbeat
+
+
+def test_a_checkpointer_publishes_its_newest_shared_commit_and_restore_time(tmp_path: Path) -> None:
+    state = {"w": np.arange(16.0)}
+    before = time.time()
+    with Checkpointer(tmp_path / "shared", local_dir=tmp_path / "local", persist_every=2) as ckpt:
+        for step in range(4):
+            ckpt.save(step, state)
+            ckpt.wait()
+    beat = read_heartbeat(tmp_path / "shared" / FILENAME)
+    assert beat.step == 3  # steps 1 and 3 went to the shared tier: the newest
+    assert before <= beat.committed <= time.time() and beat.period is not None and beat.period > 0
+    with Checkpointer(tmp_path / "shared") as again:
+        assert again.restore(state) == 3
+        again.save(4, state)
+    restored = read_heartbeat(tmp_path / "shared" / FILENAME)
+    assert restored.step == 4 and restored.restore is not None and restored.restore < 30
+    assert not [p for p in (tmp_path / "shared").iterdir() if p.name.endswith(".tmp")]
+    with Checkpointer(tmp_path / "quiet", heartbeat=False) as quiet:
+        quiet.save(0, state)
+    assert not (tmp_path / "quiet" / FILENAME).exists()
+
+
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [
+        ("{", "not JSON"),
+        ('{"format": "other"}', "not a resilient-flows-heartbeat/1 file"),
+        ('{"format": "resilient-flows-heartbeat/1", "step": -1}', "step must be a whole number"),
+        ('{"format": "resilient-flows-heartbeat/1", "step": 1, "committed": "soon"}', "committed must be a Unix time"),
+        (
+            '{"format": "resilient-flows-heartbeat/1", "step": 1, "committed": 5, "period": 0, "written": 5}',
+            "period must be seconds > 0",
+        ),
+        ("x" * 70_000, "larger than"),
+    ],
+)
+def test_a_bad_heartbeat_is_refused_with_the_field_named(tmp_path: Path, text: str, problem: str) -> None:
+    path = tmp_path / FILENAME
+    path.write_text(text)
+    with pytest.raises(ValueError, match=problem):
+        read_heartbeat(path)
+
+
+def test_the_heartbeat_is_replaced_whole(tmp_path: Path) -> None:
+    writer = HeartbeatWriter(tmp_path)
+    for step in range(3):
+        writer.committed(step, 0.5)
+    assert read_heartbeat(tmp_path / FILENAME).step == 2
+    assert [p.name for p in tmp_path.iterdir()] == [FILENAME]  # no temporary file left beside it
+
+
+# ------------------------------------------------------------------------------------ Slurm output
+
+SQUEUE_22_05 = {
+    "meta": {"plugin": {"type": "openapi/v0.0.38"}, "Slurm": {"release": "22.05.8"}},
+    "errors": [],
+    "jobs": [
+        {"job_id": 4, "name": "a", "user_name": "ann", "partition": "batch", "job_state": "RUNNING", "node_count": 2,
+         "cpus": 64, "start_time": 1796396658, "submit_time": 1796396600, "time_limit": 10, "comment": "",
+         "priority": 4294901754, "state_reason": "None"},
+        {"job_id": 5, "name": "b", "user_name": "bob", "partition": "batch", "job_state": "RUNNING", "node_count": 1,
+         "cpus": 32, "start_time": 1796396658, "submit_time": 1796396658, "time_limit": None,
+         "comment": "rf-heartbeat:/lus/run/b/checkpoint-heartbeat.json", "priority": 4294901753,
+         "state_reason": "None"},
+        {"job_id": 6, "name": "c", "user_name": "cy", "partition": "batch", "job_state": "PENDING", "node_count": 1,
+         "cpus": 1, "start_time": 0, "submit_time": 1796396658, "time_limit": None, "comment": "rf-ondemand",
+         "priority": 4294901752, "state_reason": "Resources"},
+        {"job_id": 7, "name": "d", "user_name": "dee", "partition": "batch", "job_state": "PENDING", "node_count": 1,
+         "cpus": 1, "start_time": 0, "submit_time": 1796396658, "time_limit": None, "comment": "", "priority": 0,
+         "state_reason": "JobHeldUser"},
+        {"job_id": 3, "name": "gone", "user_name": "ann", "partition": "batch", "job_state": "CANCELLED",
+         "node_count": 1, "cpus": 1, "start_time": 1796396418, "submit_time": 1796396417, "time_limit": None,
+         "comment": "", "priority": 1, "state_reason": "None"},
+    ],
+}  # fmt: skip
+
+
+def _newer(record: dict) -> dict:
+    """The same record as Slurm 23.02+ prints it: states as lists, numbers as {set, infinite, number}."""
+    out = dict(record)
+    out["job_state"] = [record["job_state"]]
+    for key in ("node_count", "cpus", "start_time", "submit_time", "priority"):
+        out[key] = {"set": True, "infinite": False, "number": record[key]}
+    limit = record["time_limit"]
+    out["time_limit"] = {"set": limit is not None, "infinite": limit is None, "number": limit or 0}
+    return out
+
+
+@pytest.mark.parametrize("newer", [False, True], ids=["22.05", "23.02+"])
+def test_squeue_json_gives_running_and_pending_jobs(newer: bool) -> None:
+    data = dict(SQUEUE_22_05, jobs=[_newer(j) if newer else j for j in SQUEUE_22_05["jobs"]])
+    jobs = {job.id: job for job in parse_squeue_json(json.dumps(data))}
+    assert sorted(jobs) == ["3", "4", "5", "6", "7"] and jobs["3"].state == "other"  # cancelled
+    a = jobs["4"]
+    assert (a.state, a.nodes, a.cpus, a.user, a.queue, a.start, a.time_limit) == (
+        "running",
+        2,
+        64,
+        "ann",
+        "batch",
+        1796396658.0,
+        600.0,
+    )
+    assert a.expected_end == 1796396658.0 + 600 and jobs["5"].time_limit is None
+    assert jobs["5"].comment.startswith("rf-heartbeat:")
+    assert jobs["6"].state == "pending" and not jobs["6"].held and jobs["6"].start is None
+    assert jobs["7"].held
+
+
+def test_squeue_text_is_read_where_json_is_unavailable() -> None:
+    text = (
+        "6|c|root|debug|PENDING|1|1|2026-12-04T15:04:18|N/A|UNLIMITED|Resources|rf-ondemand\n"
+        "7|d|root|debug|PENDING|1|1|2026-12-04T15:04:18|N/A|UNLIMITED|JobHeldUser|(null)\n"
+        "4|a|root|debug|RUNNING|2|8|2026-12-04T15:04:18|2026-12-04T15:04:18|1-02:03:04|None|(null)\n"
+    )
+    jobs = {job.id: job for job in parse_squeue_text(text)}
+    assert jobs["4"].time_limit == ((24 + 2) * 60 + 3) * 60 + 4 and jobs["4"].cpus == 8
+    assert jobs["7"].held and jobs["7"].comment == "" and jobs["6"].comment == "rf-ondemand"
+
+    calls = []
+
+    def old_slurm(argv: list[str]) -> str:
+        calls.append(argv[:2])
+        if "--json" in argv:
+            raise BatchCommandError("squeue --json: exit status 1 after 0.0 s: squeue: unrecognized option '--json'")
+        return text
+
+    batch = SlurmBatch(run=old_slurm)
+    assert len(batch.jobs()) == 3 and len(batch.jobs()) == 3
+    assert calls == [["squeue", "--json"], ["squeue", "-h"], ["squeue", "-h"]]  # JSON tried once only
+
+
+def test_sinfo_gives_free_nodes_or_cpus() -> None:
+    nodes = [
+        {"name": "n1", "state": "idle", "state_flags": [], "cpus": 4, "idle_cpus": 4},
+        {"name": "n2", "state": "mixed", "state_flags": [], "cpus": 4, "idle_cpus": 1},
+        {"name": "n3", "state": "idle", "state_flags": ["DRAIN"], "cpus": 4, "idle_cpus": 4},
+        {"name": "n4", "state": ["IDLE"], "state_flags": [], "cpus": 4, "idle_cpus": 4},
+        {"name": "n5", "state": "down", "state_flags": [], "cpus": 4, "idle_cpus": 4},
+    ]
+    text = json.dumps({"nodes": nodes})
+    assert parse_sinfo_json(text, "nodes") == 2 and parse_sinfo_json(text, "cpus") == 9
+    with pytest.raises(BatchCommandError, match="sinfo --json printed no node list"):
+        parse_sinfo_json("oops", "nodes")
+
+
+def test_job_ids_are_checked_before_they_reach_a_command_line() -> None:
+    batch = SlurmBatch(run=lambda argv: pytest.fail(f"ran {argv}"))
+    with pytest.raises(BatchCommandError, match="not a Slurm job id"):
+        batch.signal("12; rm -rf /", "USR1")
+
+
+# ------------------------------------------------------------------------------------ the agent's rules
+
+
+class Queue:
+    """A batch system in memory: the agent's rules tested without a scheduler's timing."""
+
+    name = "memory"
+    requeues_exited = True
+
+    def __init__(self, jobs: list[BatchJob], free: int) -> None:
+        self.list, self.free_now, self.done = jobs, free, []
+        self.failing = 0
+
+    def jobs(self) -> list[BatchJob]:
+        if self.failing:
+            self.failing -= 1
+            raise BatchCommandError("squeue --json: no answer within 30 s")
+        return list(self.list)
+
+    def free(self, unit: str) -> int:
+        return self.free_now
+
+    def signal(self, job_id: str, signal: str) -> None:
+        self.done.append(("signal", job_id, signal))
+        self.list = [replace(j, state="other") if j.id == job_id else j for j in self.list]
+
+    def requeue(self, job_id: str, *, hold: bool) -> None:
+        self.done.append(("requeue", job_id, hold))
+        self.list = [replace(j, state="pending", held=hold) if j.id == job_id else j for j in self.list]
+
+    def release(self, job_id: str) -> None:
+        self.done.append(("release", job_id))
+
+
+def _job(id: str, start: float, *, state: str = "running", comment: str = "", user: str = "ann", queue: str = "batch",
+         nodes: int = 1) -> BatchJob:  # fmt: skip
+    return BatchJob(
+        id=id, name=id, user=user, queue=queue, state=state, nodes=nodes, cpus=nodes, submitted=start,
+        start=start if state == "running" else None, time_limit=None, comment=comment,
+    )  # fmt: skip
+
+
+def _beat(tmp_path: Path, name: str, committed: float, restore: float = 5.0) -> str:
+    path = tmp_path / f"{name}.json"
+    beat = Heartbeat(step=9, committed=committed, period=600.0, restore=restore, written=committed, host="n", pid=1)
+    path.write_text(json.dumps(beat.__dict__))
+    return f"rf-heartbeat:{path}"
+
+
+def test_the_agent_preempts_the_job_that_checkpointed_last_and_logs_a_replayable_decision(tmp_path: Path) -> None:
+    fresh = _job("10", NOW - 3000, comment=_beat(tmp_path, "fresh", NOW - 20))
+    stale = _job("11", NOW - 1000, comment=_beat(tmp_path, "stale", NOW - 900))
+    silent = _job("12", NOW - 500)  # no heartbeat: everything since its start is at stake
+    request = _job("20", NOW - 5, state="pending", comment="rf-ondemand")
+    queue = Queue([fresh, stale, silent, request], free=0)
+    log = tmp_path / "events.jsonl"
+    agent = Agent(queue, AgentConfig(grace=30, interval=1), log_path=log, clock=lambda: NOW)
+    (event,) = agent.poll()
+    assert event["decision"]["preempt"] == ["10"] and event["acted"]
+    assert queue.done == [("signal", "10", "USR1")]
+    logged = json.loads(log.read_text())
+    inputs = logged["inputs"]
+    replay = decide(
+        **{**inputs, "running": [RunningJob(**r) for r in inputs["running"]],
+           "request": OnDemandRequest(**inputs["request"])}
+    )  # fmt: skip
+    assert list(replay.preempt) == logged["decision"]["preempt"] and replay.cost == logged["decision"]["cost"]
+    # youngest (Slurm's kind of victim) takes the job that started last: 500 s lost instead of 20
+    young = Agent(Queue([fresh, stale, silent, request], 0), AgentConfig(policy="youngest", dry_run=True),
+                  clock=lambda: NOW).poll()[0]  # fmt: skip
+    assert young["decision"]["preempt"] == ["12"] and not young["acted"]
+    assert young["decision"]["cost"] - event["decision"]["cost"] == pytest.approx((500 + 60) - (20 + 5))
+
+
+def test_a_victim_is_requeued_held_and_released_once_the_request_runs(tmp_path: Path) -> None:
+    clock = [NOW]
+    fresh = _job("10", NOW - 3000, comment=_beat(tmp_path, "fresh", NOW - 20))
+    request = _job("20", NOW - 5, state="pending", comment="rf-ondemand")
+    queue = Queue([fresh, request], free=0)
+    agent = Agent(queue, AgentConfig(grace=30, interval=1), clock=lambda: clock[0])
+    agent.poll()  # signal: the victim exits (state other)
+    clock[0] += 1
+    assert [e["event"] for e in agent.poll()] == ["requeue"] and queue.done[-1] == ("requeue", "10", True)
+    clock[0] += 1
+    assert agent.poll() == []  # the request has not started yet: the victim stays held
+    queue.list = [replace(request, state="running", start=clock[0]) if j.id == "20" else j for j in queue.list]
+    clock[0] += 1
+    assert [e["event"] for e in agent.poll()] == ["release"] and queue.done[-1] == ("release", "10")
+    assert agent.preempting == {}
+
+
+def test_where_exited_jobs_cannot_be_requeued_the_victim_is_requeued_while_it_runs(tmp_path: Path) -> None:
+    clock = [NOW]
+    request = _job("20", NOW - 5, state="pending", comment="rf-ondemand")
+    queue = Queue([_job("10", NOW - 3000), request], free=0)
+    queue.requeues_exited = False  # PBS Pro: qrerun is the signal
+    agent = Agent(queue, AgentConfig(grace=30, interval=1), clock=lambda: clock[0])
+    events = agent.poll()
+    assert queue.done == [("requeue", "10", True)] and [e["event"] for e in events] == ["decision"]
+    queue.list = [replace(request, state="running", start=NOW + 1), queue.list[0]]
+    clock[0] += 1
+    assert [e["event"] for e in agent.poll()] == ["release"]
+
+
+def test_a_victim_that_ignores_its_signal_is_requeued_after_its_grace(tmp_path: Path) -> None:
+    clock = [NOW]
+    stubborn = _job("10", NOW - 3000)
+    queue = Queue([stubborn, _job("20", NOW, state="pending", comment="rf-ondemand")], free=0)
+    queue.signal = lambda job_id, signal: queue.done.append(("signal", job_id, signal))  # it keeps running
+    agent = Agent(queue, AgentConfig(grace=30, interval=1), clock=lambda: clock[0])
+    agent.poll()
+    clock[0] += 29
+    assert agent.poll() == []
+    clock[0] += 1
+    assert [e["event"] for e in agent.poll()] == ["requeue_after_grace"]
+
+
+def test_the_agent_touches_only_batch_jobs_of_its_partitions_and_users() -> None:
+    others = [
+        _job("1", NOW - 10, queue="interactive"),  # another partition
+        _job("2", NOW - 10, user="mallory"),  # another user
+        _job("3", NOW - 10, comment="rf-ondemand"),  # a running on-demand job
+        _job("20", NOW, state="pending", comment="rf-ondemand"),
+    ]
+    queue = Queue(others, free=0)
+    agent = Agent(queue, AgentConfig(partitions=("batch",), users=("ann",)), clock=lambda: NOW)
+    assert agent.poll() == [] and queue.done == []  # only untouchable jobs stand in the way: Slurm decides
+
+
+def test_dry_run_decides_but_does_nothing() -> None:
+    queue = Queue([_job("1", NOW - 100), _job("20", NOW, state="pending", comment="rf-ondemand")], free=0)
+    (event,) = Agent(queue, AgentConfig(dry_run=True), clock=lambda: NOW).poll()
+    assert event["decision"]["preempt"] == ["1"] and not event["acted"] and queue.done == []
+
+
+def test_a_request_larger_than_the_machine_is_reported_once() -> None:
+    queue = Queue([_job("1", NOW - 100), _job("20", NOW, state="pending", comment="rf-ondemand", nodes=5)], free=2)
+    agent = Agent(queue, AgentConfig(), clock=lambda: NOW)
+    (event,) = agent.poll()
+    assert (event["event"], event["needs"], event["machine"]) == ("unfittable", 5, 3)
+    assert agent.poll() == [] and queue.done == []
+
+
+def test_a_failing_scheduler_makes_the_agent_back_off_and_say_so() -> None:
+    queue = Queue([_job("1", NOW - 100)], free=0)
+    queue.failing = 3
+    agent = Agent(queue, AgentConfig(interval=5), clock=lambda: NOW)
+    waits: list[float] = []
+    agent.run(polls=5, sleep=waits.append)
+    assert waits == [10, 20, 40, 5]  # doubled after each failure, back to the interval once it answers
+    assert agent.failures == 0
+
+
+def test_a_job_without_heartbeat_counts_as_unchecked_since_its_start(tmp_path: Path) -> None:
+    job = running_job(_job("1", NOW - 100), NOW, 60.0, "nodes")
+    assert job.last_checkpoint is None and job.lost_at(NOW) == 100 + 60
+    broken = tmp_path / "broken.json"
+    broken.write_text("{")
+    unreadable = running_job(_job("2", NOW - 100, comment=f"rf-heartbeat:{broken}"), NOW, 60.0, "nodes")
+    assert unreadable.last_checkpoint is None
+    older = running_job(_job("3", NOW - 100, comment=_beat(tmp_path, "old", NOW - 500)), NOW, 60.0, "nodes")
+    assert older.last_checkpoint == NOW - 100  # committed before this run of the job began: its start
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "problem"),
+    [("--interval", "0", "interval must be"), ("--alpha", "-1", "alpha must be"), ("--signal", "USR1;x", "signal")],
+)
+def test_bad_agent_options_give_one_line_and_status_2(capsys, option: str, value: str, problem: str) -> None:
+    assert cli_main(["cosched", "agent", option, value, "--polls", "1"]) == 2
+    assert problem in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------------ end to end
+
+
+def _sbatch(*args: str) -> str:
+    out = subprocess.run(["sbatch", "--parsable", *args], capture_output=True, text=True, check=True, timeout=30)
+    return out.stdout.strip().split(";")[0]
+
+
+def _state(job_id: str) -> str:
+    out = subprocess.run(["squeue", "-h", "-t", "all", "-j", job_id, "-o", "%T"], capture_output=True, text=True)
+    return out.stdout.strip()
+
+
+def _until(what: str, predicate, timeout: float = 60.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.2)
+    pytest.fail(f"timed out after {timeout:g} s waiting for {what}")
+
+
+def _worker(directory: Path, every: int, steps: int) -> str:
+    directory.mkdir()
+    command = (
+        f"exec {sys.executable} -m resilient_flows.examples.preemptible {directory} --steps {steps} --every {every}"
+    )
+    return _sbatch("-n1", "--requeue", "-J", f"rf-agent-{directory.name}", "-o", str(directory / "out"),
+                   "--wrap", command)  # fmt: skip
+
+
+@pytest.mark.slow
+def test_on_slurm_the_agent_preempts_the_fresh_checkpoint_and_the_victim_resumes_bitwise(tmp_path: Path) -> None:
+    """Two batch jobs hold the node's two CPUs: "fresh" (older, checkpoints every step) and "stale"
+    (younger, checkpointed once). An on-demand job arrives. dp preempts "fresh"; youngest, asked
+    on the same queue, would have taken "stale" and thrown away the work since its one checkpoint."""
+    require_slurm()
+    steps = 120
+    ids: list[str] = []
+    try:
+        fresh = tmp_path / "fresh"
+        ids.append(_worker(fresh, every=1, steps=steps))
+        _until("fresh running", lambda: _state(ids[0]) == "RUNNING")
+        ids.append(_worker(tmp_path / "stale", every=10_000, steps=steps))
+        beats = [tmp_path / name / "shared" / FILENAME for name in ("fresh", "stale")]
+        _until("both heartbeats published", lambda: all(b.exists() for b in beats))
+        batch = SlurmBatch()
+        _until("both comments set", lambda: all(j.comment for j in batch.jobs() if j.id in ids))
+        time.sleep(2.0)  # the stale job's one checkpoint ages
+        ids.append(_sbatch("-n1", "-J", "rf-agent-ondemand", "--comment=rf-ondemand", "--wrap", "sleep 3"))
+        ondemand = ids[-1]
+        _until("the on-demand job pending", lambda: _state(ondemand) == "PENDING")
+
+        youngest = Agent(batch, AgentConfig(unit="cpus", policy="youngest", dry_run=True)).poll()
+        log = tmp_path / "events.jsonl"
+        agent = Agent(batch, AgentConfig(unit="cpus", interval=0.5, grace=20), log_path=log)
+        (decision,) = [e for e in agent.poll() if e["event"] == "decision"]
+        assert decision["decision"]["preempt"] == [ids[0]] and decision["acted"]
+        (young,) = [e for e in youngest if e["event"] == "decision"]
+        assert young["decision"]["preempt"] == [ids[1]] and not young["acted"]
+        stale_beat = read_heartbeat(beats[1])
+        stale = next(r for r in decision["inputs"]["running"] if r["id"] == ids[1])
+        assert stale["last_checkpoint"] == pytest.approx(stale_beat.committed)
+        # the expected amount: the stale job's work since its checkpoint, against the fresh one's
+        request = OnDemandRequest(**decision["inputs"]["request"])
+        costs = {
+            r["id"]: decision_cost(0.0, [RunningJob(**r)], now=decision["t"], request=request, alpha=1, beta=1)
+            for r in decision["inputs"]["running"]
+        }
+        assert decision["decision"]["cost"] == pytest.approx(costs[ids[0]])
+        assert young["decision"]["cost"] - decision["decision"]["cost"] == pytest.approx(
+            costs[ids[1]] - costs[ids[0]], abs=1.0
+        )
+        assert costs[ids[1]] - costs[ids[0]] > 2.0
+
+        def started() -> float | None:
+            agent.poll()
+            job = next((j for j in batch.jobs() if j.id == ondemand), None)
+            return job.start if job is not None and job.state == "running" else None
+
+        began = _until("the on-demand job running", started, timeout=40)
+        assert began - decision["t"] <= agent.config.interval + agent.config.grace
+
+        def released() -> bool:
+            agent.poll()
+            return not agent.preempting
+
+        _until("the victim released", released, timeout=40)
+        events = [json.loads(line)["event"] for line in log.read_text().splitlines()]
+        assert events[:1] == ["decision"] and "requeue" in events and events[-1] == "release"
+        _until("the victim finished", lambda: (fresh / "final.npy").exists(), timeout=90)
+        np.testing.assert_array_equal(np.load(fresh / "final.npy"), train(steps))
+        starts = [line.split() for line in (fresh / "starts").read_text().splitlines()]
+        assert len(starts) == 2 and starts[1][1] == "1" and int(starts[1][0]) >= 0  # resumed, not restarted
+    finally:
+        cancel(ids)
+
+
+def test_config_errors_name_the_field() -> None:
+    with pytest.raises(InvalidJobError, match="policy: unknown policy 'fifo'"):
+        AgentConfig(policy="fifo")
+    with pytest.raises(InvalidJobError, match="unit must be one of nodes, cpus"):
+        AgentConfig(unit="gpus")  # type: ignore[arg-type]
