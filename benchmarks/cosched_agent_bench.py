@@ -160,7 +160,9 @@ def cluster_run(policy: str, directory: Path, age_s: float) -> dict[str, float |
         until("comments", lambda: all(j.comment for j in batch.jobs() if j.id in ids.values()))
         time.sleep(age_s)
         submitted = time.time()
-        ids["ondemand"] = sbatch("-n1", "-J", "rf-bench-ondemand", "--comment=rf-ondemand", "--wrap", "sleep 5")
+        ids["ondemand"] = sbatch(
+            "-n1", "-J", "rf-bench-ondemand", "--comment=rf-ondemand", "-o", "/dev/null", "--wrap", "sleep 5"
+        )
         agent = Agent(batch, AgentConfig(policy=policy, unit="cpus", interval=0.5, grace=20))
         decision = until("a decision", lambda: [e for e in agent.poll() if e["event"] == "decision"])[0]
         victim = next(name for name, job_id in ids.items() if [job_id] == decision["decision"]["preempt"])

@@ -403,7 +403,9 @@ def test_on_slurm_the_agent_preempts_the_fresh_checkpoint_and_the_victim_resumes
         batch = SlurmBatch()
         _until("both comments set", lambda: all(j.comment for j in batch.jobs() if j.id in ids))
         time.sleep(2.0)  # the stale job's one checkpoint ages
-        ids.append(_sbatch("-n1", "-J", "rf-agent-ondemand", "--comment=rf-ondemand", "--wrap", "sleep 3"))
+        ids.append(
+            _sbatch("-n1", "-J", "rf-agent-ondemand", "--comment=rf-ondemand", "-o", "/dev/null", "--wrap", "sleep 3")
+        )
         ondemand = ids[-1]
         _until("the on-demand job pending", lambda: _state(ondemand) == "PENDING")
 
