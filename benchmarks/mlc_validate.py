@@ -149,7 +149,7 @@ def train(job: dict[str, Any], emit: Any) -> None:
             stats = ckpt.save(step, state, on_commit=committed)
             tuner.saved(stats)
             emit("saved", step=step, stall=stats.last_stall)
-        tuner.stepped(step, ckpt is not None and ckpt.flushing)
+        tuner.stepped(step, ckpt.flush_seconds if ckpt is not None else 0.0)
     if ckpt is not None:
         ckpt.close()
         emit("closed", persist_latency=ckpt.stats.last_persist_latency, persisted=ckpt.stats.persisted)

@@ -265,31 +265,51 @@ def test_a_save_takes_the_arena_back_from_the_flusher_within_a_chunk() -> None:
 # ----------------------------------------------------------------------------- measuring the flush's interference
 
 
-def test_autotuner_compares_steps_with_and_without_a_flush(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Steps of 0.1 s without a flush, 0.125 s with one: 20 % of the throughput lost. Steps with a
-    save in them, or a flush starting or ending, are no samples."""
-    clock = [0.0]
+def test_autotuner_charges_each_step_the_slowdown_of_the_flush_seconds_it_overlapped(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Steps of 0.1 s of compute; a flush slows compute by 20 %: a step it covers whole takes
+    0.125 s, one it overlaps for 0.05 s takes 0.11 s (0.2 x 0.05 longer). Both measure 0.2, so
+    flushes shorter than a step are measured too. Steps with a save in them are no samples, nor are
+    overlaps under a fifth of a step (their extra time is within a step's jitter)."""
+    clock, flushed = [0.0], [0.0]
     monkeypatch.setattr(autotune.time, "monotonic", lambda: clock[0])
     tuner = autotune.AutoTuner(600.0, 7200.0, steps=100)
 
-    def step(seconds: float, flushing: bool) -> None:
+    def step(seconds: float, flush: float) -> None:
         clock[0] += seconds
-        tuner.stepped(len(tuner.step_times[False]) + len(tuner.step_times[True]), flushing)
+        flushed[0] += flush
+        tuner.stepped(len(tuner.samples), flushed[0])
 
-    step(5.0, False)  # the first step: start-up, no sample
+    step(5.0, 0.0)  # the first step: start-up, no sample
     for _ in range(3):
-        step(0.1, False)
-        step(0.3, True)  # a flush started during this step: mixed, dropped
-        step(0.125, True)
+        step(0.1, 0.0)
+        step(0.125, 0.125)  # covered whole
         tuner.saved(CheckpointStats(last_stall=0.5))
-        step(0.9, True)  # holds the save: its stall is l1_cost, not interference
-        step(0.125, True)
-        step(0.2, False)  # the flush ended during it: dropped
+        step(0.9, 0.3)  # holds the save: its stall is l1_cost, not interference
+        step(0.11, 0.05)  # overlapped in part
+        step(0.1004, 0.002)  # a flush's last 2 ms: too brief to tell
     assert tuner.l2_slowdown() == pytest.approx(0.2)
-    assert (len(tuner.step_times[False]), len(tuner.step_times[True])) == (3, 6)
+    observed = tuner.observed(CheckpointStats())
+    assert (observed["steps_with_flush"], observed["steps_without_flush"]) == (9, 3)
     idle = autotune.AutoTuner(600.0, 7200.0, steps=100)
-    idle.stepped(0, False)
+    for i in range(5):
+        idle.stepped(i, 0.0)
     assert idle.l2_slowdown() == 0.0  # nothing seen with a flush: no interference claimed
+
+
+def test_the_checkpointer_counts_the_seconds_its_flusher_works(tmp_path: Path) -> None:
+    state = {"w": torch.zeros(1 << 20)}
+    with Checkpointer(tmp_path / "shared", local_dir=tmp_path / "local") as ck:
+        assert ck.flush_seconds == 0.0
+        began = time.perf_counter()
+        for step in range(3):
+            ck.save(step, state)
+        ck.wait()
+        spent = ck.flush_seconds
+        assert 0.0 < spent <= time.perf_counter() - began
+        time.sleep(0.05)
+        assert ck.flush_seconds == spent  # idle: the counter stands still
 
 
 # ----------------------------------------------------------------------------- a flusher killed mid-write

@@ -204,6 +204,13 @@ class Checkpointer:
         one): what a training loop tags its step times with to measure a flush's interference."""
         return self._pipeline.flushing
 
+    @property
+    def flush_seconds(self) -> float:
+        """Seconds checkpoints have spent on their way to the tiers after the first (to the only
+        tier, with one), the running flush included: what a step overlapped with a flush, for
+        measuring a flush's interference even when flushes are shorter than a step."""
+        return self._pipeline.flush_seconds
+
     # ------------------------------------------------------------------ saving
 
     def save(

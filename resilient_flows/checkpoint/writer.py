@@ -152,6 +152,8 @@ class WritePipeline:
         self._prune_lock = threading.Lock()
         self._flush_pending: set[int] = set()
         self._flushing = False
+        self._flush_busy = 0.0  # seconds the flusher has worked, finished flushes
+        self._flush_since: float | None = None  # when the running flush began
         self._write_q: queue.Queue[WriteJob | None] = queue.Queue()
         self._flush_q: queue.Queue[WriteJob | None] = queue.Queue(maxsize=1)
         last = len(tiers) == 1  # the thread whose work is the flush to the last tier, as models see it
@@ -178,6 +180,13 @@ class WritePipeline:
     def flushing(self) -> bool:
         """A checkpoint is being sent to a tier after the first (to the only one, with one tier)."""
         return self._flushing
+
+    @property
+    def flush_seconds(self) -> float:
+        """Seconds the flusher has worked so far, the running flush included."""
+        with self._lock:
+            since = self._flush_since
+            return self._flush_busy + (time.perf_counter() - since if since is not None else 0.0)
 
     def node_local(self, tier: Tier) -> bool:
         """Every tier but the last is node-local: each node sees only its own ranks' shards."""
@@ -222,6 +231,8 @@ class WritePipeline:
     def _serve(self, jobs: queue.Queue, handle: Callable[[WriteJob], None], flushes: bool) -> None:
         while (job := jobs.get()) is not None:
             if flushes:
+                with self._lock:
+                    self._flush_since = time.perf_counter()
                 self._flushing = True
             try:
                 handle(job)
@@ -232,6 +243,9 @@ class WritePipeline:
             finally:
                 if flushes:
                     self._flushing = False
+                    with self._lock:
+                        self._flush_busy += time.perf_counter() - (self._flush_since or time.perf_counter())
+                        self._flush_since = None
                 jobs.task_done()
         jobs.task_done()
 

@@ -5,9 +5,9 @@ warm-up; they give the stall of a checkpoint (the L1 cost: what training waits f
 its node-local write goes on after that (the L1 latency: a checkpoint waits for the one before),
 the time to the shared tier (the L2 latency; the commit, without a node-local tier), the member's
 pace and how long it took to start (a restart repeats it). They also give the flush's interference
-(``l2_slowdown``): every step between two checkpoints is timed and tagged with whether a flush
-ran at both of its ends (:attr:`~resilient_flows.checkpoint.Checkpointer.flushing`), and the
-median step with a flush is compared with the median step without; and the bytes of a
+(``l2_slowdown``): every step between two checkpoints is timed, with the seconds of it that a
+flush ran (from :attr:`~resilient_flows.checkpoint.Checkpointer.flush_seconds`), so that flushes
+shorter than a step are measured too (see :meth:`AutoTuner.l2_slowdown`); and the bytes of a
 checkpoint per node with the bandwidths the tiers gave them. With the failure rates the planner
 put in the spec, :class:`~resilient_flows.mlc.Recommender` turns these into a time interval and a
 ``persist_every``, which hold for the rest of the attempt; the choice and what it was made from
@@ -33,8 +33,11 @@ MAX_PERSIST_EVERY = 1 << 30
 FLOOR_S = 1e-4
 #: Ceiling of a measured slowdown: a flush that stops training entirely is a measurement gone wrong.
 MAX_SLOWDOWN = 0.99
-#: Step times needed both with and without a flush before their medians are compared.
+#: Step times needed both with and without a flush before they are compared.
 MIN_SAMPLES = 3
+#: A step counts as one with a flush when a flush ran for at least this share of a flush-free
+#: step: a briefer overlap costs less than a step's own jitter.
+MIN_OVERLAP = 0.2
 
 
 class AutoTuner:
@@ -47,37 +50,45 @@ class AutoTuner:
         self.created = time.monotonic()
         self.stalls: list[float] = []
         self.first_step: tuple[int, float] | None = None
-        self.step_times: dict[bool, list[float]] = {False: [], True: []}  # by "a flush ran"
-        self._previous: tuple[float, bool] | None = None  # when the last step ended, and if a flush ran then
+        self.samples: list[tuple[float, float]] = []  # (seconds of a step, seconds of it a flush ran)
+        self._previous: tuple[float, float] | None = None  # when the last step ended, the flusher's seconds then
         self._saved_since = False
         self.done = False  # set by the caller on every rank once the choice is applied
 
-    def stepped(self, step: int, flushing: bool = False) -> None:
-        """Step ``step`` ended; ``flushing``: a flush runs now.
+    def stepped(self, step: int, flush_seconds: float = 0.0) -> None:
+        """Step ``step`` ended; ``flush_seconds``: the flusher's busy seconds so far (a counter).
 
-        The time since the previous step is a sample of a step with a flush when one ran at both
-        ends, of one without when none did; a step with a save in it is no sample (its stall is
-        the L1 cost, measured apart), nor is one that a flush started or ended in.
+        The time since the previous step is a sample, with the seconds of it a flush ran; a step
+        with a save in it is no sample (its stall is the L1 cost, measured apart).
         """
         now = time.monotonic()
         if self.first_step is None:
             self.first_step = (step, now)
-        if self._previous is not None and not self._saved_since and self._previous[1] == flushing:
-            self.step_times[flushing].append(now - self._previous[0])
-        self._previous, self._saved_since = (now, flushing), False
+        if self._previous is not None and not self._saved_since:
+            self.samples.append((now - self._previous[0], max(0.0, flush_seconds - self._previous[1])))
+        self._previous, self._saved_since = (now, flush_seconds), False
 
     def saved(self, stats: CheckpointStats) -> None:
         self.stalls.append(stats.last_stall)
         self._saved_since = True
 
     def l2_slowdown(self) -> float:
-        """The fraction of step throughput lost while a flush runs; 0 until :data:`MIN_SAMPLES`
-        steps both with and without a flush were seen (flushes shorter than a step cost too little
-        to measure)."""
-        idle, busy = self.step_times[False], self.step_times[True]
-        if min(len(idle), len(busy)) < MIN_SAMPLES:
+        """The fraction of compute speed lost while a flush runs; 0 until :data:`MIN_SAMPLES` steps
+        with and without a flush were seen.
+
+        Compute goes at ``1 - s`` of its speed while a flush runs, so a step that a flush overlapped
+        for ``d`` seconds takes ``s * d`` longer than the median flush-free step: ``s`` is the median
+        of ``extra / d`` over the steps with a flush. That holds whether the flush covers the whole
+        step or a part of it, so flushes shorter than a step are measured too.
+        """
+        idle = [t for t, d in self.samples if d == 0.0]
+        if len(idle) < MIN_SAMPLES:
             return 0.0
-        return min(MAX_SLOWDOWN, max(0.0, 1.0 - statistics.median(idle) / statistics.median(busy)))
+        base = statistics.median(idle)
+        busy = [(t - base) / d for t, d in self.samples if d > 0.0 and d >= MIN_OVERLAP * base]
+        if len(busy) < MIN_SAMPLES:
+            return 0.0
+        return min(MAX_SLOWDOWN, max(0.0, statistics.median(busy)))
 
     def observed(self, stats: CheckpointStats, nodes: int = 1) -> dict[str, Any]:
         """What the measurement saw beyond the model's inputs: a checkpoint's bytes per node, the
@@ -85,8 +96,8 @@ class AutoTuner:
         this rank's write to the commit, fastest tier first; None for a tier not written yet)."""
         return {
             "checkpoint_bytes": stats.last_checkpoint_bytes / nodes,
-            "steps_with_flush": len(self.step_times[True]),
-            "steps_without_flush": len(self.step_times[False]),
+            "steps_with_flush": sum(d > 0.0 for _, d in self.samples),
+            "steps_without_flush": sum(d == 0.0 for _, d in self.samples),
             "tier_bandwidths": [stats.bandwidth(tier) for tier in range(len(stats.tier_bytes))],
         }
 

@@ -460,7 +460,7 @@ class TrainContext:
     def _tune(self, step: int) -> None:
         """``interval: auto``: once the warm-up checkpoints are measured, take the recommender's choice."""
         tuner, stats = self._tuner, self.checkpointer.stats
-        tuner.stepped(step, self.checkpointer.flushing)  # step times with and without a flush: l2_slowdown
+        tuner.stepped(step, self.checkpointer.flush_seconds)  # step times and their flush: l2_slowdown
         two_tiers = self.checkpointer.local is not None
         choice = None
         if self.rank == 0 and tuner.ready(stats, two_tiers):
