@@ -137,6 +137,7 @@ def test_site_facts_describe_the_machine(user_env: None) -> None:
         cores_per_node=32,
         gpus_per_node=4,
         local_scratch="/local/scratch",
+        memory_scratch="/dev/shm",
         shared_fs="/eagle/MyAlloc",
         node_mtbf_s=1825 * 86400.0,
         walltime_s=3600.0,
@@ -147,6 +148,7 @@ def test_site_facts_describe_the_machine(user_env: None) -> None:
     assert site_facts("aurora").gpus_per_node == 12 and site_facts("aurora").local_scratch == "/tmp"
     local = site_facts("local")
     assert local.cores_per_node == os.cpu_count() and local.local_scratch is None and local.walltime_s is None
+    assert local.memory_scratch is None
     assert local.stall_timeout_s == 30.0
 
 

@@ -38,6 +38,7 @@ _REQUIRED = ("nodes", "cores_per_node")
 _OPTIONAL = (
     "gpus_per_node",
     "local_scratch",
+    "memory_scratch",
     "shared_fs",
     "node_mtbf",
     "walltime",
@@ -54,8 +55,10 @@ class SiteFacts:
     """The machine behind a site, as its ``facts:`` describe it.
 
     ``node_mtbf_s`` and ``walltime_s`` are seconds, ``None`` when the site file says ``null``
-    (unknown MTBF, no walltime limit). ``local_scratch`` and ``shared_fs`` are absolute paths
-    or ``None`` when the machine has no such storage. ``stall_timeout_s`` is the least silence
+    (unknown MTBF, no walltime limit). ``local_scratch``, ``memory_scratch`` (node memory as a
+    file system, ``/dev/shm``: a checkpoint tier faster than the disk, for workflows that name the
+    ``memory`` tier) and ``shared_fs`` are absolute paths or ``None`` when the machine has no such
+    storage. ``stall_timeout_s`` is the least silence
     (no heartbeat) after which the runner declares an attempt lost (see
     :mod:`resilient_flows.workflow.watchdog`); a slow machine or file system wants more.
     ``stop_grace_s`` is how long a command member has to commit and exit after a forwarded stop
@@ -68,6 +71,7 @@ class SiteFacts:
     cores_per_node: int
     gpus_per_node: int = 0
     local_scratch: str | None = None
+    memory_scratch: str | None = None
     shared_fs: str | None = None
     node_mtbf_s: float | None = None
     walltime_s: float | None = None
@@ -105,6 +109,7 @@ def parse_facts(raw: Any, name: str, where: str) -> SiteFacts:
         cores_per_node=(os.cpu_count() or 1) if cores == "auto" else _count(cores, "cores_per_node", where, least=1),
         gpus_per_node=_count(raw.get("gpus_per_node", 0), "gpus_per_node", where, least=0),
         local_scratch=_path(raw.get("local_scratch"), "local_scratch", where),
+        memory_scratch=_path(raw.get("memory_scratch"), "memory_scratch", where),
         shared_fs=_path(raw.get("shared_fs"), "shared_fs", where),
         node_mtbf_s=_seconds(raw.get("node_mtbf"), "node_mtbf", where),
         walltime_s=_seconds(raw.get("walltime"), "walltime", where, clock=True),

@@ -31,7 +31,7 @@ from torch import nn
 from resilient_flows.checkpoint import Checkpointer, TrainState
 from resilient_flows.errors import LaunchError, Preempted, ResilientFlowsError, StorageFullError
 from resilient_flows.training.autotune import MAX_PERSIST_EVERY, AutoTuner, tuned_fields
-from resilient_flows.training.contract import STOP_SIGNALS, node_local_dir
+from resilient_flows.training.contract import STOP_SIGNALS, member_tiers, node_local_dir, node_memory_dir
 from resilient_flows.training.control import (
     CloneOrder,
     RequestWatch,
@@ -141,10 +141,9 @@ class TrainContext:
         self.device = torch.device("cpu") if self.distributed is None else self.distributed.device
         ck = spec.checkpoint
         try:
+            shared, local, memory = self.directory / "checkpoints", node_local_dir(spec), node_memory_dir(spec)
             self.checkpointer = Checkpointer(
-                self.directory / "checkpoints",
-                local_dir=node_local_dir(spec),
-                persist_every=ck.persist_every,
+                tiers=member_tiers(shared, local, memory, ck.local_every, ck.persist_every),
                 keep=ck.keep,
                 comm=comm if self.group is None else self.group,
             )

@@ -9,6 +9,7 @@ do through these variables, a stable interface that scripts may read directly or
 ``RESILIENT_FLOWS_MEMBER``             the member's name
 ``RESILIENT_FLOWS_CHECKPOINT_DIR``     the shared checkpoint tier: ``<run>/members/<name>/checkpoints``
 ``RESILIENT_FLOWS_LOCAL_DIR``          the node-local tier on this node; empty when there is none
+``RESILIENT_FLOWS_MEMORY_DIR``         a tier in node memory before it (``/dev/shm``); empty when none
 ``RESILIENT_FLOWS_ATTEMPT``            which attempt this is, 1 for the first
 ``RESILIENT_FLOWS_PARAMS``             the member's params as JSON, with ``seed`` and ``steps``
 ``RESILIENT_FLOWS_CHECKPOINT_INTERVAL`` steps between checkpoints; empty when the member
@@ -36,7 +37,16 @@ from resilient_flows.training.control import member_dir
 from resilient_flows.training.mpi_member import EXIT_PREEMPTED
 from resilient_flows.training.spec import MemberSpec
 
-__all__ = ["ENV_NAMES", "EXIT_PREEMPTED", "REPORT_FILE", "STOP_SIGNALS", "RunContract", "node_local_dir"]
+__all__ = [
+    "ENV_NAMES",
+    "EXIT_PREEMPTED",
+    "REPORT_FILE",
+    "STOP_SIGNALS",
+    "RunContract",
+    "member_tiers",
+    "node_local_dir",
+    "node_memory_dir",
+]
 
 #: Signals a batch system sends before it stops a job (walltime, preemption): a member commits a
 #: checkpoint at its next step boundary and exits with :data:`EXIT_PREEMPTED`.
@@ -55,6 +65,7 @@ ENV_NAMES = {
     "member": f"{_PREFIX}MEMBER",
     "checkpoint_dir": f"{_PREFIX}CHECKPOINT_DIR",
     "local_dir": f"{_PREFIX}LOCAL_DIR",
+    "memory_dir": f"{_PREFIX}MEMORY_DIR",
     "attempt": f"{_PREFIX}ATTEMPT",
     "params": f"{_PREFIX}PARAMS",
     "checkpoint_interval": f"{_PREFIX}CHECKPOINT_INTERVAL",
@@ -68,6 +79,12 @@ def node_local_dir(spec: MemberSpec) -> str | None:
     return None if local is None else expand_env(local, f"member {spec.name}", "node-local checkpoint directory")
 
 
+def node_memory_dir(spec: MemberSpec) -> str | None:
+    """The member's tier in node memory on this node, expanded where the member runs."""
+    memory = spec.checkpoint.memory_dir
+    return None if memory is None else expand_env(memory, f"member {spec.name}", "node-memory checkpoint directory")
+
+
 @dataclass(frozen=True)
 class RunContract:
     """One attempt of one member, as its process sees it (see the module's table)."""
@@ -79,11 +96,12 @@ class RunContract:
     params: dict[str, Any] = field(default_factory=dict)
     local_dir: Path | None = None
     checkpoint_interval: int | None = None
+    memory_dir: Path | None = None
 
     @classmethod
     def for_member(cls, spec: MemberSpec, run_dir: str | os.PathLike, attempt: int) -> RunContract:
         """The contract of ``attempt`` of ``spec`` in ``run_dir``; call it where the member runs."""
-        local = node_local_dir(spec)
+        local, memory = node_local_dir(spec), node_memory_dir(spec)
         return cls(
             run_dir=Path(run_dir).resolve(),
             member=spec.name,
@@ -92,6 +110,7 @@ class RunContract:
             params={**spec.params, "seed": spec.seed, "steps": spec.steps},
             local_dir=None if local is None else Path(local),
             checkpoint_interval=spec.checkpoint.interval_steps,
+            memory_dir=None if memory is None else Path(memory),
         )
 
     def to_env(self) -> dict[str, str]:
@@ -101,6 +120,7 @@ class RunContract:
             ENV_NAMES["member"]: self.member,
             ENV_NAMES["checkpoint_dir"]: str(self.checkpoint_dir),
             ENV_NAMES["local_dir"]: "" if self.local_dir is None else str(self.local_dir),
+            ENV_NAMES["memory_dir"]: "" if self.memory_dir is None else str(self.memory_dir),
             ENV_NAMES["attempt"]: str(self.attempt),
             ENV_NAMES["params"]: json.dumps(self.params),
             ENV_NAMES["checkpoint_interval"]: "" if self.checkpoint_interval is None else str(self.checkpoint_interval),
@@ -127,6 +147,7 @@ class RunContract:
         except ValueError as exc:
             raise WorkflowError(f"{ENV_NAMES['params']} is not a JSON object of params ({exc})") from None
         local, interval, attempt = get("local_dir", False), get("checkpoint_interval", False), get("attempt", False)
+        memory = get("memory_dir", False)
         return cls(
             run_dir=Path(get("run_dir")),
             member=get("member"),
@@ -135,11 +156,32 @@ class RunContract:
             params=params,
             local_dir=Path(local) if local else None,
             checkpoint_interval=_positive(interval, ENV_NAMES["checkpoint_interval"]) if interval else None,
+            memory_dir=Path(memory) if memory else None,
         )
 
     def checkpointer_settings(self) -> dict[str, Any]:
-        """Keyword arguments of :class:`~resilient_flows.checkpoint.Checkpointer` for this member's tiers."""
-        return {"directory": self.checkpoint_dir, "local_dir": self.local_dir}
+        """Keyword arguments of :class:`~resilient_flows.checkpoint.Checkpointer` for this member's
+        tiers: a list of them, fastest first, when there is a memory tier."""
+        if self.memory_dir is None:
+            return {"directory": self.checkpoint_dir, "local_dir": self.local_dir}
+        return {"tiers": member_tiers(self.checkpoint_dir, self.local_dir, self.memory_dir)}
+
+
+def member_tiers(
+    shared: str | os.PathLike,
+    local: str | os.PathLike | None,
+    memory: str | os.PathLike | None,
+    local_every: int = 1,
+    shared_every: int = 1,
+) -> list[Any]:
+    """A member's tiers as :class:`~resilient_flows.checkpoint.TierSpec`, fastest first, named as
+    workflows name them (``memory``, ``local``, ``shared``); the first takes every checkpoint."""
+    from resilient_flows.checkpoint import TierSpec  # imports torch: only where the member runs
+
+    tiers = [TierSpec(memory, name="memory")] if memory is not None else []
+    if local is not None:
+        tiers.append(TierSpec(local, persist_every=local_every if tiers else 1, name="local"))
+    return [*tiers, TierSpec(shared, persist_every=shared_every if tiers else 1, name="shared")]
 
 
 def _positive(text: str, name: str) -> int:

@@ -97,8 +97,7 @@ def count_attempt(directory: Path) -> int:
 def latest_committed_step(run_dir: str | os.PathLike, spec: MemberSpec) -> int:
     """The newest step committed in any of the member's tiers; -1 when none is."""
     tiers = [member_dir(run_dir, spec.name) / "checkpoints"]
-    if spec.checkpoint.local_dir is not None:
-        tiers.append(Path(spec.checkpoint.local_dir))
+    tiers += [Path(d) for d in (spec.checkpoint.local_dir, spec.checkpoint.memory_dir) if d is not None]
     return newest_committed(tiers)
 
 

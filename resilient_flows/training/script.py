@@ -162,7 +162,11 @@ def _member_spec(contract: RunContract) -> MemberSpec:
     checkpoint = base.checkpoint if registered is not None else CheckpointSpec()
     if contract.checkpoint_interval is not None:
         checkpoint = replace(checkpoint, interval_steps=contract.checkpoint_interval)
-    checkpoint = replace(checkpoint, local_dir=None if contract.local_dir is None else str(contract.local_dir))
+    checkpoint = replace(
+        checkpoint,
+        local_dir=None if contract.local_dir is None else str(contract.local_dir),
+        memory_dir=None if contract.memory_dir is None else str(contract.memory_dir),
+    )
     launched = read_launch_env()  # MPI and Slurm variables may be the worker pool's, inherited: not ours
     ranks = launched.world_size if launched is not None and launched.launcher == "torchrun" else 1
     return replace(base, params=params, checkpoint=checkpoint, ranks=ranks)

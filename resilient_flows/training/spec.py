@@ -25,7 +25,9 @@ class CheckpointSpec:
 
     ``interval_steps`` and ``interval_s`` may both be set: whichever comes first triggers a
     checkpoint. ``local_dir`` is the node-local tier (the site's scratch), or None for the shared
-    tier only. With ``auto`` the member replaces both intervals and ``persist_every`` by the
+    tier only; ``memory_dir`` a tier in node memory before it (``/dev/shm``), or None. With a memory
+    tier, ``local_every`` is the local tier's ``persist_every``; ``persist_every`` is always the
+    shared tier's. With ``auto`` the member replaces both intervals and ``persist_every`` by the
     recommender's choice once it has measured its checkpoints (failure rates from the two MTBFs).
     """
 
@@ -36,6 +38,8 @@ class CheckpointSpec:
     persist_every: int = 1
     local_dir: str | None = None
     auto: bool = False
+    memory_dir: str | None = None
+    local_every: int = 1
     process_mtbf_s: float | None = None
     node_mtbf_s: float | None = None
 

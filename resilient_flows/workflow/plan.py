@@ -7,6 +7,7 @@ build to ``run``.
 
 from __future__ import annotations
 
+from resilient_flows.errors import WorkflowError
 from resilient_flows.sites.facts import site_facts
 from resilient_flows.workflow.rundir import Plan
 from resilient_flows.workflow.schema import Workflow
@@ -21,11 +22,17 @@ def plan_workflow(
     checked; with ``build_site`` also its Parsl configuration, which imports Parsl."""
     site_name = site or workflow.site
     facts = site_facts(site_name)
-    local_root = None
-    if facts.local_scratch:
-        local_root = f"{facts.local_scratch}/resilient-flows/{run_name or workflow.name}"
+    run = run_name or workflow.name
+    local_root = f"{facts.local_scratch}/resilient-flows/{run}" if facts.local_scratch else None
+    memory_root = f"{facts.memory_scratch}/resilient-flows/{run}" if facts.memory_scratch else None
+    if memory_root is None and workflow.names_tier("memory"):
+        raise WorkflowError(
+            f"checkpoint tiers name 'memory', but site {site_name!r} has no memory_scratch: add "
+            "'memory_scratch: /dev/shm' (node memory as a file system) to its facts, or drop the tier"
+        )
     if build_site:
         from resilient_flows.sites import load_site
 
         load_site(site_name)
-    return Plan(workflow, site_name, tuple(workflow.member_specs(local_root, facts.node_mtbf_s, facts.stop_grace_s)))
+    specs = workflow.member_specs(local_root, facts.node_mtbf_s, facts.stop_grace_s, memory_root)
+    return Plan(workflow, site_name, tuple(specs))

@@ -53,6 +53,8 @@ __all__ = [
 
 Name = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")]
 FAULT_KINDS = ("kill", "preempt", "error")
+#: Checkpoint tiers a workflow may name, fastest first: node memory, node-local disk, shared file system.
+TIERS = ("memory", "local", "shared")
 
 
 class _Strict(BaseModel):
@@ -117,8 +119,8 @@ class CheckpointConfig(_Strict):
     interval: int | str = 10
     keep: Annotated[int, Field(ge=1)] = 3
     overlap: bool = False
-    tiers: list[Literal["local", "shared"]] = ["local", "shared"]
-    persist_every: Annotated[int, Field(ge=1)] = 1
+    tiers: list[Literal["memory", "local", "shared"]] = ["local", "shared"]
+    persist_every: Annotated[int, Field(ge=1)] | dict[Literal["local", "shared"], Annotated[int, Field(ge=1)]] = 1
     process_mtbf: int | str = "7d"
     node_mtbf: int | str | None = None
 
@@ -144,20 +146,42 @@ class CheckpointConfig(_Strict):
     def _tiers(cls, value: list[str]) -> list[str]:
         if "shared" not in value:
             raise ValueError("'shared' must be among the tiers: a checkpoint must survive the node")
+        if value != [tier for tier in TIERS if tier in value] or len(set(value)) != len(value):
+            raise ValueError(f"tiers go fastest first, each once: a selection of {', '.join(TIERS)} in that order")
         return value
 
-    def spec(self, local_dir: str | None, site_node_mtbf_s: float | None = None) -> CheckpointSpec:
+    @model_validator(mode="after")
+    def _persist_every(self) -> CheckpointConfig:
+        if isinstance(self.persist_every, dict):
+            for tier in self.persist_every:
+                if tier not in self.tiers[1:]:
+                    raise ValueError(
+                        f"persist_every names {tier!r}, which is not one of the tiers after the first "
+                        f"({', '.join(self.tiers[1:])}): the first tier takes every checkpoint"
+                    )
+        return self
+
+    def spec(
+        self, local_dir: str | None, site_node_mtbf_s: float | None = None, memory_dir: str | None = None
+    ) -> CheckpointSpec:
+        """The member's checkpointing; a tier named here that the site lacks (``local_dir`` or
+        ``memory_dir`` None) is left out, and the tier after it counts the checkpoints of the one
+        before."""
         auto = self.interval == "auto"
         steps = AUTO_WARMUP_STEPS if auto else self.interval if isinstance(self.interval, int) else None
         seconds = None if auto or isinstance(self.interval, int) else _duration(self.interval, "interval")
         node = _duration(self.node_mtbf, "node_mtbf") if self.node_mtbf is not None else site_node_mtbf_s
+        every = self.persist_every if isinstance(self.persist_every, dict) else {"shared": self.persist_every}
+        memory = memory_dir if "memory" in self.tiers else None
         return CheckpointSpec(
             interval_steps=steps,
             interval_s=seconds,
             keep=self.keep,
             overlap=self.overlap,
-            persist_every=self.persist_every,
+            persist_every=every.get("shared", 1),
+            local_every=every.get("local", 1) if memory else 1,
             local_dir=local_dir if "local" in self.tiers else None,
+            memory_dir=memory,
             auto=auto,
             process_mtbf_s=_duration(self.process_mtbf, "process_mtbf"),
             node_mtbf_s=node if node is not None else DEFAULT_NODE_MTBF_S,
@@ -565,6 +589,10 @@ class Workflow(_Strict):
         """The members as written, then each campaign's initial population."""
         return [member for _, member in self._families()]
 
+    def names_tier(self, tier: str) -> bool:
+        """Whether any member's checkpointing names ``tier``."""
+        return any(tier in (member.checkpoint or self.checkpoint).tiers for _, member in self._families())
+
     def _families(self) -> list[tuple[str, MemberConfig]]:
         """Each member entry with the family its members belong to: its own name, or its campaign's."""
         return [
@@ -633,15 +661,20 @@ class Workflow(_Strict):
         return self
 
     def member_specs(
-        self, local_root: str | None, node_mtbf_s: float | None = None, stop_grace_s: float | None = None
+        self,
+        local_root: str | None,
+        node_mtbf_s: float | None = None,
+        stop_grace_s: float | None = None,
+        memory_root: str | None = None,
     ) -> list[MemberSpec]:
-        """One spec per expanded member; ``local_root`` is this run's directory on node-local scratch,
-        ``node_mtbf_s`` the site's node MTBF (for ``interval: auto``), ``stop_grace_s`` the site's
-        grace for command members that name none."""
+        """One spec per expanded member; ``local_root`` is this run's directory on node-local scratch
+        (``memory_root`` in node memory), ``node_mtbf_s`` the site's node MTBF (for ``interval:
+        auto``), ``stop_grace_s`` the site's grace for command members that name none."""
         specs = []
         for family, member in self._families():
             for name, seed, params in member.expand():
                 local = None if local_root is None else str(PurePosixPath(local_root) / name)
+                memory = None if memory_root is None else str(PurePosixPath(memory_root) / name)
                 faults = tuple(FaultSpec(f.kind, f.at_step) for f in self.faults if f.member == name)
                 command = None
                 if member.command is not None:
@@ -658,7 +691,7 @@ class Workflow(_Strict):
                         params=params,
                         seed=seed,
                         steps=member.steps,
-                        checkpoint=(member.checkpoint or self.checkpoint).spec(local, node_mtbf_s),
+                        checkpoint=(member.checkpoint or self.checkpoint).spec(local, node_mtbf_s, memory),
                         faults=faults,
                         evaluate=member.evaluate,
                         threads=member.threads,
