@@ -42,7 +42,7 @@ import numpy as np
 from report import judge, print_checks, print_figures
 from rich.console import Console
 
-from resilient_flows.checkpoint.heartbeat import FILENAME, Heartbeat
+from resilient_flows.checkpoint.heartbeat import FILENAME, CheckpointHeartbeat
 from resilient_flows.cosched.agent import Agent, AgentConfig
 from resilient_flows.cosched.slurm import SlurmBatch, parse_squeue_json
 
@@ -77,7 +77,7 @@ def machine(jobs: int, directory: Path, seed: int = 0) -> tuple[str, str]:
             path = directory / f"job{i}" / FILENAME
             path.parent.mkdir()
             committed = now - float(rng.uniform(0, min(3600, now - start)))
-            beat = Heartbeat(step=i, committed=committed, period=float(rng.uniform(300, 3600)), restore=30.0,
+            beat = CheckpointHeartbeat(step=i, committed=committed, period=float(rng.uniform(300, 3600)), restore=30.0,
                              written=committed, host="n", pid=1)  # fmt: skip
             path.write_text(json.dumps(beat.__dict__))
             r["comment"] = f"rf-heartbeat:{path}"

@@ -52,7 +52,7 @@ is repeated with that configuration's own median stall as ``l1_cost``.
 
 ``python benchmarks/mlc_validate.py [--quick | --full] [--json PATH] [--dir DIR]``: ``--quick``
 (a 4 s job, one trial each: about a minute, for smoke only: one trial has no interval); default
-a 20 s job, 4 trials each (about 12 minutes); ``--full`` a 60 s job, 10 trials each (about 1.5 h).
+a 20 s job, 4 trials each (about 17 minutes); ``--full`` a 60 s job, 10 trials each (about 2 h).
 """
 
 from __future__ import annotations

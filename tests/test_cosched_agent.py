@@ -15,7 +15,7 @@ import pytest
 from slurm import cancel, require_slurm
 
 from resilient_flows.checkpoint import Checkpointer
-from resilient_flows.checkpoint.heartbeat import FILENAME, Heartbeat, HeartbeatWriter, read_heartbeat
+from resilient_flows.checkpoint.heartbeat import FILENAME, CheckpointHeartbeat, HeartbeatWriter, read_heartbeat
 from resilient_flows.cli import main as cli_main
 from resilient_flows.cosched import OnDemandRequest, RunningJob, decide, decision_cost
 from resilient_flows.cosched.agent import Agent, AgentConfig, running_job
@@ -224,7 +224,9 @@ def _job(id: str, start: float, *, state: str = "running", comment: str = "", us
 
 def _beat(tmp_path: Path, name: str, committed: float, restore: float = 5.0) -> str:
     path = tmp_path / f"{name}.json"
-    beat = Heartbeat(step=9, committed=committed, period=600.0, restore=restore, written=committed, host="n", pid=1)
+    beat = CheckpointHeartbeat(
+        step=9, committed=committed, period=600.0, restore=restore, written=committed, host="n", pid=1
+    )
     path.write_text(json.dumps(beat.__dict__))
     return f"rf-heartbeat:{path}"
 
@@ -391,7 +393,7 @@ def test_on_slurm_the_agent_preempts_the_fresh_checkpoint_and_the_victim_resumes
     (younger, checkpointed once). An on-demand job arrives. dp preempts "fresh"; youngest, asked
     on the same queue, would have taken "stale" and thrown away the work since its one checkpoint."""
     require_slurm()
-    steps = 120
+    steps = 90
     ids: list[str] = []
     try:
         fresh = tmp_path / "fresh"

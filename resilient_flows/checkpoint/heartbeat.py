@@ -5,12 +5,15 @@ victims well it must know when that was. Rank 0 of every :class:`Checkpointer` w
 ``checkpoint-heartbeat.json`` next to the shared tier's checkpoints after each commit there (the
 shared tier is what a requeued job, perhaps on other nodes, restores from). The file is replaced
 atomically (written beside, then renamed), so a reader sees the old heartbeat or the new one,
-never half of one.
+never half of one. It is not fsynced: after a crash of the node an empty or stale file is
+possible, which a reader takes as "no heartbeat", the conservative reading.
 
 Under Slurm, rank 0 also records the heartbeat's path in its own job's comment
 (``rf-heartbeat:<path>``, with ``scontrol update``, allowed for one's own jobs), once, where the
 job has no comment of its own: that is how the agent finds it without knowing the job's files.
-Set ``RESILIENT_FLOWS_PUBLISH_HEARTBEAT=0`` to keep the comment untouched.
+Set ``RESILIENT_FLOWS_PUBLISH_HEARTBEAT=0`` to keep the comment untouched. A member that a Parsl
+pilot job runs (``PARSL_WORKER_BLOCK_ID`` is set) publishes nothing: that job is the pilot's,
+shared by several members, whose co-scheduling is the workflow runner's.
 
 The file holds JSON only and a reader checks every field, because the agent reads files that
 users' jobs wrote.
@@ -31,7 +34,7 @@ from collections import deque
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-__all__ = ["COMMENT_PREFIX", "FILENAME", "FORMAT", "Heartbeat", "HeartbeatWriter", "read_heartbeat"]
+__all__ = ["COMMENT_PREFIX", "FILENAME", "FORMAT", "CheckpointHeartbeat", "HeartbeatWriter", "read_heartbeat"]
 
 logger = logging.getLogger(__name__)
 
@@ -45,7 +48,7 @@ PERIOD_GAPS = 5
 
 
 @dataclass(frozen=True)
-class Heartbeat:
+class CheckpointHeartbeat:
     """The newest checkpoint a requeued job would resume from, and what resuming costs.
 
     ``committed``: Unix time of the newest commit to the shared tier, of step ``step``.
@@ -80,7 +83,7 @@ class HeartbeatWriter:
         with self._lock:
             self._commits.append(now)
             gaps = [b - a for a, b in zip(self._commits, list(self._commits)[1:], strict=False)]
-            beat = Heartbeat(
+            beat = CheckpointHeartbeat(
                 step=step,
                 committed=now,
                 period=statistics.median(gaps) if gaps else None,
@@ -103,17 +106,14 @@ class HeartbeatWriter:
 
 def _write_atomically(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
+    tmp.write_text(text)
     os.replace(tmp, path)
 
 
 def _publish_in_slurm_comment(path: Path) -> None:
     """Point this Slurm job's comment at the heartbeat, unless the job has a comment of its own."""
     job = os.environ.get("SLURM_JOB_ID")
-    if not job or os.environ.get("RESILIENT_FLOWS_PUBLISH_HEARTBEAT") == "0":
+    if not job or os.environ.get("RESILIENT_FLOWS_PUBLISH_HEARTBEAT") == "0" or "PARSL_WORKER_BLOCK_ID" in os.environ:
         return
     comment = f"{COMMENT_PREFIX}{path.resolve()}"
     try:
@@ -135,7 +135,7 @@ def _publish_in_slurm_comment(path: Path) -> None:
         logger.warning("cannot publish the checkpoint heartbeat in Slurm job %s's comment: %s", job, exc)
 
 
-def read_heartbeat(path: str | os.PathLike) -> Heartbeat:
+def read_heartbeat(path: str | os.PathLike) -> CheckpointHeartbeat:
     """Read and check a heartbeat file; ``ValueError`` (or ``OSError``) says what is wrong with it."""
     path = Path(path)
     with open(path, "rb") as f:
@@ -148,7 +148,7 @@ def read_heartbeat(path: str | os.PathLike) -> Heartbeat:
         raise ValueError(f"{path}: not JSON ({exc})") from exc
     if not isinstance(raw, dict) or raw.get("format") != FORMAT:
         raise ValueError(f"{path}: not a {FORMAT} file")
-    beat = Heartbeat(
+    beat = CheckpointHeartbeat(
         step=_whole(path, raw, "step"),
         committed=_time(path, raw, "committed"),
         period=_optional_seconds(path, raw, "period"),
