@@ -153,9 +153,10 @@ def cluster_run(policy: str, directory: Path, age_s: float) -> dict[str, float |
 
     ids = {"fresh": member("fresh", 1)}
     try:
-        until("fresh running", lambda: any(j.id == ids["fresh"] and j.state == "running" for j in batch.jobs()))
+        beats = {name: directory / name / "shared" / FILENAME for name in ("fresh", "stale")}
+        # the stale job starts seconds later (Slurm's start times are whole seconds): the younger
+        until("fresh checkpointing", beats["fresh"].exists)
         ids["stale"] = member("stale", 100_000)
-        beats = {name: directory / name / "shared" / FILENAME for name in ids}
         until("heartbeats", lambda: all(b.exists() for b in beats.values()))
         until("comments", lambda: all(j.comment for j in batch.jobs() if j.id in ids.values()))
         time.sleep(age_s)

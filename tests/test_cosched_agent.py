@@ -256,6 +256,19 @@ def test_the_agent_preempts_the_job_that_checkpointed_last_and_logs_a_replayable
     assert young["decision"]["cost"] - event["decision"]["cost"] == pytest.approx((500 + 60) - (20 + 5))
 
 
+def test_a_preemption_due_before_the_next_poll_waits_for_the_victims_checkpoint(tmp_path: Path) -> None:
+    # the victim checkpoints every 10 s, the last 9.5 s ago: preempting at its next checkpoint,
+    # in 0.5 s, loses nothing; the next poll (5 s) would come too late, so the agent waits for it
+    steady = _job("10", NOW - 3000, comment=_beat(tmp_path, "steady", NOW - 9.5, restore=1.0))
+    path = Path(steady.comment.removeprefix("rf-heartbeat:"))
+    path.write_text(path.read_text().replace('"period": 600.0', '"period": 10.0'))
+    waits: list[float] = []
+    queue = Queue([steady, _job("20", NOW, state="pending", comment="rf-ondemand")], free=0)
+    (event,) = Agent(queue, AgentConfig(interval=5), clock=lambda: NOW, sleep=waits.append).poll()
+    assert event["decision"]["delay"] == pytest.approx(0.5) and event["acted"]
+    assert waits == [pytest.approx(0.5)] and queue.done == [("signal", "10", "USR1")]
+
+
 def test_a_victim_is_requeued_held_and_released_once_the_request_runs(tmp_path: Path) -> None:
     clock = [NOW]
     fresh = _job("10", NOW - 3000, comment=_beat(tmp_path, "fresh", NOW - 20))
@@ -328,9 +341,9 @@ def test_a_request_larger_than_the_machine_is_reported_once() -> None:
 def test_a_failing_scheduler_makes_the_agent_back_off_and_say_so() -> None:
     queue = Queue([_job("1", NOW - 100)], free=0)
     queue.failing = 3
-    agent = Agent(queue, AgentConfig(interval=5), clock=lambda: NOW)
     waits: list[float] = []
-    agent.run(polls=5, sleep=waits.append)
+    agent = Agent(queue, AgentConfig(interval=5), clock=lambda: NOW, sleep=waits.append)
+    agent.run(polls=5)
     assert waits == [10, 20, 40, 5]  # doubled after each failure, back to the interval once it answers
     assert agent.failures == 0
 
@@ -398,9 +411,10 @@ def test_on_slurm_the_agent_preempts_the_fresh_checkpoint_and_the_victim_resumes
     try:
         fresh = tmp_path / "fresh"
         ids.append(_worker(fresh, every=1, steps=steps))
-        _until("fresh running", lambda: _state(ids[0]) == "RUNNING")
-        ids.append(_worker(tmp_path / "stale", every=10_000, steps=steps))
         beats = [tmp_path / name / "shared" / FILENAME for name in ("fresh", "stale")]
+        # the stale job starts seconds later (Slurm's start times are whole seconds): the younger
+        _until("fresh checkpointing", beats[0].exists)
+        ids.append(_worker(tmp_path / "stale", every=10_000, steps=steps))
         _until("both heartbeats published", lambda: all(b.exists() for b in beats))
         batch = SlurmBatch()
         _until("both comments set", lambda: all(j.comment for j in batch.jobs() if j.id in ids))

@@ -115,19 +115,20 @@ class Agent:
     config: AgentConfig = field(default_factory=AgentConfig)
     log_path: Path | None = None
     clock: Callable[[], float] = time.time
+    sleep: Callable[[float], None] = time.sleep
     preempting: dict[str, _Preemption] = field(default_factory=dict)
     served: dict[str, float] = field(default_factory=dict)  # request id -> when its victims were signalled
     reported: set[str] = field(default_factory=set)
     failures: int = 0
 
-    def run(self, *, polls: int | None = None, sleep: Callable[[float], None] = time.sleep) -> None:
+    def run(self, *, polls: int | None = None) -> None:
         """Poll every ``interval`` seconds (longer after failures), ``polls`` times or forever."""
         done = 0
         while polls is None or done < polls:
             self.poll()
             done += 1
             if polls is None or done < polls:
-                sleep(self.config.interval * min(MAX_BACKOFF, 2 ** min(self.failures, 8)))
+                self.sleep(self.config.interval * min(MAX_BACKOFF, 2 ** min(self.failures, 8)))
 
     def poll(self) -> list[dict[str, Any]]:
         """One round: look, move preemptions along, decide for new requests. The events it logged."""
@@ -144,17 +145,29 @@ class Agent:
         self.failures = 0
         by_id = {job.id: job for job in jobs}
         events = self._advance(now, by_id)
-        requests = [job for job in jobs if job.state == "pending" and not job.held and self._ondemand(job)]
-        for request in sorted(requests, key=lambda job: job.submitted):
-            if request.id in self.reported or now - self.served.get(request.id, -math.inf) < self._patience:
-                continue
-            event = self._decide(now, request, jobs, free)
+        for request_id in [r for r in self.served if r not in by_id]:
+            del self.served[request_id]
+        requests = [
+            job
+            for job in sorted(jobs, key=lambda job: job.submitted)
+            if job.state == "pending"
+            and not job.held
+            and self._ondemand(job)
+            and job.id not in self.reported
+            and now - self.served.get(job.id, -math.inf) >= self._patience
+        ]
+        if not requests:
+            return events
+        c = self.config
+        machine = free + sum(job.size(c.unit) for job in jobs if job.state == "running")
+        # read once per poll, whatever the number of requests: a heartbeat is a file on a shared file system
+        candidates = {job.id: running_job(job, now, c.restart_cost, c.unit) for job in jobs if self._victim(job)}
+        for request in requests:
+            event = self._decide(now, request, machine, candidates, free)
             if event is not None:
                 events.append(event)
                 if request.id in self.served:  # what it takes of the free nodes is no one else's
                     free = max(0, free - request.size(self.config.unit))
-        for request_id in [r for r in self.served if r not in by_id]:
-            del self.served[request_id]
         return events
 
     @property
@@ -181,10 +194,11 @@ class Agent:
             and (not c.users or job.user in c.users)
         )
 
-    def _decide(self, now: float, request: BatchJob, jobs: list[BatchJob], free: int) -> dict[str, Any] | None:
+    def _decide(
+        self, now: float, request: BatchJob, machine: int, candidates: dict[str, RunningJob], free: int
+    ) -> dict[str, Any] | None:
         c = self.config
         need = request.size(c.unit)
-        machine = free + sum(job.size(c.unit) for job in jobs if job.state == "running")
         if need > machine:
             self.reported.add(request.id)
             return self._log(
@@ -197,7 +211,7 @@ class Agent:
                     "unit": c.unit,
                 }
             )
-        running = [running_job(job, now, c.restart_cost, c.unit) for job in jobs if self._victim(job)]
+        running = [job for job_id, job in candidates.items() if job_id not in self.preempting]
         if need > free + sum(job.nodes for job in running):
             return None  # only jobs the agent may not touch stand in the way: Slurm's queue decides
         wanted = OnDemandRequest(nodes=need, arrival=request.submitted, duration=request.time_limit or 3600.0)
@@ -216,9 +230,13 @@ class Agent:
         except InvalidJobError as exc:
             self.reported.add(request.id)
             return self._log({"t": now, "event": "invalid", "request": request.id, "error": str(exc)})
-        act = decision.delay <= 0 and bool(decision.preempt)
+        # a preemption planned before the next poll is carried out at its time; a later one is
+        # decided again at each poll until it is due
+        act = bool(decision.preempt) and decision.delay <= c.interval
         if act:
-            self._preempt(now, request.id, decision)
+            if decision.delay > 0:
+                self.sleep(decision.delay)  # e.g. until a victim's next checkpoint, due sooner than the next poll
+            self._preempt(now + decision.delay, request.id, decision)
         event = {
             "t": now,
             "event": "decision",
@@ -321,6 +339,6 @@ def running_job(job: BatchJob, now: float, restart_cost: float, unit: Unit) -> R
 
 def _jsonable(inputs: dict[str, Any]) -> dict[str, Any]:
     out = dict(inputs)
-    out["running"] = [asdict(job) for job in inputs["running"]]
-    out["request"] = asdict(inputs["request"])
+    out["running"] = [dict(vars(job)) for job in inputs["running"]]  # flat: asdict's deep copy is slow
+    out["request"] = dict(vars(inputs["request"]))
     return out
