@@ -401,6 +401,7 @@ def _worker(directory: Path, every: int, steps: int) -> str:
 
 
 @pytest.mark.slow
+@pytest.mark.slurm
 def test_on_slurm_the_agent_preempts_the_fresh_checkpoint_and_the_victim_resumes_bitwise(tmp_path: Path) -> None:
     """Two batch jobs hold the node's two CPUs: "fresh" (older, checkpoints every step) and "stale"
     (younger, checkpointed once). An on-demand job arrives. dp preempts "fresh"; youngest, asked
@@ -420,7 +421,7 @@ def test_on_slurm_the_agent_preempts_the_fresh_checkpoint_and_the_victim_resumes
         _until("both comments set", lambda: all(j.comment for j in batch.jobs() if j.id in ids))
         time.sleep(2.0)  # the stale job's one checkpoint ages
         ids.append(
-            _sbatch("-n1", "-J", "rf-agent-ondemand", "--comment=rf-ondemand", "-o", "/dev/null", "--wrap", "sleep 3")
+            _sbatch("-n1", "-J", "rf-agent-ondemand", "--comment=rf-ondemand", "-o", "/dev/null", "--wrap", "sleep 1")
         )
         ondemand = ids[-1]
         _until("the on-demand job pending", lambda: _state(ondemand) == "PENDING")

@@ -124,8 +124,9 @@ def test_tune_prints_every_method(capsys) -> None:
 @pytest.mark.slow
 def test_generate_labels_in_parallel_through_parsl_on_the_local_site(tmp_path) -> None:
     out = tmp_path / "rows.jsonl"
-    args = ["--samples", "4", "--chunk", "2", "--trials", "20", "--seed", "5", "--out", str(out)]
+    # seed 3 draws sets whose searches take a second in all (seed 5's take five): the test is of the labelling
+    args = ["--samples", "4", "--chunk", "2", "--trials", "20", "--seed", "3", "--out", str(out)]
     assert main(["mlc", "generate", *args]) == 0
     pairs = list(read_rows(out))  # chunks finish in any order: compare as sets
-    expected = [label(p, trials=20, seed=5) for p in sample_params(4, seed=5)]
+    expected = [label(p, trials=20, seed=3) for p in sample_params(4, seed=3)]
     assert sorted(json.dumps(asdict(c)) for _, c in pairs) == sorted(json.dumps(r["config"]) for r in expected)

@@ -25,7 +25,7 @@ from resilient_flows.training import read_events, run_member
 from resilient_flows.units import parse_size
 from resilient_flows.workflow import read_plan, start_run
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(150)]
+pytestmark = [pytest.mark.slow, pytest.mark.slurm, pytest.mark.timeout(150)]
 
 LABEL = "local-slurm"
 #: How often Parsl asks Slurm about its blocks here; SlurmProvider hard-codes 60 s, too slow for a test.
@@ -75,7 +75,7 @@ def test_a_cancelled_pilot_job_is_replaced_and_its_task_retried(dfk: DataFlowKer
     first = app().result(timeout=120)
     assert first is not None
 
-    sleeper = app(8)  # busy in the first block when that block is cancelled
+    sleeper = app(5)  # busy in the first block when that block is cancelled
     time.sleep(2)
     cancel([first])
     wait_for(lambda: dict(slurm_jobs()).get(first) == "CANCELLED", 30, f"Slurm job {first} to end")
@@ -94,8 +94,8 @@ def test_a_workflow_member_survives_scancel_of_its_pilot_job(tmp_path: Path, mon
     monkeypatch.setattr(SlurmProvider, "status_polling_interval", property(lambda self: POLL_S))
     workflow = tmp_path / "wf.yaml"
     workflow.write_text(
-        "name: slurm\nsite: local-slurm\nretries: 1\ncheckpoint: {interval: 250}\n"
-        "members:\n  - {name: m, workload: cnn-digits, steps: 2000, seed: 5}\n"
+        "name: slurm\nsite: local-slurm\nretries: 1\ncheckpoint: {interval: 125}\n"
+        "members:\n  - {name: m, workload: cnn-digits, steps: 1000, seed: 5}\n"
     )
     run_dir = tmp_path / "run"
     outcome: list[int] = []
@@ -117,7 +117,7 @@ def test_a_workflow_member_survives_scancel_of_its_pilot_job(tmp_path: Path, mon
     (failed,) = [e for e in events if e["kind"] == "failed"]
     assert failed["cost"] == 0.0, failed  # lost (or preempted by Slurm's SIGTERM) after progress: free
     resumed = [e["step"] for e in events if e["kind"] == "resumed"]
-    assert resumed and resumed[0] >= 249
+    assert resumed and resumed[0] >= 124
     workers = {e["pid"] for e in events if e["kind"] == "started"}
     assert len(workers) == 2  # two attempts in two worker processes (two pilot jobs)
     reference = run_member(read_plan(run_dir).members[0].to_dict(), str(tmp_path / "ref"))
