@@ -16,14 +16,6 @@ sys.path.insert(0, str(Path(__file__).parent))
 REPO = Path(__file__).resolve().parents[1]
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Two streams under ``pytest -n 2 --dist loadgroup``: the Slurm tests one after another (they
-    fill the one-node cluster's CPUs, and clean up its pilot jobs by name), everything else in the
-    other, in file order. So the Slurm tests' minutes of waiting on the scheduler overlap the rest."""
-    for item in items:
-        item.add_marker(pytest.mark.xdist_group("slurm" if item.get_closest_marker("slurm") else "main"))
-
-
 @pytest.fixture
 def tiers(tmp_path: Path) -> tuple[Path, Path]:
     """A (shared, local) pair of tier directories."""

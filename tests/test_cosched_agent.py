@@ -401,7 +401,6 @@ def _worker(directory: Path, every: int, steps: int) -> str:
 
 
 @pytest.mark.slow
-@pytest.mark.slurm
 def test_on_slurm_the_agent_preempts_the_fresh_checkpoint_and_the_victim_resumes_bitwise(tmp_path: Path) -> None:
     """Two batch jobs hold the node's two CPUs: "fresh" (older, checkpoints every step) and "stale"
     (younger, checkpointed once). An on-demand job arrives. dp preempts "fresh"; youngest, asked
