@@ -130,6 +130,14 @@ def test_alcf_sites_take_the_allocation_from_the_environment(user_env: None, mon
     assert load_site("theta").executors[0].provider.account == "MyAlloc"
 
 
+def test_a_site_tolerates_lost_blocks(user_env: None) -> None:
+    """One cancelled pilot must not fail the executor: Parsl's windowed handler, not its default."""
+    from parsl.jobs.error_handlers import windowed_error_handler
+
+    for name in ("local", "polaris", "local-slurm"):
+        assert load_site(name).executors[0].block_error_handler is windowed_error_handler, name
+
+
 def test_site_facts_describe_the_machine(user_env: None) -> None:
     assert site_facts("polaris") == SiteFacts(
         name="polaris",

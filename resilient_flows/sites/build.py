@@ -25,6 +25,8 @@ import parsl.launchers
 import parsl.providers
 import typeguard
 from parsl.config import Config
+from parsl.executors.status_handling import BlockProviderExecutor
+from parsl.jobs.error_handlers import simple_error_handler, windowed_error_handler
 
 from resilient_flows.envvars import expand_env
 from resilient_flows.errors import SiteConfigError
@@ -59,8 +61,19 @@ def build_config(data: dict[str, Any], where: str, **overrides: Any) -> Config:
         raise SiteConfigError(f"{where}: 'executors' must be a non-empty list of executor mappings")
     classes = _classes()
     built = [_build(spec, f"{where}: executors[{i}]", classes) for i, spec in enumerate(executors)]
+    for executor in built:
+        _tolerate_lost_blocks(executor)
     _check_keys(Config, data, where, exclude={"executors"})
     return Config(executors=built, **data)
+
+
+def _tolerate_lost_blocks(executor: Any) -> None:
+    """A block that exits (a killed pool, a cancelled or preempted pilot job) is replaced; the
+    executor is given up only when its last three blocks all failed (Parsl's windowed handler).
+    Parsl's default gives up at the first failure on a one-block site, sometimes before the
+    replacement is even submitted, and every task fails with it."""
+    if isinstance(executor, BlockProviderExecutor) and executor.block_error_handler is simple_error_handler:
+        executor.block_error_handler = windowed_error_handler
 
 
 def _build(spec: Any, where: str, classes: dict[str, type]) -> Any:

@@ -26,7 +26,6 @@ import parsl
 from parsl.config import Config
 from parsl.executors import HighThroughputExecutor
 from parsl.executors.status_handling import BlockProviderExecutor
-from parsl.jobs.error_handlers import simple_error_handler, windowed_error_handler
 from rich.console import Console, Group
 from rich.live import Live
 
@@ -218,19 +217,11 @@ class _Submitter:
 
 
 def _site_config(site: str, run_dir: Path, retries: int) -> Config:
-    """The site's Parsl configuration for this run, with our retry handler.
-
-    A block that exits (a killed pool, a cancelled pilot job) is replaced; the executor is given up
-    only when its last three blocks all failed (Parsl's windowed handler), not at the first one as
-    with Parsl's default handler, under which one killed pool on a one-block site fails every task.
-    """
-    config = load_site(
+    """The site's Parsl configuration for this run, with our retry handler (its blocks' error
+    handler tolerates lost blocks: see :func:`~resilient_flows.sites.build.build_config`)."""
+    return load_site(
         site, run_dir=str(run_dir / "parsl"), retries=retries, retry_handler=ResumingRetryHandler(retries)
     )
-    for executor in config.executors:
-        if isinstance(executor, BlockProviderExecutor) and executor.block_error_handler is simple_error_handler:
-            executor.block_error_handler = windowed_error_handler
-    return config
 
 
 def _handle_lost(
