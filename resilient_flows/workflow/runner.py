@@ -219,9 +219,7 @@ class _Submitter:
 def _site_config(site: str, run_dir: Path, retries: int) -> Config:
     """The site's Parsl configuration for this run, with our retry handler (its blocks' error
     handler tolerates lost blocks: see :func:`~resilient_flows.sites.build.build_config`)."""
-    return load_site(
-        site, run_dir=str(run_dir / "parsl"), retries=retries, retry_handler=ResumingRetryHandler(retries)
-    )
+    return load_site(site, run_dir=str(run_dir / "parsl"), retries=retries, retry_handler=ResumingRetryHandler(retries))
 
 
 def _handle_lost(
