@@ -231,8 +231,9 @@ class WritePipeline:
     def _serve(self, jobs: queue.Queue, handle: Callable[[WriteJob], None], flushes: bool) -> None:
         while (job := jobs.get()) is not None:
             if flushes:
+                began = time.perf_counter()
                 with self._lock:
-                    self._flush_since = time.perf_counter()
+                    self._flush_since = began
                 self._flushing = True
             try:
                 handle(job)
@@ -244,7 +245,7 @@ class WritePipeline:
                 if flushes:
                     self._flushing = False
                     with self._lock:
-                        self._flush_busy += time.perf_counter() - (self._flush_since or time.perf_counter())
+                        self._flush_busy += time.perf_counter() - began
                         self._flush_since = None
                 jobs.task_done()
         jobs.task_done()

@@ -150,7 +150,7 @@ def _state(state: str) -> str:
 
 
 def _held(reason: str, priority: float | None) -> bool:
-    return "held" in reason.lower() or reason in {"JobHeldUser", "JobHeldAdmin"} or priority == 0
+    return "held" in reason.lower() or priority == 0  # JobHeldUser, JobHeldAdmin, "job requeued in held state"
 
 
 def parse_squeue_text(text: str) -> list[BatchJob]:
