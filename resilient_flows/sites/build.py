@@ -26,11 +26,12 @@ import parsl.providers
 import typeguard
 from parsl.config import Config
 from parsl.executors.status_handling import BlockProviderExecutor
-from parsl.jobs.error_handlers import simple_error_handler, windowed_error_handler
+from parsl.jobs.error_handlers import simple_error_handler
 
 from resilient_flows.envvars import expand_env
 from resilient_flows.errors import SiteConfigError
 from resilient_flows.sites import cobalt
+from resilient_flows.sites.blockerrors import PatientBlockErrorHandler
 from resilient_flows.sites.sitefile import SITE_DIR, read_site, site_names, site_path
 
 __all__ = ["SITE_DIR", "build_config", "expand_env", "read_site", "site_names", "site_path"]
@@ -68,12 +69,11 @@ def build_config(data: dict[str, Any], where: str, **overrides: Any) -> Config:
 
 
 def _tolerate_lost_blocks(executor: Any) -> None:
-    """A block that exits (a killed pool, a cancelled or preempted pilot job) is replaced; the
-    executor is given up only when its last three blocks all failed (Parsl's windowed handler).
-    Parsl's default gives up at the first failure on a one-block site, sometimes before the
-    replacement is even submitted, and every task fails with it."""
+    """A block that exits (a killed pool, a cancelled or preempted pilot job) or cannot start for a
+    moment is replaced; the executor is given up only when blocks keep failing (see
+    :mod:`resilient_flows.sites.blockerrors`). A handler the caller chose is kept."""
     if isinstance(executor, BlockProviderExecutor) and executor.block_error_handler is simple_error_handler:
-        executor.block_error_handler = windowed_error_handler
+        executor.block_error_handler = PatientBlockErrorHandler()
 
 
 def _build(spec: Any, where: str, classes: dict[str, type]) -> Any:
