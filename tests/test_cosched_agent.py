@@ -293,7 +293,7 @@ def test_where_exited_jobs_cannot_be_requeued_the_victim_is_requeued_while_it_ru
     queue.requeues_exited = False  # PBS Pro: qrerun is the signal
     agent = Agent(queue, AgentConfig(grace=30, interval=1), clock=lambda: clock[0])
     events = agent.poll()
-    assert queue.done == [("requeue", "10", True)] and [e["event"] for e in events] == ["decision"]
+    assert queue.done == [("requeue", "10", True)] and [e["event"] for e in events] == ["decision", "requeue"]
     queue.list = [replace(request, state="running", start=NOW + 1), queue.list[0]]
     clock[0] += 1
     assert [e["event"] for e in agent.poll()] == ["release"]
@@ -310,6 +310,24 @@ def test_a_victim_that_ignores_its_signal_is_requeued_after_its_grace(tmp_path: 
     assert agent.poll() == []
     clock[0] += 1
     assert [e["event"] for e in agent.poll()] == ["requeue_after_grace"]
+
+
+def test_a_signal_that_fails_is_reported_and_the_request_decided_again_later(tmp_path: Path) -> None:
+    clock = [NOW]
+    queue = Queue([_job("10", NOW - 3000), _job("20", NOW, state="pending", comment="rf-ondemand")], free=0)
+
+    def refuse(job_id: str, signal: str) -> None:
+        raise BatchCommandError(f"scancel --signal {signal} {job_id}: Invalid job id specified")
+
+    queue.signal = refuse
+    agent = Agent(queue, AgentConfig(grace=30, interval=1), clock=lambda: clock[0])
+    decision, failed = agent.poll()
+    assert decision["acted"] and failed == {
+        "t": NOW, "event": "signal_failed", "job": "10", "error": "scancel --signal USR1 10: Invalid job id specified"
+    }  # fmt: skip
+    assert agent.preempting == {}
+    clock[0] += agent._patience
+    assert [e["event"] for e in agent.poll()] == ["decision", "signal_failed"]
 
 
 def test_the_agent_touches_only_batch_jobs_of_its_partitions_and_users() -> None:
@@ -401,6 +419,7 @@ def _worker(directory: Path, every: int, steps: int) -> str:
 
 
 @pytest.mark.slow
+@pytest.mark.slurm
 def test_on_slurm_the_agent_preempts_the_fresh_checkpoint_and_the_victim_resumes_bitwise(tmp_path: Path) -> None:
     """Two batch jobs hold the node's two CPUs: "fresh" (older, checkpoints every step) and "stale"
     (younger, checkpointed once). An on-demand job arrives. dp preempts "fresh"; youngest, asked

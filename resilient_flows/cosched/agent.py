@@ -163,11 +163,10 @@ class Agent:
         # read once per poll, whatever the number of requests: a heartbeat is a file on a shared file system
         candidates = {job.id: running_job(job, now, c.restart_cost, c.unit) for job in jobs if self._victim(job)}
         for request in requests:
-            event = self._decide(now, request, machine, candidates, free)
-            if event is not None:
-                events.append(event)
-                if request.id in self.served:  # what it takes of the free nodes is no one else's
-                    free = max(0, free - request.size(self.config.unit))
+            decided = self._decide(now, request, machine, candidates, free)
+            events.extend(decided)
+            if decided and request.id in self.served:  # what it takes of the free nodes is no one else's
+                free = max(0, free - request.size(self.config.unit))
         return events
 
     @property
@@ -196,24 +195,27 @@ class Agent:
 
     def _decide(
         self, now: float, request: BatchJob, machine: int, candidates: dict[str, RunningJob], free: int
-    ) -> dict[str, Any] | None:
+    ) -> list[dict[str, Any]]:
+        """The decision for ``request``, logged, then what carrying it out logged."""
         c = self.config
         need = request.size(c.unit)
         if need > machine:
             self.reported.add(request.id)
-            return self._log(
-                {
-                    "t": now,
-                    "event": "unfittable",
-                    "request": request.id,
-                    "needs": need,
-                    "machine": machine,
-                    "unit": c.unit,
-                }
-            )
+            return [
+                self._log(
+                    {
+                        "t": now,
+                        "event": "unfittable",
+                        "request": request.id,
+                        "needs": need,
+                        "machine": machine,
+                        "unit": c.unit,
+                    }
+                )
+            ]
         running = [job for job_id, job in candidates.items() if job_id not in self.preempting]
         if need > free + sum(job.nodes for job in running):
-            return None  # only jobs the agent may not touch stand in the way: Slurm's queue decides
+            return []  # only jobs the agent may not touch stand in the way: Slurm's queue decides
         wanted = OnDemandRequest(nodes=need, arrival=request.submitted, duration=request.time_limit or 3600.0)
         inputs = {
             "policy": c.policy,
@@ -229,14 +231,10 @@ class Agent:
             decision = decide(**inputs)
         except InvalidJobError as exc:
             self.reported.add(request.id)
-            return self._log({"t": now, "event": "invalid", "request": request.id, "error": str(exc)})
+            return [self._log({"t": now, "event": "invalid", "request": request.id, "error": str(exc)})]
         # a preemption planned before the next poll is carried out at its time; a later one is
         # decided again at each poll until it is due
         act = bool(decision.preempt) and decision.delay <= c.interval
-        if act:
-            if decision.delay > 0:
-                self.sleep(decision.delay)  # e.g. until a victim's next checkpoint, due sooner than the next poll
-            self._preempt(now + decision.delay, request.id, decision)
         event = {
             "t": now,
             "event": "decision",
@@ -246,13 +244,18 @@ class Agent:
             "acted": act and not c.dry_run,
             "dry_run": c.dry_run,
         }
-        return self._log(event)
+        decided = [self._log(event)]
+        if act:
+            if decision.delay > 0:
+                self.sleep(decision.delay)  # e.g. until a victim's next checkpoint, due sooner than the next poll
+            decided += self._preempt(now + decision.delay, request.id, decision)
+        return decided
 
-    def _preempt(self, now: float, request: str, decision: Decision) -> None:
+    def _preempt(self, now: float, request: str, decision: Decision) -> list[dict[str, Any]]:
         self.served[request] = now
+        events: list[dict[str, Any]] = []
         for victim in decision.preempt:
             if not self.batch.requeues_exited:  # the requeue signals it (PBS Pro's qrerun)
-                events: list[dict[str, Any]] = []
                 if self._act(lambda v=victim: self.batch.requeue(v, hold=True), now, "requeue", victim, events):
                     self.preempting[victim] = _Preemption(request, now, requeued=now)
                 continue
@@ -260,9 +263,10 @@ class Agent:
                 try:
                     self.batch.signal(victim, self.config.signal)
                 except BatchCommandError as exc:
-                    self._log({"t": now, "event": "signal_failed", "job": victim, "error": str(exc)})
+                    events.append(self._log({"t": now, "event": "signal_failed", "job": victim, "error": str(exc)}))
                     continue
             self.preempting[victim] = _Preemption(request, now)
+        return events
 
     # ------------------------------------------------------------------ carrying out
 
