@@ -16,6 +16,15 @@ sys.path.insert(0, str(Path(__file__).parent))
 REPO = Path(__file__).resolve().parents[1]
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Under ``pytest -n 2 --dist loadgroup`` the Slurm tests run one after another on one worker:
+    they fill the one-node cluster's CPUs and find their pilot jobs by name. Their minutes of
+    waiting on the scheduler then overlap the other tests, which go to whichever worker is free."""
+    for item in items:
+        if item.get_closest_marker("slurm"):
+            item.add_marker(pytest.mark.xdist_group("slurm"))
+
+
 @pytest.fixture
 def tiers(tmp_path: Path) -> tuple[Path, Path]:
     """A (shared, local) pair of tier directories."""

@@ -128,6 +128,7 @@ def test_an_ensemble_survives_every_kind_of_fault_on_emulated_nodes(tmp_path: Pa
     survive_chaos(tmp_path, "local-nodes", chaos.NODES_KINDS)
 
 
+@pytest.mark.slurm
 def test_an_ensemble_survives_every_kind_of_fault_on_a_slurm_cluster(tmp_path: Path) -> None:
     require_slurm()
     survive_chaos(tmp_path, "local-slurm", chaos.SLURM_KINDS)

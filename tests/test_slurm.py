@@ -25,7 +25,7 @@ from resilient_flows.training import read_events, run_member
 from resilient_flows.units import parse_size
 from resilient_flows.workflow import read_plan, start_run
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(150)]
+pytestmark = [pytest.mark.slow, pytest.mark.slurm, pytest.mark.timeout(150)]
 
 LABEL = "local-slurm"
 #: How often Parsl asks Slurm about its blocks here; SlurmProvider hard-codes 60 s, too slow for a test.
