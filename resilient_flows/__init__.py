@@ -35,7 +35,7 @@ if TYPE_CHECKING:
         SiteConfigError,
         WorkflowError,
     )
-    from resilient_flows.sites import CobaltProvider, load_site, site_facts
+    from resilient_flows.sites import CobaltProvider, PatientBlockErrorHandler, load_site, site_facts
     from resilient_flows.training import (
         DistributedInfo,
         MemberSpec,
@@ -75,7 +75,7 @@ _SOURCES = {
         "SiteConfigError",
         "WorkflowError",
     ),
-    "resilient_flows.sites": ("CobaltProvider", "load_site", "site_facts"),
+    "resilient_flows.sites": ("CobaltProvider", "PatientBlockErrorHandler", "load_site", "site_facts"),
     "resilient_flows.training": (
         "DistributedInfo",
         "MemberSpec",
@@ -104,6 +104,7 @@ __all__ = [
     "LaunchError",
     "MemberSpec",
     "OnDemandRequest",
+    "PatientBlockErrorHandler",
     "Preempted",
     "ResilientFlowsError",
     "ResumingRetryHandler",

@@ -16,9 +16,18 @@ from resilient_flows.sites.sitefile import SITE_DIR, site_names
 if TYPE_CHECKING:
     from parsl.config import Config
 
+    from resilient_flows.sites.blockerrors import PatientBlockErrorHandler
     from resilient_flows.sites.cobalt import CobaltProvider
 
-__all__ = ["SITE_DIR", "CobaltProvider", "SiteFacts", "load_site", "site_facts", "site_names"]
+__all__ = [
+    "SITE_DIR",
+    "CobaltProvider",
+    "PatientBlockErrorHandler",
+    "SiteFacts",
+    "load_site",
+    "site_facts",
+    "site_names",
+]
 
 
 def load_site(name_or_path: str | os.PathLike = "local", **overrides: Any) -> Config:
@@ -34,4 +43,10 @@ def load_site(name_or_path: str | os.PathLike = "local", **overrides: Any) -> Co
     return build_config(read_site(path), str(path), **overrides)
 
 
-__getattr__, __dir__ = lazy_exports(__name__, {"resilient_flows.sites.cobalt": ("CobaltProvider",)})
+__getattr__, __dir__ = lazy_exports(
+    __name__,
+    {
+        "resilient_flows.sites.blockerrors": ("PatientBlockErrorHandler",),
+        "resilient_flows.sites.cobalt": ("CobaltProvider",),
+    },
+)
