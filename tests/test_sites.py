@@ -240,3 +240,30 @@ def test_facts_are_required_and_take_either_walltime_form(tmp_path: Path) -> Non
 def test_site_files_name_only_known_classes(tmp_path: Path) -> None:
     with pytest.raises(SiteConfigError, match=r"unknown type 'subprocess\.Popen'"):
         load_site(write(tmp_path, "executors:\n  - type: subprocess.Popen\n"))
+    # a class a Parsl package imports for itself is not one of its public names
+    with pytest.raises(SiteConfigError, match=r"unknown type 'BlockProviderExecutor'"):
+        load_site(write(tmp_path, "executors:\n  - type: BlockProviderExecutor\n"))
+
+
+HTEX_WITH_HANDLER = (
+    "executors:\n  - type: HighThroughputExecutor\n    block_error_handler: {type: PatientBlockErrorHandler, %s}\n"
+)
+
+
+def test_a_site_file_sets_how_patient_its_executor_is_with_failing_blocks(tmp_path: Path) -> None:
+    (executor,) = load_site(write(tmp_path, HTEX_WITH_HANDLER % "patience_s: 300, threshold: 2")).executors
+    handler = executor.block_error_handler
+    assert isinstance(handler, PatientBlockErrorHandler) and (handler.patience_s, handler.threshold) == (300, 2)
+
+
+@pytest.mark.parametrize(
+    ("setting", "message"),
+    [
+        ("patience: 300", r"unknown key 'patience' \(did you mean 'patience_s'\?\)"),
+        ("patience_s: -5", "patience_s must be non-negative, got -5"),
+        ("clock: 5", "clock must be a function returning seconds, got 5"),
+    ],
+)
+def test_a_bad_block_error_handler_in_a_site_file_is_named(tmp_path: Path, setting: str, message: str) -> None:
+    with pytest.raises(SiteConfigError, match=r"executors\[0\]\.block_error_handler.*" + message):
+        load_site(write(tmp_path, HTEX_WITH_HANDLER % setting))

@@ -40,6 +40,8 @@ class PatientBlockErrorHandler:
             raise ValueError(f"threshold must be at least 1 block, got {threshold}")
         if patience_s < 0:
             raise ValueError(f"patience_s must be non-negative, got {patience_s}")
+        if not callable(clock):
+            raise ValueError(f"clock must be a function returning seconds, got {clock!r}")
         self.threshold = threshold
         self.patience_s = patience_s
         self._clock = clock

@@ -3,9 +3,11 @@
 Each mapping with a ``type:`` key names a Parsl class (an executor, provider or launcher); its
 other keys are that class's constructor arguments, checked against its signature so that a typo
 is reported with the file, the key and the allowed names instead of surfacing as a TypeError
-deep inside Parsl. Only classes from Parsl's executor, provider and launcher packages, and the
-providers of :mod:`resilient_flows.sites.cobalt`, can be named: a site file selects
-configuration, it does not import arbitrary code.
+deep inside Parsl. Only the public classes (``__all__``) of Parsl's executor, provider and
+launcher packages, the providers of :mod:`resilient_flows.sites.cobalt` and the block error
+handler of :mod:`resilient_flows.sites.blockerrors` (``block_error_handler: {type:
+PatientBlockErrorHandler, patience_s: 300}``) can be named: a site file selects configuration,
+it does not import arbitrary code.
 
 String values may use the environment (``${NAME}``, ``${NAME:-default}``, ``${NAME:?hint}``,
 ``$${`` for a literal ``${``; see :mod:`resilient_flows.envvars`), so that one site file serves
@@ -30,21 +32,21 @@ from parsl.jobs.error_handlers import simple_error_handler
 
 from resilient_flows.envvars import expand_env
 from resilient_flows.errors import SiteConfigError
-from resilient_flows.sites import cobalt
+from resilient_flows.sites import blockerrors, cobalt
 from resilient_flows.sites.blockerrors import PatientBlockErrorHandler
 from resilient_flows.sites.sitefile import SITE_DIR, read_site, site_names, site_path
 
 __all__ = ["SITE_DIR", "build_config", "expand_env", "read_site", "site_names", "site_path"]
 
-_NAMESPACES = (parsl.executors, parsl.providers, parsl.launchers, cobalt)
+_NAMESPACES = (parsl.executors, parsl.providers, parsl.launchers, cobalt, blockerrors)
 
 
 def _classes() -> dict[str, type]:
     found: dict[str, type] = {}
     for module in _NAMESPACES:
-        for name in dir(module):
+        for name in module.__all__:
             obj = getattr(module, name)
-            if inspect.isclass(obj) and not name.startswith("_"):
+            if inspect.isclass(obj):
                 found.setdefault(name, obj)
     return found
 
@@ -86,7 +88,8 @@ def _build(spec: Any, where: str, classes: dict[str, type]) -> Any:
         close = difflib.get_close_matches(str(name), classes, n=3)
         hint = f"; did you mean {', '.join(close)}?" if close else ""
         raise SiteConfigError(
-            f"{where}: unknown type {name!r}{hint} (Parsl executors, providers and launchers, and CobaltProvider)"
+            f"{where}: unknown type {name!r}{hint} (Parsl executors, providers and launchers, "
+            "CobaltProvider and PatientBlockErrorHandler)"
         )
     _check_keys(cls, spec, f"{where} ({name})")
     args = {key: _value(key, value, f"{where}.{key}", classes) for key, value in spec.items()}
