@@ -134,17 +134,19 @@ def test_squeue_json_gives_running_and_pending_jobs(newer: bool) -> None:
     assert a.expected_end == 1796396658.0 + 600 and jobs["5"].time_limit is None
     assert jobs["5"].comment.startswith("rf-heartbeat:")
     assert jobs["6"].state == "pending" and not jobs["6"].held and jobs["6"].start is None
+    assert jobs["6"].priority == 4294901752 and jobs["7"].priority == 0
     assert jobs["7"].held
 
 
 def test_squeue_text_is_read_where_json_is_unavailable() -> None:
     text = (
-        "6|c|root|debug|PENDING|1|1|2026-12-04T15:04:18|N/A|UNLIMITED|Resources|rf-ondemand\n"
-        "7|d|root|debug|PENDING|1|1|2026-12-04T15:04:18|N/A|UNLIMITED|JobHeldUser|(null)\n"
-        "4|a|root|debug|RUNNING|2|8|2026-12-04T15:04:18|2026-12-04T15:04:18|1-02:03:04|None|(null)\n"
+        "6|c|root|debug|PENDING|1|1|2026-12-04T15:04:18|N/A|UNLIMITED|Resources|4294901755|rf-ondemand\n"
+        "7|d|root|debug|PENDING|1|1|2026-12-04T15:04:18|N/A|UNLIMITED|JobHeldUser|0|(null)\n"
+        "4|a|root|debug|RUNNING|2|8|2026-12-04T15:04:18|2026-12-04T15:04:18|1-02:03:04|None|4294901757|(null)\n"
     )
     jobs = {job.id: job for job in parse_squeue_text(text)}
     assert jobs["4"].time_limit == ((24 + 2) * 60 + 3) * 60 + 4 and jobs["4"].cpus == 8
+    assert jobs["6"].priority == 4294901755 and jobs["7"].priority == 0
     assert jobs["7"].held and jobs["7"].comment == "" and jobs["6"].comment == "rf-ondemand"
 
     calls = []
@@ -188,6 +190,7 @@ class Queue:
 
     name = "memory"
     requeues_exited = True
+    can_prioritize = True
 
     def __init__(self, jobs: list[BatchJob], free: int) -> None:
         self.list, self.free_now, self.done = jobs, free, []
@@ -213,12 +216,15 @@ class Queue:
     def release(self, job_id: str) -> None:
         self.done.append(("release", job_id))
 
+    def prioritize(self, job_id: str, *, above: float) -> None:
+        self.done.append(("prioritize", job_id, above))
+
 
 def _job(id: str, start: float, *, state: str = "running", comment: str = "", user: str = "ann", queue: str = "batch",
-         nodes: int = 1) -> BatchJob:  # fmt: skip
+         nodes: int = 1, priority: float | None = None) -> BatchJob:  # fmt: skip
     return BatchJob(
         id=id, name=id, user=user, queue=queue, state=state, nodes=nodes, cpus=nodes, submitted=start,
-        start=start if state == "running" else None, time_limit=None, comment=comment,
+        start=start if state == "running" else None, time_limit=None, comment=comment, priority=priority,
     )  # fmt: skip
 
 
@@ -330,6 +336,37 @@ def test_a_signal_that_fails_is_reported_and_the_request_decided_again_later(tmp
     assert [e["event"] for e in agent.poll()] == ["decision", "signal_failed"]
 
 
+@pytest.mark.parametrize(
+    ("request_priority", "prioritize", "can", "expected"),
+    [
+        (50.0, True, True, [("prioritize", "20", 100.0)]),  # a batch job ranked higher waits too
+        (150.0, True, True, []),  # the request is ranked first already
+        (50.0, False, True, []),  # --no-prioritize
+        (50.0, True, False, []),  # PBS Pro: the queue's priority decides
+    ],
+)
+def test_a_served_request_is_put_ahead_of_the_other_pending_jobs(
+    request_priority: float, prioritize: bool, can: bool, expected: list
+) -> None:
+    """Else the pending batch job "30" would take the CPU the victim frees, and the victim would
+    have lost its work for nothing. The held job "31" (say, an earlier victim) does not count."""
+    queue = Queue(
+        [
+            _job("10", NOW - 3000),
+            _job("20", NOW, state="pending", comment="rf-ondemand", priority=request_priority),
+            _job("30", NOW - 60, state="pending", priority=100.0),
+            replace(_job("31", NOW - 600, state="pending", priority=900.0), held=True),
+        ],
+        free=0,
+    )
+    queue.can_prioritize = can
+    events = Agent(queue, AgentConfig(prioritize=prioritize), clock=lambda: NOW).poll()
+    assert queue.done == [("signal", "10", "USR1"), *expected]
+    assert [e["event"] for e in events] == ["decision"] + ["prioritize"] * len(expected)
+    if expected:
+        assert events[-1]["above"] == 100.0 and events[-1]["job"] == "20"
+
+
 def test_the_agent_touches_only_batch_jobs_of_its_partitions_and_users() -> None:
     others = [
         _job("1", NOW - 10, queue="interactive"),  # another partition
@@ -399,6 +436,15 @@ def _state(job_id: str) -> str:
     return out.stdout.strip()
 
 
+def _started_at(job_id: str) -> float | None:
+    """When the job started (Unix time, whole seconds), None while it has not."""
+    out = subprocess.run(["squeue", "-h", "-t", "all", "-j", job_id, "-o", "%S"], capture_output=True, text=True)
+    text = out.stdout.strip()
+    if text in ("", "N/A") or _state(job_id) == "PENDING":
+        return None
+    return time.mktime(time.strptime(text, "%Y-%m-%dT%H:%M:%S"))
+
+
 def _until(what: str, predicate, timeout: float = 60.0):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -437,12 +483,18 @@ def test_on_slurm_the_agent_preempts_the_fresh_checkpoint_and_the_victim_resumes
         _until("both heartbeats published", lambda: all(b.exists() for b in beats))
         batch = SlurmBatch()
         _until("both comments set", lambda: all(j.comment for j in batch.jobs() if j.id in ids))
+        # a batch job waits too, ranked above the on-demand job (submitted first): the agent must
+        # put the request ahead of it, or the CPU the victim frees would go to this job
+        ids.append(_sbatch("-n1", "-J", "rf-agent-waiting", "-o", "/dev/null", "--wrap", "sleep 1"))
+        waiting = ids[-1]
         time.sleep(2.0)  # the stale job's one checkpoint ages
         ids.append(
             _sbatch("-n1", "-J", "rf-agent-ondemand", "--comment=rf-ondemand", "-o", "/dev/null", "--wrap", "sleep 1")
         )
         ondemand = ids[-1]
         _until("the on-demand job pending", lambda: _state(ondemand) == "PENDING")
+        ranks = {j.id: j.priority for j in batch.jobs()}
+        assert ranks[waiting] > ranks[ondemand]
 
         youngest = Agent(batch, AgentConfig(unit="cpus", policy="youngest", dry_run=True)).poll()
         log = tmp_path / "events.jsonl"
@@ -474,6 +526,8 @@ def test_on_slurm_the_agent_preempts_the_fresh_checkpoint_and_the_victim_resumes
 
         began = _until("the on-demand job running", started, timeout=40)
         assert began - decision["t"] <= agent.config.interval + agent.config.grace
+        # the freed CPU went to the request; the batch job ranked above it before waited for the next
+        assert _started_at(waiting) is None or _started_at(waiting) >= began
 
         def released() -> bool:
             agent.poll()
@@ -481,9 +535,10 @@ def test_on_slurm_the_agent_preempts_the_fresh_checkpoint_and_the_victim_resumes
 
         _until("the victim released", released, timeout=40)
         events = [json.loads(line)["event"] for line in log.read_text().splitlines()]
-        assert events[:1] == ["decision"] and "requeue" in events and events[-1] == "release"
+        assert events[:2] == ["decision", "prioritize"] and "requeue" in events and events[-1] == "release"
         _until("the victim finished", lambda: (fresh / "final.npy").exists(), timeout=90)
         np.testing.assert_array_equal(np.load(fresh / "final.npy"), train(steps))
+        assert _started_at(waiting) >= began
         starts = [line.split() for line in (fresh / "starts").read_text().splitlines()]
         assert len(starts) == 2 and starts[1][1] == "1" and int(starts[1][0]) >= 0  # resumed, not restarted
     finally:

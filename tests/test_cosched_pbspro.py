@@ -521,3 +521,11 @@ def test_a_job_that_is_not_rerunnable_keeps_running_without_the_hold(pbspro: Pat
     record = json.loads(text)["Jobs"][job_id]
     assert (record["job_state"], record["Hold_Types"], record["Rerunable"]) == ("R", "n", "False")
     assert runs(tmp_path) == 1
+
+
+def test_the_agent_does_not_rank_pbs_jobs_itself() -> None:
+    """PBS Pro's scheduler ranks pending jobs by its job_sort_key and the queues' priority."""
+    batch = PBSProBatch(run=lambda argv: pytest.fail(f"ran {argv}"))
+    assert not batch.can_prioritize
+    with pytest.raises(BatchCommandError, match="give the on-demand queue a higher priority"):
+        batch.prioritize("4101.polaris-pbs-01", above=100.0)

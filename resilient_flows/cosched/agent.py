@@ -60,6 +60,9 @@ class AgentConfig:
     ``partitions`` and ``users`` restrict the victims (empty: any batch job); on-demand jobs are
     never victims. ``grace`` is how long a signalled victim gets to checkpoint and exit before it
     is requeued anyway (which kills it). ``restart_cost`` stands in for jobs without a heartbeat.
+    ``prioritize`` puts a served request ahead of every other pending job, where the batch system
+    lets the agent (:attr:`~resilient_flows.cosched.batch.BatchSystem.can_prioritize`): else a
+    pending batch job ranked higher could take the nodes its victims free.
     """
 
     ondemand_partition: str | None = None
@@ -75,6 +78,7 @@ class AgentConfig:
     grace: float = 60.0
     restart_cost: float = 60.0
     unit: Unit = "nodes"
+    prioritize: bool = True
     dry_run: bool = False
 
     def __post_init__(self) -> None:
@@ -163,7 +167,7 @@ class Agent:
         # read once per poll, whatever the number of requests: a heartbeat is a file on a shared file system
         candidates = {job.id: running_job(job, now, c.restart_cost, c.unit) for job in jobs if self._victim(job)}
         for request in requests:
-            decided = self._decide(now, request, machine, candidates, free)
+            decided = self._decide(now, request, machine, candidates, free, jobs)
             events.extend(decided)
             if decided and request.id in self.served:  # what it takes of the free nodes is no one else's
                 free = max(0, free - request.size(self.config.unit))
@@ -194,7 +198,13 @@ class Agent:
         )
 
     def _decide(
-        self, now: float, request: BatchJob, machine: int, candidates: dict[str, RunningJob], free: int
+        self,
+        now: float,
+        request: BatchJob,
+        machine: int,
+        candidates: dict[str, RunningJob],
+        free: int,
+        jobs: list[BatchJob],
     ) -> list[dict[str, Any]]:
         """The decision for ``request``, logged, then what carrying it out logged."""
         c = self.config
@@ -249,6 +259,7 @@ class Agent:
             if decision.delay > 0:
                 self.sleep(decision.delay)  # e.g. until a victim's next checkpoint, due sooner than the next poll
             decided += self._preempt(now + decision.delay, request.id, decision)
+            decided += self._put_first(now + decision.delay, request, jobs)
         return decided
 
     def _preempt(self, now: float, request: str, decision: Decision) -> list[dict[str, Any]]:
@@ -266,6 +277,25 @@ class Agent:
                     events.append(self._log({"t": now, "event": "signal_failed", "job": victim, "error": str(exc)}))
                     continue
             self.preempting[victim] = _Preemption(request, now)
+        return events
+
+    def _put_first(self, now: float, request: BatchJob, jobs: list[BatchJob]) -> list[dict[str, Any]]:
+        """Rank ``request`` above every other pending job that could start, so that the nodes its
+        victims free go to it (its victims are held, so they are not among those)."""
+        if not (self.config.prioritize and self.batch.can_prioritize):
+            return []
+        ranks = [
+            job.priority
+            for job in jobs
+            if job.state == "pending" and not job.held and job.id != request.id and job.priority is not None
+        ]
+        if not ranks or (request.priority is not None and request.priority > max(ranks)):
+            return []
+        above = max(ranks)
+        events: list[dict[str, Any]] = []
+        self._act(
+            lambda: self.batch.prioritize(request.id, above=above), now, "prioritize", request.id, events, above=above
+        )
         return events
 
     # ------------------------------------------------------------------ carrying out
@@ -293,15 +323,21 @@ class Agent:
         return events
 
     def _act(
-        self, command: Callable[[], None], now: float, action: str, victim: str, events: list[dict[str, Any]]
+        self,
+        command: Callable[[], None],
+        now: float,
+        action: str,
+        job: str,
+        events: list[dict[str, Any]],
+        **detail: Any,
     ) -> bool:
         try:
             if not self.config.dry_run:
                 command()
         except BatchCommandError as exc:
-            events.append(self._log({"t": now, "event": f"{action}_failed", "job": victim, "error": str(exc)}))
+            events.append(self._log({"t": now, "event": f"{action}_failed", "job": job, **detail, "error": str(exc)}))
             return False
-        events.append(self._log({"t": now, "event": action, "job": victim, "dry_run": self.config.dry_run}))
+        events.append(self._log({"t": now, "event": action, "job": job, **detail, "dry_run": self.config.dry_run}))
         return True
 
     def _log(self, event: dict[str, Any]) -> dict[str, Any]:

@@ -50,6 +50,12 @@ def add_cosched_parser(subparsers: argparse._SubParsersAction) -> argparse.Argum
     acting.add_argument(
         "--grace", type=duration_argument, default=60.0, help="before a signalled victim is requeued anyway (60s)"
     )
+    acting.add_argument(
+        "--no-prioritize",
+        dest="prioritize",
+        action="store_false",
+        help="leave a served request's priority alone (default: Slurm puts it ahead of other pending jobs)",
+    )
     acting.add_argument("--dry-run", action="store_true", help="print the decisions; signal and requeue nothing")
     acting.add_argument("--log", type=Path, help="append every decision and action to this JSON-lines file")
     acting.add_argument("--polls", type=int, help=argparse.SUPPRESS)
@@ -82,6 +88,7 @@ def run_agent(args: argparse.Namespace) -> int:
         grace=args.grace,
         restart_cost=args.restart_cost,
         unit=args.unit,
+        prioritize=args.prioritize,
         dry_run=args.dry_run,
     )
     logging.basicConfig(stream=sys.stdout, level=logging.INFO, format="%(asctime)s %(message)s")

@@ -38,6 +38,8 @@ class BatchJob:
     ``state`` is ``"running"``, ``"pending"`` or ``"other"`` (finishing, finished, suspended:
     none the agent acts on). ``start`` and ``submitted`` are Unix times; ``time_limit`` is in
     seconds (None: unlimited). ``held`` is a pending job that will not start until released.
+    ``priority`` is the scheduler's: of two pending jobs that fit, the higher starts first (None
+    where the scheduler does not say).
     """
 
     id: str
@@ -52,6 +54,7 @@ class BatchJob:
     time_limit: float | None
     comment: str
     held: bool = False
+    priority: float | None = None
 
     def size(self, unit: Unit) -> int:
         return self.nodes if unit == "nodes" else self.cpus
@@ -73,6 +76,10 @@ class BatchSystem(Protocol):
     #: while it runs, and the scheduler's requeue is the signal: PBS sends SIGTERM, then SIGKILL
     #: after the queue's ``kill_delay``, and a member checkpoints on SIGTERM as on SIGUSR1.
     requeues_exited: bool
+    #: Whether :meth:`prioritize` can put a pending job ahead of the others (Slurm, for its
+    #: administrator). Where it cannot, the freed nodes reach the request only if the scheduler
+    #: ranks on-demand jobs first by itself (a higher partition or queue priority).
+    can_prioritize: bool
 
     def jobs(self) -> list[BatchJob]:
         """Running and pending jobs (one query: both lists must describe the same moment)."""
@@ -92,6 +99,11 @@ class BatchSystem(Protocol):
 
     def release(self, job_id: str) -> None:
         """Let a held job start again, as soon as the scheduler would start it."""
+        ...
+
+    def prioritize(self, job_id: str, *, above: float) -> None:
+        """Give a pending job a priority higher than ``above``, so that it starts before every job
+        ranked at or below that."""
         ...
 
 

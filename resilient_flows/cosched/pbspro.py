@@ -70,6 +70,9 @@ class PBSProBatch:
 
     name = "pbspro"
     requeues_exited = False
+    #: PBS Pro ranks pending jobs by its scheduler's ``job_sort_key`` and queue priorities, which a
+    #: job attribute does not override: sites give the on-demand queue a higher ``priority``.
+    can_prioritize = False
 
     def __init__(self, *, timeout: float = 30.0, run: Callable[[Sequence[str]], str] | None = None) -> None:
         self.timeout = timeout
@@ -101,6 +104,12 @@ class PBSProBatch:
 
     def release(self, job_id: str) -> None:
         self._run(["qrls", _job(job_id)])
+
+    def prioritize(self, job_id: str, *, above: float) -> None:
+        raise BatchCommandError(
+            f"PBS Pro: {job_id} cannot be put ahead of other jobs by the agent; give the on-demand queue a "
+            "higher priority (can_prioritize is False)"
+        )
 
     def _held(self, job_id: str) -> bool:
         """Whether the job waits in the queue under a hold (PBS may have requeued it itself)."""

@@ -9,12 +9,15 @@ Acting uses only what a user may do to their own jobs (and an operator to anyone
 ``scancel --signal=SIG --full`` (the batch script too, so that a member's launcher sees the
 signal), ``scontrol requeuehold``/``requeue``, and ``scontrol release`` followed by
 ``scontrol update StartTime=now``, because a requeued job is otherwise kept ineligible for a
-couple of minutes.
+couple of minutes. Putting an on-demand job ahead of the other pending jobs, so that the nodes a
+preemption frees go to it, is ``scontrol update Priority=``, which only Slurm's administrator
+(or root) may raise.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections.abc import Callable, Sequence
 from datetime import datetime
@@ -25,7 +28,7 @@ from resilient_flows.cosched.batch import BatchCommandError, BatchJob, Unit, run
 __all__ = ["SlurmBatch", "parse_sinfo_json", "parse_squeue_json", "parse_squeue_text"]
 
 #: ``squeue -o`` fields, in order, for Slurms without ``--json``.
-TEXT_FORMAT = "%i|%j|%u|%P|%T|%D|%C|%V|%S|%l|%r|%k"
+TEXT_FORMAT = "%i|%j|%u|%P|%T|%D|%C|%V|%S|%l|%r|%Q|%k"
 _RUNNING = {"RUNNING"}
 _PENDING = {"PENDING"}
 
@@ -40,6 +43,7 @@ class SlurmBatch:
 
     name = "slurm"
     requeues_exited = True
+    can_prioritize = True
 
     def __init__(
         self,
@@ -77,6 +81,9 @@ class SlurmBatch:
     def release(self, job_id: str) -> None:
         self._run(["scontrol", "release", _job(job_id)])
         self._run(["scontrol", "update", f"JobId={_job(job_id)}", "StartTime=now"])
+
+    def prioritize(self, job_id: str, *, above: float) -> None:
+        self._run(["scontrol", "update", f"JobId={_job(job_id)}", f"Priority={math.floor(above) + 1}"])
 
 
 def _job(job_id: str) -> str:
@@ -120,6 +127,7 @@ def _from_json(r: dict[str, Any]) -> BatchJob:
         time_limit=None if limit is None else 60.0 * limit,
         comment=str(r.get("comment") or ""),
         held=state == "pending" and _held(str(r.get("state_reason", "")), _number(r.get("priority"))),
+        priority=_number(r.get("priority")),
     )
 
 
@@ -159,10 +167,10 @@ def parse_squeue_text(text: str) -> list[BatchJob]:
     for line in text.splitlines():
         if not line.strip():
             continue
-        fields = line.split("|", 11)
-        if len(fields) != 12:
+        fields = line.split("|", 12)
+        if len(fields) != 13:
             raise BatchCommandError(f"squeue -o: a line the agent cannot read: {line!r}")
-        job_id, name, user, queue, state, nodes, cpus, submitted, start, limit, reason, comment = fields
+        job_id, name, user, queue, state, nodes, cpus, submitted, start, limit, reason, priority, comment = fields
         kind = _state(state)
         out.append(
             BatchJob(
@@ -177,7 +185,8 @@ def parse_squeue_text(text: str) -> list[BatchJob]:
                 start=_timestamp(start) if kind == "running" else None,
                 time_limit=_limit(limit),
                 comment="" if comment == "(null)" else comment,
-                held=kind == "pending" and _held(reason, None),
+                held=kind == "pending" and _held(reason, float(priority)),
+                priority=float(priority),
             )
         )
     return out
