@@ -20,7 +20,9 @@ preempts. The jobs run with ``--no-signal-checkpoint``, as jobs whose state cann
 within the grace time: the victim loses the steps since its newest checkpoint, and redoes them
 after its requeue. Reported per policy: the victim, the work it lost (steps redone x step time,
 measured from its own log) against what the policy's model expected, and the on-demand job's
-latency from its submission to its start.
+latency from its submission to its start. Then ``dp`` twice more with a batch job of ``--waiting``
+seconds pending too, ranked above the request (submitted before it): the agent puts the request
+first (its default), then not (``--no-prioritize``), when the freed CPU goes to that batch job.
 
 ``python benchmarks/cosched_agent_bench.py [--quick | --full] [--cluster] [--json PATH]``:
 ``--quick`` 1,000 jobs, 15 polls; default 1,000 and 10,000 jobs, 31 polls; ``--full`` adds
@@ -120,8 +122,11 @@ def parse_ms(squeue: str, polls: int) -> float:
 STEP_S = 0.1
 
 
-def cluster_run(policy: str, directory: Path, age_s: float) -> dict[str, float | str]:
-    """One real preemption on the Slurm cluster; what it cost."""
+def cluster_run(
+    policy: str, directory: Path, age_s: float, *, waiting_s: float = 0.0, prioritize: bool = True
+) -> dict[str, float | str]:
+    """One real preemption on the Slurm cluster; what it cost. With ``waiting_s``, a batch job of
+    that length waits too, ranked above the on-demand job (submitted before it)."""
     import subprocess
 
     from resilient_flows.checkpoint.heartbeat import read_heartbeat
@@ -159,12 +164,15 @@ def cluster_run(policy: str, directory: Path, age_s: float) -> dict[str, float |
         ids["stale"] = member("stale", 100_000)
         until("heartbeats", lambda: all(b.exists() for b in beats.values()))
         until("comments", lambda: all(j.comment for j in batch.jobs() if j.id in ids.values()))
+        if waiting_s:
+            wrap = f"sleep {waiting_s:g}"
+            ids["waiting"] = sbatch("-n1", "-J", "rf-bench-waiting", "-o", "/dev/null", "--wrap", wrap)
         time.sleep(age_s)
         submitted = time.time()
         ids["ondemand"] = sbatch(
             "-n1", "-J", "rf-bench-ondemand", "--comment=rf-ondemand", "-o", "/dev/null", "--wrap", "sleep 5"
         )
-        agent = Agent(batch, AgentConfig(policy=policy, unit="cpus", interval=0.5, grace=20))
+        agent = Agent(batch, AgentConfig(policy=policy, unit="cpus", interval=0.5, grace=20, prioritize=prioritize))
         decision = until("a decision", lambda: [e for e in agent.poll() if e["event"] == "decision"])[0]
         victim = next(name for name, job_id in ids.items() if [job_id] == decision["decision"]["preempt"])
         expected = next(r for r in decision["inputs"]["running"] if r["id"] == ids[victim])
@@ -174,7 +182,7 @@ def cluster_run(policy: str, directory: Path, age_s: float) -> dict[str, float |
             job = next((j for j in batch.jobs() if j.id == ids["ondemand"]), None)
             return job.start if job is not None and job.state == "running" else None
 
-        began = until("the on-demand job running", started)
+        began = until("the on-demand job running", started, timeout=120 + waiting_s)
         until("the victim released", lambda: (agent.poll(), not agent.preempting)[1])
         until("the victim finished", lambda: (directory / victim / "final.npy").exists(), timeout=180)
         stopped = int((directory / victim / "stops").read_text().split()[0])
@@ -198,6 +206,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, help="write every figure printed, with units, to this file")
     parser.add_argument("--cluster", action="store_true", help="also preempt for real on the Slurm cluster")
     parser.add_argument("--age", type=float, default=8.0, help="--cluster: seconds the stale job's checkpoint ages")
+    parser.add_argument(
+        "--waiting", type=float, default=10.0, help="--cluster: seconds of the batch job ranked above the request"
+    )
     args = parser.parse_args(argv)
     scales = [1000] if args.quick else [1000, 10_000, 50_000] if args.full else [1000, 10_000]
     polls = 15 if args.quick else 31
@@ -225,6 +236,16 @@ def main(argv: list[str] | None = None) -> int:
             ):
                 figures[f"cluster_{policy}_{key}"] = float(run[key])
                 labels[f"cluster_{policy}_{key}"] = (f"cluster, {policy} ({run['victim']})", "s", label)
+        for name, prioritize in (("prioritized", True), ("unprioritized", False)):
+            with tempfile.TemporaryDirectory(prefix="agent-cluster-", dir=Path.cwd()) as tmp:
+                run = cluster_run("dp", Path(tmp), args.age, waiting_s=args.waiting, prioritize=prioritize)
+            section = f"cluster, dp, a {args.waiting:g} s batch job ranked above the request"
+            figures[f"cluster_{name}_latency_s"] = float(run["latency_s"])
+            labels[f"cluster_{name}_latency_s"] = (
+                section,
+                "s",
+                f"on-demand latency, {'request put first' if prioritize else '--no-prioritize'}",
+            )
     figures["target_ms"] = TARGET_MS
     labels["target_ms"] = ("target", "ms", "a dp poll at 1,000 jobs")
     checks = judge(
@@ -239,6 +260,14 @@ def main(argv: list[str] | None = None) -> int:
                 "cluster_dp_lost_s",
                 "<=",
                 "cluster_youngest_lost_s",
+                None,
+            ),
+            (
+                "cluster_prioritized",
+                "cluster: latency behind a batch job ranked higher, put first / not",
+                "cluster_prioritized_latency_s",
+                "<=",
+                "cluster_unprioritized_latency_s",
                 None,
             ),
             (
