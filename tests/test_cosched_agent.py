@@ -4,6 +4,7 @@ on the real one-node Slurm cluster of ``.ci/slurm-up`` (CPUs stand in for nodes 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import time
@@ -160,6 +161,13 @@ def test_squeue_text_is_read_where_json_is_unavailable() -> None:
     batch = SlurmBatch(run=old_slurm)
     assert len(batch.jobs()) == 3 and len(batch.jobs()) == 3
     assert calls == [["squeue", "--json"], ["squeue", "-h"], ["squeue", "-h"]]  # JSON tried once only
+    for line, problem in [
+        ("6|c|root|debug|PENDING|1|1", "7 fields instead of 13"),
+        ("6|c|root|debug|PENDING|one|1|N/A|N/A|UNLIMITED|Resources|10|(null)", "invalid literal for int"),
+        ("6|c|root|debug|PENDING|1|1|N/A|N/A|UNLIMITED|Resources|high|(null)", "could not convert string to float"),
+    ]:
+        with pytest.raises(BatchCommandError, match=re.escape(f"squeue -o: a line the agent cannot read ({problem}")):
+            parse_squeue_text(line)
 
 
 def test_sinfo_gives_free_nodes_or_cpus() -> None:

@@ -167,29 +167,34 @@ def parse_squeue_text(text: str) -> list[BatchJob]:
     for line in text.splitlines():
         if not line.strip():
             continue
-        fields = line.split("|", 12)
-        if len(fields) != 13:
-            raise BatchCommandError(f"squeue -o: a line the agent cannot read: {line!r}")
-        job_id, name, user, queue, state, nodes, cpus, submitted, start, limit, reason, priority, comment = fields
-        kind = _state(state)
-        out.append(
-            BatchJob(
-                id=job_id,
-                name=name,
-                user=user,
-                queue=queue,
-                state=kind,
-                nodes=int(nodes),
-                cpus=int(cpus),
-                submitted=_timestamp(submitted) or 0.0,
-                start=_timestamp(start) if kind == "running" else None,
-                time_limit=_limit(limit),
-                comment="" if comment == "(null)" else comment,
-                held=kind == "pending" and _held(reason, float(priority)),
-                priority=float(priority),
-            )
-        )
+        try:
+            out.append(_from_text(line))
+        except ValueError as exc:
+            raise BatchCommandError(f"squeue -o: a line the agent cannot read ({exc}): {line!r}") from exc
     return out
+
+
+def _from_text(line: str) -> BatchJob:
+    fields = line.split("|", 12)
+    if len(fields) != 13:
+        raise ValueError(f"{len(fields)} fields instead of 13")
+    job_id, name, user, queue, state, nodes, cpus, submitted, start, limit, reason, priority, comment = fields
+    kind = _state(state)
+    return BatchJob(
+        id=job_id,
+        name=name,
+        user=user,
+        queue=queue,
+        state=kind,
+        nodes=int(nodes),
+        cpus=int(cpus),
+        submitted=_timestamp(submitted) or 0.0,
+        start=_timestamp(start) if kind == "running" else None,
+        time_limit=_limit(limit),
+        comment="" if comment == "(null)" else comment,
+        held=kind == "pending" and _held(reason, float(priority)),
+        priority=float(priority),
+    )
 
 
 def _timestamp(text: str) -> float | None:
