@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -16,13 +17,37 @@ sys.path.insert(0, str(Path(__file__).parent))
 REPO = Path(__file__).resolve().parents[1]
 
 
+def on_slurm(nodeid: str) -> bool:
+    """Whether a test runs jobs on the Slurm cluster, from its id alone (the xdist controller
+    schedules by id and never sees markers): ``test_slurm.py``, or "slurm" in the test's name."""
+    path, _, name = nodeid.partition("::")
+    return path.endswith("test_slurm.py") or "slurm" in name.partition("[")[0].lower()
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Under ``pytest -n 2 --dist loadgroup`` the Slurm tests run one after another on one worker:
-    they fill the one-node cluster's CPUs and find their pilot jobs by name. Their minutes of
-    waiting on the scheduler then overlap the other tests, which go to whichever worker is free."""
+    """A test marked ``slurm`` that :func:`on_slurm` missed would run beside another Slurm test
+    (one that it names but that needs no cluster only runs in the Slurm tests' turn)."""
     for item in items:
-        if item.get_closest_marker("slurm"):
-            item.add_marker(pytest.mark.xdist_group("slurm"))
+        if item.get_closest_marker("slurm") and not on_slurm(item.nodeid):
+            raise pytest.UsageError(
+                f"{item.nodeid}: a test marked slurm must be in test_slurm.py or have 'slurm' in its name"
+            )
+
+
+@pytest.hookimpl(tryfirst=True, optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """Under ``pytest -n 2`` the Slurm tests run one after another on one worker: they fill the
+    one-node cluster's CPUs and find their pilot jobs by name. Their minutes of waiting on the
+    scheduler overlap the other tests, each of which goes to whichever worker is free. (xdist's
+    ``--dist loadgroup`` would do this from a marker, but it renames test ids, which pytest 9 no
+    longer lets a plugin do.)"""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class SlurmTestsTogether(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return "slurm" if on_slurm(nodeid) else nodeid
+
+    return SlurmTestsTogether(config, log)
 
 
 @pytest.fixture

@@ -342,18 +342,23 @@ def test_command_members_finish_resume_bitwise_and_cost_what_their_exit_says(tmp
         return sum(1 for e in events if e["member"] == name and e["kind"] == "started")
 
     assert (failures("ok"), attempts("ok")) == ([], 1)
-    assert (failures("killed"), attempts("killed")) == ([("lost after progress", 0.0)], 2)
+    # the script killed after step 25 lost nothing if a checkpoint of its had committed by then
+    # (19, or 9 if 19 was still being written; on a loaded machine even 9 may still be in flight)
+    (killed,) = [e for e in events if e["member"] == "killed" and e["kind"] == "failed"]
+    progress = killed["checkpoint"] is not None
+    expected = ("lost after progress", 0.0) if progress else ("lost without progress", 1.0)
+    assert (failures("killed"), attempts("killed")) == ([expected], 2)
     assert (failures("stopped"), attempts("stopped")) == ([("preempted", 0.0)], 2)
     assert (failures("exit1"), attempts("exit1")) == ([("error", 1.0)], 2)
     assert (failures("exit75"), attempts("exit75")) == ([("preempted", 0.0)], 2)
     assert (failures("lost"), attempts("lost")) == ([("lost without progress", 1.0)], 2)
     assert (failures("broken"), attempts("broken")) == ([("error", 1.0), ("error", 1.0)], 2)
 
-    # the script killed after step 25 resumed from its newest committed checkpoint (19, or 9 if 19
-    # was still being written), the preempted one from the step it stopped at
-    (killed,) = [e for e in events if e["member"] == "killed" and e["kind"] == "failed"]
+    # the killed script resumed from its newest committed checkpoint, the preempted one from the
+    # step it stopped at
     assert killed["error"].startswith("CommandKilled: command of member killed was killed by SIGKILL")
-    assert [e["step"] for e in events if e["member"] == "killed" and e["kind"] == "resumed"] == [killed["checkpoint"]]
+    resumed = [e["step"] for e in events if e["member"] == "killed" and e["kind"] == "resumed"]
+    assert resumed == ([killed["checkpoint"]] if progress else [])
     assert [e["step"] for e in events if e["member"] == "stopped" and e["kind"] == "preempted"] == [15]
     assert [e["step"] for e in events if e["member"] == "stopped" and e["kind"] == "resumed"] == [15]
 
