@@ -124,10 +124,12 @@ def test_every_attempt_a_fault_ended_is_charged_to_it_even_one_started_after_it(
     assert found[("d", 1)].detect_s == pytest.approx(3.1)  # from the kill, not from its start
 
 
+@pytest.mark.alone
 def test_an_ensemble_survives_every_kind_of_fault_on_emulated_nodes(tmp_path: Path) -> None:
     survive_chaos(tmp_path, "local-nodes", chaos.NODES_KINDS)
 
 
+@pytest.mark.alone
 @pytest.mark.slurm
 def test_an_ensemble_survives_every_kind_of_fault_on_a_slurm_cluster(tmp_path: Path) -> None:
     require_slurm()
