@@ -21,7 +21,13 @@ from resilient_flows.cli import main as cli_main
 from resilient_flows.cosched import OnDemandRequest, RunningJob, decide, decision_cost
 from resilient_flows.cosched.agent import Agent, AgentConfig, running_job
 from resilient_flows.cosched.batch import BatchCommandError, BatchJob
-from resilient_flows.cosched.slurm import SlurmBatch, parse_sinfo_json, parse_squeue_json, parse_squeue_text
+from resilient_flows.cosched.slurm import (
+    SlurmBatch,
+    _timestamp,
+    parse_sinfo_json,
+    parse_squeue_json,
+    parse_squeue_text,
+)
 from resilient_flows.errors import InvalidJobError
 from resilient_flows.examples.preemptible import train
 
@@ -446,11 +452,9 @@ def _state(job_id: str) -> str:
 
 def _started_at(job_id: str) -> float | None:
     """When the job started (Unix time, whole seconds), None while it has not."""
-    out = subprocess.run(["squeue", "-h", "-t", "all", "-j", job_id, "-o", "%S"], capture_output=True, text=True)
-    text = out.stdout.strip()
-    if text in ("", "N/A") or _state(job_id) == "PENDING":
-        return None
-    return time.mktime(time.strptime(text, "%Y-%m-%dT%H:%M:%S"))
+    out = subprocess.run(["squeue", "-h", "-t", "all", "-j", job_id, "-o", "%T|%S"], capture_output=True, text=True)
+    state, _, start = out.stdout.strip().partition("|")
+    return None if state == "PENDING" else _timestamp(start)
 
 
 def _until(what: str, predicate, timeout: float = 60.0):
@@ -535,7 +539,8 @@ def test_on_slurm_the_agent_preempts_the_fresh_checkpoint_and_the_victim_resumes
         began = _until("the on-demand job running", started, timeout=40)
         assert began - decision["t"] <= agent.config.interval + agent.config.grace
         # the freed CPU went to the request; the batch job ranked above it before waited for the next
-        assert _started_at(waiting) is None or _started_at(waiting) >= began
+        waiting_began = _started_at(waiting)
+        assert waiting_began is None or waiting_began >= began
 
         def released() -> bool:
             agent.poll()

@@ -114,6 +114,7 @@ def _from_json(r: dict[str, Any]) -> BatchJob:
     state = _state(_scalar(r["job_state"]))
     limit = _number(r.get("time_limit"))  # minutes; None or a missing number: unlimited
     start = _number(r.get("start_time"))
+    priority = _number(r.get("priority"))
     return BatchJob(
         id=str(r["job_id"]),
         name=str(r.get("name", "")),
@@ -126,8 +127,8 @@ def _from_json(r: dict[str, Any]) -> BatchJob:
         start=start if state == "running" and start else None,
         time_limit=None if limit is None else 60.0 * limit,
         comment=str(r.get("comment") or ""),
-        held=state == "pending" and _held(str(r.get("state_reason", "")), _number(r.get("priority"))),
-        priority=_number(r.get("priority")),
+        held=state == "pending" and _held(str(r.get("state_reason", "")), priority),
+        priority=priority,
     )
 
 
@@ -178,8 +179,9 @@ def _from_text(line: str) -> BatchJob:
     fields = line.split("|", 12)
     if len(fields) != 13:
         raise ValueError(f"{len(fields)} fields instead of 13")
-    job_id, name, user, queue, state, nodes, cpus, submitted, start, limit, reason, priority, comment = fields
+    job_id, name, user, queue, state, nodes, cpus, submitted, start, limit, reason, rank, comment = fields
     kind = _state(state)
+    priority = float(rank)
     return BatchJob(
         id=job_id,
         name=name,
@@ -192,8 +194,8 @@ def _from_text(line: str) -> BatchJob:
         start=_timestamp(start) if kind == "running" else None,
         time_limit=_limit(limit),
         comment="" if comment == "(null)" else comment,
-        held=kind == "pending" and _held(reason, float(priority)),
-        priority=float(priority),
+        held=kind == "pending" and _held(reason, priority),
+        priority=priority,
     )
 
 
