@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -67,6 +68,7 @@ def machine(jobs: int, directory: Path, seed: int = 0) -> tuple[str, str]:
             job_id=100_000 + i,
             name=f"train-{i}",
             user_name=f"user{i % 40}",
+            user_id=os.getuid(),  # the owner of the heartbeats written here, or the agent believes none
             node_count=int(rng.choice([1, 2, 4, 8, 16, 32, 64, 128])),
             start_time=int(start),
             submit_time=int(start - rng.uniform(0, 3600)),
@@ -99,10 +101,11 @@ def machine(jobs: int, directory: Path, seed: int = 0) -> tuple[str, str]:
 def timed_polls(squeue: str, sinfo: str, policy: str, polls: int) -> tuple[float, int]:
     """Median milliseconds of a poll, and how many decisions a poll made."""
     batch = SlurmBatch(run=lambda argv: squeue if argv[0] == "squeue" else sinfo)
-    config = AgentConfig(policy=policy, dry_run=True, max_delay=1800)
+    agent = Agent(batch, AgentConfig(policy=policy, dry_run=True, max_delay=1800))
     times, decisions = [], 0
     for _ in range(polls):
-        agent = Agent(batch, config)  # a fresh agent: every request is decided again
+        agent.served.clear()  # every request is decided again
+        agent.preempting.clear()
         began = time.perf_counter()
         events = agent.poll()
         times.append(1000 * (time.perf_counter() - began))

@@ -4,9 +4,13 @@ on the real one-node Slurm cluster of ``.ci/slurm-up`` (CPUs stand in for nodes 
 from __future__ import annotations
 
 import json
+import os
+import pwd
 import re
+import shutil
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -19,8 +23,8 @@ from resilient_flows.checkpoint import Checkpointer
 from resilient_flows.checkpoint.heartbeat import FILENAME, CheckpointHeartbeat, HeartbeatWriter, read_heartbeat
 from resilient_flows.cli import main as cli_main
 from resilient_flows.cosched import OnDemandRequest, RunningJob, decide, decision_cost
-from resilient_flows.cosched.agent import Agent, AgentConfig, running_job
-from resilient_flows.cosched.batch import BatchCommandError, BatchJob
+from resilient_flows.cosched.agent import Agent, AgentConfig, AgentStateError, is_marked, running_job
+from resilient_flows.cosched.batch import BatchCommandError, BatchJob, clean
 from resilient_flows.cosched.slurm import (
     SlurmBatch,
     _timestamp,
@@ -95,8 +99,8 @@ SQUEUE_22_05 = {
         {"job_id": 4, "name": "a", "user_name": "ann", "partition": "batch", "job_state": "RUNNING", "node_count": 2,
          "cpus": 64, "start_time": 1796396658, "submit_time": 1796396600, "time_limit": 10, "comment": "",
          "priority": 4294901754, "state_reason": "None"},
-        {"job_id": 5, "name": "b", "user_name": "bob", "partition": "batch", "job_state": "RUNNING", "node_count": 1,
-         "cpus": 32, "start_time": 1796396658, "submit_time": 1796396658, "time_limit": None,
+        {"job_id": 5, "name": "b", "user_name": "bob", "user_id": 1002, "partition": "batch", "job_state": "RUNNING",
+         "node_count": 1, "cpus": 32, "start_time": 1796396658, "submit_time": 1796396658, "time_limit": None,
          "comment": "rf-heartbeat:/lus/run/b/checkpoint-heartbeat.json", "priority": 4294901753,
          "state_reason": "None"},
         {"job_id": 6, "name": "c", "user_name": "cy", "partition": "batch", "job_state": "PENDING", "node_count": 1,
@@ -139,7 +143,8 @@ def test_squeue_json_gives_running_and_pending_jobs(newer: bool) -> None:
         600.0,
     )
     assert a.expected_end == 1796396658.0 + 600 and jobs["5"].time_limit is None
-    assert jobs["5"].comment.startswith("rf-heartbeat:")
+    assert jobs["5"].heartbeat == "/lus/run/b/checkpoint-heartbeat.json" and jobs["4"].heartbeat == ""
+    assert (jobs["5"].uid, jobs["4"].uid) == (1002, None)  # user_id where squeue gives it, else the name is looked up
     assert jobs["6"].state == "pending" and not jobs["6"].held and jobs["6"].start is None
     assert jobs["6"].priority == 4294901752 and jobs["7"].priority == 0
     assert jobs["7"].held
@@ -147,14 +152,17 @@ def test_squeue_json_gives_running_and_pending_jobs(newer: bool) -> None:
 
 def test_squeue_text_is_read_where_json_is_unavailable() -> None:
     text = (
-        "6|c|root|debug|PENDING|1|1|2026-12-04T15:04:18|N/A|UNLIMITED|Resources|4294901755|rf-ondemand\n"
-        "7|d|root|debug|PENDING|1|1|2026-12-04T15:04:18|N/A|UNLIMITED|JobHeldUser|0|(null)\n"
-        "4|a|root|debug|RUNNING|2|8|2026-12-04T15:04:18|2026-12-04T15:04:18|1-02:03:04|None|4294901757|(null)\n"
+        "6|c|root|0|debug|PENDING|1|1|2026-12-04T15:04:18|N/A|UNLIMITED|Resources|4294901755|rf-ondemand\n"
+        "7|d|root|0|debug|PENDING|1|1|2026-12-04T15:04:18|N/A|UNLIMITED|JobHeldUser|0|(null)\n"
+        "4|a|ann|1001|debug|RUNNING|2|8|2026-12-04T15:04:18|2026-12-04T15:04:18|1-02:03:04|None|4294901757|"
+        "rf-heartbeat:/lus/a|b/checkpoint-heartbeat.json\n"
     )
     jobs = {job.id: job for job in parse_squeue_text(text)}
     assert jobs["4"].time_limit == ((24 + 2) * 60 + 3) * 60 + 4 and jobs["4"].cpus == 8
+    assert (jobs["4"].user, jobs["4"].uid, jobs["4"].heartbeat) == ("ann", 1001, "/lus/a|b/checkpoint-heartbeat.json")
     assert jobs["6"].priority == 4294901755 and jobs["7"].priority == 0
     assert jobs["7"].held and jobs["7"].comment == "" and jobs["6"].comment == "rf-ondemand"
+    assert jobs["6"].heartbeat == "" and jobs["6"].uid == 0
 
     calls = []
 
@@ -168,9 +176,9 @@ def test_squeue_text_is_read_where_json_is_unavailable() -> None:
     assert len(batch.jobs()) == 3 and len(batch.jobs()) == 3
     assert calls == [["squeue", "--json"], ["squeue", "-h"], ["squeue", "-h"]]  # JSON tried once only
     for line, problem in [
-        ("6|c|root|debug|PENDING|1|1", "7 fields instead of 13"),
-        ("6|c|root|debug|PENDING|one|1|N/A|N/A|UNLIMITED|Resources|10|(null)", "invalid literal for int"),
-        ("6|c|root|debug|PENDING|1|1|N/A|N/A|UNLIMITED|Resources|high|(null)", "could not convert string to float"),
+        ("6|c|root|0|debug|PENDING|1|1", "8 fields instead of 14"),
+        ("6|c|root|0|debug|PENDING|one|1|N/A|N/A|UNLIMITED|Resources|10|(null)", "invalid literal for int"),
+        ("6|c|root|0|debug|PENDING|1|1|N/A|N/A|UNLIMITED|Resources|high|(null)", "could not convert string to float"),
     ]:
         with pytest.raises(BatchCommandError, match=re.escape(f"squeue -o: a line the agent cannot read ({problem}")):
             parse_squeue_text(line)
@@ -235,25 +243,29 @@ class Queue:
 
 
 def _job(id: str, start: float, *, state: str = "running", comment: str = "", user: str = "ann", queue: str = "batch",
-         nodes: int = 1, priority: float | None = None) -> BatchJob:  # fmt: skip
+         nodes: int = 1, priority: float | None = None, heartbeat: str = "",
+         uid: int | None = os.getuid()) -> BatchJob:  # fmt: skip
+    """A job of ``ann``, whom the scheduler knows as this test's uid: the heartbeats it writes are hers."""
     return BatchJob(
         id=id, name=id, user=user, queue=queue, state=state, nodes=nodes, cpus=nodes, submitted=start,
         start=start if state == "running" else None, time_limit=None, comment=comment, priority=priority,
+        heartbeat=heartbeat, uid=uid,
     )  # fmt: skip
 
 
-def _beat(tmp_path: Path, name: str, committed: float, restore: float = 5.0) -> str:
+def _beat(tmp_path: Path, name: str, committed: float, restore: float = 5.0, period: float = 600.0) -> str:
+    """The path of a heartbeat written as the Checkpointer writes one."""
     path = tmp_path / f"{name}.json"
     beat = CheckpointHeartbeat(
-        step=9, committed=committed, period=600.0, restore=restore, written=committed, host="n", pid=1
+        step=9, committed=committed, period=period, restore=restore, written=committed, host="n", pid=1
     )
     path.write_text(json.dumps(beat.__dict__))
-    return f"rf-heartbeat:{path}"
+    return str(path)
 
 
 def test_the_agent_preempts_the_job_that_checkpointed_last_and_logs_a_replayable_decision(tmp_path: Path) -> None:
-    fresh = _job("10", NOW - 3000, comment=_beat(tmp_path, "fresh", NOW - 20))
-    stale = _job("11", NOW - 1000, comment=_beat(tmp_path, "stale", NOW - 900))
+    fresh = _job("10", NOW - 3000, heartbeat=_beat(tmp_path, "fresh", NOW - 20))
+    stale = _job("11", NOW - 1000, heartbeat=_beat(tmp_path, "stale", NOW - 900))
     silent = _job("12", NOW - 500)  # no heartbeat: everything since its start is at stake
     request = _job("20", NOW - 5, state="pending", comment="rf-ondemand")
     queue = Queue([fresh, stale, silent, request], free=0)
@@ -279,8 +291,8 @@ def test_the_agent_preempts_the_job_that_checkpointed_last_and_logs_a_replayable
 def test_a_preemption_due_before_the_next_poll_waits_for_the_victims_checkpoint(tmp_path: Path) -> None:
     # the victim checkpoints every 10 s, the last 9.5 s ago: preempting at its next checkpoint,
     # in 0.5 s, loses nothing; the next poll (5 s) would come too late, so the agent waits for it
-    steady = _job("10", NOW - 3000, comment=_beat(tmp_path, "steady", NOW - 9.5, restore=1.0))
-    path = Path(steady.comment.removeprefix("rf-heartbeat:"))
+    steady = _job("10", NOW - 3000, heartbeat=_beat(tmp_path, "steady", NOW - 9.5, restore=1.0))
+    path = Path(steady.heartbeat)
     path.write_text(path.read_text().replace('"period": 600.0', '"period": 10.0'))
     waits: list[float] = []
     queue = Queue([steady, _job("20", NOW, state="pending", comment="rf-ondemand")], free=0)
@@ -291,7 +303,7 @@ def test_a_preemption_due_before_the_next_poll_waits_for_the_victims_checkpoint(
 
 def test_a_victim_is_requeued_held_and_released_once_the_request_runs(tmp_path: Path) -> None:
     clock = [NOW]
-    fresh = _job("10", NOW - 3000, comment=_beat(tmp_path, "fresh", NOW - 20))
+    fresh = _job("10", NOW - 3000, heartbeat=_beat(tmp_path, "fresh", NOW - 20))
     request = _job("20", NOW - 5, state="pending", comment="rf-ondemand")
     queue = Queue([fresh, request], free=0)
     agent = Agent(queue, AgentConfig(grace=30, interval=1), clock=lambda: clock[0])
@@ -418,13 +430,18 @@ def test_a_failing_scheduler_makes_the_agent_back_off_and_say_so() -> None:
 
 
 def test_a_job_without_heartbeat_counts_as_unchecked_since_its_start(tmp_path: Path) -> None:
-    job = running_job(_job("1", NOW - 100), NOW, 60.0, "nodes")
+    config = AgentConfig()
+    job = running_job(_job("1", NOW - 100), NOW, config)
     assert job.last_checkpoint is None and job.lost_at(NOW) == 100 + 60
     broken = tmp_path / "broken.json"
     broken.write_text("{")
-    unreadable = running_job(_job("2", NOW - 100, comment=f"rf-heartbeat:{broken}"), NOW, 60.0, "nodes")
-    assert unreadable.last_checkpoint is None
-    older = running_job(_job("3", NOW - 100, comment=_beat(tmp_path, "old", NOW - 500)), NOW, 60.0, "nodes")
+    queue = Queue(
+        [_job("2", NOW - 100, heartbeat=str(broken)), _job("20", NOW, state="pending", comment="rf-ondemand")], 0
+    )
+    (event,) = Agent(queue, config, clock=lambda: NOW).poll()
+    assert event["inputs"]["running"][0]["last_checkpoint"] is None
+    beat = read_heartbeat(_beat(tmp_path, "old", NOW - 500))
+    older = running_job(_job("3", NOW - 100), NOW, config, beat)
     assert older.last_checkpoint == NOW - 100  # committed before this run of the job began: its start
 
 
@@ -558,8 +575,393 @@ def test_on_slurm_the_agent_preempts_the_fresh_checkpoint_and_the_victim_resumes
         cancel(ids)
 
 
+@pytest.mark.slow
+@pytest.mark.slurm
+def test_on_slurm_an_agent_killed_after_requeuehold_releases_its_victim_once_restarted(tmp_path: Path) -> None:
+    """The agent (the real command) signals a victim, which exits 75, and requeueholds it; it is
+    SIGKILLed before the release. Restarted once the request runs, it releases the victim within
+    two polls."""
+    require_slurm()
+    loop = "trap 'exit 75' USR1; while true; do sleep 0.2; done"
+    ids = [_sbatch("-n1", "--requeue", "-J", f"rf-agent-kill-{n}", "-o", "/dev/null", "--wrap", loop) for n in "ab"]
+    try:
+        _until("both batch jobs running", lambda: all(_state(i) == "RUNNING" for i in ids))
+        ids.append(_sbatch("-n1", "-J", "rf-agent-kill-req", "--comment=rf-ondemand", "-o", "/dev/null",
+                           "--wrap", "sleep 3"))  # fmt: skip
+        log = tmp_path / "events.jsonl"
+        command = [str(Path(sys.executable).with_name("resilient-flows")), "cosched", "agent", "--unit", "cpus",
+                   "--interval", "0.5", "--grace", "20", "--log", str(log)]  # fmt: skip
+
+        def events() -> list[dict]:
+            return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+
+        with open(tmp_path / "agent.out", "ab") as out:
+            first = subprocess.Popen(command, stdout=out, stderr=out)
+            try:
+                requeued = _until("the requeue", lambda: [e for e in events() if e["event"] == "requeue"])
+            finally:
+                first.kill()
+                first.wait()
+        victim = requeued[0]["job"]
+        batch = SlurmBatch()
+        assert next(j for j in batch.jobs() if j.id == victim).held
+        _until("the request started", lambda: _state(ids[2]) in ("RUNNING", "COMPLETING", "COMPLETED"))
+        before = len(events())
+        with open(tmp_path / "agent.out", "ab") as out:
+            subprocess.run([*command, "--polls", "2"], stdout=out, stderr=out, check=True, timeout=60)
+        assert [(e["event"], e.get("job")) for e in events()[before:]] == [("resumed", None), ("release", victim)]
+        assert not next(j for j in batch.jobs() if j.id == victim).held
+    finally:
+        cancel(ids)
+
+
 def test_config_errors_name_the_field() -> None:
     with pytest.raises(InvalidJobError, match="policy: unknown policy 'fifo'"):
         AgentConfig(policy="fifo")
     with pytest.raises(InvalidJobError, match="unit must be one of nodes, cpus"):
         AgentConfig(unit="gpus")  # type: ignore[arg-type]
+
+
+# ------------------------------------------------------------------------------------ what users write
+
+
+@pytest.mark.parametrize(
+    "comment",
+    ["/x/rf-ondemand/y", "rf-ondemandx", "xrf-ondemand", "rf-heartbeat:/lus/rf-ondemand/checkpoint-heartbeat.json",
+     "please:rf-ondemand", "RF-ONDEMAND"],
+)  # fmt: skip
+def test_a_forged_marker_neither_shields_nor_requests(comment: str) -> None:
+    """A marker inside a path or another word is no marker: the pending job is no request, and the
+    running job that carries it is a victim like any other."""
+    assert not is_marked(comment, "rf-ondemand")
+    queue = Queue(
+        [_job("1", NOW - 100, comment=comment), _job("2", NOW - 50, state="pending", comment=comment)], free=0
+    )
+    assert Agent(queue, AgentConfig(), clock=lambda: NOW).poll() == []  # job 2 requests nothing
+    queue.list.append(_job("20", NOW, state="pending", comment="urgent, rf-ondemand"))
+    (event,) = Agent(queue, AgentConfig(), clock=lambda: NOW).poll()
+    assert event["request"] == "20" and event["decision"]["preempt"] == ["1"]  # job 1 is not shielded
+
+
+@pytest.mark.parametrize("comment", ["rf-ondemand", "urgent, rf-ondemand", "a,rf-ondemand,b", "x\trf-ondemand\n"])
+def test_the_marker_is_a_whole_word_of_the_comment(comment: str) -> None:
+    assert is_marked(comment, "rf-ondemand")
+
+
+def test_with_an_ondemand_partition_the_comment_is_ignored() -> None:
+    queue = Queue(
+        [
+            _job("1", NOW - 100, comment="rf-ondemand"),  # running, marked: still a victim
+            _job("2", NOW - 10, state="pending", comment="rf-ondemand"),  # marked, in batch: no request
+            _job("20", NOW, state="pending", queue="interactive"),
+        ],
+        free=0,
+    )
+    events = Agent(queue, AgentConfig(ondemand_partition="interactive"), clock=lambda: NOW).poll()
+    assert [(e["event"], e.get("request")) for e in events] == [("decision", "20")]
+    assert events[0]["decision"]["preempt"] == ["1"] and queue.done[0] == ("signal", "1", "USR1")
+
+
+def test_a_marker_must_be_one_word() -> None:
+    with pytest.raises(InvalidJobError, match="ondemand_marker must be one word"):
+        AgentConfig(ondemand_marker="rf ondemand")
+    AgentConfig(ondemand_marker="", ondemand_partition="interactive")  # unused with a partition
+
+
+def _forget(agent: Agent) -> None:
+    """Make a dry-run agent decide the same requests again at its next poll."""
+    agent.served.clear()
+    agent.preempting.clear()
+
+
+def _untrusted(tmp_path: Path, kind: str) -> tuple[str, str]:
+    """A heartbeat path of ``kind`` that the agent must not believe, and the reason it gives."""
+    good = _beat(tmp_path, "good", NOW - 5)
+    path = tmp_path / f"{kind}.json"
+    if kind == "symlink":
+        path.symlink_to(good)
+        return str(path), "not a regular file"
+    if kind == "fifo":
+        os.mkfifo(path)
+        return str(path), "not a regular file"
+    if kind == "directory":
+        path.mkdir()
+        return str(path), "not a regular file"
+    if kind == "device":
+        return "/dev/null", "not a regular file"
+    if kind == "other-owner":
+        os.chown(good, 12345, 12345)
+        return good, "owned by uid 12345"
+    if kind == "world-writable":
+        os.chmod(good, 0o666)
+        return good, "anyone may write it"
+    if kind == "oversized":
+        path.write_text(Path(good).read_text()[:-1] + ', "pad": "' + "x" * 70_000 + '"}')
+        return str(path), "larger than 65536 bytes"
+    if kind == "nested":
+        path.write_text("[" * 60_000)
+        return str(path), "not JSON"
+    raise AssertionError(kind)
+
+
+@pytest.mark.parametrize(
+    "kind", ["symlink", "fifo", "directory", "device", "other-owner", "world-writable", "oversized", "nested"]
+)
+def test_a_heartbeat_that_is_not_the_jobs_own_small_regular_file_is_no_heartbeat(
+    tmp_path: Path, kind: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    if kind == "other-owner" and os.geteuid() != 0:
+        pytest.skip("chown to another uid needs root")
+    path, reason = _untrusted(tmp_path, kind)
+    with pytest.raises(ValueError, match=reason):
+        read_heartbeat(path, owner=os.getuid())
+    queue = Queue([_job("1", NOW - 100, heartbeat=path), _job("20", NOW, state="pending", comment="rf-ondemand")], 0)
+    agent = Agent(queue, AgentConfig(dry_run=True), clock=lambda: NOW)
+    with caplog.at_level("WARNING"):
+        (event,) = agent.poll()
+        _forget(agent)
+        agent.poll()
+    assert event["inputs"]["running"][0]["last_checkpoint"] is None  # "no checkpoint since start"
+    (warning,) = [r.getMessage() for r in caplog.records if "not used" in r.getMessage()]  # said once, not per poll
+    assert reason in warning
+
+
+def test_a_heartbeat_whose_owner_cannot_be_established_is_no_heartbeat(tmp_path: Path) -> None:
+    path = _beat(tmp_path, "beat", NOW - 5)
+    jobs = [
+        _job("1", NOW - 100, heartbeat=path, uid=None, user="no-such-user-rf"),  # unknown here
+        _job("2", NOW - 100, heartbeat=path, uid=None, user=""),  # the scheduler said nothing
+        _job("3", NOW - 100, heartbeat=os.path.relpath(path)),  # relative to what?
+        _job("4", NOW - 100, heartbeat=path, uid=None, user=pwd.getpwuid(os.getuid()).pw_name),  # looked up: mine
+        _job("20", NOW, state="pending", comment="rf-ondemand"),
+    ]
+    (event,) = Agent(Queue(jobs, 0), AgentConfig(dry_run=True), clock=lambda: NOW).poll()
+    seen = {r["id"]: r["last_checkpoint"] for r in event["inputs"]["running"]}
+    assert seen == {"1": None, "2": None, "3": None, "4": NOW - 5}
+
+
+def test_a_fifo_heartbeat_costs_a_poll_at_most_its_deadline(tmp_path: Path) -> None:
+    fifo = tmp_path / "checkpoint-heartbeat.json"
+    os.mkfifo(fifo)  # a reader that opened it plainly would wait for a writer forever
+    queue = Queue(
+        [_job("1", NOW - 100, heartbeat=str(fifo)), _job("20", NOW, state="pending", comment="rf-ondemand")], 0
+    )
+    agent = Agent(queue, AgentConfig(dry_run=True, heartbeat_deadline=1.0), clock=lambda: NOW)
+    began = time.monotonic()
+    (event,) = agent.poll()
+    assert time.monotonic() - began <= 1.0 and event["inputs"]["running"][0]["last_checkpoint"] is None
+
+
+def test_reads_that_hang_count_as_no_heartbeat_after_the_deadline(tmp_path: Path, monkeypatch) -> None:
+    """A hung file server: the read of one heartbeat never returns. The poll goes on at its deadline
+    with the others read, and the next poll does not start a second read of the same file."""
+    import resilient_flows.checkpoint.heartbeat as heartbeat
+
+    hung, fine = _beat(tmp_path, "hung", NOW - 5), _beat(tmp_path, "fine", NOW - 7)
+    release, calls = threading.Event(), []
+    plain = heartbeat.read_heartbeat
+
+    def read(path: str, *, owner: int | None = None) -> CheckpointHeartbeat:
+        calls.append(path)
+        if path == hung:
+            release.wait(30)
+        return plain(path, owner=owner)
+
+    monkeypatch.setattr(heartbeat, "read_heartbeat", read)
+    jobs = [_job("1", NOW - 100, heartbeat=hung), _job("2", NOW - 100, heartbeat=fine),
+            _job("20", NOW, state="pending", comment="rf-ondemand")]  # fmt: skip
+    agent = Agent(Queue(jobs, 0), AgentConfig(dry_run=True, heartbeat_deadline=0.3), clock=lambda: NOW)
+    try:
+        for _ in range(2):
+            began = time.monotonic()
+            (event,) = agent.poll()
+            assert time.monotonic() - began < 1.0
+            seen = {r["id"]: r["last_checkpoint"] for r in event["inputs"]["running"]}
+            assert seen == {"1": None, "2": NOW - 7}
+            _forget(agent)
+        assert calls.count(hung) == 1 and calls.count(fine) == 2
+    finally:
+        release.set()
+
+
+def test_what_a_heartbeat_claims_is_bounded_by_what_the_agent_sees(tmp_path: Path) -> None:
+    """A job that claims a restore of 1e9 s would never be a victim: its claim is cut to its elapsed
+    time (100 s), and it is preempted rather than the job whose checkpoint is 500 s old."""
+    liar = _job("1", NOW - 100, heartbeat=_beat(tmp_path, "liar", NOW - 10, restore=1e9, period=1e9))
+    honest = _job("2", NOW - 3000, heartbeat=_beat(tmp_path, "honest", NOW - 500, restore=5.0, period=1e5))
+    queue = Queue([liar, honest, _job("20", NOW, state="pending", comment="rf-ondemand")], 0)
+    (event,) = Agent(queue, AgentConfig(dry_run=True), clock=lambda: NOW).poll()
+    seen = {r["id"]: r for r in event["inputs"]["running"]}
+    assert (seen["1"]["restart_cost"], seen["1"]["checkpoint_interval"]) == (100.0, 100.0)
+    assert event["decision"]["preempt"] == ["1"]
+    config = AgentConfig(max_restore=30.0)
+    beat = read_heartbeat(liar.heartbeat)
+    old = running_job(replace(liar, start=NOW - 7200), NOW, config, beat)
+    assert old.restart_cost == 30.0 and old.checkpoint_interval == 7200.0  # the site's maximum
+    future = running_job(liar, NOW, config, replace(beat, committed=NOW + 3600))
+    assert future.last_checkpoint == NOW  # no checkpoint lies ahead of now
+    assert running_job(liar, NOW, config, beat, seen_gap=20.0).checkpoint_interval == 20.0
+
+
+def test_the_period_is_at_most_the_gap_the_agent_saw_between_commits(tmp_path: Path) -> None:
+    clock = [NOW]
+    path = _beat(tmp_path, "beat", NOW - 20, period=3000.0)
+    queue = Queue([_job("1", NOW - 5000, heartbeat=path), _job("20", NOW, state="pending", comment="rf-ondemand")], 0)
+    agent = Agent(queue, AgentConfig(dry_run=True), clock=lambda: clock[0])
+    assert agent.poll()[0]["inputs"]["running"][0]["checkpoint_interval"] == 3000.0  # nothing seen yet
+    _beat(tmp_path, "beat", NOW + 10, period=3000.0)  # committed 30 s after the one seen before
+    clock[0] += 15
+    _forget(agent)
+    assert agent.poll()[0]["inputs"]["running"][0]["checkpoint_interval"] == 30.0
+
+
+def test_user_text_reaches_the_log_escaped_and_cut_short(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    forged = "/nowhere\n2026-12-04 agent: released everything\x1b[2J\u202e" + "x" * 5000
+    log = tmp_path / "events.jsonl"
+    queue = Queue([_job("1", NOW - 100, heartbeat=forged), _job("2\r\nforged", NOW, state="pending",
+                                                                comment="rf-ondemand")], 0)  # fmt: skip
+
+    def refuse(job_id: str, signal: str) -> None:
+        raise BatchCommandError("scancel: " + "said \x1b]0;owned\x07 " * 1000)
+
+    queue.signal = refuse
+    with caplog.at_level("WARNING"):
+        events = Agent(queue, AgentConfig(), log_path=log, clock=lambda: NOW).poll()
+    assert [e["event"] for e in events] == ["decision", "signal_failed"]
+    for text in [*log.read_text().splitlines(), *(r.getMessage() for r in caplog.records)]:
+        assert text.isprintable() and len(text) < 3000, text[:300]
+    assert events[0]["request"] == "2\\r\\nforged" and len(events[1]["error"]) < 400
+    (warning,) = [r.getMessage() for r in caplog.records if "not used" in r.getMessage()]
+    assert "\\n2026-12-04 agent" in warning and "\\x1b[2J\\u202e" in warning
+    with pytest.raises(ValueError) as caught:
+        path = tmp_path / "long.json"
+        path.write_text(json.dumps({"format": "resilient-flows-heartbeat/1", "step": "A" * 60_000}))
+        read_heartbeat(path)
+    assert len(str(caught.value)) < 400
+
+
+@pytest.mark.parametrize(
+    ("value", "shown"),
+    [
+        ("1234", "1234"),
+        ("a\nb\r\x1b[2J\x00", "a\\nb\\r\\x1b[2J\\x00"),
+        ("right\u202eleft\u2028", "right\\u202eleft\\u2028"),
+        ("x" * 301, "x" * 300 + "...[301 characters]"),
+        ("\x07" * 100, "\\x07" * 75 + "...[100 characters]"),
+    ],
+)
+def test_user_text_is_escaped_and_capped(value: str, shown: str) -> None:
+    assert clean(value) == shown
+
+
+# ------------------------------------------------------------------------------------ across restarts
+
+
+def _preempted(tmp_path: Path, state: Path) -> tuple[Queue, BatchJob, list[float]]:
+    """An agent that signalled and requeued (held) its victim, then "died": nothing of it is left
+    but its state file."""
+    clock = [NOW]
+    request = _job("20", NOW - 5, state="pending", comment="rf-ondemand")
+    queue = Queue([_job("10", NOW - 3000, heartbeat=_beat(tmp_path, "fresh", NOW - 20)), request], free=0)
+    agent = Agent(queue, AgentConfig(grace=30, interval=1), clock=lambda: clock[0], state_path=state)
+    agent.poll()
+    clock[0] += 1
+    assert [e["event"] for e in agent.poll()] == ["requeue"]
+    return queue, request, clock
+
+
+def test_a_restarted_agent_releases_the_victims_of_requests_that_ran_or_vanished(tmp_path: Path) -> None:
+    for fate in ("ran", "vanished"):
+        state = tmp_path / f"{fate}.state.json"
+        queue, request, _ = _preempted(tmp_path, state)
+        assert json.loads(state.read_text())["preempting"]["10"]["requeued"] == NOW + 1
+        if fate == "ran":
+            queue.list = [replace(request, state="running", start=NOW + 2) if j.id == "20" else j for j in queue.list]
+        else:
+            queue.list = [j for j in queue.list if j.id != "20"]
+        log = tmp_path / f"{fate}.jsonl"
+        again = Agent(queue, AgentConfig(grace=30, interval=1), log_path=log, clock=lambda: NOW + 3, state_path=state)
+        assert "10" in again.preempting
+        assert [e["event"] for e in again.poll()] == ["release"] and queue.done[-1] == ("release", "10")
+        assert [json.loads(line)["event"] for line in log.read_text().splitlines()] == ["resumed", "release"]
+        assert json.loads(state.read_text())["preempting"] == {}
+
+
+def test_a_restarted_agent_keeps_holding_the_victim_while_its_request_waits(tmp_path: Path) -> None:
+    state = tmp_path / "state.json"
+    queue, request, clock = _preempted(tmp_path, state)
+    again = Agent(queue, AgentConfig(grace=30, interval=1), clock=lambda: clock[0], state_path=state)
+    clock[0] += 1
+    assert again.poll() == []  # no release, and no second decision for a request already served
+    queue.list = [replace(request, state="running", start=clock[0]) if j.id == "20" else j for j in queue.list]
+    assert [e["event"] for e in again.poll()] == ["release"]
+
+
+def test_each_victim_is_recorded_before_its_command_runs(tmp_path: Path) -> None:
+    """The agent may die between a command and the next line: what the command started must be on
+    disk already. A victim found held that the state says was only signalled was requeued by it."""
+    state = tmp_path / "state.json"
+    queue = Queue([_job("10", NOW - 3000), _job("20", NOW, state="pending", comment="rf-ondemand")], free=0)
+    seen = []
+    signal = queue.signal
+    queue.signal = lambda job_id, sig: (seen.append(json.loads(state.read_text())), signal(job_id, sig))
+    Agent(queue, AgentConfig(), clock=lambda: NOW, state_path=state).poll()
+    assert seen[0]["preempting"]["10"] == {"request": "20", "signalled": NOW, "requeued": None}
+    queue.requeue("10", hold=True)  # the agent requeued it, then died before it could record so
+    queue.list = [j for j in queue.list if j.id != "20"]
+    events = Agent(queue, AgentConfig(), clock=lambda: NOW + 5, state_path=state).poll()
+    assert [e["event"] for e in events] == ["release"] and queue.done[-1] == ("release", "10")
+
+
+def test_a_state_file_that_cannot_be_written_stops_the_agent_at_start_and_is_reported_later(
+    tmp_path: Path,
+) -> None:
+    queue = Queue([_job("10", NOW - 3000), _job("20", NOW, state="pending", comment="rf-ondemand")], free=0)
+    with pytest.raises(AgentStateError, match="cannot be written"):
+        Agent(queue, AgentConfig(), state_path=tmp_path / "gone" / "state.json")
+    (tmp_path / "full").mkdir()
+    agent = Agent(queue, AgentConfig(), clock=lambda: NOW, state_path=tmp_path / "full" / "state.json")
+    shutil.rmtree(tmp_path / "full")  # as a full file system would, later
+    events = agent.poll()
+    assert [e["event"] for e in events] == ["decision", "state_failed", "state_failed"]
+    assert "No such file or directory" in events[1]["error"] and queue.done == [("signal", "10", "USR1")]
+
+
+def test_a_dry_run_neither_reads_nor_writes_the_state(tmp_path: Path) -> None:
+    state = tmp_path / "state.json"
+    state.write_text("not json")
+    queue = Queue([_job("10", NOW - 3000), _job("20", NOW, state="pending", comment="rf-ondemand")], free=0)
+    Agent(queue, AgentConfig(dry_run=True), clock=lambda: NOW, state_path=state).poll()
+    assert state.read_text() == "not json"
+
+
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [
+        ("{", "Expecting property name"),
+        ("[" * 100_000, "maximum recursion depth|larger than"),
+        (" " * (2 << 20), "larger than 1048576 bytes"),
+        ('{"format": "other"}', "not a resilient-flows-agent-state/1 file"),
+        ('{"format": "resilient-flows-agent-state/1", "scheduler": "memory", "preempting": {}}', "fields"),
+        ('{"format": "resilient-flows-agent-state/1", "scheduler": "pbspro", "preempting": {}, "served": {}}',
+         "written by an agent for 'pbspro'"),
+        ('{"format": "resilient-flows-agent-state/1", "scheduler": "memory", "preempting": {"1; rm -rf /": {}},'
+         ' "served": {}}', "preempting key: not a job id"),
+        ('{"format": "resilient-flows-agent-state/1", "scheduler": "memory", "served": {},'
+         ' "preempting": {"1": {"request": "2", "signalled": 5, "requeued": "soon"}}}', "requeued: not a Unix time"),
+        ('{"format": "resilient-flows-agent-state/1", "scheduler": "memory", "served": {"2": NaN}, "preempting": {}}',
+         "served.2: not a Unix time"),
+    ],
+)  # fmt: skip
+def test_a_bad_state_file_stops_the_agent_with_the_problem_named(tmp_path: Path, text: str, problem: str) -> None:
+    state = tmp_path / "state.json"
+    state.write_text(text)
+    with pytest.raises(AgentStateError, match=problem):
+        Agent(Queue([], 0), AgentConfig(), state_path=state)
+
+
+def test_the_command_says_what_is_wrong_with_its_state_file_in_one_line(tmp_path: Path, capsys) -> None:
+    (tmp_path / "events.state.json").write_text("{")
+    assert cli_main(["cosched", "agent", "--log", str(tmp_path / "events.jsonl"), "--polls", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "events.state.json" in err and "move it aside" in err

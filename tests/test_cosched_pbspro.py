@@ -5,9 +5,11 @@ their real formats, the command lines it runs, and end to end against the fake P
 from __future__ import annotations
 
 import getpass
+import importlib.util
 import json
 import os
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -15,7 +17,8 @@ from pathlib import Path
 import pytest
 from fakesched import PBSPRO, engine
 
-from resilient_flows.cosched.batch import BatchCommandError, BatchJob
+from resilient_flows.cosched.agent import ONDEMAND_MARKER, Agent, AgentConfig, is_marked
+from resilient_flows.cosched.batch import BatchCommandError, BatchJob, uid_of
 from resilient_flows.cosched.pbspro import HEARTBEAT_VARIABLE, PBSProBatch, parse_pbsnodes_json, parse_qstat_json
 
 # Recorded in the format of PBS Pro 2022.1 (Polaris): four-space indents, one attribute a line,
@@ -262,28 +265,29 @@ def test_qstat_json_gives_each_job_in_the_agents_terms() -> None:
         submitted=local(2026, 12, 4, 14, 48, 1),
         start=local(2026, 12, 4, 15, 0, 17),
         time_limit=6 * 3600.0,
-        comment="rf-heartbeat:/eagle/proj/alice/run/m3/checkpoint-heartbeat.json",
+        comment="Job run at Fri Dec 04 at 15:00 on (x3006c0s13b1n0:ncpus=64:ngpus=4)+(x3006c0s19b0n0:ncpus=64)",
+        heartbeat="/eagle/proj/alice/run/m3/checkpoint-heartbeat.json",
     )
     queued = jobs["4102"]
     assert (queued.state, queued.held, queued.queue, queued.nodes, queued.cpus) == ("pending", False, "ondemand", 1, 64)
     assert queued.start is None and queued.time_limit == 1800.0
-    assert queued.comment == ""  # PBS's own "Not Running: ..." is no marker
+    assert not is_marked(queued.comment, ONDEMAND_MARKER) and queued.heartbeat == ""  # PBS's "Not Running: ..."
 
     held = jobs["4099"]
     assert (held.state, held.held, held.start) == ("pending", True, None)  # stime of its last run is not a start
     assert held.time_limit == 120 * 3600.0
-    assert held.comment == "rf-ondemand"  # an operator's marker in the comment attribute
+    assert is_marked(held.comment, ONDEMAND_MARKER)  # an operator's marker in the comment attribute
     assert jobs["4098"].state == "other"  # exiting
     assert jobs["4097[]"].state == "other"  # an array job whose subjobs have begun
 
 
-def test_the_heartbeat_variable_wins_over_a_marker_in_the_comment() -> None:
+def test_the_heartbeat_comes_from_the_environment_and_the_marker_from_the_comment_only() -> None:
     record = {"job_state": "R", "comment": "rf-ondemand", "Variable_List": {HEARTBEAT_VARIABLE: "rf-heartbeat:/x"}}
     [job] = parse_qstat_json(json.dumps({"pbs_server": "s", "Jobs": {"1.s": record}}))
-    assert job.comment == "rf-heartbeat:/x"
-    record["Variable_List"] = {HEARTBEAT_VARIABLE: "/x/checkpoint-heartbeat.json"}  # not a marker: ignored
+    assert (job.heartbeat, job.comment) == ("/x", "rf-ondemand")
+    record["Variable_List"] = {HEARTBEAT_VARIABLE: "/x/checkpoint-heartbeat.json"}  # no prefix: not a heartbeat
     [job] = parse_qstat_json(json.dumps({"pbs_server": "s", "Jobs": {"1.s": record}}))
-    assert job.comment == "rf-ondemand"
+    assert job.heartbeat == ""
 
 
 def test_qstat_json_without_jobs_leaves_the_job_table_out() -> None:
@@ -478,7 +482,8 @@ def test_signal_requeue_held_and_release_with_the_fake_pbs_pro(pbspro: Path, tmp
     assert isinstance(running, BatchJob)
     assert (running.name, running.user, running.queue) == ("victim", getpass.getuser(), "workq")
     assert (running.nodes, running.cpus, running.time_limit, running.held) == (1, 1, 600.0, False)
-    assert running.comment == f"rf-heartbeat:{tmp_path / 'checkpoint-heartbeat.json'}"
+    assert running.heartbeat == str(tmp_path / "checkpoint-heartbeat.json") and running.uid is None
+    assert uid_of(running) == os.getuid()  # Job_Owner's user, looked up
     assert running.start is not None and before - 2 <= running.start <= time.time() + 1  # ctime has whole seconds
     assert running.submitted <= running.start
     cpus = os.cpu_count() or 1
@@ -529,3 +534,96 @@ def test_the_agent_does_not_rank_pbs_jobs_itself() -> None:
     assert not batch.can_prioritize
     with pytest.raises(BatchCommandError, match="give the on-demand queue a higher priority"):
         batch.prioritize("4101.polaris-pbs-01", above=100.0)
+
+
+def test_a_jobs_environment_makes_it_no_on_demand_job() -> None:
+    """Users write their jobs' environment (``qsub -v``); only an operator's comment, or the queue,
+    makes a job on demand."""
+    running = {"job_state": "R", "queue": "workq", "stime": "Fri Dec  4 15:00:17 2026", "Resource_List": {"nodect": 1}}
+    pending = {
+        "job_state": "Q",
+        "queue": "workq",
+        "comment": "Not Running: Insufficient amount of resource: ncpus",
+        "Variable_List": {HEARTBEAT_VARIABLE: "rf-ondemand", "NOTE": "rf-ondemand", "PBS_O_WORKDIR": "/x/rf-ondemand"},
+    }
+
+    def poll(comment: str | None) -> list[dict]:
+        record = pending if comment is None else {**pending, "comment": comment}
+        qstat = json.dumps({"pbs_server": "s", "Jobs": {"1.s": running, "2.s": record}})
+        batch = PBSProBatch(run=Recorder({"qstat": qstat, "pbsnodes": ""}))
+        return Agent(batch, AgentConfig(dry_run=True), clock=time.time).poll()
+
+    assert poll(None) == []
+    decision, requeue = poll("rf-ondemand")  # an operator's marker
+    assert decision["request"] == "2.s" and decision["decision"]["preempt"] == ["1.s"]
+    assert (requeue["event"], requeue["dry_run"]) == ("requeue", True)
+
+
+# ------------------------------------------------------------------- the agent killed and restarted
+
+AGENT = Path(sys.executable).with_name("resilient-flows")
+
+
+def agent_command(tmp_path: Path, *more: str) -> list[str]:
+    return [
+        str(AGENT), "cosched", "agent", "--scheduler", "pbspro", "--partition-ondemand", "ondemand",
+        "--interval", "0.2", "--grace", "30", "--log", str(tmp_path / "events.jsonl"), *more,
+    ]  # fmt: skip
+
+
+def logged(tmp_path: Path) -> list[dict]:
+    path = tmp_path / "events.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+@pytest.mark.parametrize("fate", ["ran", "vanished"])
+def test_an_agent_killed_after_requeueing_releases_its_victim_within_two_polls_of_its_restart(
+    pbspro: Path, tmp_path: Path, fate: str
+) -> None:
+    """The agent requeues the victim held (``qhold``, ``qrerun``) and is SIGKILLed before it could
+    release it. Restarted, it reads its state file and releases the victim at its first or second
+    poll, once the request has run (or was deleted), instead of leaving it held for ever."""
+    batch = PBSProBatch(timeout=20)
+    victim = submit(tmp_path, "")
+    wait_until(lambda: (j := job(batch, victim)) and j.state == "running")
+    queued = {**os.environ, engine.QUEUE_SECONDS_ENV: "600"}  # waits until the test starts it
+    argv = ["qsub", "-q", "ondemand", "-N", "viz", "-l", "select=1:ncpus=1", "--", "/bin/sleep", "60"]
+    request = subprocess.run(argv, check=True, capture_output=True, text=True, env=queued).stdout.strip()
+    with open(tmp_path / "agent.out", "ab") as out:
+        first = subprocess.Popen(agent_command(tmp_path), stdout=out, stderr=out)
+        try:
+            wait_until(lambda: "requeue" in [e["event"] for e in logged(tmp_path)], timeout=30)
+        finally:
+            first.kill()
+            first.wait()
+    held = job(batch, victim)
+    assert held is not None and (held.state, held.held) == ("pending", True)
+    assert json.loads((tmp_path / "events.state.json").read_text())["preempting"][victim]["request"] == request
+    if fate == "ran":
+        engine.update(pbspro, int(request.split(".")[0]), queue_seconds=0)
+        wait_until(lambda: (j := job(batch, request)) and j.state == "running")
+    else:
+        subprocess.run(["qdel", request], check=True, capture_output=True)
+        wait_until(lambda: job(batch, request) is None)
+    before = len(logged(tmp_path))
+    with open(tmp_path / "agent.out", "ab") as out:
+        subprocess.run(agent_command(tmp_path, "--polls", "2"), stdout=out, stderr=out, check=True, timeout=60)
+    after = logged(tmp_path)[before:]
+    assert [e["event"] for e in after] == ["resumed", "release"] and after[1]["job"] == victim
+    wait_until(lambda: (j := job(batch, victim)) and j.state == "running")  # released: it runs again
+    assert json.loads((tmp_path / "events.state.json").read_text())["preempting"] == {}
+
+
+def test_the_chaos_harness_agent_faults_meet_their_targets(
+    pbspro: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``benchmarks/chaos.py --agent``: killed between requeue and release, FIFO and oversized
+    heartbeats, forged markers."""
+    spec = importlib.util.spec_from_file_location("chaos_agent", Path(__file__).parents[1] / "benchmarks" / "chaos.py")
+    assert spec is not None and spec.loader is not None
+    harness = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "chaos_agent", harness)  # its dataclasses look their module up
+    spec.loader.exec_module(harness)
+    found = harness.agent_chaos(tmp_path / "work")
+    assert [(f.key, f.value) for f in found if not f.ok] == []
+    assert {f.key for f in found} >= {"agent_polls_to_release", "agent_heartbeat_read_s", "agent_forged_requests"}

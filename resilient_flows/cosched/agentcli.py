@@ -12,7 +12,9 @@ from resilient_flows.cosched.batch import UNITS, BatchSystem
 from resilient_flows.cosched.policies import POLICIES
 from resilient_flows.units import duration_argument
 
-__all__ = ["SCHEDULERS", "add_cosched_parser", "batch_system"]
+__all__ = ["SCHEDULERS", "add_cosched_parser", "batch_system", "state_path"]
+
+logger = logging.getLogger(__name__)
 
 SCHEDULERS = ("slurm", "pbspro")
 
@@ -25,11 +27,16 @@ def add_cosched_parser(subparsers: argparse._SubParsersAction) -> argparse.Argum
     agent = actions.add_parser("agent", help=text, description=text + ".")
     agent.add_argument("--scheduler", choices=SCHEDULERS, default="slurm", help="the batch system (default slurm)")
     where = agent.add_argument_group("which jobs")
-    where.add_argument("--partition-ondemand", metavar="NAME", help="pending jobs here are on-demand requests")
+    where.add_argument(
+        "--partition-ondemand",
+        metavar="NAME",
+        help="pending jobs here, and only these, are on-demand requests (job comments are then ignored)",
+    )
     where.add_argument(
         "--ondemand-marker",
         default=ONDEMAND_MARKER,
-        help=f"pending jobs whose comment holds this are on-demand requests too (default {ONDEMAND_MARKER})",
+        help="without --partition-ondemand: pending jobs with this word in their comment are on-demand requests "
+        f"(default {ONDEMAND_MARKER}; any user can write it, so prefer a partition on a shared machine)",
     )
     where.add_argument(
         "--partition", action="append", default=[], metavar="NAME", help="preempt only jobs here (repeatable)"
@@ -43,6 +50,18 @@ def add_cosched_parser(subparsers: argparse._SubParsersAction) -> argparse.Argum
     policy.add_argument("--max-delay", type=duration_argument, default=1800.0, help="longest wait dp may choose (30m)")
     policy.add_argument(
         "--restart-cost", type=duration_argument, default=60.0, help="for jobs without a heartbeat (60s)"
+    )
+    policy.add_argument(
+        "--max-restore",
+        type=duration_argument,
+        default=3600.0,
+        help="the most restore time a heartbeat is believed to claim (1h; also at most the job's elapsed time)",
+    )
+    policy.add_argument(
+        "--heartbeat-deadline",
+        type=duration_argument,
+        default=2.0,
+        help="time a poll may spend reading heartbeats; those not read by then count as none (2s)",
     )
     acting = agent.add_argument_group("acting")
     acting.add_argument("--interval", type=duration_argument, default=5.0, help="between polls (5s)")
@@ -58,12 +77,19 @@ def add_cosched_parser(subparsers: argparse._SubParsersAction) -> argparse.Argum
     )
     acting.add_argument("--dry-run", action="store_true", help="print the decisions; signal and requeue nothing")
     acting.add_argument("--log", type=Path, help="append every decision and action to this JSON-lines file")
+    acting.add_argument(
+        "--state",
+        type=Path,
+        help="keep the preemptions under way here, to finish them after a restart (default: beside --log, "
+        "LOG.state.json)",
+    )
     acting.add_argument("--polls", type=int, help=argparse.SUPPRESS)
     agent.set_defaults(handler=run_agent)
     return agent
 
 
 def batch_system(name: str) -> BatchSystem:
+    """The adapter for scheduler ``name`` (one of :data:`SCHEDULERS`), imported only when chosen."""
     if name == "slurm":
         from resilient_flows.cosched.slurm import SlurmBatch
 
@@ -73,7 +99,15 @@ def batch_system(name: str) -> BatchSystem:
     return PBSProBatch()
 
 
+def state_path(state: Path | None, log: Path | None) -> Path | None:
+    """Where the agent keeps its preemptions under way: ``--state``, else beside the log."""
+    if state is not None or log is None:
+        return state
+    return log.with_name(f"{log.stem}.state.json")
+
+
 def run_agent(args: argparse.Namespace) -> int:
+    """Run the agent until interrupted (or for ``--polls``); its state file is read first."""
     config = AgentConfig(
         ondemand_partition=args.partition_ondemand,
         ondemand_marker=args.ondemand_marker,
@@ -90,9 +124,14 @@ def run_agent(args: argparse.Namespace) -> int:
         unit=args.unit,
         prioritize=args.prioritize,
         dry_run=args.dry_run,
+        heartbeat_deadline=args.heartbeat_deadline,
+        max_restore=args.max_restore,
     )
     logging.basicConfig(stream=sys.stdout, level=logging.INFO, format="%(asctime)s %(message)s")
-    agent = Agent(batch_system(args.scheduler), config, log_path=args.log)
+    state = state_path(args.state, args.log)
+    if state is None and not args.dry_run:
+        logger.warning("no --state or --log: victims held when this agent dies stay held until released by hand")
+    agent = Agent(batch_system(args.scheduler), config, log_path=args.log, state_path=state)
     try:
         agent.run(polls=args.polls)
     except KeyboardInterrupt:

@@ -12,6 +12,8 @@ several jobs share a node (and on a one-node test cluster, where CPUs stand in f
 
 from __future__ import annotations
 
+import functools
+import pwd
 import subprocess
 import time
 from collections.abc import Sequence
@@ -20,10 +22,12 @@ from typing import Literal, Protocol
 
 from resilient_flows.errors import ResilientFlowsError
 
-__all__ = ["UNITS", "BatchCommandError", "BatchJob", "BatchSystem", "run_command"]
+__all__ = ["UNITS", "BatchCommandError", "BatchJob", "BatchSystem", "clean", "run_command", "uid_of"]
 
 UNITS = ("nodes", "cpus")
 Unit = Literal["nodes", "cpus"]
+#: The most characters of one user-controlled value that reach the agent's log.
+SHOWN = 300
 
 
 class BatchCommandError(ResilientFlowsError):
@@ -55,6 +59,8 @@ class BatchJob:
     comment: str
     held: bool = False
     priority: float | None = None
+    heartbeat: str = ""
+    uid: int | None = None
 
     def size(self, unit: Unit) -> int:
         return self.nodes if unit == "nodes" else self.cpus
@@ -105,6 +111,33 @@ class BatchSystem(Protocol):
         """Give a pending job a priority higher than ``above``, so that it starts before every job
         ranked at or below that."""
         ...
+
+
+def uid_of(job: BatchJob) -> int | None:
+    """The numeric id of the job's owner: the scheduler's, else its user name looked up; None where
+    neither establishes it (then nothing the job's files say is believed)."""
+    if job.uid is not None:
+        return job.uid
+    try:
+        return _uid(job.user) if job.user else None
+    except KeyError:
+        return None
+
+
+@functools.lru_cache(maxsize=4096)
+def _uid(user: str) -> int:
+    """Cached: a poll looks up the same few hundred users; an unknown one raises, and is not cached."""
+    return pwd.getpwnam(user).pw_uid
+
+
+def clean(value: object, limit: int = SHOWN) -> str:
+    """``value`` as text fit for a log line: control, format and separator characters escaped (no
+    forged lines, no terminal escapes, no reordered text), at most ``limit`` characters of that kept."""
+    text = str(value)
+    if len(text) <= limit and text.isprintable():  # the usual case, and Python's own rule for the rest
+        return text
+    shown = "".join(ch if ch.isprintable() else ascii(ch)[1:-1] for ch in text[:limit])
+    return shown if len(text) <= limit and len(shown) <= limit else f"{shown[:limit]}...[{len(text)} characters]"
 
 
 def run_command(argv: Sequence[str], *, timeout: float) -> str:

@@ -7,10 +7,12 @@ nothing assigned, or the unassigned CPUs of ``free`` hosts (PBS calls a partly u
 
 Markers: a PBS user cannot set a job's ``comment`` (Operators, Managers and the scheduler do), so a
 job names its heartbeat in its environment at submission, ``qsub -v
-RESILIENT_FLOWS_HEARTBEAT=rf-heartbeat:<path>``, which PBS keeps in the job's ``Variable_List``.
-:attr:`BatchJob.comment` is that value, else PBS's ``comment`` if an operator put a marker there
-(``rf-ondemand``); only values starting with ``rf-`` are taken, so PBS's own notes ("Not Running:
-...") never pass for markers.
+RESILIENT_FLOWS_HEARTBEAT=rf-heartbeat:<path>``, which PBS keeps in the job's ``Variable_List``:
+that is :attr:`BatchJob.heartbeat`, believed only from a file the job's owner (``Job_Owner``'s
+user, looked up on the agent's host) owns. The environment is the user's, so it makes no job on
+demand: :attr:`BatchJob.comment` is PBS's ``comment`` attribute alone, where an operator may put
+the ``rf-ondemand`` marker (PBS's own notes, "Not Running: ...", hold no such word); on-demand
+jobs are best told by their queue.
 
 Acting:
 
@@ -43,13 +45,13 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from resilient_flows.checkpoint.heartbeat import COMMENT_PREFIX
 from resilient_flows.cosched.batch import BatchCommandError, BatchJob, Unit, run_command
 
 __all__ = ["HEARTBEAT_VARIABLE", "PBSProBatch", "parse_pbsnodes_json", "parse_qstat_json"]
 
-#: The ``Variable_List`` entry that carries a job's marker (``qsub -v``).
+#: The ``Variable_List`` entry that names a job's heartbeat (``qsub -v``).
 HEARTBEAT_VARIABLE = "RESILIENT_FLOWS_HEARTBEAT"
-_MARKER = "rf-"
 _STATES = {"R": "running", "Q": "pending", "H": "pending"}
 #: ``<sequence>[.<server>]`` or an array's ``<sequence>[]`` / ``<sequence>[<index>]``.
 _JOB_ID = re.compile(r"\d+(?:\[\d*\])?(?:\.[A-Za-z0-9_-]+)*")
@@ -189,8 +191,9 @@ def _from_json(job_id: str, r: dict[str, Any]) -> BatchJob:
         submitted=_time(r.get("ctime")) or 0.0,
         start=_time(r.get("stime")) if state == "running" else None,
         time_limit=_duration(resources.get("walltime")),
-        comment=_marker(r),
+        comment=str(r.get("comment", "")),
         held=letter == "H",
+        heartbeat=_heartbeat(r),
     )
 
 
@@ -211,10 +214,11 @@ def _duration(value: Any) -> float | None:
     return total
 
 
-def _marker(r: dict[str, Any]) -> str:
-    for value in (r.get("Variable_List", {}).get(HEARTBEAT_VARIABLE), r.get("comment")):
-        if isinstance(value, str) and value.startswith(_MARKER):
-            return value
+def _heartbeat(r: dict[str, Any]) -> str:
+    """The path the job's environment names for its heartbeat, "" for none."""
+    value = r.get("Variable_List", {}).get(HEARTBEAT_VARIABLE)
+    if isinstance(value, str) and value.startswith(COMMENT_PREFIX):
+        return value[len(COMMENT_PREFIX) :].strip()
     return ""
 
 

@@ -3,7 +3,8 @@
 The queue is read with ``squeue --json`` (Slurm 21.08 and later). Where that is unavailable (a
 Slurm built without its JSON serializer), ``squeue -o`` with a fixed, ``|``-separated format
 gives the same fields. Free capacity comes from ``sinfo``: idle nodes, or the idle CPUs of nodes
-that are up.
+that are up. A job's comment is its owner's to set: it may name the job's heartbeat
+(``rf-heartbeat:<path>``), believed only from a file that owner (``user_id``, ``%U``) owns.
 
 Acting uses only what a user may do to their own jobs (and an operator to anyone's):
 ``scancel --signal=SIG --full`` (the batch script too, so that a member's launcher sees the
@@ -23,12 +24,14 @@ from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any
 
+from resilient_flows.checkpoint.heartbeat import COMMENT_PREFIX
 from resilient_flows.cosched.batch import BatchCommandError, BatchJob, Unit, run_command
 
 __all__ = ["SlurmBatch", "parse_sinfo_json", "parse_squeue_json", "parse_squeue_text"]
 
-#: ``squeue -o`` fields, in order, for Slurms without ``--json``.
-TEXT_FORMAT = "%i|%j|%u|%P|%T|%D|%C|%V|%S|%l|%r|%Q|%k"
+#: ``squeue -o`` fields, in order, for Slurms without ``--json``; the comment, which may hold ``|``, last.
+TEXT_FORMAT = "%i|%j|%u|%U|%P|%T|%D|%C|%V|%S|%l|%r|%Q|%k"
+_TEXT_FIELDS = TEXT_FORMAT.count("|") + 1
 _RUNNING = {"RUNNING"}
 _PENDING = {"PENDING"}
 
@@ -119,6 +122,7 @@ def _from_json(r: dict[str, Any]) -> BatchJob:
         id=str(r["job_id"]),
         name=str(r.get("name", "")),
         user=str(r.get("user_name", "")),
+        uid=_uid(r.get("user_id")),
         queue=str(r.get("partition", "")),
         state=state,
         nodes=int(_number(r.get("node_count")) or 1),
@@ -129,7 +133,19 @@ def _from_json(r: dict[str, Any]) -> BatchJob:
         comment=str(r.get("comment") or ""),
         held=state == "pending" and _held(str(r.get("state_reason", "")), priority),
         priority=priority,
+        heartbeat=_heartbeat(str(r.get("comment") or "")),
     )
+
+
+def _uid(value: Any) -> int | None:
+    """``user_id``, where squeue gives one (a user name alone is looked up by the agent)."""
+    number = _number(value)
+    return None if number is None or number < 0 or number != int(number) else int(number)
+
+
+def _heartbeat(comment: str) -> str:
+    """The path a job's comment names for its heartbeat, "" for none."""
+    return comment[len(COMMENT_PREFIX) :].strip() if comment.startswith(COMMENT_PREFIX) else ""
 
 
 def _scalar(value: Any) -> str:
@@ -176,16 +192,18 @@ def parse_squeue_text(text: str) -> list[BatchJob]:
 
 
 def _from_text(line: str) -> BatchJob:
-    fields = line.split("|", 12)
-    if len(fields) != 13:
-        raise ValueError(f"{len(fields)} fields instead of 13")
-    job_id, name, user, queue, state, nodes, cpus, submitted, start, limit, reason, rank, comment = fields
+    fields = line.split("|", _TEXT_FIELDS - 1)
+    if len(fields) != _TEXT_FIELDS:
+        raise ValueError(f"{len(fields)} fields instead of {_TEXT_FIELDS}")
+    job_id, name, user, uid, queue, state, nodes, cpus, submitted, start, limit, reason, rank, comment = fields
     kind = _state(state)
     priority = float(rank)
+    comment = "" if comment == "(null)" else comment
     return BatchJob(
         id=job_id,
         name=name,
         user=user,
+        uid=int(uid) if uid.isdigit() else None,
         queue=queue,
         state=kind,
         nodes=int(nodes),
@@ -193,9 +211,10 @@ def _from_text(line: str) -> BatchJob:
         submitted=_timestamp(submitted) or 0.0,
         start=_timestamp(start) if kind == "running" else None,
         time_limit=_limit(limit),
-        comment="" if comment == "(null)" else comment,
+        comment=comment,
         held=kind == "pending" and _held(reason, priority),
         priority=priority,
+        heartbeat=_heartbeat(comment),
     )
 
 

@@ -30,7 +30,7 @@ send to jobs (:data:`PASSED_ON`), which ``qsig`` delivers to the whole process g
 the script.
 
 Knobs (environment of ``qsub``): ``FAKESCHED_QUEUE_SECONDS`` keeps each job queued that long before
-it starts (default 0).
+it starts (default 0); ``update(root, n, queue_seconds=0)`` starts a queued job at once.
 """
 
 from __future__ import annotations
@@ -257,11 +257,11 @@ def _run(root: Path, number: int) -> int:
     assert job is not None
     log = job.get("log")
     _log(log, f"job {number} queued by {user()}")
-    start_after = job["submit_time"] + job["queue_seconds"]
+    requeued = False
     while True:
         # qdel's TERM ends a job that has not started; once the script runs, the TERM is for the script.
         signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
-        while time.time() < start_after or (record(root, number) or job).get("held"):
+        while not _may_start(root, number, job, requeued):
             time.sleep(0.02)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         if _file(root, number, "deleted").exists():  # qdel came between the last check and now
@@ -285,12 +285,21 @@ def _run(root: Path, number: int) -> int:
         _clear_node()
         _file(root, number, "started").unlink()
         _file(root, number, "rerun").unlink()
-        start_after = 0.0
+        requeued = True
     status = code if code >= 0 else 256 - code
     _log(log, f"job {number} exited with status {status}")
     _write(_file(root, number, "exit"), str(status))
     _clear_node()
     return 0
+
+
+def _may_start(root: Path, number: int, job: dict[str, Any], requeued: bool) -> bool:
+    """Not held, and its queue time over (a requeued job waits for its hold only). The record is
+    read again each time: a test that changes ``queue_seconds`` starts a job, as a scheduler would."""
+    current = record(root, number) or job
+    if current.get("held"):
+        return False
+    return requeued or time.time() >= current["submit_time"] + current["queue_seconds"]
 
 
 def _wait(root: Path, number: int, job: dict[str, Any], script: subprocess.Popen[bytes]) -> int | None:
