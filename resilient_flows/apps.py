@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import shlex
 import sys
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -46,35 +48,53 @@ logger = logging.getLogger(__name__)
 #: Failures that lose a running attempt from outside: free when the member made progress.
 _LOST = (WorkerLost, ManagerLost, CommandKilled)
 
+#: An attempt shorter than this (seconds from launch to its end) makes the retry wait.
+QUICK_ATTEMPT_S = 10.0
+#: The first backoff, in seconds; doubled after each quick attempt in a row, up to MAX_BACKOFF_S.
+BACKOFF_S = 1.0
+MAX_BACKOFF_S = 30.0
+
 
 @python_app
-def train_app(spec: dict[str, Any], run_dir: str, inputs: Sequence[Any] = ()) -> dict[str, Any]:
+def train_app(
+    spec: dict[str, Any], run_dir: str, inputs: Sequence[Any] = (), start_after: float = 0.0
+) -> dict[str, Any]:
     """Train one member (a :class:`MemberSpec` as a dict) in a worker; resumes from its checkpoint.
 
     ``inputs``: futures of the stages whose output it reads; Parsl starts it once they are done.
+    ``start_after``: the retry's backoff (see :class:`ResumingRetryHandler`).
     """
     from resilient_flows.training.run import run_member
+
+    _wait_until(start_after)
 
     return run_member(spec, run_dir)
 
 
 @python_app
-def command_app(spec: dict[str, Any], run_dir: str, inputs: Sequence[Any] = ()) -> dict[str, Any]:
+def command_app(
+    spec: dict[str, Any], run_dir: str, inputs: Sequence[Any] = (), start_after: float = 0.0
+) -> dict[str, Any]:
     """Run a command member (a :class:`MemberSpec` with ``command``) in a worker: its own
     process group, its run contract in the environment, stop signals forwarded with a grace
     period (see :mod:`resilient_flows.training.command`). A retry runs the command again; a
-    script that uses ``from_env()`` resumes from its checkpoint.
+    script that uses ``from_env()`` resumes from its checkpoint. ``start_after``: the retry's backoff.
     """
     from resilient_flows.training.command import run_command
+
+    _wait_until(start_after)
 
     return run_command(spec, run_dir)
 
 
 @python_app
-def stage_app(spec: dict[str, Any], run_dir: str, inputs: Sequence[Any] = ()) -> Any:
+def stage_app(spec: dict[str, Any], run_dir: str, inputs: Sequence[Any] = (), start_after: float = 0.0) -> Any:
     """Run one workflow stage (a :class:`StageSpec` as a dict): a checkpointed array loop that
-    resumes after its newest committed iteration. ``inputs``: futures of the stages it reads."""
+    resumes after its newest committed iteration. ``inputs``: futures of the stages it reads;
+    ``start_after``: the retry's backoff."""
     from resilient_flows.training.stage import run_stage
+
+    _wait_until(start_after)
 
     return run_stage(spec, run_dir)
 
@@ -103,6 +123,7 @@ def mpi_train_app(
     ranks: int = 2,
     inputs: Sequence[Any] = (),
     parsl_resource_specification: dict | None = None,
+    start_after: float = 0.0,
 ) -> str:
     """Train one data-parallel member on ``ranks`` MPI ranks: one torch.distributed process group
     (formed over MPI, see :mod:`resilient_flows.training.distributed`) for its DDP or FSDP and its
@@ -110,7 +131,10 @@ def mpi_train_app(
 
     Under Parsl's ``MPIExecutor`` the launch prefix comes from ``$PARSL_MPI_PREFIX`` (pass
     ``parsl_resource_specification={"num_ranks": ...}``); elsewhere ``mpiexec -n ranks``.
+    ``start_after``: the retry's backoff, slept before the launch.
     """
+
+    _wait_until(start_after)
     directory = member_dir(run_dir, spec["name"])
     directory.mkdir(parents=True, exist_ok=True)
     spec_path = directory / "spec.json"
@@ -124,20 +148,34 @@ class ResumingRetryHandler:
     """A ``parsl.Config(retry_handler=...)`` for member apps; pair it with ``retries=N``.
 
     - :class:`Preempted` (or the MPI variant's or a command's exit status 75): cost 0, the member
-      stopped cleanly.
+      stopped cleanly, while it makes progress: after ``free_without_progress`` stops in a row
+      without a newer checkpoint, each further one costs 1, so that a script that exits 75 at
+      once cannot loop forever.
     - A lost worker or manager (SIGKILL, node failure, walltime), a command killed by a signal, or
       a full file system: cost 0 when the member made progress, else 1, so a task that dies
       before making progress cannot loop forever. Progress is a newer checkpoint than at its
       previous failure in the tiers the runner sees, or one the lost attempt committed in any
       tier (its heartbeat says so): a node-local checkpoint lost with its node was progress too.
+    - A member whose result is already written (``result.json``) finished; its process dying
+      afterwards (an abort at interpreter exit) is a ``warning`` event, not a failure: no retry.
     - Anything else: cost 1.
+
+    An attempt that ended within :data:`QUICK_ATTEMPT_S` of its launch makes the next one wait,
+    twice as long after each such attempt in a row (from :data:`BACKOFF_S` up to
+    :data:`MAX_BACKOFF_S`): the retry's app is given ``start_after``, a time before which it
+    does not start.
 
     Failures and retries go to the run's ``events.jsonl``.
     """
 
-    def __init__(self, retries: int) -> None:
+    def __init__(self, retries: int, free_without_progress: int = 3) -> None:
+        if free_without_progress < 0:
+            raise ValueError(f"free_without_progress must be >= 0, got {free_without_progress}")
         self.retries = retries
+        self.free_without_progress = free_without_progress
         self._progress: dict[int, int] = {}
+        self._stalled: dict[int, int] = {}  # task -> free stops in a row without progress
+        self._quick: dict[int, int] = {}  # task -> attempts in a row that ended quickly
 
     def __call__(self, exception: Exception, task_record: dict[str, Any]) -> float:
         found = _resumable_task(task_record)
@@ -145,22 +183,37 @@ class ResumingRetryHandler:
             _forget_analytics_heartbeat(task_record)
             return 1.0
         name, run_dir, latest = found
+        task = task_record["id"]
         beat = heartbeat_path(run_dir, name)
         record = read_heartbeat(beat)
         beat.unlink(missing_ok=True)  # the attempt is over, however it ended
+        events = EventLog(run_dir)
+        if _has_result(run_dir, name):
+            events.emit(
+                "warning",
+                name,
+                attempt=task_record["try_id"] + 1,
+                reason=f"its process ended abnormally after writing its result: {type(exception).__name__}: "
+                f"{exception}",
+            )
+            return math.inf  # finished: the runner takes the result, Parsl retries nothing
+        before = self._progress.get(task, -1)
+        progressed = latest > before or (record is not None and record.get("committed") is not None)
+        self._progress[task] = latest
+        self._stalled[task] = 0 if progressed else self._stalled.get(task, 0) + 1
         if isinstance(exception, Preempted) or (
             isinstance(exception, BashExitFailure) and exception.exitcode == EXIT_PREEMPTED
         ):
-            cost, why = 0.0, "preempted"
+            if progressed or self._stalled[task] <= self.free_without_progress:
+                cost, why = 0.0, "preempted"
+            else:
+                stops = self._stalled[task]
+                cost, why = 1.0, f"preempted without progress ({stops} stops in a row without a newer checkpoint)"
         elif isinstance(exception, _LOST) or is_storage_full(exception):
-            before = self._progress.get(task_record["id"], -1)
             what = "lost" if isinstance(exception, _LOST) else "storage full"
-            progressed = latest > before or (record is not None and record.get("committed") is not None)
             cost, why = (0.0, f"{what} after progress") if progressed else (1.0, f"{what} without progress")
         else:
             cost, why = 1.0, "error"
-        self._progress[task_record["id"]] = latest
-        events = EventLog(run_dir)
         events.emit(
             "failed",
             name,
@@ -170,8 +223,42 @@ class ResumingRetryHandler:
             checkpoint=None if latest < 0 else latest,
         )
         if task_record["fail_cost"] + cost <= self.retries:
-            events.emit("retried", name, attempt=task_record["try_id"] + 2, from_step=None if latest < 0 else latest)
+            wait = self._backoff(task, task_record)
+            events.emit(
+                "retried",
+                name,
+                attempt=task_record["try_id"] + 2,
+                from_step=None if latest < 0 else latest,
+                **({"wait_s": round(wait, 3)} if wait else {}),
+            )
         return cost
+
+    def _backoff(self, task: int, task_record: dict[str, Any]) -> float:
+        """Seconds the next attempt waits, handed to it as ``start_after``: 0 after a long attempt."""
+        launched, returned = task_record.get("try_time_launched"), task_record.get("try_time_returned")
+        quick = (
+            launched is not None and returned is not None and (returned - launched).total_seconds() < QUICK_ATTEMPT_S
+        )
+        self._quick[task] = self._quick.get(task, 0) + 1 if quick else 0
+        if not self._quick[task]:
+            return 0.0
+        wait = min(BACKOFF_S * 2 ** (self._quick[task] - 1), MAX_BACKOFF_S)
+        kwargs = task_record.get("kwargs")
+        if isinstance(kwargs, dict):
+            kwargs["start_after"] = time.time() + wait
+        return wait
+
+
+def _has_result(run_dir: str, name: str) -> bool:
+    """Whether the member wrote its result: it is written last, durably, once everything is committed."""
+    return (member_dir(run_dir, name) / "result.json").is_file()
+
+
+def _wait_until(start_after: float) -> None:
+    """Wait until ``start_after`` (a time from :func:`time.time`), the retry's backoff."""
+    remaining = start_after - time.time()
+    if remaining > 0:
+        time.sleep(remaining)
 
 
 def _forget_analytics_heartbeat(task_record: dict[str, Any]) -> None:

@@ -13,6 +13,7 @@ __all__ = [
     "CheckpointError",
     "CloneError",
     "CorruptCheckpointError",
+    "FileTooLargeError",
     "InvalidJobError",
     "LaunchError",
     "Preempted",
@@ -94,6 +95,25 @@ class LaunchError(ResilientFlowsError):
 
 class CloneError(ResilientFlowsError):
     """A clone request names a missing or finished member, or an override a clone cannot apply."""
+
+
+class FileTooLargeError(ResilientFlowsError, ValueError):
+    """A run- or checkpoint-directory file is larger than the cap of its kind, so it was not read.
+
+    It is also a ``ValueError``: readers that pass over a file being rewritten or not valid JSON
+    (a control request, a heartbeat) pass over an oversized one the same way.
+    """
+
+    def __init__(self, path: str | os.PathLike, cap: int, what: str) -> None:
+        super().__init__(path, cap, what)
+        self.path, self.cap, self.what = os.fspath(path), cap, what
+
+    def __str__(self) -> str:
+        return f"{self.what} {self.path} is larger than its cap of {_bytes(self.cap)}; not reading it"
+
+
+def _bytes(size: int) -> str:
+    return f"{size >> 20} MiB" if size >= 1 << 20 and size % (1 << 20) == 0 else f"{size} bytes"
 
 
 class InvalidJobError(ResilientFlowsError, ValueError):

@@ -1,8 +1,9 @@
 """Helpers for tests that need a real Slurm cluster, such as the one ``.ci/slurm-up`` starts.
 
 The Slurm commands find the cluster through ``SLURM_CONF`` (``eval "$(.ci/slurm-up)"`` sets it).
-Without a cluster the tests skip, except where ``RESILIENT_FLOWS_REQUIRE_SLURM=1`` (as in CI): there
-they fail, so that a broken cluster can never pass for a green run.
+Without a cluster the tests skip, except where ``RESILIENT_FLOWS_REQUIRE_SLURM=1`` or
+``RESILIENT_FLOWS_REQUIRE_ALL=1`` (as in CI, see ``tests/requires.py``): there they fail, so that a
+broken cluster can never pass for a green run.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import time
 from collections.abc import Iterable
 
 import pytest
+from requires import unmet
 
 __all__ = ["cancel", "cancel_all", "require_slurm", "slurm_jobs", "slurm_problem", "worker_job_id"]
 
@@ -46,7 +48,8 @@ def slurm_problem() -> str | None:
 def require_slurm() -> None:
     """Return if a Slurm controller answers and a node can run jobs; skip the test otherwise.
 
-    With ``RESILIENT_FLOWS_REQUIRE_SLURM=1`` a missing cluster fails the test instead of skipping it.
+    With ``RESILIENT_FLOWS_REQUIRE_SLURM=1`` (or ``RESILIENT_FLOWS_REQUIRE_ALL=1``) a missing cluster
+    fails the test instead of skipping it.
     """
     problem = slurm_problem()
     if problem is None:
@@ -54,7 +57,7 @@ def require_slurm() -> None:
     where = f"SLURM_CONF={os.environ.get('SLURM_CONF', '(unset)')}"
     if os.environ.get("RESILIENT_FLOWS_REQUIRE_SLURM") == "1":
         pytest.fail(f"RESILIENT_FLOWS_REQUIRE_SLURM=1 but {problem} ({where})", pytrace=False)
-    pytest.skip(f"{SKIP_REASON} ({problem}; {where})")
+    unmet(f"{SKIP_REASON} ({problem}; {where})")
 
 
 def slurm_jobs(name_prefix: str | None = None) -> list[tuple[str, str]]:

@@ -318,6 +318,8 @@ def test_cosim_reads_rates_with_units(text: str, per_hour: float) -> None:
 def test_a_week_of_theta_under_every_policy() -> None:
     path = TRACES / "theta-2022-01.swf"
     if not path.is_file():
+        # A skip even in CI, unlike tests/requires.py's needs: the traces are data beside the
+        # repository, not part of it, and CI runs from a clean clone that may not have them.
         pytest.skip(f"the Theta traces are not here ({TRACES}); they live in the shared directory beside the repo")
     loaded = read_swf(path)
     week = [job for job in loaded.jobs if job.submit_time < 7 * 86400]

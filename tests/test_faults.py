@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import python_env
+from requires import require
 from trainkit import Problem, replicated_digest
 
 from resilient_flows.checkpoint import Checkpointer, CheckpointError, StateMismatchError, TrainState, scan
@@ -145,16 +146,28 @@ def test_sigkill_at_random_moments_never_restores_a_partial_checkpoint(tmp_path:
 
 @pytest.fixture
 def small_filesystem(tmp_path: Path) -> Iterator[Path]:
-    """A 1 MiB tmpfs (needs root, as in CI)."""
+    """A 1 MiB tmpfs (needs root, as in CI, where its absence fails the test)."""
     mount = tmp_path / "small"
     mount.mkdir()
     done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)], capture_output=True)
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here (not root?): {done.stderr.decode().strip()}")
+    require(done.returncode == 0, f"cannot mount a tmpfs here (not root?): {done.stderr.decode().strip()}")
     try:
         yield mount
     finally:
-        subprocess.run(["umount", str(mount)], check=True)
+        unmount(mount)
+
+
+def unmount(mount: Path, wait_s: float = 30.0) -> None:
+    """Unmount, waiting while processes still use the file system: the worker pools of a Parsl
+    run in it go on exiting for a moment after its shutdown returns, longer on a loaded machine."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        done = subprocess.run(["umount", str(mount)], capture_output=True, text=True)
+        if done.returncode == 0:
+            return
+        if "busy" not in done.stderr or time.monotonic() > deadline:
+            raise RuntimeError(f"umount {mount}: {done.stderr.strip()}")
+        time.sleep(0.5)
 
 
 def make_unwritable(path: Path) -> None:

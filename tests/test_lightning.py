@@ -14,25 +14,24 @@ from typing import Any
 
 import pytest
 import torch
+from requires import require_module
 
-pytest.importorskip(
-    "pytorch_lightning", reason="pytorch-lightning is not installed: pip install 'resilient-flows[lightning]'"
-)
+require_module("pytorch_lightning", "pytorch-lightning is not installed: pip install 'resilient-flows[lightning]'")
 
-import pytorch_lightning as pl
-from pytorch_lightning.callbacks import ModelCheckpoint
-from pytorch_lightning.plugins.io import async_plugin
-from pytorch_lightning.plugins.io.async_plugin import AsyncCheckpointIO
-from pytorch_lightning.plugins.io.torch_plugin import TorchCheckpointIO
+import pytorch_lightning as pl  # noqa: E402
+from pytorch_lightning.callbacks import ModelCheckpoint  # noqa: E402
+from pytorch_lightning.plugins.io import async_plugin  # noqa: E402
+from pytorch_lightning.plugins.io.async_plugin import AsyncCheckpointIO  # noqa: E402
+from pytorch_lightning.plugins.io.torch_plugin import TorchCheckpointIO  # noqa: E402
 
-from resilient_flows.checkpoint.tiers import Tier
-from resilient_flows.checkpoint.tree import flatten
-from resilient_flows.errors import CheckpointError
-from resilient_flows.integrations.lightning import ResilientCallback, ResilientCheckpointIO
-from resilient_flows.integrations.pathstore import load, read_ref
-from resilient_flows.training import MemberSpec, RunContract, read_events
-from resilient_flows.training.control import register_member
-from resilient_flows.training.spec import CheckpointSpec, FaultSpec
+from resilient_flows.checkpoint.tiers import Tier  # noqa: E402
+from resilient_flows.checkpoint.tree import flatten  # noqa: E402
+from resilient_flows.errors import CheckpointError  # noqa: E402
+from resilient_flows.integrations.lightning import ResilientCallback, ResilientCheckpointIO  # noqa: E402
+from resilient_flows.integrations.pathstore import load, read_ref  # noqa: E402
+from resilient_flows.training import MemberSpec, RunContract, read_events  # noqa: E402
+from resilient_flows.training.control import register_member  # noqa: E402
+from resilient_flows.training.spec import CheckpointSpec, FaultSpec  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "workflows" / "lightning_digits.py"
@@ -198,7 +197,9 @@ for steps in (6, 10):
 
 
 def test_the_unified_lightning_package_gets_classes_of_its_own(tmp_path: Path) -> None:
-    pytest.importorskip("lightning", reason="the unified lightning package is not installed")
+    require_module(
+        "lightning", "the unified lightning package is not installed: pip install 'resilient-flows[lightning]'"
+    )
     done = subprocess.run(
         [sys.executable, "-c", UNIFIED, str(tmp_path)], capture_output=True, text=True, timeout=120, cwd=ROOT
     )

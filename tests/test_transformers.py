@@ -17,10 +17,11 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
+from requires import require_module
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-transformers = pytest.importorskip(
-    "transformers", reason="transformers is not installed: pip install 'resilient-flows[transformers]'"
+transformers = require_module(
+    "transformers", "transformers is not installed: pip install 'resilient-flows[transformers]'"
 )
 
 import torch  # noqa: E402

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from resilient_flows.checkpoint.manifest import Manifest, read_manifest
 from resilient_flows.checkpoint.reader import OpenCheckpoint
-from resilient_flows.checkpoint.tiers import Tier
+from resilient_flows.checkpoint.tiers import Tier, shard_path
 from resilient_flows.errors import CorruptCheckpointError
 
 __all__ = ["CheckpointInfo", "find_tiers", "scan"]
@@ -50,7 +50,7 @@ def find_tiers(path: str | os.PathLike, max_depth: int = 4) -> list[Tier]:
 def _check_sizes(step_dir: Path, manifest: Manifest) -> None:
     for record in manifest.shards:
         try:
-            size = (step_dir / record.file).stat().st_size
+            size = shard_path(step_dir, record.file).stat().st_size
         except FileNotFoundError:
             raise CorruptCheckpointError(f"{record.file} is missing") from None
         if size != record.nbytes:

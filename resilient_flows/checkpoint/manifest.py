@@ -31,11 +31,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from resilient_flows.capped import MANIFEST_CAP, read_capped
 from resilient_flows.checkpoint.boxes import Box
 from resilient_flows.checkpoint.shardfile import CODE_DTYPES, DTYPE_CODES, ShardRecord
-from resilient_flows.checkpoint.tiers import MANIFEST
+from resilient_flows.checkpoint.tiers import MANIFEST, shard_filename
 from resilient_flows.durable import fsync_dir
-from resilient_flows.errors import CorruptCheckpointError
+from resilient_flows.errors import CheckpointError, CorruptCheckpointError, FileTooLargeError
 
 __all__ = [
     "FORMAT",
@@ -44,6 +45,7 @@ __all__ = [
     "Manifest",
     "PieceRecord",
     "check_cover",
+    "check_shard_name",
     "read_manifest",
     "write_manifest",
 ]
@@ -138,6 +140,8 @@ class Manifest:
         shards = [ShardRecord.from_json(s) for s in data["shards"]]
         if world < 1 or len(shards) != world or len(data["rank_local"]) != world:
             raise ValueError(f"world_size {world} does not match {len(shards)} shards")
+        for index, record in enumerate(shards):
+            check_shard_name(index, world, record.file)
         arrays = {}
         for name, a in data["arrays"].items():
             record = ArrayRecord(
@@ -158,6 +162,20 @@ class Manifest:
             arrays=arrays,
             shards=shards,
             created=float(data["created"]),
+        )
+
+
+def check_shard_name(index: int, world: int, name: str) -> None:
+    """Shard ``index`` of ``world`` has the one name the writer gives it.
+
+    Readers join the name to the step directory and open it: anything else (``../x``, an absolute
+    path, another directory's file) would make a manifest from a shared file system point them
+    at files outside the checkpoint."""
+    expected = shard_filename(index, world)
+    if name != expected:
+        raise ValueError(
+            f"shards[{index}].file is {name!r}, not {expected!r}: "
+            "shards are named shard-<rank>-of-<world size>.safetensors, in their step directory"
         )
 
 
@@ -188,10 +206,18 @@ def check_cover(name: str, record: ArrayRecord, world: int) -> None:
 
 
 def write_manifest(step_dir: Path, manifest: Manifest) -> None:
-    """Commit: the checkpoint exists from the rename on, and survives a crash from the dir fsync."""
+    """Commit: the checkpoint exists from the rename on, and survives a crash from the dir fsync.
+
+    A manifest over the readers' cap is refused here, rather than committed and then unreadable."""
+    data = manifest.to_json().encode()
+    if len(data) > MANIFEST_CAP:
+        raise CheckpointError(
+            f"the manifest of step {manifest.step} would have {len(data)} bytes, over the "
+            f"{MANIFEST_CAP >> 20} MiB that readers accept: the state has too many pieces"
+        )
     tmp = step_dir / f"{MANIFEST}.{os.getpid()}.tmp"
-    with open(tmp, "w") as out:
-        out.write(manifest.to_json())
+    with open(tmp, "wb") as out:
+        out.write(data)
         out.flush()
         os.fsync(out.fileno())
     os.replace(tmp, step_dir / MANIFEST)
@@ -199,9 +225,12 @@ def write_manifest(step_dir: Path, manifest: Manifest) -> None:
 
 
 def read_manifest(step_dir: Path) -> Manifest:
+    """The manifest of ``step_dir``, checked; CorruptCheckpointError naming the step otherwise."""
     path = step_dir / MANIFEST
     try:
-        text = path.read_bytes()
+        text = read_capped(path, MANIFEST_CAP, "the checkpoint manifest")
     except FileNotFoundError:
         raise CorruptCheckpointError(f"{step_dir.name}: manifest.json is missing") from None
-    return Manifest.from_json(text, step_dir.name)
+    except FileTooLargeError as exc:
+        raise CorruptCheckpointError(f"{step_dir.name}: {exc}") from None
+    return Manifest.from_json(text, f"{step_dir.name}/{MANIFEST}")

@@ -40,7 +40,7 @@ from resilient_flows.checkpoint.comm import Comm, SingleProcess, first_problem
 from resilient_flows.checkpoint.manifest import ArrayRecord, Manifest, PieceRecord, read_manifest
 from resilient_flows.checkpoint.shardfile import MappedShard
 from resilient_flows.checkpoint.state import RANK_LOCAL, Stateful, TrainState
-from resilient_flows.checkpoint.tiers import Tier
+from resilient_flows.checkpoint.tiers import Tier, shard_path
 from resilient_flows.checkpoint.tree import Leaf, dtype_of, flatten, unflatten
 from resilient_flows.errors import CheckpointError, CorruptCheckpointError, StateMismatchError
 
@@ -135,7 +135,7 @@ class OpenCheckpoint:
     def visible_shards(self) -> set[int]:
         """The shards this rank can open here: all of them in a shared tier, only its own node's
         in a node-local one."""
-        return {i for i, record in enumerate(self.manifest.shards) if (self.step_dir / record.file).is_file()}
+        return {i for i, record in enumerate(self.manifest.shards) if shard_path(self.step_dir, record.file).is_file()}
 
     def assign_readers(self, targets: Mapping[str, Target], visible: list[set[int]]) -> None:
         """Who reads each piece of a replicated target: among the ranks that see its shard
@@ -235,7 +235,7 @@ class OpenCheckpoint:
         if index not in self._shards:
             record = self.manifest.shards[index]
             try:
-                self._shards[index] = MappedShard(self.step_dir / record.file, record)
+                self._shards[index] = MappedShard(shard_path(self.step_dir, record.file), record)
             except OSError as exc:
                 raise CorruptCheckpointError(f"{record.file}: cannot read it ({exc})") from None
         return self._shards[index]

@@ -21,8 +21,9 @@ import shutil
 from pathlib import Path
 
 from resilient_flows.durable import fsync_dir
+from resilient_flows.errors import CorruptCheckpointError
 
-__all__ = ["MANIFEST", "Tier", "shard_filename", "step_dirname"]
+__all__ = ["MANIFEST", "Tier", "shard_filename", "shard_path", "step_dirname"]
 
 #: A step directory's manifest, renamed into place last: its presence commits the step.
 MANIFEST = "manifest.json"
@@ -38,6 +39,23 @@ def step_dirname(step: int) -> str:
 
 def shard_filename(rank: int, world_size: int) -> str:
     return f"shard-{rank:05d}-of-{world_size:05d}.safetensors"
+
+
+def shard_path(step_dir: Path, name: str) -> Path:
+    """Where the shard file ``name`` (a name a parsed manifest holds) of ``step_dir`` is.
+
+    A parsed manifest's names have no directory part, so the one way left out of the step
+    directory is a symbolic link: one that leads out is refused with CorruptCheckpointError, as
+    it may lead to any file on the machine, which restore and export must not read as a shard.
+    """
+    path = step_dir / name
+    if path.is_symlink():
+        target = path.resolve()
+        if not target.is_relative_to(step_dir.resolve()):
+            raise CorruptCheckpointError(
+                f"{step_dir.name}/{name} is a symbolic link out of its step directory, to {target}"
+            )
+    return path
 
 
 class Tier:
@@ -131,7 +149,7 @@ class Tier:
         shutil.rmtree(staging, ignore_errors=True)
         staging.mkdir(parents=True)
         for item in sorted(source.iterdir(), key=lambda p: p.name == MANIFEST):  # the manifest last
-            if item.suffix == ".tmp" or not item.is_file():
+            if item.suffix == ".tmp" or item.is_symlink() or not item.is_file():  # a link's target is not ours
                 continue
             try:
                 os.link(item, staging / item.name)

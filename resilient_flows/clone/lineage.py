@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
 from rich.tree import Tree
 
+from resilient_flows.capped import CONTROL_CAP, read_json_capped
 from resilient_flows.training.control import member_dir, registered_members
 from resilient_flows.training.spec import MemberSpec
 
@@ -45,6 +45,6 @@ def lineage_tree(run_dir: str | os.PathLike, states: dict[str, str] | None = Non
 
 def _seed(run_dir: Path, name: str) -> dict | None:
     try:
-        return json.loads((member_dir(run_dir, name) / "seed.json").read_text())
+        return read_json_capped(member_dir(run_dir, name) / "seed.json", CONTROL_CAP, "clone seed")
     except (OSError, ValueError):
         return None

@@ -230,6 +230,12 @@ class ResilientModelParallelStrategy(_ModelParallelStrategy):
             )
         super().__init__(*args, save_distributed_checkpoint=False, **kwargs)
 
+    def teardown(self) -> None:
+        """Lightning's ``ModelParallelStrategy`` skips its base class's teardown, which closes the
+        checkpoint plugin: without this the engine would be closed only from an ``atexit`` hook."""
+        super().teardown()
+        self.checkpoint_io.teardown()
+
     def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:
         """Read ``checkpoint_path`` through the plugin and load its shards into the model and optimizers."""
         from torch.distributed.checkpoint.state_dict import (
@@ -307,6 +313,7 @@ class ResilientCallback(_Callback):
         self._metrics: MetricsLog | None = None
         self._watch: RequestWatch | None = None
         self._last: dict[str, float] = {}
+        self._report: dict[str, Any] | None = None  # what on_fit_end writes, agreed at the end of training
         self._step = -1
 
     @property
@@ -342,7 +349,7 @@ class ResilientCallback(_Callback):
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         # Lightning installs its own SIGTERM handler just before training (it would end the run
         # with status 0): ours replaces it until the end of training.
-        self._signal, self.stopped = None, None
+        self._signal, self.stopped, self._report = None, None, None
         if threading.current_thread() is threading.main_thread():
             self._handlers = {sig: signal.signal(sig, self._request_stop) for sig in STOP_SIGNALS}
         self._step = trainer.global_step - 1
@@ -367,28 +374,32 @@ class ResilientCallback(_Callback):
 
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
         self._restore_handlers()
-
-    def on_fit_end(self, trainer: Any, pl_module: Any) -> None:
         if self.contract is None:
             return
         from resilient_flows.training.context import state_digest
 
+        # Here, not at fit's end: the ranks agree over the process group, which Lightning tears
+        # down before on_fit_end and this callback destroys at teardown.
         digest = state_digest(pl_module)
         report = {"step": trainer.global_step - 1, **self._last, "digest": digest}
         if trainer.world_size > 1:  # replicas that drifted apart (a rank that restored another state) show here
             agree = digest == trainer.strategy.broadcast(digest)
             report["ranks_agree"] = trainer.strategy.reduce_boolean_decision(agree, all=True)
-        if not trainer.is_global_zero:
+        self._report = report
+
+    def on_fit_end(self, trainer: Any, pl_module: Any) -> None:
+        if self._report is None or not trainer.is_global_zero:
             return
         if self.stopped is not None:
-            report["stopped"] = self.stopped
-        write_durably(self._directory / REPORT_FILE, json.dumps(report, indent=2))
+            self._report["stopped"] = self.stopped
+        write_durably(self._directory / REPORT_FILE, json.dumps(self._report, indent=2))
 
     def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
         self._restore_handlers()
         if self._metrics is not None:
             self._metrics.close()
             self._metrics = None
+        _release_process_group(trainer)
 
     # ------------------------------------------------------------------ internals
 
@@ -471,6 +482,18 @@ class ResilientCallback(_Callback):
     def _emit(self, trainer: Any, kind: str, **fields: Any) -> None:
         if self.contract is not None and trainer.is_global_zero:
             EventLog(self.contract.run_dir).emit(kind, self.contract.member, **fields)
+
+
+def _release_process_group(trainer: Any) -> None:
+    """Destroy the default process group Lightning created and never destroys.
+
+    Left to interpreter exit, torch's gloo worker threads are torn down during finalisation and
+    the process now and then aborts (SIGABRT, "terminate called without an active exception")
+    after training finished and committed everything. A later ``fit`` or ``test`` of the same
+    Trainer creates the group again.
+    """
+    if trainer.world_size > 1 and torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
 
 
 def _is_scalar(value: Any) -> bool:

@@ -40,12 +40,13 @@ from typing import Any
 
 import torch
 
+from resilient_flows.capped import CONTROL_CAP, DOCUMENT_CAP, read_capped
 from resilient_flows.checkpoint.engine import Checkpointer
 from resilient_flows.checkpoint.reader import read_checkpoint
 from resilient_flows.checkpoint.tiers import MANIFEST, Tier
 from resilient_flows.checkpoint.tree import flatten, unflatten
 from resilient_flows.durable import fsync_dir, write_durably
-from resilient_flows.errors import CheckpointError
+from resilient_flows.errors import CheckpointError, FileTooLargeError
 
 __all__ = ["REF_FORMAT", "PathStore", "Ref", "load", "read_ref"]
 
@@ -97,13 +98,15 @@ def lane_tiers(store: Path, local: Path | None, lane: int) -> list[Tier]:
 
 
 def read_ref(path: str | os.PathLike) -> Ref | None:
-    """The reference at ``path`` (symlinks followed), or None when it is absent or not one."""
+    """The reference at ``path`` (symlinks followed), or None when it is absent or not one.
+
+    A file that starts as a reference but is over the cap raises FileTooLargeError: skipping it
+    would let garbage collection drop the checkpoint it names."""
     try:
         with open(path, "rb") as f:
             if f.read(len(REF_FORMAT) + 12).find(REF_FORMAT.encode()) < 0:
                 return None
-            f.seek(0)
-            data = json.loads(f.read())
+        data = json.loads(read_capped(path, DOCUMENT_CAP, "checkpoint reference"))
         if data["version"] > REF_VERSION:
             raise CheckpointError(
                 f"{path} was written by a newer resilient-flows (reference version {data['version']})"
@@ -116,6 +119,8 @@ def read_ref(path: str | os.PathLike) -> Ref | None:
             int(data["step"]),
             data.get("skeleton"),
         )
+    except FileTooLargeError:
+        raise
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
@@ -353,7 +358,7 @@ class PathStore:
     def _ref_dirs(self) -> list[Path]:
         if self._refdirs is None:
             try:
-                text = (self.directory / "refdirs").read_text()
+                text = read_capped(self.directory / "refdirs", CONTROL_CAP, "reference directory list").decode()
             except FileNotFoundError:
                 text = ""
             self._refdirs = [Path(line) for line in text.splitlines() if line]

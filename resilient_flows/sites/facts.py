@@ -14,6 +14,8 @@ Parsl::
       stall_timeout: 2m             # silence after which a running attempt is lost; default 60s
       stop_grace: 90s               # a command member's time to exit after a forwarded stop signal;
                                     # default 60s; a member's own grace: wins
+      orphan_timeout: 5m            # a runner gone this long: its members checkpoint and stop, its
+                                    # blocks are cancelled; default 5m
 
 Durations take the units of :func:`resilient_flows.units.parse_duration` (s, m, h, d);
 ``walltime`` also takes Parsl's ``HH:MM:SS``, so a YAML anchor can share it with the provider.
@@ -30,6 +32,7 @@ from typing import Any
 from resilient_flows.envvars import expand_env
 from resilient_flows.errors import SiteConfigError
 from resilient_flows.sites.sitefile import read_site, site_path
+from resilient_flows.training.lease import DEFAULT_ORPHAN_TIMEOUT_S
 from resilient_flows.units import parse_duration
 
 __all__ = ["SiteFacts", "site_facts"]
@@ -44,6 +47,7 @@ _OPTIONAL = (
     "walltime",
     "stall_timeout",
     "stop_grace",
+    "orphan_timeout",
 )
 
 #: Seconds a running attempt may stay silent before it is declared lost, unless the site says.
@@ -63,7 +67,9 @@ class SiteFacts:
     :mod:`resilient_flows.workflow.watchdog`); a slow machine or file system wants more.
     ``stop_grace_s`` is how long a command member has to commit and exit after a forwarded stop
     signal before it is killed: set it below the time between the batch system's warning signal
-    and its kill. ``None``: the launcher's default, unless the member says.
+    and its kill. ``None``: the launcher's default, unless the member says. ``orphan_timeout_s``
+    is how long the runner may be gone before its members stop and its blocks are cancelled
+    (see :mod:`resilient_flows.training.lease`).
     """
 
     name: str
@@ -77,6 +83,7 @@ class SiteFacts:
     walltime_s: float | None = None
     stall_timeout_s: float = DEFAULT_STALL_TIMEOUT_S
     stop_grace_s: float | None = None
+    orphan_timeout_s: float = DEFAULT_ORPHAN_TIMEOUT_S
 
 
 def site_facts(name_or_path: str | os.PathLike = "local") -> SiteFacts:
@@ -115,6 +122,7 @@ def parse_facts(raw: Any, name: str, where: str) -> SiteFacts:
         walltime_s=_seconds(raw.get("walltime"), "walltime", where, clock=True),
         stall_timeout_s=_seconds(raw.get("stall_timeout"), "stall_timeout", where) or DEFAULT_STALL_TIMEOUT_S,
         stop_grace_s=_seconds(raw.get("stop_grace"), "stop_grace", where),
+        orphan_timeout_s=_seconds(raw.get("orphan_timeout"), "orphan_timeout", where) or DEFAULT_ORPHAN_TIMEOUT_S,
     )
 
 

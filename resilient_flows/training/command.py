@@ -19,7 +19,9 @@ Nothing here imports torch or Parsl.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
+import logging
 import os
 import signal
 import socket
@@ -31,6 +33,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from resilient_flows.capped import DOCUMENT_CAP, read_json_capped
 from resilient_flows.durable import write_durably
 from resilient_flows.errors import Preempted, ResilientFlowsError
 from resilient_flows.training.contract import EXIT_PREEMPTED, REPORT_FILE, STOP_SIGNALS, RunContract
@@ -40,6 +43,8 @@ from resilient_flows.training.heartbeat import Heartbeat
 from resilient_flows.training.spec import MemberSpec
 
 __all__ = ["DEFAULT_GRACE_S", "CommandFailed", "CommandKilled", "run_command"]
+
+logger = logging.getLogger(__name__)
 
 #: Seconds a command has, after a forwarded stop signal, to commit a checkpoint and exit.
 DEFAULT_GRACE_S = 60.0
@@ -95,7 +100,9 @@ def run_command(spec_dict: dict[str, Any], run_dir: str) -> dict[str, Any]:
     events = EventLog(run_dir)
     grace = DEFAULT_GRACE_S if spec.grace_s is None else spec.grace_s
     log_path = directory / "output.log"
-    with log_path.open("ab") as log, Heartbeat(run_dir, spec.name, attempt):
+    stop = _Stop()
+    orphaned = functools.partial(stop.request, signal.SIGTERM)  # as a batch system warns a job: commit, exit 75
+    with log_path.open("ab") as log, Heartbeat(run_dir, spec.name, attempt, on_orphaned=orphaned):
         log.write(f"--- attempt {attempt} on {socket.gethostname()}: {spec.command}\n".encode())
         log.flush()
         process = subprocess.Popen(
@@ -110,13 +117,20 @@ def run_command(spec_dict: dict[str, Any], run_dir: str) -> dict[str, Any]:
         events.emit(
             "started", spec.name, attempt=attempt, host=socket.gethostname(), pid=os.getpid(), command_pid=process.pid
         )
+        stop.process = process
         try:
-            with _forwarding(process) as stop:
+            with _forwarding(stop):
                 status, why = _wait(process, stop, grace)
         finally:
             _kill_group(process.pid)  # whatever it left behind must not write into the next attempt
     if status == 0:
         return _finish(spec, run_dir, attempt, events)
+    if status != EXIT_PREEMPTED and (directory / REPORT_FILE).is_file():
+        # Its report is written durably once its last checkpoint is committed: the member finished,
+        # and an abort at exit (gloo's threads torn down with the interpreter) must not undo that.
+        ended = f"was killed by {signal.Signals(-status).name}" if status < 0 else f"exited with status {status}"
+        events.emit("warning", spec.name, attempt=attempt, reason=f"the command {ended} after reporting its result")
+        return _finish(spec, run_dir, attempt, events, status)
     if status == EXIT_PREEMPTED:
         reason = stop.reason or "the command exited with status 75"
         raise Preempted(spec.name, latest_committed_step(run_dir, spec), reason)
@@ -126,32 +140,38 @@ def run_command(spec_dict: dict[str, Any], run_dir: str) -> dict[str, Any]:
 
 
 class _Stop:
-    """The first stop signal forwarded to a command, and when."""
+    """The first stop request made of a command (a forwarded signal, the runner gone), and when;
+    the grace runs from then."""
 
     def __init__(self) -> None:
         self.reason: str | None = None
         self.since: float | None = None
+        self.process: subprocess.Popen | None = None
+
+    def request(self, signum: int, reason: str) -> None:
+        """Send ``signum`` to the command's group (once it runs), remembering the first reason."""
+        if self.since is None:
+            self.reason, self.since = reason, time.monotonic()
+        if self.process is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, signum)
 
 
 @contextlib.contextmanager
-def _forwarding(process: subprocess.Popen) -> Iterator[_Stop]:
+def _forwarding(stop: _Stop) -> Iterator[None]:
     """Forward SIGTERM and SIGUSR1 to the command's group while it runs (main thread only: a
     thread cannot install signal handlers, and then the group gets the batch system's signals
     directly or not at all)."""
-    stop = _Stop()
     if threading.current_thread() is not threading.main_thread():
-        yield stop
+        yield
         return
 
     def forward(signum: int, _frame: Any) -> None:
-        if stop.since is None:
-            stop.reason, stop.since = f"signal {signal.Signals(signum).name}", time.monotonic()
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signum)
+        stop.request(signum, f"signal {signal.Signals(signum).name}")
 
     previous = {sig: signal.signal(sig, forward) for sig in STOP_SIGNALS}
     try:
-        yield stop
+        yield
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
@@ -183,15 +203,18 @@ def _kill_group(group: int) -> None:
         os.killpg(group, signal.SIGKILL)
 
 
-def _finish(spec: MemberSpec, run_dir: str, attempt: int, events: EventLog) -> dict[str, Any]:
+def _finish(spec: MemberSpec, run_dir: str, attempt: int, events: EventLog, status: int = 0) -> dict[str, Any]:
     """The member's result: what its script reported, if it did, and how the command ended."""
     directory = member_dir(run_dir, spec.name)
     try:
-        reported = json.loads((directory / REPORT_FILE).read_text())
-    except (OSError, ValueError):
+        reported = read_json_capped(directory / REPORT_FILE, DOCUMENT_CAP, "the command's report")
+    except FileNotFoundError:
+        reported = {}
+    except (OSError, ValueError) as exc:  # the member did finish: its result says what the report lacks
+        logger.warning("member %s: its report is not used: %s", spec.name, exc)
         reported = {}
     result = {**(reported if isinstance(reported, dict) else {}), "member": spec.name, "attempts": attempt}
-    result["exit_status"] = 0
+    result["exit_status"] = status
     write_durably(directory / "result.json", json.dumps(result, indent=2, default=str))
     scalars = {k: v for k, v in result.items() if isinstance(v, int | float | str) and k not in ("member", "attempts")}
     events.emit("finished", spec.name, attempt=attempt, **scalars)

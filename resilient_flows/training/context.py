@@ -28,6 +28,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from resilient_flows.capped import CONTROL_CAP, read_json_capped
 from resilient_flows.checkpoint import Checkpointer, TrainState
 from resilient_flows.errors import LaunchError, Preempted, ResilientFlowsError, StorageFullError
 from resilient_flows.training.autotune import MAX_PERSIST_EVERY, AutoTuner, tuned_fields
@@ -159,7 +160,11 @@ class TrainContext:
             self.attempt = attempt
             return
         self.attempt = self.checkpointer.comm.bcast(count_attempt(self.directory) if self.rank == 0 else None)
-        self._heartbeat = Heartbeat(run_dir, self.name, self.attempt).start() if self.rank == 0 else None
+        self._heartbeat = (
+            Heartbeat(run_dir, self.name, self.attempt, on_orphaned=self._stop_orphaned).start()
+            if self.rank == 0
+            else None
+        )
         self._emit("started", attempt=self.attempt, host=socket.gethostname(), pid=os.getpid())
 
     # ------------------------------------------------------------------ the contract
@@ -502,6 +507,10 @@ class TrainContext:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
 
+    def _stop_orphaned(self, reason: str) -> None:
+        """The runner is gone (from the heartbeat's thread): stop at the next step boundary, as on a signal."""
+        self._stop_reason = reason
+
     def _emit(self, kind: str, **fields: Any) -> None:
         if self.rank == 0:
             self.events.emit(kind, self.name, **fields)
@@ -509,6 +518,6 @@ class TrainContext:
 
 def _read_seed_step(directory: Path) -> int | None:
     try:
-        return int(json.loads((directory / "seed.json").read_text())["step"])
+        return int(read_json_capped(directory / "seed.json", CONTROL_CAP, "clone seed")["step"])
     except (OSError, ValueError, KeyError, TypeError):
         return None

@@ -28,6 +28,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from resilient_flows.capped import CONTROL_CAP, DOCUMENT_CAP, read_capped, read_json_capped
 from resilient_flows.durable import write_durably
 from resilient_flows.training.spec import MemberSpec
 
@@ -64,7 +65,7 @@ def register_member(run_dir: str | os.PathLike, spec: MemberSpec) -> Path:
 def read_spec(run_dir: str | os.PathLike, name: str) -> MemberSpec | None:
     """The registered spec of member ``name``, or None if there is no such member."""
     try:
-        return MemberSpec.from_dict(json.loads((member_dir(run_dir, name) / "spec.json").read_text()))
+        return _load_spec(member_dir(run_dir, name) / "spec.json")
     except FileNotFoundError:
         return None
 
@@ -82,14 +83,18 @@ def registered_members(run_dir: str | os.PathLike, known: dict[Path, MemberSpec]
     known = {} if known is None else known
     for path in paths:
         if path not in known:
-            known[path] = MemberSpec.from_dict(json.loads(path.read_text()))
+            known[path] = _load_spec(path)
     return [known[path] for path in paths]
+
+
+def _load_spec(path: Path) -> MemberSpec:
+    return MemberSpec.from_dict(read_json_capped(path, DOCUMENT_CAP, "member spec"))
 
 
 def count_attempt(directory: Path) -> int:
     """Count one more attempt of the task whose directory this is; which attempt it is (1 for the first)."""
     path = directory / "attempts"
-    attempt = (int(path.read_text() or 0) if path.exists() else 0) + 1
+    attempt = (int(read_capped(path, CONTROL_CAP, "attempt counter") or 0) if path.exists() else 0) + 1
     write_durably(path, str(attempt))
     return attempt
 
@@ -134,9 +139,9 @@ def request_retirement(run_dir: str | os.PathLike, name: str, reason: str) -> Pa
 def read_stop_request(directory: Path) -> tuple[str, str] | None:
     """A pending ``(action, reason)``: ``preempt`` (stop, to be requeued) or ``retire`` (finish)."""
     try:
-        request = json.loads((directory / "control.json").read_text())
+        request = read_json_capped(directory / "control.json", CONTROL_CAP, "control request")
     except (OSError, ValueError):
-        return None  # absent, or being written: read again after the next step
+        return None  # absent, being written (read again after the next step), or oversized: no request
     if isinstance(request, dict) and request.get("action") in ("preempt", "retire"):
         return str(request["action"]), str(request.get("reason", f"{request['action']} requested"))
     return None
@@ -159,7 +164,7 @@ class CloneOrder:
         return json.dumps(asdict(self))
 
     @classmethod
-    def from_json(cls, text: str) -> CloneOrder:
+    def from_json(cls, text: str | bytes) -> CloneOrder:
         data: dict[str, Any] = json.loads(text)
         at_step = data.get("at_step")
         return cls(
@@ -187,9 +192,9 @@ def read_clone_orders(directory: Path) -> list[CloneOrder]:
     found = []
     for path in directory.glob("clone-order.*.json"):
         try:
-            found.append(CloneOrder.from_json(path.read_text()))
+            found.append(CloneOrder.from_json(read_capped(path, CONTROL_CAP, "clone order")))
         except (OSError, ValueError, KeyError):
-            continue  # being written
+            continue  # being written, or oversized: no order
     return sorted(found, key=lambda o: o.requested_at)
 
 

@@ -23,6 +23,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from resilient_flows.capped import LINE_CAP, CappedLines
 from resilient_flows.errors import is_storage_full
 
 __all__ = ["EVENT_KINDS", "FULL_WAIT_S", "EventLog", "EventTail", "MetricsLog", "read_events"]
@@ -44,6 +45,7 @@ EVENT_KINDS = (
     "retried",
     "preempted",
     "finished",
+    "warning",
     "analytics_started",
     "analytics",
     "ondemand",
@@ -162,15 +164,12 @@ class MetricsLog:
 
 
 def read_events(run_dir: str | os.PathLike) -> Iterator[dict[str, Any]]:
-    """The events of a run in file order; a torn last line (a writer killed mid-write) is skipped."""
-    path = Path(run_dir) / "events.jsonl"
-    if not path.exists():
-        return
-    with path.open("rb") as f:
-        for raw in f:
-            record = _parse(raw)
-            if record is not None:
-                yield record
+    """The events of a run in file order; a torn last line (a writer killed mid-write) is skipped,
+    and so is a line over :data:`~resilient_flows.capped.LINE_CAP`, with a warning."""
+    for raw in CappedLines(Path(run_dir) / "events.jsonl", LINE_CAP, "event log"):
+        record = _parse(raw)
+        if record is not None:
+            yield record
 
 
 class EventTail:
@@ -182,15 +181,12 @@ class EventTail:
         self._offset = 0
 
     def new(self) -> list[dict[str, Any]]:
-        try:
-            with self.path.open("rb") as f:
-                f.seek(self._offset)
-                chunk = f.read()
-        except FileNotFoundError:
-            return []
-        complete = chunk[: chunk.rfind(b"\n") + 1]  # a line still being written waits for the next call
-        self._offset += len(complete)
-        return [record for raw in complete.splitlines() if (record := _parse(raw)) is not None]
+        """The events of the complete lines appended since the last call; a line still being
+        written waits for the next call."""
+        lines = CappedLines(self.path, LINE_CAP, "event log", self._offset)
+        found = [record for raw in lines if (record := _parse(raw)) is not None]
+        self._offset = lines.offset
+        return found
 
 
 def _parse(raw: bytes) -> dict[str, Any] | None:

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from resilient_flows.capped import CONTROL_CAP, read_capped, read_json_capped
 from resilient_flows.checkpoint import Checkpointer, TrainState
 from resilient_flows.checkpoint.tiers import Tier
 from resilient_flows.training.control import CloneOrder, clone_order_path, member_dir, read_spec
@@ -118,11 +119,11 @@ def _handoff_problem(run_dir: Path, parent: ParentSpec) -> str | None:
     source_dir = member_dir(run_dir, parent.member)
     marker = _forking_marker(run_dir, parent.member, parent.request)
     try:
-        forking = json.loads(marker.read_text())
+        forking = read_json_capped(marker, CONTROL_CAP, "fork marker")
     except FileNotFoundError:
         forking = None
     except ValueError:
-        return None  # being written
+        return None  # being written (an oversized one never ends: the deadline does)
     if forking is None:
         pending = clone_order_path(source_dir, parent.request).exists()
         if pending and (source_dir / "result.json").exists():
@@ -180,14 +181,14 @@ def _read_spec(run_dir: Path, name: str) -> MemberSpec | None:
 
 def _forked_at(directory: Path) -> float | None:
     try:
-        return float(json.loads((directory / HANDOFF).read_text())["forked_at"])
+        return float(read_json_capped(directory / HANDOFF, CONTROL_CAP, "fork hand-off")["forked_at"])
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
 
 def _read_int(path: Path) -> int | None:
     try:
-        return int(path.read_text())
+        return int(read_capped(path, CONTROL_CAP, "attempt counter"))
     except (OSError, ValueError):
         return None
 

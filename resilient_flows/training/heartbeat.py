@@ -19,13 +19,18 @@ it could parse.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from resilient_flows.capped import CONTROL_CAP, read_json_capped
+from resilient_flows.training.lease import orphaned
 
 __all__ = ["BEAT_S", "RECORD_BYTES", "Heartbeat", "analytics_task", "heartbeat_path", "read_heartbeat"]
 
@@ -46,14 +51,10 @@ def heartbeat_path(run_dir: str | os.PathLike, task: str) -> Path:
 
 
 def read_heartbeat(path: Path) -> dict[str, Any] | None:
-    """The record in a heartbeat file, or None when it is absent or being rewritten."""
+    """The record in a heartbeat file, or None when it is absent, being rewritten or oversized."""
     try:
-        raw = path.read_bytes()
-    except OSError:
-        return None
-    try:
-        record = json.loads(raw)
-    except ValueError:
+        record = read_json_capped(path, CONTROL_CAP, "heartbeat")
+    except (OSError, ValueError):
         return None
     return record if isinstance(record, dict) else None
 
@@ -65,11 +66,24 @@ class Heartbeat:
     beating thread turns it into a step rate. On a clean exit, any exception included, the file
     is removed, so that a finished or failed attempt is never mistaken for a silent one; a killed
     process leaves its file to go stale, which is the point.
+
+    Each beat also looks at the runner's lease (:mod:`~resilient_flows.training.lease`): once the
+    runner has been gone longer than its orphan timeout, ``on_orphaned(reason)`` is called, once,
+    from the beating thread; the attempt then commits a checkpoint and stops.
     """
 
-    def __init__(self, run_dir: str | os.PathLike, task: str, attempt: int, beat_s: float = BEAT_S) -> None:
+    def __init__(
+        self,
+        run_dir: str | os.PathLike,
+        task: str,
+        attempt: int,
+        beat_s: float = BEAT_S,
+        on_orphaned: Callable[[str], None] | None = None,
+    ) -> None:
         self.path = heartbeat_path(run_dir, task)
+        self.run_dir = Path(run_dir)
         self.beat_s = beat_s
+        self.on_orphaned = on_orphaned
         self._fixed = {
             "task": task,
             "attempt": attempt,
@@ -119,10 +133,13 @@ class Heartbeat:
 
     def _run(self) -> None:
         while not self._stop.wait(self.beat_s):
-            try:
+            with contextlib.suppress(OSError):  # a full or stalled file system: the runner will see the silence
                 self._beat()
-            except OSError:  # a full or stalled file system: the runner will see the silence
-                continue
+            if self.on_orphaned is not None:
+                reason = orphaned(self.run_dir)
+                if reason is not None:
+                    self.on_orphaned(reason)
+                    self.on_orphaned = None
 
     def _beat(self) -> None:
         now = time.monotonic()

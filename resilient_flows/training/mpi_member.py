@@ -9,10 +9,9 @@ a failure.
 
 from __future__ import annotations
 
-import json
 import sys
-from pathlib import Path
 
+from resilient_flows.capped import DOCUMENT_CAP, read_json_capped
 from resilient_flows.errors import Preempted
 
 #: ``EX_TEMPFAIL`` from sysexits.h: try again later.
@@ -25,7 +24,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from resilient_flows.training.run import run_member
 
-    spec = json.loads(Path(spec_path).read_text())
+    spec = read_json_capped(spec_path, DOCUMENT_CAP, "member spec")
     try:
         run_member(spec, run_dir, comm=MPI.COMM_WORLD)
     except Preempted as exc:

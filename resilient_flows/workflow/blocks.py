@@ -31,8 +31,10 @@ from parsl.executors.status_handling import BlockProviderExecutor
 from parsl.jobs.states import JobState, JobStatus
 from parsl.providers import LocalProvider
 
+from resilient_flows.capped import CONTROL_CAP, LINE_CAP, CappedLines, read_json_capped
 from resilient_flows.errors import WorkflowError, is_storage_full
 from resilient_flows.training.events import FULL_WAIT_S
+from resilient_flows.training.lease import DEFAULT_ORPHAN_TIMEOUT_S, RUNNER_FILE, process_start_time, stat_fields
 
 __all__ = ["BlockLedger", "RunnerLock", "cancel_block", "kill_stragglers", "process_start_time", "retire_block"]
 
@@ -43,21 +45,6 @@ LEDGER = "blocks.jsonl"
 #: Seconds a cancelled local block has to stop on SIGTERM (a member commits a checkpoint and
 #: stops) before its process group is killed.
 KILL_GRACE_S = 5.0
-RUNNER = "runner.json"
-
-
-def _stat_fields(pid: int | str) -> list[str]:
-    """The fields of ``/proc/<pid>/stat`` after the command name (state first); raises OSError."""
-    stat = Path(f"/proc/{pid}/stat").read_text()
-    return stat[stat.rfind(")") + 2 :].split()
-
-
-def process_start_time(pid: int) -> int | None:
-    """When process ``pid`` started, in clock ticks since boot (``/proc/<pid>/stat``); None if it is gone."""
-    try:
-        return int(_stat_fields(pid)[19])
-    except OSError:
-        return None
 
 
 def _same_process(pid: int | None, started: int | None) -> bool:
@@ -116,12 +103,8 @@ class BlockLedger:
 
     def previous(self) -> list[dict[str, Any]]:
         """The records of the runners before this one."""
-        try:
-            lines = (self.run_dir / LEDGER).read_text().splitlines()
-        except FileNotFoundError:
-            return []
         records = []
-        for line in lines:
+        for line in CappedLines(self.run_dir / LEDGER, LINE_CAP, "runner ledger"):
             try:
                 record = json.loads(line)
             except ValueError:
@@ -136,17 +119,11 @@ class BlockLedger:
         ``executors`` are this runner's, not started yet: their providers cancel the recorded
         jobs of the executor with the same label.
         """
-        providers = {e.label: e.provider for e in executors if isinstance(e, BlockProviderExecutor)}
-        done = []
-        for record in self.previous():
-            if "interchange" in record:
-                if _kill_recorded(record["interchange"], record.get("started"), signal.SIGKILL, group=False):
-                    done.append(f"interchange (pid {record['interchange']}) of executor {record['executor']}")
-                continue
-            provider = providers.get(record.get("executor"))
-            if provider is not None and cancel_block(provider, record):
-                done.append(f"block {record['block']} (job {record['job_id']}) of executor {record['executor']}")
-        return done
+        return _cancel(self.previous(), executors)
+
+    def cancel_runner(self, runner: int, executors: Iterable[Any]) -> list[str]:
+        """Cancel what runner ``runner`` recorded (its guard does, once it is gone); in words."""
+        return _cancel([r for r in self.previous() if r.get("runner") == runner], executors)
 
     def _append(self, record: dict[str, Any]) -> None:
         line = json.dumps({"time": round(time.time(), 3), "runner": self.runner, **record}) + "\n"
@@ -158,6 +135,22 @@ class BlockLedger:
             os.write(fd, line.encode())
         finally:
             os.close(fd)
+
+
+def _cancel(records: list[dict[str, Any]], executors: Iterable[Any]) -> list[str]:
+    """Cancel recorded blocks through the providers of the executors of the same labels, and kill
+    recorded interchanges; what was cancelled, in words."""
+    providers = {e.label: e.provider for e in executors if isinstance(e, BlockProviderExecutor)}
+    done = []
+    for record in records:
+        if "interchange" in record:
+            if _kill_recorded(record["interchange"], record.get("started"), signal.SIGKILL, group=False):
+                done.append(f"interchange (pid {record['interchange']}) of executor {record['executor']}")
+            continue
+        provider = providers.get(record.get("executor"))
+        if provider is not None and cancel_block(provider, record):
+            done.append(f"block {record['block']} (job {record['job_id']}) of executor {record['executor']}")
+    return done
 
 
 def _job_record(provider: Any, job_id: str) -> dict[str, Any]:
@@ -242,7 +235,7 @@ def kill_stragglers(group: int | None = None, slurm_job: str | None = None) -> i
             command = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")[0].decode()
             if os.path.realpath(command) != python:
                 continue
-            ours = group is not None and int(_stat_fields(entry)[2]) == group
+            ours = group is not None and int(stat_fields(entry)[2]) == group
             if not ours and job is not None:
                 ours = job in Path(f"/proc/{entry}/environ").read_bytes().split(b"\0")
         except OSError:
@@ -305,15 +298,18 @@ def _kill_recorded(pid: int | None, started: int | None, sig: signal.Signals, gr
 
 @dataclass(frozen=True)
 class RunnerLock:
-    """``runner.json``: which process runs the run now, so that a second runner is refused."""
+    """``runner.json``: which process runs the run now, so that a second runner is refused, and
+    how long it may be gone before its members stop (the lease, see
+    :mod:`resilient_flows.training.lease`)."""
 
     run_dir: Path
+    orphan_timeout_s: float = DEFAULT_ORPHAN_TIMEOUT_S
 
     def acquire(self) -> None:
         """Claim the run for this process; an error naming the runner that still holds it."""
-        path = self.run_dir / RUNNER
+        path = self.run_dir / RUNNER_FILE
         try:
-            holder = json.loads(path.read_text())
+            holder = read_json_capped(path, CONTROL_CAP, "runner lock")
         except (OSError, ValueError):
             holder = None
         if (
@@ -326,8 +322,13 @@ class RunnerLock:
                 f"{self.run_dir} is being run by process {holder['pid']} on {holder['host']}; "
                 "wait for it to end, or stop it, before resuming"
             )
-        me = {"pid": os.getpid(), "host": socket.gethostname(), "started": process_start_time(os.getpid())}
-        tmp = path.with_name(f"{RUNNER}.{os.getpid()}.tmp")
+        me = {
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "started": process_start_time(os.getpid()),
+            "orphan_timeout_s": self.orphan_timeout_s,
+        }
+        tmp = path.with_name(f"{RUNNER_FILE}.{os.getpid()}.tmp")
         deadline = time.monotonic() + FULL_WAIT_S
         while True:
             try:

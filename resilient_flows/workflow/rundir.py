@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from resilient_flows.capped import PLAN_CAP, read_json_capped
 from resilient_flows.errors import WorkflowError
 from resilient_flows.training.control import register_member, registered_members
 from resilient_flows.training.spec import MemberSpec
@@ -47,17 +48,21 @@ def create_run_dir(path: Path, plan: Plan, source_text: str) -> Path:
         raise WorkflowError(f"{path} already holds a run; continue it with `resilient-flows resume {path}`")
     if path.exists() and any(path.iterdir()):
         raise WorkflowError(f"run directory {path} exists and is not empty; choose another with --run-dir")
+    document = {
+        "site": plan.site,
+        # every field, defaults included: a resume keeps the settings the run started with
+        "workflow": plan.workflow.model_dump(mode="json"),
+        "members": [m.to_dict() for m in plan.members],
+    }
+    text = json.dumps(document, indent=2)
+    if len(text.encode()) > PLAN_CAP:  # refused now rather than by the resume that reads it back
+        raise WorkflowError(f"the plan of {len(plan.members)} members is over the {PLAN_CAP >> 20} MiB a run may have")
     (path / "members").mkdir(parents=True, exist_ok=True)
     (path / "workflow.yaml").write_text(source_text)
     for member in plan.members:
         register_member(path, member)
-    document = {
-        "site": plan.site,
-        "workflow": plan.workflow.model_dump(mode="json"),
-        "members": [m.to_dict() for m in plan.members],
-    }
     tmp = path / (PLAN + ".tmp")
-    tmp.write_text(json.dumps(document, indent=2))
+    tmp.write_text(text)
     os.replace(tmp, path / PLAN)
     return path.resolve()
 
@@ -105,7 +110,7 @@ class MemberIndex:
 def read_plan(path: Path) -> Plan:
     """The plan of the run in ``path``."""
     try:
-        document = json.loads((path / PLAN).read_text())
+        document = read_json_capped(path / PLAN, PLAN_CAP, "run plan")
     except FileNotFoundError:
         raise WorkflowError(
             f"{path} is not a run directory (no {PLAN}); start one with `resilient-flows run`"

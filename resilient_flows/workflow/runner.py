@@ -10,13 +10,15 @@ directory, fires analytics requests (making room for on-demand ones, see
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import logging
 import os
+import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future
 from dataclasses import replace
 from pathlib import Path
@@ -40,11 +42,13 @@ from resilient_flows.apps import (
 from resilient_flows.clone import request_clone
 from resilient_flows.errors import WorkflowError, is_storage_full
 from resilient_flows.sites import load_site, site_facts
+from resilient_flows.sites.facts import SiteFacts
 from resilient_flows.training.control import clone_order_path, member_dir
 from resilient_flows.training.events import FULL_WAIT_S, EventLog
+from resilient_flows.training.lease import LeaseRenewer
 from resilient_flows.training.spec import MemberSpec, StageSpec
 from resilient_flows.training.stage import stage_finished
-from resilient_flows.workflow.blocks import BlockLedger, RunnerLock, retire_block
+from resilient_flows.workflow.blocks import BlockLedger, RunnerLock, process_start_time, retire_block
 from resilient_flows.workflow.explore import PBTController
 from resilient_flows.workflow.ondemand import OnDemandAnalytics, worker_slots
 from resilient_flows.workflow.plan import plan_workflow
@@ -65,6 +69,9 @@ ABANDON_S = 5.0
 
 #: Seconds between two tries to start Parsl on a full file system.
 STORAGE_WAIT_S = 2.0
+
+#: What the runner's guard writes, in the run directory.
+GUARD_LOG = "guard.log"
 
 
 def start_run(
@@ -216,10 +223,11 @@ class _Submitter:
         return future is not None and future.done() and future.exception() is not None
 
 
-def _site_config(site: str, run_dir: Path, retries: int) -> Config:
+def _site_config(site: str, run_dir: Path, retries: int, free_stops: int) -> Config:
     """The site's Parsl configuration for this run, with our retry handler (its blocks' error
     handler tolerates lost blocks: see :func:`~resilient_flows.sites.build.build_config`)."""
-    return load_site(site, run_dir=str(run_dir / "parsl"), retries=retries, retry_handler=ResumingRetryHandler(retries))
+    handler = ResumingRetryHandler(retries, free_without_progress=free_stops)
+    return load_site(site, run_dir=str(run_dir / "parsl"), retries=retries, retry_handler=handler)
 
 
 def _handle_lost(
@@ -310,11 +318,40 @@ def _abandon(dfk: Any, executors: list[Any]) -> None:
                 executor.provider.cancel(jobs)
 
 
+@contextlib.contextmanager
+def _holding(run_dir: Path, orphan_timeout_s: float) -> Iterator[None]:
+    """Hold the run while the block runs: its lock, its lease (renewed from a thread), and the
+    guard that cancels this runner's blocks if it dies and stays away (see
+    :mod:`resilient_flows.workflow.leaseguard`)."""
+    RunnerLock(run_dir, orphan_timeout_s).acquire()
+    me = os.getpid()
+    command = [sys.executable, "-m", "resilient_flows.workflow.leaseguard", str(run_dir), "--runner", str(me)]
+    started = process_start_time(me)
+    with (run_dir / GUARD_LOG).open("ab") as log:
+        guard = subprocess.Popen(
+            [*command, *([] if started is None else ["--started", str(started)])],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+            start_new_session=True,  # the signal that ends this runner, or its terminal's hang-up, spares it
+        )
+    try:
+        with LeaseRenewer(run_dir):
+            yield
+    finally:
+        guard.terminate()
+        guard.wait()
+
+
 def _execute(run_dir: Path, plan: Plan, members: list[MemberSpec], console: Console) -> int:
-    workflow = plan.workflow
     _put_interpreter_on_path()
-    RunnerLock(run_dir).acquire()
     facts = site_facts(plan.site)
+    with _holding(run_dir, facts.orphan_timeout_s):
+        return _run_held(run_dir, plan, members, console, facts)
+
+
+def _run_held(run_dir: Path, plan: Plan, members: list[MemberSpec], console: Console, facts: SiteFacts) -> int:
+    workflow = plan.workflow
     tracker = StatusTracker(run_dir)
     index = MemberIndex(run_dir, plan)
     started = time.monotonic()
@@ -327,7 +364,8 @@ def _execute(run_dir: Path, plan: Plan, members: list[MemberSpec], console: Cons
         if campaign.strategy == "pbt"
     ]
     stages = workflow.stage_specs()
-    config = _site_config(plan.site, run_dir, workflow.retries)
+    site_config = functools.partial(_site_config, plan.site, run_dir, workflow.retries, workflow.free_stops)
+    config = site_config()
     prioritized = all(isinstance(e, HighThroughputExecutor) for e in config.executors)
 
     def submit_analytics(specs: list[dict], part: str, priority: int | None) -> Future:
@@ -343,7 +381,7 @@ def _execute(run_dir: Path, plan: Plan, members: list[MemberSpec], console: Cons
             for what in ledger.cancel_previous(config.executors):
                 console.print(f"cancelled {what}, left by an earlier runner")
             clear_heartbeats(run_dir)
-            dfk, config = _load_parsl(config, lambda: _site_config(plan.site, run_dir, workflow.retries), console)
+            dfk, config = _load_parsl(config, site_config, console)
             watchdog = Watchdog(run_dir, facts.stall_timeout_s, {})
             lost_parsl = None
             try:
@@ -391,9 +429,12 @@ def _execute(run_dir: Path, plan: Plan, members: list[MemberSpec], console: Cons
             console.print(f"[bold yellow]{lost_parsl}[/]: starting Parsl again; unfinished tasks resume")
             pending = submitter.restart()
             ondemand.drop_unfinished()
-            config = _site_config(plan.site, run_dir, workflow.retries)
+            config = site_config()
     futures = {**submitter.stages, **submitter.futures}
     failed = {name: f.exception() for name, f in futures.items() if f.exception() is not None}
+    for name in submitter.futures:  # its process died after the result was written: a warning event says so
+        if name in failed and _finished(run_dir, name):
+            del failed[name]
     reports = [f.result() for f in ondemand.futures if f.exception() is None]
     everyone = index.members()
     statuses = tracker.update([(m.name, m.steps) for m in everyone], {m.name: m.family for m in everyone})

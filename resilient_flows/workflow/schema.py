@@ -260,7 +260,7 @@ class MemberConfig(_Strict):
     def _one_way_to_seed(self) -> MemberConfig:
         check_one_way_to_run(f"member {self.name!r}", self.workload, self.command)
         if self.command is not None:
-            given = sorted(self.model_fields_set & {"ranks", "parallel", "evaluate"})
+            given = self._workload_only_settings()
             if given:
                 raise ValueError(
                     f"member {self.name!r}: {', '.join(given)} apply to workloads; a command launches its own "
@@ -273,6 +273,15 @@ class MemberConfig(_Strict):
         if self.grid is not None and any(not values for values in self.grid.values()):
             raise ValueError("every 'grid' entry needs at least one value")
         return self
+
+    def _workload_only_settings(self) -> list[str]:
+        """The workload-only keys whose values differ from their defaults.
+
+        Judged by value, not by whether the key was written: ``plan.json`` stores every field,
+        defaults included, and must validate again when ``status`` or ``resume`` reads it.
+        """
+        fields = type(self).model_fields
+        return [key for key in ("evaluate", "parallel", "ranks") if getattr(self, key) != fields[key].default]
 
     def expand(self) -> list[tuple[str, int, dict[str, Any]]]:
         """(name, seed, params) per member: the grid's product times the seeds, in file order."""
@@ -569,6 +578,9 @@ class Workflow(_Strict):
     name: Name
     site: str = "local"
     retries: Annotated[int, Field(ge=0)] = 2
+    #: Stops in a row (exit 75, a preemption) without a newer committed checkpoint that cost no
+    #: retry; each further one costs one of ``retries``.
+    free_stops: Annotated[int, Field(ge=0)] = 3
     checkpoint: CheckpointConfig = CheckpointConfig()
     stages: list[StageConfig] = []
     members: list[MemberConfig] = []

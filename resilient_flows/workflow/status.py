@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from resilient_flows.capped import DOCUMENT_CAP, LINE_CAP, CappedLines, read_json_capped
 from resilient_flows.training.control import member_dir
 from resilient_flows.training.events import EventTail
 
@@ -39,7 +40,8 @@ _STATE_AFTER = {
 #: Events a member keeps with their times, for the failure timeline of the report.
 TIMELINE_KINDS = ("failed", "lost", "preempted", "resumed")
 
-#: Bytes read from the end of a metrics file to find its newest line; doubled until one fits.
+#: Bytes read from the end of a metrics file to find its newest line; doubled until one fits,
+#: or until a line that long would be over the line cap.
 _TAIL_BYTES = 4096
 
 
@@ -69,8 +71,7 @@ class MetricsReader:
 
     def update(self) -> None:
         """Take in the complete lines appended since the last update (the curve excepted)."""
-        lines = self._lines_after(self._followed)
-        self._followed += sum(len(raw) + 1 for raw in lines)
+        lines, self._followed = self._lines_after(self._followed)
         if not lines:
             return
         ends = [_record(lines[0]), _record(lines[-1])]
@@ -84,8 +85,7 @@ class MetricsReader:
 
     def read_curve(self) -> None:
         """Take in the loss of every line not read for the curve yet."""
-        lines = self._lines_after(self._curved)
-        self._curved += sum(len(raw) + 1 for raw in lines)
+        lines, self._curved = self._lines_after(self._curved)
         for raw in lines:
             record = _record(raw)
             if record is None:
@@ -100,7 +100,7 @@ class MetricsReader:
     def sampled_curve(self, points: int) -> dict[int, float]:
         """About ``points`` (step, loss) of the curve, evenly spread over the file's lines and
         including its newest, parsed without the rest: enough for a band over many members."""
-        lines = self._lines_after(0)
+        lines, _ = self._lines_after(0)
         stride = max(1, len(lines) // max(1, points))
         curve: dict[int, float] = {}
         for raw in [*lines[::stride], *lines[-1:]]:
@@ -109,15 +109,10 @@ class MetricsReader:
                 curve[int(record["step"])] = float(record["loss"])
         return curve
 
-    def _lines_after(self, offset: int) -> list[bytes]:
-        """The complete lines from byte ``offset`` on."""
-        try:
-            with self.path.open("rb") as f:
-                f.seek(offset)
-                chunk = f.read()
-        except FileNotFoundError:
-            return []
-        return chunk[: chunk.rfind(b"\n") + 1].split(b"\n")[:-1]
+    def _lines_after(self, offset: int) -> tuple[list[bytes], int]:
+        """The complete lines from byte ``offset`` on (each within the line cap), and where they end."""
+        lines = CappedLines(self.path, LINE_CAP, "metrics log", offset)
+        return list(lines), lines.offset
 
     def _note(self, record: dict[str, Any]) -> None:
         step, attempt = int(record["step"]), _attempt(record)
@@ -140,7 +135,7 @@ class MetricsReader:
                     f.seek(start)
                     chunk = f.read(size - start)
                     lines = chunk[: chunk.rfind(b"\n") + 1].splitlines()
-                    if len(lines) > 1 or start == 0:  # the first line may be cut short
+                    if len(lines) > 1 or start == 0 or want > LINE_CAP:  # the first may be cut short
                         break
                     want *= 2
         except FileNotFoundError:
@@ -254,7 +249,7 @@ def _attempt(record: dict[str, Any]) -> int:
 def _read_result(path: Path) -> dict[str, Any] | None:
     """A member's result, or None while it has none (``result.json`` is renamed into place whole)."""
     try:
-        return json.loads(path.read_text())
+        return read_json_capped(path, DOCUMENT_CAP, "member result")
     except FileNotFoundError:
         return None
 
