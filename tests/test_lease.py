@@ -103,12 +103,14 @@ def quick_site(tmp_path: Path, base: str) -> Path:
     return site
 
 
-def start_runner(tmp_path: Path, site: Path, members: int) -> tuple[subprocess.Popen, Path]:
-    """``resilient-flows run`` of ``members`` long-training members (``m-0``, ``m-1``, ...; ``m`` alone)."""
+def start_runner(tmp_path: Path, site: Path, command: bool) -> tuple[subprocess.Popen, Path]:
+    """``resilient-flows run`` of a long-training member ``m``, and with ``command`` a command member ``c``."""
     workflow = tmp_path / "wf.yaml"
+    script = [sys.executable, str(REPO / "tests" / "command_script.py"), "--step-s", "0.01"]
     workflow.write_text(
         "name: orphan\nretries: 1\ncheckpoint: {interval: 200}\nmembers:\n"
-        f"  - {{name: m, workload: mlp-digits, steps: 1000000, params: {{hidden: 16}}, count: {members}}}\n"
+        "  - {name: m, workload: mlp-digits, steps: 1000000, params: {hidden: 16}}\n"
+        + (f"  - {{name: c, steps: 1000000, command: {json.dumps(script)}}}\n" if command else "")
     )
     run_dir = tmp_path / "run"
     runner = subprocess.Popen(
@@ -149,7 +151,8 @@ def assert_members_stopped_where_they_were(run_dir: Path, names: list[str]) -> N
     events = list(read_events(run_dir))
     for name in names:
         (stop,) = [e for e in events if e["kind"] == "preempted" and e["member"] == name]
-        assert "orphan timeout" in stop["reason"], stop
+        # the runner's words, or the signal by which a command member's launcher passed them on
+        assert "orphan timeout" in stop["reason"] or stop["reason"] == "signal SIGTERM", stop
         newest = Tier(run_dir / "members" / name / "checkpoints", "shared").committed_steps()[0]
         assert newest == stop["step"]
         steps = [json.loads(line)["step"] for line in (run_dir / "members" / name / "metrics.jsonl").open()]
@@ -160,8 +163,8 @@ def assert_members_stopped_where_they_were(run_dir: Path, names: list[str]) -> N
 
 @pytest.mark.slow
 def test_a_runner_sigkilled_and_never_resumed_leaves_nothing_running_and_loses_no_step(tmp_path: Path) -> None:
-    runner, run_dir = start_runner(tmp_path, quick_site(tmp_path, "local"), members=2)
-    names = ["m-0", "m-1"]
+    runner, run_dir = start_runner(tmp_path, quick_site(tmp_path, "local"), command=True)
+    names = ["m", "c"]
     try:
         wait_for(lambda: committed_by_every_member(run_dir, names), 120, "a checkpoint of every member")
         runner.send_signal(signal.SIGKILL)  # the runner alone, as when its login session dies
@@ -180,7 +183,7 @@ def test_a_runner_sigkilled_and_never_resumed_leaves_nothing_running_and_loses_n
 @pytest.mark.timeout(200)
 def test_a_slurm_runner_sigkilled_and_never_resumed_leaves_no_pilot_job(tmp_path: Path) -> None:
     require_slurm()
-    runner, run_dir = start_runner(tmp_path, quick_site(tmp_path, "local-slurm"), members=1)
+    runner, run_dir = start_runner(tmp_path, quick_site(tmp_path, "local-slurm"), command=False)
     prefix = "parsl.local-slurm.block-"
 
     def pilots() -> list[str]:

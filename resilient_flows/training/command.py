@@ -117,7 +117,7 @@ def run_command(spec_dict: dict[str, Any], run_dir: str) -> dict[str, Any]:
         events.emit(
             "started", spec.name, attempt=attempt, host=socket.gethostname(), pid=os.getpid(), command_pid=process.pid
         )
-        stop.process = process
+        stop.attach(process)
         try:
             with _forwarding(stop):
                 status, why = _wait(process, stop, grace)
@@ -147,14 +147,23 @@ class _Stop:
         self.reason: str | None = None
         self.since: float | None = None
         self.process: subprocess.Popen | None = None
+        self._pending: int | None = None  # a signal requested before the command started
 
     def request(self, signum: int, reason: str) -> None:
         """Send ``signum`` to the command's group (once it runs), remembering the first reason."""
         if self.since is None:
             self.reason, self.since = reason, time.monotonic()
-        if self.process is not None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.process.pid, signum)
+        if self.process is None:
+            self._pending = signum
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signum)
+
+    def attach(self, process: subprocess.Popen) -> None:
+        """The command now runs: it gets a signal requested before it started."""
+        self.process = process
+        if self._pending is not None:
+            self.request(self._pending, self.reason or "")
 
 
 @contextlib.contextmanager
