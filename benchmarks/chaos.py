@@ -143,6 +143,10 @@ WINDOWED = ("storage-full", "worker-stop")
 WATCHDOG_LOOK_S = 2.0
 #: How long a fault waits for a target (a busy worker, a pool, a runner back from a restart).
 TARGET_WAIT_S = 90.0
+#: Where a held run's members find the gate that the harness opens once every fault struck.
+GATE_ENV = "RESILIENT_FLOWS_CHAOS_GATE"
+#: The share of its steps after which a member of a held run waits at the gate.
+HOLD_AT = 0.8
 #: Seconds between two looks of the supervising loop (runner CPU and RSS, processes of the run).
 LOOK_S = 0.5
 #: How many times a runner that exits on its own with members unfinished is resumed, as an operator would.
@@ -174,6 +178,7 @@ class Config:
     retries: int = 2
     judge_runner_cpu: bool = False  # the 1 % target is for 128 members of 5-second tasks
     span_s: float | None = None  # set: bursts over this many seconds, and no fault-free run (see ``main``)
+    hold: bool = False  # members wait at HOLD_AT of their steps until every fault struck (see ``paced``)
 
 
 MODES = {
@@ -186,6 +191,7 @@ MODES = {
         workload="chaos:paced",
         bursts=2,
         span_s=8.0,
+        hold=True,
     ),
     "default": Config(
         members=128,
@@ -244,7 +250,10 @@ def paced(ctx: Any) -> dict[str, Any]:
 
     Tests need members that live long enough for a whole chaos schedule without filling two cores,
     and a reference they can train in their own process in seconds: the pause costs no CPU and
-    changes no weight, so the reference trains with ``pause_ms: 0``.
+    changes no weight, so the reference trains with ``pause_ms: 0``. Where the harness names a
+    gate (:data:`GATE_ENV`, for a :attr:`Config.hold` run), a member waits after :data:`HOLD_AT` of
+    its steps until the gate exists: on a loaded machine, where recoveries take minutes, members
+    would otherwise finish before the last faults found a target. The wait changes no weight either.
     """
     import torch
     from torch import nn
@@ -257,7 +266,13 @@ def paced(ctx: Any) -> dict[str, Any]:
     ctx.track(model=model, optimizer=optimizer)
     model.train()
     pause_s = float(p.get("pause_ms", 0)) / 1000
+    gate = os.environ.get(GATE_ENV)
+    hold = int(p["steps"] * HOLD_AT) if gate else None
     for step in ctx.steps(p["steps"]):
+        if hold is not None and step >= hold:
+            while not os.path.exists(gate):
+                time.sleep(LOOK_S)
+            hold = None
         index = batch_indices(ctx.seed, step, len(data.x_train), int(p["batch_size"]))
         loss = nn.functional.cross_entropy(model(data.x_train[index]), data.y_train[index])
         optimizer.zero_grad(set_to_none=True)
@@ -586,10 +601,11 @@ class Chaos(threading.Thread):
         config: Config,
         seed: int,
         nodes: Path | None = None,
+        gate: Path | None = None,
     ) -> None:
         super().__init__(name="chaos", daemon=True)
         self.bursts, self.span_s, self.run_dir, self.shared = bursts, span_s, run_dir, shared
-        self.nodes = nodes
+        self.nodes, self.gate = nodes, gate
         self.runner, self.watcher, self.facts, self.config = runner, watcher, facts, config
         self.seed = seed
         self.rng = random.Random(seed + 1)
@@ -600,6 +616,12 @@ class Chaos(threading.Thread):
         self._lock = threading.Lock()
 
     def run(self) -> None:
+        try:
+            self._strike_bursts()
+        finally:
+            self._open_gate()
+
+    def _strike_bursts(self) -> None:
         if not self._wait_for(self._first_checkpoint, float("inf")):
             return
         origin = time.monotonic()
@@ -625,6 +647,7 @@ class Chaos(threading.Thread):
     def finish(self) -> None:
         self._done.set()
         self.join(timeout=30)
+        self._open_gate()
         with self._lock:
             lifts, self._lifts = dict(self._lifts), {}
         for timer, lift in lifts.items():
@@ -632,6 +655,11 @@ class Chaos(threading.Thread):
             lift()
 
     # ------------------------------------------------------------------ mechanics
+
+    def _open_gate(self) -> None:
+        """Let held members finish: every fault struck (or gave up on its target)."""
+        if self.gate is not None:
+            self.gate.touch()
 
     def _first_checkpoint(self) -> bool:
         with contextlib.suppress(FileNotFoundError):
@@ -979,18 +1007,21 @@ def execute(
     site: str,
     log: Path,
     timeout_s: float,
-    chaos: Callable[[Runner, Watcher], Chaos] | None = None,
+    chaos: Callable[[Runner, Watcher, Path], Chaos] | None = None,
     keep: Path | None = None,
     nodes: Path | None = None,
 ) -> Execution:
     """Run ``workflow`` into ``run_dir`` (with ``chaos`` injected), wait for it up to ``timeout_s``,
     count and kill what it left, and read what it wrote. ``keep``: copy the run directory there;
-    ``nodes``: where the emulated nodes of ``local-nodes`` keep their node-local directories."""
+    ``nodes``: where the emulated nodes of ``local-nodes`` keep their node-local directories.
+    A chaos run's members find its gate (see :func:`paced`) beside ``log``."""
+    gate = log.with_name(log.stem + ".gate")
     env = {
         **os.environ,
         "COLUMNS": "200",
         "PYTHONPATH": os.pathsep.join(filter(None, [str(BENCH_DIR), os.environ.get("PYTHONPATH")])),
         **({"RESILIENT_FLOWS_NODES": str(nodes)} if nodes is not None else {}),
+        **({GATE_ENV: str(gate)} if chaos is not None else {}),
     }
     runner = Runner(workflow, run_dir, site, log, env)
     watcher = Watcher(run_dir, runner)
@@ -1000,7 +1031,7 @@ def execute(
     try:
         runner.start()
         if chaos is not None:
-            injector = chaos(runner, watcher)
+            injector = chaos(runner, watcher, gate)
             injector.start()
         while not runner.poll():
             watcher.look()
@@ -1113,9 +1144,10 @@ def run_chaos(
         bursts = plan_bursts(kinds, config, random.Random(seed))
         run_dir = (shared or work) / "run"
 
-        def chaos(runner: Runner, watcher: Watcher) -> Chaos:
+        def chaos(runner: Runner, watcher: Watcher, gate: Path) -> Chaos:
             nodes = work / "nodes" if site == "local-nodes" else None
-            return Chaos(bursts, span_s, run_dir, shared, runner, watcher, facts, config, seed, nodes)
+            gated = gate if config.hold else None
+            return Chaos(bursts, span_s, run_dir, shared, runner, watcher, facts, config, seed, nodes, gated)
 
         execution = execute(
             workflow,
