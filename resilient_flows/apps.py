@@ -16,14 +16,14 @@ import os
 import shlex
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from parsl import bash_app, python_app
 from parsl.app.errors import BashExitFailure
 from parsl.executors.high_throughput.errors import ManagerLost, WorkerLost
 
-from resilient_flows.errors import Preempted, is_storage_full
+from resilient_flows.errors import LaunchError, Preempted, is_storage_full
 from resilient_flows.training.command import CommandKilled
 from resilient_flows.training.control import latest_committed_step, member_dir
 from resilient_flows.training.events import EventLog
@@ -36,6 +36,7 @@ __all__ = [
     "ResumingRetryHandler",
     "analytics_app",
     "command_app",
+    "launch_prefix",
     "loop_app",
     "mlc_label_app",
     "mpi_train_app",
@@ -53,6 +54,8 @@ QUICK_ATTEMPT_S = 10.0
 #: The first backoff, in seconds; doubled after each quick attempt in a row, up to MAX_BACKOFF_S.
 BACKOFF_S = 1.0
 MAX_BACKOFF_S = 30.0
+#: Seconds the ranks of a multi-node member's srun step may outlive the first rank to exit.
+STRAGGLER_S = 60
 
 
 @python_app
@@ -130,18 +133,55 @@ def mpi_train_app(
     sharded checkpointer.
 
     Under Parsl's ``MPIExecutor`` the launch prefix comes from ``$PARSL_MPI_PREFIX`` (pass
-    ``parsl_resource_specification={"num_ranks": ...}``); elsewhere ``mpiexec -n ranks``.
-    ``start_after``: the retry's backoff, slept before the launch.
+    ``parsl_resource_specification={"num_ranks": ...}``); a member spanning ``nodes`` (from the
+    spec) runs as an ``srun`` step on that many nodes of its Slurm block; elsewhere
+    ``mpiexec -n ranks``. ``start_after``: the retry's backoff, slept before the launch.
     """
 
     _wait_until(start_after)
+    prefix = launch_prefix(int(ranks), int(spec.get("nodes", 1)), os.environ)
     directory = member_dir(run_dir, spec["name"])
     directory.mkdir(parents=True, exist_ok=True)
     spec_path = directory / "spec.json"
     spec_path.write_text(json.dumps(spec))
-    prefix = os.environ.get("PARSL_MPI_PREFIX") or f"mpiexec -n {int(ranks)}"
     module = [sys.executable, "-m", "resilient_flows.training.mpi_member", str(spec_path), str(run_dir)]
     return f"{prefix} {shlex.join(module)}"
+
+
+def launch_prefix(ranks: int, nodes: int, env: Mapping[str, str]) -> str:
+    """The command line that starts a member's ``ranks`` processes on ``nodes`` nodes, from the
+    worker's environment ``env``.
+
+    One node: ``mpiexec`` on the worker's own node, as always. Several: an ``srun`` step inside
+    the Slurm block the worker runs in (a site whose blocks hold several nodes and whose worker
+    pool runs on the first, as ``local-slurm-nodes``), ranks spread evenly. Ranks that outlive
+    the first to exit by :data:`STRAGGLER_S` are killed (a survivor of a crashed peer could wait
+    in a collective for torch's 30-minute timeout), but a rank's exit status does not end the
+    step at once: ``--kill-on-bad-exit`` would turn a clean stop (every rank exits 75 within a
+    moment of the others) into a killed step. Parsl's ``$PARSL_MPI_PREFIX`` wins:
+    ``MPIExecutor`` composed it for this very task.
+    """
+    given = env.get("PARSL_MPI_PREFIX")
+    if given:
+        return given
+    if nodes <= 1:
+        return f"mpiexec -n {ranks}"
+    if not env.get("SLURM_JOB_ID"):
+        raise LaunchError(
+            f"a member on {nodes} nodes starts its ranks with srun inside a Slurm block, but this worker runs "
+            "outside Slurm (SLURM_JOB_ID is unset): use a Slurm site whose blocks hold several nodes, such as "
+            "local-slurm-nodes"
+        )
+    return shlex.join(
+        [
+            "srun",
+            f"--nodes={nodes}",
+            f"--ntasks={ranks}",
+            f"--ntasks-per-node={ranks // nodes}",
+            "--kill-on-bad-exit=0",
+            f"--wait={STRAGGLER_S}",
+        ]
+    )
 
 
 class ResumingRetryHandler:

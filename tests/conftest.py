@@ -52,10 +52,12 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
 @pytest.hookimpl(tryfirst=True, optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     """Under ``pytest -n 2`` the Slurm tests run one after another on one worker: they fill the
-    one-node cluster's CPUs and find their pilot jobs by name. Their minutes of waiting on the
-    scheduler overlap the other tests, each of which goes to whichever worker is free. (xdist's
-    ``--dist loadgroup`` would do this from a marker, but it renames test ids, which pytest 9 no
-    longer lets a plugin do.)"""
+    one-node cluster's CPUs and find their pilot jobs by name. The multi-node tests
+    (``tests/test_multinode.py``) use a cluster of their own but take the same turn: on a 2-core
+    machine both clusters' nodes share those two CPUs, and each family times its pilot jobs'
+    heartbeats against that load. Their minutes of waiting on the scheduler overlap the other
+    tests, each of which goes to whichever worker is free. (xdist's ``--dist loadgroup`` would do
+    this from a marker, but it renames test ids, which pytest 9 no longer lets a plugin do.)"""
     from xdist.scheduler import LoadScopeScheduling
 
     class SlurmTestsTogether(LoadScopeScheduling):

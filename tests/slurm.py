@@ -12,7 +12,7 @@ import os
 import shutil
 import subprocess
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 import pytest
 from requires import unmet
@@ -24,16 +24,17 @@ SKIP_REASON = "no Slurm cluster: run .ci/slurm-up"
 _USABLE = {"idle", "mix", "alloc", "comp"}
 
 
-def _run(*args: str, timeout: float = 20) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(args, capture_output=True, text=True, timeout=timeout, check=False)
+def _run(*args: str, timeout: float = 20, env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(args, capture_output=True, text=True, timeout=timeout, check=False, env=env)
 
 
-def slurm_problem() -> str | None:
-    """Why the Slurm cluster cannot run jobs now, or None when it can."""
+def slurm_problem(env: Mapping[str, str] | None = None) -> str | None:
+    """Why the Slurm cluster cannot run jobs now, or None when it can; ``env`` (its
+    ``SLURM_CONF``) names another cluster than this process's."""
     if shutil.which("sinfo") is None:
         return "sinfo is not on PATH"
     try:
-        result = _run("sinfo", "-h", "-o", "%t")
+        result = _run("sinfo", "-h", "-o", "%t", env=env)
     except subprocess.TimeoutExpired:
         return "sinfo timed out"
     if result.returncode != 0:
@@ -60,13 +61,13 @@ def require_slurm() -> None:
     unmet(f"{SKIP_REASON} ({problem}; {where})")
 
 
-def slurm_jobs(name_prefix: str | None = None) -> list[tuple[str, str]]:
+def slurm_jobs(name_prefix: str | None = None, env: Mapping[str, str] | None = None) -> list[tuple[str, str]]:
     """``(job_id, state)`` of the jobs the controller knows, finished ones included (for ``MinJobAge``).
 
     ``name_prefix`` keeps only jobs whose name starts with it (Parsl names its blocks
-    ``parsl.<executor label>.block-<n>.<time>``).
+    ``parsl.<executor label>.block-<n>.<time>``); ``env`` names another cluster.
     """
-    result = _run("squeue", "-h", "-t", "all", "-o", "%i|%T|%j")
+    result = _run("squeue", "-h", "-t", "all", "-o", "%i|%T|%j", env=env)
     if result.returncode != 0:
         raise RuntimeError(f"squeue failed: {result.stderr.strip()}")
     jobs = []
@@ -77,20 +78,20 @@ def slurm_jobs(name_prefix: str | None = None) -> list[tuple[str, str]]:
     return jobs
 
 
-def cancel(job_ids: Iterable[str]) -> None:
+def cancel(job_ids: Iterable[str], env: Mapping[str, str] | None = None) -> None:
     """``scancel`` these jobs (finished or unknown ones are fine)."""
     ids = [str(job_id) for job_id in job_ids]
     if ids:
-        _run("scancel", *ids)
+        _run("scancel", *ids, env=env)
 
 
 _ACTIVE = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED", "RESIZING"}
 
 
-def cancel_all(name_prefix: str | None = None) -> list[str]:
+def cancel_all(name_prefix: str | None = None, env: Mapping[str, str] | None = None) -> list[str]:
     """Cancel every pending or running job (whose name starts with ``name_prefix``); their ids."""
-    ids = [job_id for job_id, state in slurm_jobs(name_prefix) if state in _ACTIVE]
-    cancel(ids)
+    ids = [job_id for job_id, state in slurm_jobs(name_prefix, env) if state in _ACTIVE]
+    cancel(ids, env)
     return ids
 
 

@@ -94,6 +94,10 @@ def user_env(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PROJECT", "MyAlloc")
     monkeypatch.setenv("VIRTUAL_ENV", "/home/me/venv")
     monkeypatch.setenv("SHARED_FS", "/shared/me")
+    # What `. DIR/env` of `.ci/slurm-up --nodes N DIR` exports, for local-slurm-nodes.
+    monkeypatch.setenv("RESILIENT_FLOWS_TEST_BRIDGE_ADDR", "10.247.0.1")
+    monkeypatch.setenv("RESILIENT_FLOWS_TEST_IFNAME", "rf0")
+    monkeypatch.setenv("RESILIENT_FLOWS_TEST_NODES_DIR", "/tmp/cluster/nodes")
     for name in ("PBS_QUEUE", "COBALT_QUEUE", "SLURM_PARTITION", "SLURM_ACCOUNT", "LOCAL_SCRATCH"):
         monkeypatch.delenv(name, raising=False)
 
@@ -113,6 +117,17 @@ def test_every_site_file_loads_with_its_facts(user_env: None, name: str) -> None
     if name in PROVIDERS and name != "local":
         assert "/home/me/venv/bin/activate" in executor.provider.worker_init
         assert facts.walltime_s == 3600 and facts.node_mtbf_s == 1825 * 86400
+
+
+def test_the_multinode_site_reaches_its_nodes_over_their_network(user_env: None) -> None:
+    """The interchange runs on the host, the worker pools inside the nodes: they connect to the
+    bridge's address; members find the nodes' interface and their node's scratch in the facts."""
+    executor = load_site("local-slurm-nodes").executors[0]
+    assert executor.address == "10.247.0.1" and executor.provider.nodes_per_block == 2
+    assert type(executor.provider.launcher).__name__ == "SimpleLauncher"
+    facts = site_facts("local-slurm-nodes")
+    assert facts.network_interface == "rf0"
+    assert facts.local_scratch == "/tmp/cluster/nodes/${SLURMD_NODENAME}/local"
 
 
 def test_alcf_sites_take_the_allocation_from_the_environment(user_env: None, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -131,7 +131,7 @@ def _clone_spec(source: MemberSpec, name: str, changes: dict[str, Any], parent: 
         values = {**params, "name": name, "seed": seed, "steps": steps}
         command = fill_command(source.command_template, values, workdir)
     return replace(
-        source,
+        source.with_ranks(ranks),
         name=name,
         params=params,
         seed=seed,
@@ -140,5 +140,4 @@ def _clone_spec(source: MemberSpec, name: str, changes: dict[str, Any], parent: 
         checkpoint=checkpoint,
         faults=(),
         parent=parent,
-        ranks=ranks,
     )

@@ -16,6 +16,8 @@ Parsl::
                                     # default 60s; a member's own grace: wins
       orphan_timeout: 5m            # a runner gone this long: its members checkpoint and stop, its
                                     # blocks are cancelled; default 5m
+      network_interface: hsn0       # the nodes' interface for torch.distributed (GLOO_SOCKET_IFNAME);
+                                    # default: the one the host name resolves to
 
 Durations take the units of :func:`resilient_flows.units.parse_duration` (s, m, h, d);
 ``walltime`` also takes Parsl's ``HH:MM:SS``, so a YAML anchor can share it with the provider.
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,6 +51,7 @@ _OPTIONAL = (
     "stall_timeout",
     "stop_grace",
     "orphan_timeout",
+    "network_interface",
 )
 
 #: Seconds a running attempt may stay silent before it is declared lost, unless the site says.
@@ -69,7 +73,10 @@ class SiteFacts:
     signal before it is killed: set it below the time between the batch system's warning signal
     and its kill. ``None``: the launcher's default, unless the member says. ``orphan_timeout_s``
     is how long the runner may be gone before its members stop and its blocks are cancelled
-    (see :mod:`resilient_flows.training.lease`).
+    (see :mod:`resilient_flows.training.lease`). ``network_interface`` names the interface the
+    nodes reach each other on, for members whose ranks span nodes (exported to them as
+    ``GLOO_SOCKET_IFNAME``): a node with several networks otherwise leaves gloo to guess from
+    its host name. ``None``: gloo's own choice.
     """
 
     name: str
@@ -84,6 +91,7 @@ class SiteFacts:
     stall_timeout_s: float = DEFAULT_STALL_TIMEOUT_S
     stop_grace_s: float | None = None
     orphan_timeout_s: float = DEFAULT_ORPHAN_TIMEOUT_S
+    network_interface: str | None = None
 
 
 def site_facts(name_or_path: str | os.PathLike = "local") -> SiteFacts:
@@ -123,6 +131,7 @@ def parse_facts(raw: Any, name: str, where: str) -> SiteFacts:
         stall_timeout_s=_seconds(raw.get("stall_timeout"), "stall_timeout", where) or DEFAULT_STALL_TIMEOUT_S,
         stop_grace_s=_seconds(raw.get("stop_grace"), "stop_grace", where),
         orphan_timeout_s=_seconds(raw.get("orphan_timeout"), "orphan_timeout", where) or DEFAULT_ORPHAN_TIMEOUT_S,
+        network_interface=_interface(raw.get("network_interface"), where),
     )
 
 
@@ -138,6 +147,19 @@ def _path(value: Any, key: str, where: str) -> str | None:
         return None
     if not isinstance(value, str) or not os.path.isabs(value):
         raise SiteConfigError(f"{where}: facts.{key} must be an absolute path or null, got {value!r}")
+    return value
+
+
+def _interface(value: Any, where: str) -> str | None:
+    """An interface name as the kernel spells it (``rf0``, ``hsn0``), or a comma-separated list of
+    them as gloo takes it; anything else would only fail later, on the nodes."""
+    if value is None:
+        return None
+    if not isinstance(value, str) or not re.fullmatch(r"[^\s,/:]{1,15}(,[^\s,/:]{1,15})*", value):
+        raise SiteConfigError(
+            f"{where}: facts.network_interface must be an interface name such as eth0 (or names, comma-separated) "
+            f"or null, got {value!r}"
+        )
     return value
 
 

@@ -165,7 +165,7 @@ class TrainContext:
             if self.rank == 0
             else None
         )
-        self._emit("started", attempt=self.attempt, host=socket.gethostname(), pid=os.getpid())
+        self._emit("started", attempt=self.attempt, host=socket.gethostname(), pid=os.getpid(), **self._hosts())
 
     # ------------------------------------------------------------------ the contract
 
@@ -299,7 +299,7 @@ class TrainContext:
         if given <= 1 and self.spec.ranks == 1:
             return None
         try:
-            info = init_process_group(comm=comm if given > 1 else None)
+            info = init_process_group(comm=comm if given > 1 else None, interface=self.spec.network_interface)
         except LaunchError as exc:
             raise LaunchError(f"member {self.name} ({self.spec.ranks} ranks): {exc}") from exc
         if given <= 1 and info.world_size != self.spec.ranks:
@@ -309,6 +309,13 @@ class TrainContext:
                 f"{info.world_size} process(es)"
             )
         return info
+
+    def _hosts(self) -> dict[str, list[str]]:
+        """Every rank's host, in rank order, for a member of several ranks: where it really ran
+        (which nodes a multi-node member spanned) is then in its ``started`` event."""
+        if self.distributed is None:
+            return {}
+        return {"hosts": self.checkpointer.comm.allgather(socket.gethostname())}
 
     def _leave_ranks(self) -> None:
         if self.distributed is not None:

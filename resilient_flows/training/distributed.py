@@ -10,6 +10,11 @@ Where the ranks were started by MPI and ``mpi4py`` works, rank 0 opens the rende
 free port of its host and broadcasts the address over MPI: nothing is guessed, and two members
 sharing a node cannot pick the same port. Elsewhere the address comes from ``MASTER_ADDR`` /
 ``MASTER_PORT``, or from the batch system (first host of the job, a port derived from its id).
+
+Across nodes, the site may name the interface the nodes reach each other on (its
+``facts.network_interface``): it is exported as ``GLOO_SOCKET_IFNAME`` (and
+``NCCL_SOCKET_IFNAME``) unless the environment names one already, and checked on this host
+before the group forms, so that a wrong name is one error naming the variable, not a hang.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ import re
 import shutil
 import socket
 import subprocess
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -41,6 +46,7 @@ __all__ = [
     "parse_first_host",
     "read_launch_env",
     "shutdown_process_group",
+    "use_interface",
 ]
 
 logger = logging.getLogger(__name__)
@@ -50,6 +56,8 @@ DEFAULT_TIMEOUT = timedelta(minutes=30)
 #: Ports derived from a batch job's id fall in ``[PORT_BASE, PORT_BASE + PORT_SPAN)``.
 PORT_BASE = 20000
 PORT_SPAN = 20000
+#: The variables through which gloo and NCCL's bootstrap take the interface between nodes.
+INTERFACE_VARIABLES = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
 
 
 @dataclass(frozen=True)
@@ -58,7 +66,8 @@ class LaunchEnv:
 
     ``master_addr`` / ``master_port`` are None where the environment does not say; ``missing`` then
     names what to set, and :meth:`endpoint` raises with it. MPI launches (``mpi``) can do without:
-    their ranks agree on the address over MPI.
+    their ranks agree on the address over MPI. ``master_from`` says where ``master_addr`` came
+    from, for errors (``MASTER_ADDR``, or the first host of ``SLURM_STEP_NODELIST=...``).
     """
 
     launcher: str
@@ -69,6 +78,7 @@ class LaunchEnv:
     master_addr: str | None = None
     master_port: int | None = None
     missing: str = ""
+    master_from: str = "MASTER_ADDR"
 
     @property
     def mpi(self) -> bool:
@@ -194,11 +204,13 @@ def read_launch_env(
         return _checked(LaunchEnv("pals", rank, size, local, local_size, master, port, missing))
     if "SLURM_PROCID" in env:
         size_var = "SLURM_STEP_NUM_TASKS" if "SLURM_STEP_NUM_TASKS" in env else "SLURM_NTASKS"
-        nodes = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
+        nodes_var = next((v for v in ("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST") if env.get(v)), "")
+        source = "MASTER_ADDR"
         if master is None:
-            if not nodes:
+            if not nodes_var:
                 raise LaunchError("srun launch: SLURM_JOB_NODELIST not set, and no MASTER_ADDR to use instead")
-            master = first_host_of(nodes)
+            master = first_host_of(env[nodes_var])
+            source = f"the first host of {nodes_var}={env[nodes_var]}"
         if port is None:
             if not env.get("SLURM_JOB_ID"):
                 raise LaunchError("srun launch: SLURM_JOB_ID not set, and no MASTER_PORT to use instead")
@@ -213,6 +225,7 @@ def read_launch_env(
                 int(per_node.group()) if per_node else None,
                 master,
                 port,
+                master_from=source,
             )
         )
     return None
@@ -244,7 +257,10 @@ _info: DistributedInfo | None = None
 
 
 def init_process_group(
-    timeout: timedelta | float = DEFAULT_TIMEOUT, comm: Any = None, backend: str | None = None
+    timeout: timedelta | float = DEFAULT_TIMEOUT,
+    comm: Any = None,
+    backend: str | None = None,
+    interface: str | None = None,
 ) -> DistributedInfo:
     """Form (or join) the process group of this process's ranks; pair with :func:`shutdown_process_group`.
 
@@ -252,7 +268,8 @@ def init_process_group(
     user), that group is reused. ``comm``: an mpi4py communicator to carry the rendezvous (else
     ``MPI.COMM_WORLD`` when an MPI launcher started the ranks and mpi4py imports), or a torch
     ProcessGroup to use as it is. ``backend``: None chooses nccl where every rank of a node has a
-    GPU of its own, gloo otherwise. ``timeout``: a timedelta or seconds.
+    GPU of its own, gloo otherwise. ``timeout``: a timedelta or seconds. ``interface``: the
+    site's interface between nodes (see :func:`use_interface`).
     """
     global _holders, _info
     if not isinstance(timeout, timedelta):
@@ -264,6 +281,7 @@ def init_process_group(
             if group is None:
                 return _info
         return _existing(group)
+    use_interface(interface)
     if comm is not None and comm_size(comm) > 1:
         _info = _over_mpi(comm, _launch_if_readable(), backend, timeout)
     else:
@@ -303,6 +321,52 @@ def shutdown_process_group() -> None:
         _info = None
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def use_interface(interface: str | None, env: MutableMapping[str, str] | None = None) -> str | None:
+    """Export the site's interface between nodes for gloo and NCCL; the one gloo will use, checked.
+
+    A ``GLOO_SOCKET_IFNAME`` (or ``NCCL_SOCKET_IFNAME``) already in the environment wins: the
+    user's word on their node. Every name it lists must be an interface of this host, else a
+    :class:`LaunchError` naming the variable, where it came from and the interfaces there are:
+    gloo would otherwise fail later with less to go on, or, on another rank, wait for this one
+    until the timeout.
+    """
+    env = os.environ if env is None else env
+    for name in INTERFACE_VARIABLES:
+        if interface and not env.get(name):
+            env[name] = interface
+    value = env.get("GLOO_SOCKET_IFNAME")
+    if not value:
+        return None
+    present = sorted(name for _, name in socket.if_nameindex())
+    absent = [name for name in value.split(",") if name not in present]
+    if absent:
+        origin = "the site's facts.network_interface" if value == interface else "set in the environment"
+        raise LaunchError(
+            f"GLOO_SOCKET_IFNAME={value} ({origin}): {socket.gethostname()} has no interface "
+            f"{', '.join(absent)}; it has {', '.join(present)}"
+        )
+    return value
+
+
+def _network_hint() -> str:
+    """What a failed rendezvous should say about the network it tried."""
+    value = os.environ.get("GLOO_SOCKET_IFNAME")
+    if value:
+        return f"over GLOO_SOCKET_IFNAME={value}"
+    return "GLOO_SOCKET_IFNAME unset: gloo took the interface of this host's name (set facts.network_interface)"
+
+
+def _resolved(launch: LaunchEnv, host: str) -> None:
+    """Rank 0's host must resolve here, or every rank would wait for the rendezvous in vain."""
+    try:
+        socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    except OSError as exc:
+        raise LaunchError(
+            f"{launch.launcher}: rank 0's host {host!r} ({launch.master_from}) does not resolve on "
+            f"{socket.gethostname()}: {exc.strerror or exc}; set MASTER_ADDR to an address the ranks reach it at"
+        ) from None
 
 
 def _over_mpi(comm: Any, launch: LaunchEnv | None, backend: str | None, timeout: timedelta) -> DistributedInfo:
@@ -347,6 +411,7 @@ def _over_mpi(comm: Any, launch: LaunchEnv | None, backend: str | None, timeout:
 
 def _from_env(launch: LaunchEnv, backend: str | None, timeout: timedelta) -> DistributedInfo:
     host, port = launch.endpoint()
+    _resolved(launch, host)
     chosen, device = _backend(backend, launch.local_rank, launch.local_world_size)
     method = "env://" if launch.launcher == "torchrun" else f"tcp://{_bracketed(host)}:{port}"
     _select(device)
@@ -357,7 +422,7 @@ def _from_env(launch: LaunchEnv, backend: str | None, timeout: timedelta) -> Dis
     except (RuntimeError, OSError) as exc:
         raise LaunchError(
             f"{launch.launcher}: rank {launch.rank} of {launch.world_size} could not join the {chosen} group "
-            f"at {host}:{port}: {exc}"
+            f"at {host}:{port} ({launch.master_from}; {_network_hint()}): {exc}"
         ) from exc
     return DistributedInfo(
         launch.rank, launch.world_size, launch.local_rank, chosen, launch.launcher, device, dist.group.WORLD

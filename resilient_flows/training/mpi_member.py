@@ -2,17 +2,20 @@
 
 Launched by ``mpiexec`` (or Parsl's ``$PARSL_MPI_PREFIX``); the ranks agree over ``MPI.COMM_WORLD``
 on a torch.distributed process group (see :mod:`resilient_flows.training.distributed`), which the
-workload's DDP or FSDP and the shared checkpointer use. Exit status :data:`EXIT_PREEMPTED` tells
-the retry handler that the member stopped on request after committing a checkpoint, which is not
-a failure.
+workload's DDP or FSDP and the shared checkpointer use. Launched by ``srun`` (a member spanning
+the nodes of a Slurm block), the ranks form the group from Slurm's variables instead and never
+initialise MPI: a Slurm without an MPI plugin would make each rank an MPI world of its own. Exit
+status :data:`EXIT_PREEMPTED` tells the retry handler that the member stopped on request after
+committing a checkpoint, which is not a failure.
 """
 
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 from resilient_flows.capped import DOCUMENT_CAP, read_json_capped
-from resilient_flows.errors import Preempted
+from resilient_flows.errors import LaunchError, Preempted
 
 #: ``EX_TEMPFAIL`` from sysexits.h: try again later.
 EXIT_PREEMPTED = 75
@@ -20,17 +23,45 @@ EXIT_PREEMPTED = 75
 
 def main(argv: list[str] | None = None) -> int:
     spec_path, run_dir = argv if argv is not None else sys.argv[1:]
-    from mpi4py import MPI
-
     from resilient_flows.training.run import run_member
 
     spec = read_json_capped(spec_path, DOCUMENT_CAP, "member spec")
     try:
-        run_member(spec, run_dir, comm=MPI.COMM_WORLD)
+        run_member(spec, run_dir, comm=_world())
     except Preempted as exc:
         print(exc, file=sys.stderr)
         return EXIT_PREEMPTED
+    except LaunchError as exc:
+        _report(run_dir, spec, exc)
+        raise
     return 0
+
+
+def _report(run_dir: str, spec: dict[str, Any], exc: LaunchError) -> None:
+    """Put why the ranks could not form their group where the user looks: the run's events. The
+    retry handler only learns the launcher's exit status, and this rank's stderr ends up in a
+    worker log on whichever node ran it."""
+    import socket
+
+    from resilient_flows.training.events import EventLog
+
+    EventLog(run_dir).emit("warning", spec.get("name"), host=socket.gethostname(), reason=str(exc))
+
+
+def _world() -> Any:
+    """``MPI.COMM_WORLD``, unless a launcher that is not MPI's (``srun``, ``torchrun``) started
+    this process: then None, and the process group forms from that launcher's variables."""
+    from resilient_flows.training.distributed import read_launch_env
+
+    try:
+        launch = read_launch_env()
+    except LaunchError:  # incomplete: MPI, where it works, needs none of it
+        launch = None
+    if launch is not None and not launch.mpi:
+        return None
+    from mpi4py import MPI
+
+    return MPI.COMM_WORLD
 
 
 if __name__ == "__main__":

@@ -6,9 +6,10 @@ so nothing on the worker side unpickles objects a workflow file described.
 
 from __future__ import annotations
 
+import math
 import os
 import signal
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from resilient_flows.errors import WorkflowError
@@ -91,7 +92,9 @@ class MemberSpec:
 
     ``ranks`` processes train it data-parallel; ``parallel`` says how ``ctx.wrap`` shares the
     model between them (``ddp`` or ``fsdp``), and has no effect on one rank, so that a resume
-    with another rank count needs no other change.
+    with another rank count needs no other change. ``nodes`` spreads the ranks evenly over that
+    many nodes (``ranks`` is the total, a multiple of ``nodes``), started by ``srun`` in a Slurm
+    block; ``network_interface`` is the site's interface between nodes (``GLOO_SOCKET_IFNAME``).
 
     ``family`` is the workflow entry it was expanded from (a ``count``/``seeds``/``grid`` member, a
     campaign; clones inherit their source's): views of large runs group members by it.
@@ -117,6 +120,8 @@ class MemberSpec:
     threads: int = 1
     ranks: int = 1
     parallel: str = "ddp"
+    nodes: int = 1
+    network_interface: str | None = None
     parent: ParentSpec | None = None
     inputs: dict[str, str] = field(default_factory=dict)
     family: str = ""
@@ -129,10 +134,23 @@ class MemberSpec:
     def __post_init__(self) -> None:
         if not isinstance(self.ranks, int) or self.ranks < 1:
             raise WorkflowError(f"member {self.name!r} needs at least one rank, got ranks: {self.ranks}")
+        if not isinstance(self.nodes, int) or self.nodes < 1 or self.ranks % self.nodes:
+            raise WorkflowError(
+                f"member {self.name!r}: ranks ({self.ranks}, the total) must be a multiple of nodes ({self.nodes})"
+            )
         if self.parallel not in PARALLEL_MODES:
             raise WorkflowError(
                 f"member {self.name!r}: parallel must be one of {', '.join(PARALLEL_MODES)}, got {self.parallel!r}"
             )
+
+    @property
+    def ranks_per_node(self) -> int:
+        return self.ranks // self.nodes
+
+    def with_ranks(self, ranks: int) -> MemberSpec:
+        """This member on ``ranks`` ranks (a resume or clone of another size), on as many of its
+        nodes as still take an equal share of them: 4 ranks on 2 nodes resized to 3 run on one."""
+        return replace(self, ranks=ranks, nodes=math.gcd(self.nodes, ranks))
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from resilient_flows.errors import WorkflowError
 from resilient_flows.sites.facts import site_facts
+from resilient_flows.training.spec import MemberSpec
 from resilient_flows.workflow.rundir import Plan
 from resilient_flows.workflow.schema import Workflow
 
@@ -34,5 +35,19 @@ def plan_workflow(
         from resilient_flows.sites import load_site
 
         load_site(site_name)
-    specs = workflow.member_specs(local_root, facts.node_mtbf_s, facts.stop_grace_s, memory_root)
+    specs = workflow.member_specs(
+        local_root, facts.node_mtbf_s, facts.stop_grace_s, memory_root, network_interface=facts.network_interface
+    )
+    _check_nodes(specs, site_name, facts.nodes)
     return Plan(workflow, site_name, tuple(specs))
+
+
+def _check_nodes(specs: list[MemberSpec], site: str, per_block: int) -> None:
+    """A member's ranks start inside one block: one spanning more nodes than a block holds would
+    wait for them forever (or, on a site without Slurm, fail at every attempt)."""
+    for spec in specs:
+        if spec.nodes > per_block:
+            raise WorkflowError(
+                f"member {spec.name!r} spans {spec.nodes} nodes, but a block of site {site!r} holds {per_block} "
+                "(its facts.nodes): choose a site whose blocks hold as many, such as local-slurm-nodes"
+            )

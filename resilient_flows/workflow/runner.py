@@ -20,7 +20,6 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -121,19 +120,20 @@ def resize_members(
 ) -> list[MemberSpec]:
     """``pending`` with their rank counts replaced: ``ranks`` for all, or by name.
 
-    A name that is not pending is an error: unknown (``known`` lists the run's members), or a
-    member that already finished.
+    A member spanning nodes keeps as many of them as share the new count evenly
+    (:meth:`MemberSpec.with_ranks`). A name that is not pending is an error: unknown (``known``
+    lists the run's members), or a member that already finished.
     """
     if ranks is None:
         return list(pending)
     if isinstance(ranks, int):
-        return [replace(m, ranks=ranks) for m in pending]
+        return [m.with_ranks(ranks) for m in pending]
     names = {m.name for m in pending}
     for name in ranks:
         if name not in names:
             state = "already finished" if known is not None and name in known else "is not a member of this run"
             raise WorkflowError(f"--ranks {name}={ranks[name]}: {name!r} {state}; pending: {', '.join(sorted(names))}")
-    return [replace(m, ranks=ranks[m.name]) if m.name in ranks else m for m in pending]
+    return [m.with_ranks(ranks[m.name]) if m.name in ranks else m for m in pending]
 
 
 def _put_interpreter_on_path() -> None:

@@ -194,6 +194,8 @@ class MemberConfig(_Strict):
     ``ranks`` processes (``mpiexec -n ranks``) train each member in one torch.distributed process
     group; ``parallel`` is how the built-in workloads and ``ctx.wrap`` share the model between
     them: ``ddp`` (replicated, gradients averaged; the default) or ``fsdp`` (FSDP2, sharded).
+    ``nodes`` spreads them over that many nodes of a Slurm block (``srun``); ``ranks`` stays the
+    total, a multiple of ``nodes``, and is one per node when only ``nodes`` is given.
 
     ``command`` (an argv list, or a string split like a shell would) runs a program instead of a
     ``workload``; ``{param}`` in it is filled from each member's params (and ``{name}``,
@@ -212,6 +214,7 @@ class MemberConfig(_Strict):
     grace: float | None = None  # seconds; None: the default of command members
     evaluate: str | None = None
     ranks: int = 1
+    nodes: Annotated[int, Field(ge=1)] = 1
     parallel: Literal[PARALLEL_MODES] = "ddp"
     threads: Annotated[int, Field(ge=1)] = 1
     checkpoint: CheckpointConfig | None = None  # None: the workflow's
@@ -229,6 +232,14 @@ class MemberConfig(_Strict):
         """A member with a command needs no workload key; without either, ``workload`` is missing."""
         if isinstance(data, dict) and "command" in data and "workload" not in data:
             return {**data, "workload": None}
+        return data
+
+    @model_validator(mode="before")
+    @classmethod
+    def _a_rank_per_node(cls, data: Any) -> Any:
+        """``nodes: 2`` alone means one rank on each: the common case needs no arithmetic."""
+        if isinstance(data, dict) and "nodes" in data and "ranks" not in data:
+            return {**data, "ranks": data["nodes"]}
         return data
 
     @field_validator("workload")
@@ -268,6 +279,10 @@ class MemberConfig(_Strict):
                 )
         elif self.grace is not None:
             raise ValueError(f"member {self.name!r}: grace applies to command members only")
+        if self.ranks % self.nodes:
+            raise ValueError(
+                f"member {self.name!r}: ranks ({self.ranks}, the total) must be a multiple of nodes ({self.nodes})"
+            )
         if self.seeds is not None and self.count is not None:
             raise ValueError("give 'seeds' or 'count', not both")
         if self.grid is not None and any(not values for values in self.grid.values()):
@@ -281,7 +296,7 @@ class MemberConfig(_Strict):
         defaults included, and must validate again when ``status`` or ``resume`` reads it.
         """
         fields = type(self).model_fields
-        return [key for key in ("evaluate", "parallel", "ranks") if getattr(self, key) != fields[key].default]
+        return [key for key in ("evaluate", "parallel", "ranks", "nodes") if getattr(self, key) != fields[key].default]
 
     def expand(self) -> list[tuple[str, int, dict[str, Any]]]:
         """(name, seed, params) per member: the grid's product times the seeds, in file order."""
@@ -678,10 +693,12 @@ class Workflow(_Strict):
         node_mtbf_s: float | None = None,
         stop_grace_s: float | None = None,
         memory_root: str | None = None,
+        network_interface: str | None = None,
     ) -> list[MemberSpec]:
         """One spec per expanded member; ``local_root`` is this run's directory on node-local scratch
         (``memory_root`` in node memory), ``node_mtbf_s`` the site's node MTBF (for ``interval:
-        auto``), ``stop_grace_s`` the site's grace for command members that name none."""
+        auto``), ``stop_grace_s`` the site's grace for command members that name none,
+        ``network_interface`` the site's interface between nodes (members of several ranks)."""
         specs = []
         for family, member in self._families():
             for name, seed, params in member.expand():
@@ -708,6 +725,8 @@ class Workflow(_Strict):
                         evaluate=member.evaluate,
                         threads=member.threads,
                         ranks=member.ranks,
+                        nodes=member.nodes,
+                        network_interface=network_interface,
                         parallel=member.parallel,
                         inputs={stage: stage_output(stage) for stage in member.after},
                         family=family,

@@ -1,0 +1,276 @@
+"""Members that span nodes: ``nodes: 2`` on the ``local-slurm-nodes`` site, for real on the
+multi-node cluster of ``.ci/slurm-up --nodes 3 DIR`` (each node a network namespace with its own
+host name and address), and the pieces that make it work checked without one.
+
+The cluster is found through ``RESILIENT_FLOWS_NODES_ENV``, the path of its ``DIR/env`` (never
+through ``SLURM_CONF``, which names the one-node cluster of the other Slurm tests); the workflow
+runs in a subprocess with that file's variables. Without the cluster these tests skip, and fail
+where ``RESILIENT_FLOWS_REQUIRE_ALL=1`` (CI, see ``tests/requires.py``). Their names say "slurm":
+under xdist they take the one-node Slurm tests' turn (``tests/conftest.py``), since both
+clusters' nodes share this machine's CPUs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import shutil
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from conftest import REPO, python_env
+from requires import unmet
+from slurm import cancel_all, slurm_problem
+
+from resilient_flows.apps import launch_prefix
+from resilient_flows.errors import LaunchError, SiteConfigError, WorkflowError
+from resilient_flows.sites.facts import parse_facts
+from resilient_flows.training import MemberSpec, read_events, run_member
+from resilient_flows.training import distributed as dist_module
+from resilient_flows.training.distributed import init_process_group, use_interface
+from resilient_flows.workflow import load_workflow, plan_workflow
+from resilient_flows.workflow.runner import resize_members
+from resilient_flows.workflow.status import loss_curve
+
+#: Where CI (``.ci/run``) says the multi-node cluster's ``DIR/env`` is.
+NODES_ENV = "RESILIENT_FLOWS_NODES_ENV"
+SITE = "local-slurm-nodes"
+TOLERANCE = 1e-5
+
+TWO_NODES = """\
+name: nodes
+site: local-slurm-nodes
+retries: 0
+checkpoint: {interval: 10}
+members:
+  - {name: ddp, workload: mlp-digits, steps: 20, seed: 3, nodes: 2, params: {hidden: 32}}
+  - {name: fsdp, workload: mlp-digits, steps: 20, seed: 3, nodes: 2, parallel: fsdp, params: {hidden: 32}}
+faults:
+  - {preempt: ddp, at_step: 12}     # SIGTERM to both ranks: exit 75 through srun, requeued free
+"""
+
+
+# ------------------------------------------------------------------ without a cluster
+
+
+def test_a_member_on_several_nodes_starts_its_ranks_with_srun_in_its_block() -> None:
+    block = {"SLURM_JOB_ID": "42"}
+    srun = "srun --nodes=2 --ntasks=4 --ntasks-per-node=2 --kill-on-bad-exit=0 --wait=60"
+    assert launch_prefix(4, 2, block) == srun
+    assert launch_prefix(2, 1, block) == "mpiexec -n 2"  # one node: as before, also inside Slurm
+    assert launch_prefix(2, 2, {**block, "PARSL_MPI_PREFIX": "srun -n 2"}) == "srun -n 2"
+    with pytest.raises(LaunchError, match=r"a member on 2 nodes .* outside Slurm \(SLURM_JOB_ID is unset\)"):
+        launch_prefix(2, 2, {})
+
+
+def test_nodes_alone_means_a_rank_per_node_and_ranks_must_share_them_evenly(tmp_path: Path) -> None:
+    path, site = tmp_path / "wf.yaml", tmp_path / "site.yaml"
+    site.write_text("executors: []\nfacts: {nodes: 2, cores_per_node: 2, network_interface: ib0}\n")
+    path.write_text("name: w\nmembers:\n  - {name: a, workload: mlp-digits, steps: 5, nodes: 2}\n")
+    ((member),) = plan_workflow(load_workflow(path), str(site), build_site=False).members
+    assert (member.ranks, member.nodes, member.ranks_per_node, member.network_interface) == (2, 2, 1, "ib0")
+    with pytest.raises(WorkflowError, match=r"member 'a' spans 2 nodes, but a block of site 'local' holds 1"):
+        plan_workflow(load_workflow(path), "local", build_site=False)
+    path.write_text("name: w\nmembers:\n  - {name: a, workload: mlp-digits, steps: 5, nodes: 2, ranks: 3}\n")
+    with pytest.raises(WorkflowError, match=r"member 'a': ranks \(3, the total\) must be a multiple of nodes \(2\)"):
+        load_workflow(path)
+    path.write_text("name: w\nmembers:\n  - {name: a, command: [echo], steps: 5, nodes: 2}\n")
+    with pytest.raises(WorkflowError, match=r"nodes apply to workloads; a command launches its own ranks"):
+        load_workflow(path)
+
+
+def test_a_resize_keeps_the_nodes_that_share_the_new_rank_count() -> None:
+    member = MemberSpec(name="m", workload="mlp-digits", params={}, ranks=4, nodes=2)
+    assert [(m.ranks, m.nodes) for m in resize_members([member], 6)] == [(6, 2)]
+    assert [(m.ranks, m.nodes) for m in resize_members([member], {"m": 3})] == [(3, 1)]
+    with pytest.raises(WorkflowError, match="must be a multiple of nodes"):
+        replace(member, ranks=3)
+
+
+def test_the_network_interface_fact_is_an_interface_name() -> None:
+    base = {"nodes": 2, "cores_per_node": 2}
+    assert parse_facts({**base, "network_interface": "hsn0,hsn1"}, "s", "s.yaml").network_interface == "hsn0,hsn1"
+    assert parse_facts(base, "s", "s.yaml").network_interface is None
+    with pytest.raises(SiteConfigError, match=r"s.yaml: facts.network_interface must be an interface name"):
+        parse_facts({**base, "network_interface": "eth 0"}, "s", "s.yaml")
+
+
+def test_the_sites_interface_is_exported_for_gloo_unless_the_environment_names_one() -> None:
+    loopback = socket.if_nameindex()[0][1]
+    env: dict[str, str] = {}
+    assert use_interface(loopback, env) == loopback
+    assert env == {"GLOO_SOCKET_IFNAME": loopback, "NCCL_SOCKET_IFNAME": loopback}
+    assert use_interface("nope0", {"GLOO_SOCKET_IFNAME": loopback}) == loopback  # the user's word wins
+    assert use_interface(None, {}) is None
+    site = r"GLOO_SOCKET_IFNAME=nope0 \(the site's facts.network_interface\)"
+    with pytest.raises(LaunchError, match=rf"{site}: .* has no interface nope0; it has .*{loopback}"):
+        use_interface("nope0", {})
+    with pytest.raises(LaunchError, match=r"GLOO_SOCKET_IFNAME=nope0 \(set in the environment\)"):
+        use_interface(None, {"GLOO_SOCKET_IFNAME": "nope0"})
+
+
+def test_rank_zeros_host_that_does_not_resolve_names_the_node_list(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No rank waits for a rendezvous it can never reach: the error says which variable named the host."""
+    for name, value in {
+        "SLURM_PROCID": "1",
+        "SLURM_NTASKS": "2",
+        "SLURM_STEP_NODELIST": "gone[1-2]",
+        "SLURM_JOB_ID": "7",
+    }.items():
+        monkeypatch.setenv(name, value)
+    for name in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "PMI_RANK", "OMPI_COMM_WORLD_RANK", "PALS_RANKID"):
+        monkeypatch.delenv(name, raising=False)
+
+    def unknown(host: str, *args: object, **kwargs: object) -> list:
+        raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+
+    monkeypatch.setattr(dist_module.socket, "getaddrinfo", unknown)
+    message = r"srun: rank 0's host 'gone1' \(the first host of SLURM_STEP_NODELIST=gone\[1-2\]\) does not resolve"
+    with pytest.raises(LaunchError, match=message):
+        init_process_group(timeout=5)
+
+
+# ------------------------------------------------------------------ on the multi-node cluster
+
+
+def read_env_file(path: str) -> dict[str, str]:
+    """The ``export NAME=VALUE`` lines of a ``.ci/slurm-up`` env file, as a mapping."""
+    found = {}
+    for line in Path(path).read_text().splitlines():
+        words = shlex.split(line, comments=True)
+        if len(words) == 2 and words[0] == "export" and "=" in words[1]:
+            name, _, value = words[1].partition("=")
+            found[name] = value
+    return found
+
+
+@pytest.fixture(scope="module")
+def cluster() -> dict[str, str]:
+    """The environment for processes that use the multi-node cluster: this one's, plus its env file."""
+    path = os.environ.get(NODES_ENV)
+    if not path:
+        unmet(f"no multi-node Slurm cluster: {NODES_ENV} is unset (the DIR/env of .ci/slurm-up --nodes 3 DIR)")
+    if not os.path.isfile(path):
+        unmet(f"no multi-node Slurm cluster: {NODES_ENV}={path} is not a file")
+    env = {**python_env(), **read_env_file(path)}
+    problem = slurm_problem(env)
+    if problem is None and len(env.get("RESILIENT_FLOWS_TEST_NODES", "").split()) < 2:
+        problem = "fewer than 2 nodes"
+    if problem is not None:
+        unmet(f"the multi-node Slurm cluster of {path} cannot run a job on two nodes ({problem})")
+    return env
+
+
+@pytest.fixture(scope="module")
+def two_node_run(cluster: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """One workflow of two members that span two nodes each (DDP, preempted once, and FSDP), run
+    to the end; afterwards its node-local checkpoints are removed from the nodes."""
+    root = tmp_path_factory.mktemp("multinode")
+    (root / "wf.yaml").write_text(TWO_NODES)
+    run_dir = root / "run"
+    done = _run_workflow(root / "wf.yaml", run_dir, cluster)
+    assert done.returncode == 0, (done.stdout[-3000:], done.stderr[-3000:], _events(run_dir))
+    yield run_dir
+    local = _planned(run_dir, "ddp").checkpoint.local_dir
+    for node in cluster["RESILIENT_FLOWS_TEST_NODES"].split():
+        shutil.rmtree(Path(local.replace("${SLURMD_NODENAME}", node)).parent, ignore_errors=True)
+
+
+@pytest.mark.slow
+@pytest.mark.slurm
+@pytest.mark.timeout(300)
+def test_slurm_nodes_without_the_sites_interface_fail_naming_the_variable(
+    cluster: dict[str, str], tmp_path: Path
+) -> None:
+    """A site naming an interface the nodes lack: every rank stops before any rendezvous, and the
+    run's events say which variable and which value, from which node."""
+    site = (REPO / "site-configs" / f"{SITE}.yaml").read_text()
+    (tmp_path / "site.yaml").write_text(re.sub(r"(?m)^  network_interface: .*$", "  network_interface: nope0", site))
+    (tmp_path / "wf.yaml").write_text(
+        "name: wrong-net\nretries: 0\nmembers:\n  - {name: m, workload: mlp-digits, steps: 5, nodes: 2}\n"
+    )
+    run_dir = tmp_path / "run"
+    done = _run_workflow(tmp_path / "wf.yaml", run_dir, cluster, "--site", str(tmp_path / "site.yaml"))
+    assert done.returncode != 0
+    warnings = [e for e in _events(run_dir) if e["kind"] == "warning" and e["member"] == "m"]
+    assert warnings and {e["host"] for e in warnings} <= set(cluster["RESILIENT_FLOWS_TEST_NODES"].split())
+    expected = "GLOO_SOCKET_IFNAME=nope0 (the site's facts.network_interface)"
+    present = f"has no interface nope0; it has lo, {cluster['RESILIENT_FLOWS_TEST_IFNAME']}"
+    assert all(expected in e["reason"] and present in e["reason"] for e in warnings)
+    assert [e["kind"] for e in _events(run_dir) if e["kind"] in ("failed", "finished")] == ["failed"]
+
+
+def _run_workflow(path: Path, run_dir: Path, env: dict[str, str], *options: str) -> subprocess.CompletedProcess[str]:
+    """``resilient-flows run`` in a subprocess on the multi-node cluster; its pilot jobs gone after."""
+    command = [sys.executable, "-m", "resilient_flows.cli", "run", str(path), "--run-dir", str(run_dir), *options]
+    try:
+        return subprocess.run(command, cwd=path.parent, env=env, capture_output=True, text=True, timeout=240)
+    finally:
+        cancel_all(name_prefix=f"parsl.{SITE}.block-", env=env)
+
+
+def _events(run_dir: Path) -> list[dict]:
+    return list(read_events(run_dir)) if (run_dir / "events.jsonl").exists() else []
+
+
+def _planned(run_dir: Path, name: str) -> MemberSpec:
+    return MemberSpec.from_dict(json.loads((run_dir / "members" / name / "spec.json").read_text()))
+
+
+@pytest.mark.slow
+@pytest.mark.slurm
+@pytest.mark.timeout(300)
+def test_slurm_member_on_two_nodes_runs_a_rank_on_each_host(two_node_run: Path, cluster: dict[str, str]) -> None:
+    nodes = cluster["RESILIENT_FLOWS_TEST_NODES"].split()
+    for name, attempts in (("ddp", 2), ("fsdp", 1)):
+        started = [e for e in _events(two_node_run) if e["kind"] == "started" and e["member"] == name]
+        assert len(started) == attempts
+        for event in started:
+            hosts = event["hosts"]
+            assert len(hosts) == 2 and len(set(hosts)) == 2 and set(hosts) <= set(nodes), event
+            assert event["host"] == hosts[0]
+        spec = _planned(two_node_run, name)
+        assert (spec.ranks, spec.nodes, spec.network_interface) == (2, 2, cluster["RESILIENT_FLOWS_TEST_IFNAME"])
+        # Each rank wrote its shard to node-local scratch on its own node (the site's ${SLURMD_NODENAME}).
+        local = spec.checkpoint.local_dir
+        assert local is not None and "${SLURMD_NODENAME}" in local
+        for rank, host in enumerate(hosts):
+            step = Path(local.replace("${SLURMD_NODENAME}", host)) / "step-00000019"
+            assert sorted(p.name for p in step.glob("shard-*")) == [f"shard-{rank:05d}-of-00002.safetensors"]
+
+
+@pytest.mark.slow
+@pytest.mark.slurm
+@pytest.mark.timeout(300)
+def test_slurm_member_on_two_nodes_stopped_by_a_signal_is_requeued_free(two_node_run: Path) -> None:
+    """Both ranks exit 75 after committing step 12; srun hands that status on, so it costs no retry."""
+    events = [e for e in _events(two_node_run) if e["member"] == "ddp"]
+    (failed,) = [e for e in events if e["kind"] == "failed"]
+    assert failed["cost"] == 0.0 and failed["cause"] == "preempted", failed
+    assert [e["step"] for e in events if e["kind"] == "resumed"] == [12]
+
+
+@pytest.mark.slow
+@pytest.mark.slurm
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("name", ["ddp", "fsdp"])
+def test_slurm_member_on_two_nodes_trains_like_one_rank(two_node_run: Path, tmp_path: Path, name: str) -> None:
+    """The global batch is split over the nodes: the losses are one rank's, within float reduction
+    noise, also across ddp's preemption and resume."""
+    spec = _planned(two_node_run, name)
+    local = replace(spec.checkpoint, local_dir=None)
+    alone = replace(spec, ranks=1, nodes=1, network_interface=None, checkpoint=local, faults=())
+    reference = run_member(alone.to_dict(), str(tmp_path))
+    got, want = loss_curve(two_node_run, name), loss_curve(tmp_path, name)
+    assert sorted(got) == sorted(want) == list(range(20))
+    worst = max(abs(got[s] - want[s]) / abs(want[s]) for s in want)
+    assert worst <= TOLERANCE, f"largest relative difference {worst:.2e}"
+    result = json.loads((two_node_run / "members" / name / "result.json").read_text())
+    assert abs(result["test_loss"] - reference["test_loss"]) <= TOLERANCE * reference["test_loss"]
