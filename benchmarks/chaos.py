@@ -145,8 +145,9 @@ WATCHDOG_LOOK_S = 2.0
 TARGET_WAIT_S = 90.0
 #: Where a held run's members find the gate that the harness opens once every fault struck.
 GATE_ENV = "RESILIENT_FLOWS_CHAOS_GATE"
-#: The share of its steps after which a member of a held run waits at the gate.
+#: The share of its steps after which a member of a held run waits at the gate, and how long at most.
 HOLD_AT = 0.8
+GATE_WAIT_S = 300.0
 #: Seconds between two looks of the supervising loop (runner CPU and RSS, processes of the run).
 LOOK_S = 0.5
 #: How many times a runner that exits on its own with members unfinished is resumed, as an operator would.
@@ -270,7 +271,8 @@ def paced(ctx: Any) -> dict[str, Any]:
     hold = int(p["steps"] * HOLD_AT) if gate else None
     for step in ctx.steps(p["steps"]):
         if hold is not None and step >= hold:
-            while not os.path.exists(gate):
+            opens = time.monotonic() + GATE_WAIT_S  # a harness that died opens nothing
+            while not os.path.exists(gate) and time.monotonic() < opens:
                 time.sleep(LOOK_S)
             hold = None
         index = batch_indices(ctx.seed, step, len(data.x_train), int(p["batch_size"]))
@@ -1007,21 +1009,23 @@ def execute(
     site: str,
     log: Path,
     timeout_s: float,
-    chaos: Callable[[Runner, Watcher, Path], Chaos] | None = None,
+    chaos: Callable[[Runner, Watcher, Path | None], Chaos] | None = None,
     keep: Path | None = None,
     nodes: Path | None = None,
+    gate: Path | None = None,
 ) -> Execution:
     """Run ``workflow`` into ``run_dir`` (with ``chaos`` injected), wait for it up to ``timeout_s``,
     count and kill what it left, and read what it wrote. ``keep``: copy the run directory there;
-    ``nodes``: where the emulated nodes of ``local-nodes`` keep their node-local directories.
-    A chaos run's members find its gate (see :func:`paced`) beside ``log``."""
-    gate = log.with_name(log.stem + ".gate")
+    ``nodes``: where the emulated nodes of ``local-nodes`` keep their node-local directories;
+    ``gate``: where the members of a held chaos run wait (see :func:`paced`), removed first."""
+    if gate is not None:
+        gate.unlink(missing_ok=True)  # an earlier run's, in the same directory
     env = {
         **os.environ,
         "COLUMNS": "200",
         "PYTHONPATH": os.pathsep.join(filter(None, [str(BENCH_DIR), os.environ.get("PYTHONPATH")])),
         **({"RESILIENT_FLOWS_NODES": str(nodes)} if nodes is not None else {}),
-        **({GATE_ENV: str(gate)} if chaos is not None else {}),
+        **({GATE_ENV: str(gate)} if gate is not None else {}),
     }
     runner = Runner(workflow, run_dir, site, log, env)
     watcher = Watcher(run_dir, runner)
@@ -1144,10 +1148,11 @@ def run_chaos(
         bursts = plan_bursts(kinds, config, random.Random(seed))
         run_dir = (shared or work) / "run"
 
-        def chaos(runner: Runner, watcher: Watcher, gate: Path) -> Chaos:
+        gate = work / "chaos.gate" if config.hold else None
+
+        def chaos(runner: Runner, watcher: Watcher, gate: Path | None) -> Chaos:
             nodes = work / "nodes" if site == "local-nodes" else None
-            gated = gate if config.hold else None
-            return Chaos(bursts, span_s, run_dir, shared, runner, watcher, facts, config, seed, nodes, gated)
+            return Chaos(bursts, span_s, run_dir, shared, runner, watcher, facts, config, seed, nodes, gate)
 
         execution = execute(
             workflow,
@@ -1158,6 +1163,7 @@ def run_chaos(
             chaos,
             work / "chaos-run" if keep else None,
             nodes=work / "nodes",
+            gate=gate,
         )
     return execution, [fault for burst in bursts for fault in burst]
 

@@ -25,7 +25,7 @@ from parsl.executors.high_throughput.errors import ManagerLost, WorkerLost
 
 from resilient_flows.errors import LaunchError, Preempted, is_storage_full
 from resilient_flows.training.command import CommandKilled
-from resilient_flows.training.control import latest_committed_step, member_dir
+from resilient_flows.training.control import has_result, latest_committed_step, member_dir
 from resilient_flows.training.events import EventLog
 from resilient_flows.training.heartbeat import analytics_task, heartbeat_path, read_heartbeat
 from resilient_flows.training.mpi_member import EXIT_PREEMPTED
@@ -59,45 +59,43 @@ STRAGGLER_S = 60
 
 
 @python_app
-def train_app(
-    spec: dict[str, Any], run_dir: str, inputs: Sequence[Any] = (), start_after: float = 0.0
-) -> dict[str, Any]:
+def train_app(spec: dict[str, Any], run_dir: str, inputs: Sequence[Any] = (), backoff_s: float = 0.0) -> dict[str, Any]:
     """Train one member (a :class:`MemberSpec` as a dict) in a worker; resumes from its checkpoint.
 
     ``inputs``: futures of the stages whose output it reads; Parsl starts it once they are done.
-    ``start_after``: the retry's backoff (see :class:`ResumingRetryHandler`).
+    ``backoff_s``: the retry's backoff (see :class:`ResumingRetryHandler`).
     """
     from resilient_flows.training.run import run_member
 
-    _wait_until(start_after)
+    _wait(backoff_s)
 
     return run_member(spec, run_dir)
 
 
 @python_app
 def command_app(
-    spec: dict[str, Any], run_dir: str, inputs: Sequence[Any] = (), start_after: float = 0.0
+    spec: dict[str, Any], run_dir: str, inputs: Sequence[Any] = (), backoff_s: float = 0.0
 ) -> dict[str, Any]:
     """Run a command member (a :class:`MemberSpec` with ``command``) in a worker: its own
     process group, its run contract in the environment, stop signals forwarded with a grace
     period (see :mod:`resilient_flows.training.command`). A retry runs the command again; a
-    script that uses ``from_env()`` resumes from its checkpoint. ``start_after``: the retry's backoff.
+    script that uses ``from_env()`` resumes from its checkpoint. ``backoff_s``: the retry's backoff.
     """
     from resilient_flows.training.command import run_command
 
-    _wait_until(start_after)
+    _wait(backoff_s)
 
     return run_command(spec, run_dir)
 
 
 @python_app
-def stage_app(spec: dict[str, Any], run_dir: str, inputs: Sequence[Any] = (), start_after: float = 0.0) -> Any:
+def stage_app(spec: dict[str, Any], run_dir: str, inputs: Sequence[Any] = (), backoff_s: float = 0.0) -> Any:
     """Run one workflow stage (a :class:`StageSpec` as a dict): a checkpointed array loop that
     resumes after its newest committed iteration. ``inputs``: futures of the stages it reads;
-    ``start_after``: the retry's backoff."""
+    ``backoff_s``: the retry's backoff."""
     from resilient_flows.training.stage import run_stage
 
-    _wait_until(start_after)
+    _wait(backoff_s)
 
     return run_stage(spec, run_dir)
 
@@ -126,7 +124,7 @@ def mpi_train_app(
     ranks: int = 2,
     inputs: Sequence[Any] = (),
     parsl_resource_specification: dict | None = None,
-    start_after: float = 0.0,
+    backoff_s: float = 0.0,
 ) -> str:
     """Train one data-parallel member on ``ranks`` MPI ranks: one torch.distributed process group
     (formed over MPI, see :mod:`resilient_flows.training.distributed`) for its DDP or FSDP and its
@@ -135,10 +133,10 @@ def mpi_train_app(
     Under Parsl's ``MPIExecutor`` the launch prefix comes from ``$PARSL_MPI_PREFIX`` (pass
     ``parsl_resource_specification={"num_ranks": ...}``); a member spanning ``nodes`` (from the
     spec) runs as an ``srun`` step on that many nodes of its Slurm block; elsewhere
-    ``mpiexec -n ranks``. ``start_after``: the retry's backoff, slept before the launch.
+    ``mpiexec -n ranks``. ``backoff_s``: the retry's backoff, slept before the launch.
     """
 
-    _wait_until(start_after)
+    _wait(backoff_s)
     prefix = launch_prefix(int(ranks), int(spec.get("nodes", 1)), os.environ)
     directory = member_dir(run_dir, spec["name"])
     directory.mkdir(parents=True, exist_ok=True)
@@ -188,9 +186,9 @@ class ResumingRetryHandler:
     """A ``parsl.Config(retry_handler=...)`` for member apps; pair it with ``retries=N``.
 
     - :class:`Preempted` (or the MPI variant's or a command's exit status 75): cost 0, the member
-      stopped cleanly, while it makes progress: after ``free_without_progress`` stops in a row
-      without a newer checkpoint, each further one costs 1, so that a script that exits 75 at
-      once cannot loop forever.
+      stopped cleanly, while it makes progress: once ``free_without_progress`` attempts in a row
+      ended without a newer checkpoint, each further stop costs 1, so that a script that exits 75
+      at once cannot loop forever.
     - A lost worker or manager (SIGKILL, node failure, walltime), a command killed by a signal, or
       a full file system: cost 0 when the member made progress, else 1, so a task that dies
       before making progress cannot loop forever. Progress is a newer checkpoint than at its
@@ -202,8 +200,7 @@ class ResumingRetryHandler:
 
     An attempt that ended within :data:`QUICK_ATTEMPT_S` of its launch makes the next one wait,
     twice as long after each such attempt in a row (from :data:`BACKOFF_S` up to
-    :data:`MAX_BACKOFF_S`): the retry's app is given ``start_after``, a time before which it
-    does not start.
+    :data:`MAX_BACKOFF_S`): the retry's app is given ``backoff_s``, which it sleeps before it starts.
 
     Failures and retries go to the run's ``events.jsonl``.
     """
@@ -214,8 +211,9 @@ class ResumingRetryHandler:
         self.retries = retries
         self.free_without_progress = free_without_progress
         self._progress: dict[int, int] = {}
-        self._stalled: dict[int, int] = {}  # task -> free stops in a row without progress
+        self._stalled: dict[int, int] = {}  # task -> attempts in a row that ended without progress
         self._quick: dict[int, int] = {}  # task -> attempts in a row that ended quickly
+        self._waited: dict[int, float] = {}  # task -> the backoff its latest attempt slept
 
     def __call__(self, exception: Exception, task_record: dict[str, Any]) -> float:
         found = _resumable_task(task_record)
@@ -228,7 +226,7 @@ class ResumingRetryHandler:
         record = read_heartbeat(beat)
         beat.unlink(missing_ok=True)  # the attempt is over, however it ended
         events = EventLog(run_dir)
-        if _has_result(run_dir, name):
+        if has_result(run_dir, name):
             events.emit(
                 "warning",
                 name,
@@ -248,7 +246,7 @@ class ResumingRetryHandler:
                 cost, why = 0.0, "preempted"
             else:
                 stops = self._stalled[task]
-                cost, why = 1.0, f"preempted without progress ({stops} stops in a row without a newer checkpoint)"
+                cost, why = 1.0, f"preempted without progress ({stops} attempts in a row without a newer checkpoint)"
         elif isinstance(exception, _LOST) or is_storage_full(exception):
             what = "lost" if isinstance(exception, _LOST) else "storage full"
             cost, why = (0.0, f"{what} after progress") if progressed else (1.0, f"{what} without progress")
@@ -274,31 +272,28 @@ class ResumingRetryHandler:
         return cost
 
     def _backoff(self, task: int, task_record: dict[str, Any]) -> float:
-        """Seconds the next attempt waits, handed to it as ``start_after``: 0 after a long attempt."""
+        """Seconds the next attempt waits, handed to it as ``backoff_s``: 0 after a long attempt.
+
+        An attempt's length is counted from its launch less the backoff it slept first, so that the
+        waits keep doubling while the attempts themselves stay short.
+        """
         launched, returned = task_record.get("try_time_launched"), task_record.get("try_time_returned")
-        quick = (
-            launched is not None and returned is not None and (returned - launched).total_seconds() < QUICK_ATTEMPT_S
-        )
+        ran = None if launched is None or returned is None else (returned - launched).total_seconds()
+        quick = ran is not None and ran - self._waited.get(task, 0.0) < QUICK_ATTEMPT_S
         self._quick[task] = self._quick.get(task, 0) + 1 if quick else 0
-        if not self._quick[task]:
-            return 0.0
-        wait = min(BACKOFF_S * 2 ** (self._quick[task] - 1), MAX_BACKOFF_S)
+        wait = min(BACKOFF_S * 2 ** (self._quick[task] - 1), MAX_BACKOFF_S) if self._quick[task] else 0.0
+        self._waited[task] = wait
         kwargs = task_record.get("kwargs")
-        if isinstance(kwargs, dict):
-            kwargs["start_after"] = time.time() + wait
+        if wait and isinstance(kwargs, dict):
+            kwargs["backoff_s"] = wait
         return wait
 
 
-def _has_result(run_dir: str, name: str) -> bool:
-    """Whether the member wrote its result: it is written last, durably, once everything is committed."""
-    return (member_dir(run_dir, name) / "result.json").is_file()
-
-
-def _wait_until(start_after: float) -> None:
-    """Wait until ``start_after`` (a time from :func:`time.time`), the retry's backoff."""
-    remaining = start_after - time.time()
-    if remaining > 0:
-        time.sleep(remaining)
+def _wait(backoff_s: float) -> None:
+    """The retry's backoff, slept by the attempt before it starts (a duration: the runner's and the
+    worker's clocks need not agree)."""
+    if backoff_s > 0:
+        time.sleep(backoff_s)
 
 
 def _forget_analytics_heartbeat(task_record: dict[str, Any]) -> None:

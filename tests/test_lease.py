@@ -19,7 +19,7 @@ from slurm import cancel_all, require_slurm, slurm_jobs
 from resilient_flows.checkpoint.tiers import Tier
 from resilient_flows.training import read_events
 from resilient_flows.training.heartbeat import Heartbeat
-from resilient_flows.training.lease import RENEW_S, RUNNER_FILE, LeaseRenewer, orphaned, read_lease
+from resilient_flows.training.lease import RENEW_S, RUNNER_FILE, LeaseRenewer, end_lease, orphaned, read_lease
 from resilient_flows.workflow.blocks import RunnerLock, process_start_time
 from resilient_flows.workflow.leaseguard import guard
 
@@ -59,6 +59,16 @@ def test_a_fresh_lease_holds_and_an_old_one_orphans_the_run(tmp_path: Path) -> N
     age(tmp_path, 61)
     reason = orphaned(tmp_path)
     assert reason is not None and f"process {os.getpid()}" in reason and "orphan timeout of 60 s" in reason
+
+
+def test_a_lease_the_runner_let_go_of_orphans_nothing(tmp_path: Path) -> None:
+    RunnerLock(tmp_path, orphan_timeout_s=10.0).acquire()
+    end_lease(tmp_path)
+    age(tmp_path, 1000)
+    assert orphaned(tmp_path) is None
+    lease = read_lease(tmp_path)
+    assert lease is not None and lease.ended and not lease.expired and lease.pid == os.getpid()
+    assert guard(tmp_path, os.getpid(), None, poll_s=0.01) == []  # the guard of an ended runner leaves
 
 
 def test_the_renewer_keeps_the_lease_fresh(tmp_path: Path) -> None:
@@ -200,3 +210,14 @@ def test_a_slurm_runner_sigkilled_and_never_resumed_leaves_no_pilot_job(tmp_path
             runner.kill()
         cancel_all(name_prefix=prefix)
     assert_members_stopped_where_they_were(run_dir, ["m"])
+
+
+def test_a_site_orphan_timeout_below_two_renewals_is_refused(tmp_path: Path) -> None:
+    from resilient_flows.errors import SiteConfigError
+    from resilient_flows.sites import site_facts
+
+    site = quick_site(tmp_path, "local")
+    assert site_facts(site).orphan_timeout_s == ORPHAN_S
+    site.write_text(site.read_text().replace(f"orphan_timeout: {ORPHAN_S:g}s", "orphan_timeout: 5s"))
+    with pytest.raises(SiteConfigError, match=r"facts\.orphan_timeout must be at least 10s"):
+        site_facts(site)

@@ -314,6 +314,8 @@ class ResilientCallback(_Callback):
         self._watch: RequestWatch | None = None
         self._last: dict[str, float] = {}
         self._report: dict[str, Any] | None = None  # what on_fit_end writes, agreed at the end of training
+        # A process group that exists before the Trainer is the script's, not Lightning's: left alone.
+        self._users_group = torch.distributed.is_available() and torch.distributed.is_initialized()
         self._step = -1
 
     @property
@@ -378,8 +380,8 @@ class ResilientCallback(_Callback):
             return
         from resilient_flows.training.context import state_digest
 
-        # Here, not at fit's end: the ranks agree over the process group, which Lightning tears
-        # down before on_fit_end and this callback destroys at teardown.
+        # Here, not at fit's end: the ranks agree over the process group, and Lightning's strategy
+        # teardown (which closes the checkpoint plugin) comes before on_fit_end.
         digest = state_digest(pl_module)
         report = {"step": trainer.global_step - 1, **self._last, "digest": digest}
         if trainer.world_size > 1:  # replicas that drifted apart (a rank that restored another state) show here
@@ -399,7 +401,8 @@ class ResilientCallback(_Callback):
         if self._metrics is not None:
             self._metrics.close()
             self._metrics = None
-        _release_process_group(trainer)
+        if not self._users_group:
+            _release_process_group(trainer)
 
     # ------------------------------------------------------------------ internals
 

@@ -35,7 +35,7 @@ from typing import Any
 from resilient_flows.envvars import expand_env
 from resilient_flows.errors import SiteConfigError
 from resilient_flows.sites.sitefile import read_site, site_path
-from resilient_flows.training.lease import DEFAULT_ORPHAN_TIMEOUT_S
+from resilient_flows.training.lease import DEFAULT_ORPHAN_TIMEOUT_S, MIN_ORPHAN_TIMEOUT_S
 from resilient_flows.units import parse_duration
 
 __all__ = ["SiteFacts", "site_facts"]
@@ -130,9 +130,21 @@ def parse_facts(raw: Any, name: str, where: str) -> SiteFacts:
         walltime_s=_seconds(raw.get("walltime"), "walltime", where, clock=True),
         stall_timeout_s=_seconds(raw.get("stall_timeout"), "stall_timeout", where) or DEFAULT_STALL_TIMEOUT_S,
         stop_grace_s=_seconds(raw.get("stop_grace"), "stop_grace", where),
-        orphan_timeout_s=_seconds(raw.get("orphan_timeout"), "orphan_timeout", where) or DEFAULT_ORPHAN_TIMEOUT_S,
+        orphan_timeout_s=_orphan_timeout(raw.get("orphan_timeout"), where),
         network_interface=_interface(raw.get("network_interface"), where),
     )
+
+
+def _orphan_timeout(value: Any, where: str) -> float:
+    seconds = _seconds(value, "orphan_timeout", where)
+    if seconds is None:
+        return DEFAULT_ORPHAN_TIMEOUT_S
+    if seconds < MIN_ORPHAN_TIMEOUT_S:
+        raise SiteConfigError(
+            f"{where}: facts.orphan_timeout must be at least {MIN_ORPHAN_TIMEOUT_S:g}s (two renewals of the "
+            f"runner's lease), got {value!r}"
+        )
+    return seconds
 
 
 def _count(value: Any, key: str, where: str, least: int) -> int:

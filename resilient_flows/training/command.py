@@ -125,17 +125,17 @@ def run_command(spec_dict: dict[str, Any], run_dir: str) -> dict[str, Any]:
             _kill_group(process.pid)  # whatever it left behind must not write into the next attempt
     if status == 0:
         return _finish(spec, run_dir, attempt, events)
-    if status != EXIT_PREEMPTED and (directory / REPORT_FILE).is_file():
+    if status < 0 and (directory / REPORT_FILE).is_file():
         # Its report is written durably once its last checkpoint is committed: the member finished,
-        # and an abort at exit (gloo's threads torn down with the interpreter) must not undo that.
-        ended = f"was killed by {signal.Signals(-status).name}" if status < 0 else f"exited with status {status}"
-        events.emit("warning", spec.name, attempt=attempt, reason=f"the command {ended} after reporting its result")
+        # and a signal at exit (gloo's threads torn down with the interpreter abort) must not undo that.
+        reason = f"the command was killed by {_signal_name(-status)} after reporting its result"
+        events.emit("warning", spec.name, attempt=attempt, reason=reason)
         return _finish(spec, run_dir, attempt, events, status)
     if status == EXIT_PREEMPTED:
         reason = stop.reason or "the command exited with status 75"
         raise Preempted(spec.name, latest_committed_step(run_dir, spec), reason)
     if status < 0:
-        raise CommandKilled(spec.name, signal.Signals(-status).name, why)
+        raise CommandKilled(spec.name, _signal_name(-status), why)
     raise CommandFailed(spec.name, status, _last_line(log_path))
 
 
@@ -148,22 +148,26 @@ class _Stop:
         self.since: float | None = None
         self.process: subprocess.Popen | None = None
         self._pending: int | None = None  # a signal requested before the command started
+        self._lock = threading.Lock()  # requests come from the heartbeat's thread too
 
     def request(self, signum: int, reason: str) -> None:
         """Send ``signum`` to the command's group (once it runs), remembering the first reason."""
-        if self.since is None:
-            self.reason, self.since = reason, time.monotonic()
-        if self.process is None:
-            self._pending = signum
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.process.pid, signum)
+        with self._lock:
+            if self.since is None:
+                self.reason, self.since = reason, time.monotonic()
+            if self.process is None:
+                self._pending = signum
+                return
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, signum)
 
     def attach(self, process: subprocess.Popen) -> None:
         """The command now runs: it gets a signal requested before it started."""
-        self.process = process
-        if self._pending is not None:
-            self.request(self._pending, self.reason or "")
+        with self._lock:
+            self.process = process
+            if self._pending is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(process.pid, self._pending)
 
 
 @contextlib.contextmanager
@@ -205,6 +209,14 @@ def _wait(process: subprocess.Popen, stop: _Stop, grace: float) -> tuple[int, st
         if stop.since is not None and not killed and time.monotonic() - stop.since > grace:
             killed = f"still running {grace:g} s after {stop.reason}"
             _kill_group(process.pid)
+
+
+def _signal_name(number: int) -> str:
+    """``SIGABRT``, or ``signal 40`` for a number Python has no name for (a real-time signal)."""
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
 
 
 def _kill_group(group: int) -> None:

@@ -37,6 +37,7 @@ __all__ = [
     "RequestWatch",
     "clone_order_path",
     "count_attempt",
+    "has_result",
     "latest_committed_step",
     "member_dir",
     "newest_committed",
@@ -49,6 +50,10 @@ __all__ = [
     "request_retirement",
     "write_clone_order",
 ]
+
+
+#: A finished member's result, in its directory.
+RESULT_FILE = "result.json"
 
 
 def member_dir(run_dir: str | os.PathLike, name: str) -> Path:
@@ -97,6 +102,12 @@ def count_attempt(directory: Path) -> int:
     attempt = (int(read_capped(path, CONTROL_CAP, "attempt counter") or 0) if path.exists() else 0) + 1
     write_durably(path, str(attempt))
     return attempt
+
+
+def has_result(run_dir: str | os.PathLike, name: str) -> bool:
+    """Whether member ``name`` finished: its ``result.json`` is written last, durably, once its
+    final checkpoint is committed, so whatever its process does afterwards cannot undo that."""
+    return (member_dir(run_dir, name) / RESULT_FILE).is_file()
 
 
 def latest_committed_step(run_dir: str | os.PathLike, spec: MemberSpec) -> int:

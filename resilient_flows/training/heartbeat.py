@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import socket
 import threading
@@ -33,6 +34,8 @@ from resilient_flows.capped import CONTROL_CAP, read_json_capped
 from resilient_flows.training.lease import orphaned
 
 __all__ = ["BEAT_S", "RECORD_BYTES", "Heartbeat", "analytics_task", "heartbeat_path", "read_heartbeat"]
+
+logger = logging.getLogger(__name__)
 
 #: Seconds between beats. A stall timeout must be several of these.
 BEAT_S = 2.0
@@ -138,8 +141,11 @@ class Heartbeat:
             if self.on_orphaned is not None:
                 reason = orphaned(self.run_dir)
                 if reason is not None:
-                    self.on_orphaned(reason)
-                    self.on_orphaned = None
+                    tell, self.on_orphaned = self.on_orphaned, None
+                    try:
+                        tell(reason)
+                    except Exception:  # the beats must go on: a silent attempt would be declared lost
+                        logger.exception("task %s: could not stop for the runner gone", self._fixed["task"])
 
     def _beat(self) -> None:
         now = time.monotonic()

@@ -19,6 +19,7 @@ read only once the file looks stale. A ``resume`` takes the lease over by writin
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import threading
 import time
@@ -29,10 +30,12 @@ from resilient_flows.capped import CONTROL_CAP, read_json_capped
 
 __all__ = [
     "DEFAULT_ORPHAN_TIMEOUT_S",
+    "MIN_ORPHAN_TIMEOUT_S",
     "RENEW_S",
     "RUNNER_FILE",
     "LeaseRenewer",
     "RunnerLease",
+    "end_lease",
     "orphaned",
     "process_start_time",
     "read_lease",
@@ -47,22 +50,26 @@ RENEW_S = 5.0
 #: the site says (``facts: orphan_timeout``): minutes, so that a pilot job is not held for hours,
 #: yet longer than a login node's hiccup.
 DEFAULT_ORPHAN_TIMEOUT_S = 300.0
+#: The least orphan timeout: two renewals, so that one late renewal never stops a run.
+MIN_ORPHAN_TIMEOUT_S = 2 * RENEW_S
 
 
 @dataclass(frozen=True)
 class RunnerLease:
     """Who holds the run (``pid`` on ``host``, started at ``started`` clock ticks) and for how long
-    it may be silent; ``age_s`` is the time since its last renewal."""
+    it may be silent; ``age_s`` is the time since its last renewal; ``ended``: the runner let go of
+    it when it ended, so that nothing takes the run for orphaned."""
 
     pid: int
     host: str
     started: int | None
     orphan_timeout_s: float
     age_s: float
+    ended: bool = False
 
     @property
     def expired(self) -> bool:
-        return self.age_s > self.orphan_timeout_s
+        return not self.ended and self.age_s > self.orphan_timeout_s
 
 
 def stat_fields(pid: int | str) -> list[str]:
@@ -99,6 +106,7 @@ def read_lease(run_dir: str | os.PathLike) -> RunnerLease | None:
             started=None if started is None else int(started),
             orphan_timeout_s=timeout,
             age_s=age,
+            ended=record.get("ended") is not None,
         )
     except (KeyError, TypeError, ValueError):
         return None
@@ -123,6 +131,25 @@ def orphaned(run_dir: str | os.PathLike) -> str | None:
         f"the runner (process {lease.pid} on {lease.host}) has been gone for {lease.age_s:.0f} s, "
         f"longer than its orphan timeout of {lease.orphan_timeout_s:g} s"
     )
+
+
+def end_lease(run_dir: str | os.PathLike) -> None:
+    """Let go of the run (the runner ends): its record stays, marked ``ended``, for the views."""
+    lease = read_lease(run_dir)
+    if lease is None:
+        return
+    path = Path(run_dir) / RUNNER_FILE
+    tmp = path.with_name(f"{RUNNER_FILE}.{os.getpid()}.tmp")
+    record = {
+        "pid": lease.pid,
+        "host": lease.host,
+        "started": lease.started,
+        "orphan_timeout_s": lease.orphan_timeout_s,
+        "ended": round(time.time(), 3),
+    }
+    with contextlib.suppress(OSError):  # a full file system: the lease then merely expires
+        tmp.write_text(json.dumps(record))
+        os.replace(tmp, path)
 
 
 class LeaseRenewer:

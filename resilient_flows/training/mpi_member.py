@@ -11,6 +11,7 @@ committing a checkpoint, which is not a failure.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from typing import Any
 
@@ -45,7 +46,8 @@ def _report(run_dir: str, spec: dict[str, Any], exc: LaunchError) -> None:
 
     from resilient_flows.training.events import EventLog
 
-    EventLog(run_dir).emit("warning", spec.get("name"), host=socket.gethostname(), reason=str(exc))
+    with contextlib.suppress(OSError):  # the launch error is what must come through
+        EventLog(run_dir).emit("warning", spec.get("name"), host=socket.gethostname(), reason=str(exc))
 
 
 def _world() -> Any:

@@ -30,7 +30,7 @@ from pathlib import Path
 
 from resilient_flows.training.events import EventLog
 from resilient_flows.training.heartbeat import BEAT_S
-from resilient_flows.training.lease import RunnerLease, process_start_time, read_lease
+from resilient_flows.training.lease import RUNNER_FILE, RunnerLease, process_start_time, read_lease
 
 __all__ = ["STOP_WAIT_S", "guard", "main"]
 
@@ -49,11 +49,13 @@ def guard(run_dir: Path, runner: int, started: int | None, poll_s: float = POLL_
     members and cancel its blocks; what was cancelled, in words."""
     while True:
         lease = read_lease(run_dir)
-        if lease is None or lease.pid != runner:
-            return []  # another runner holds the run now, or the run directory is gone
-        if process_start_time(runner) != started and lease.expired:
+        if lease is None and not (run_dir / RUNNER_FILE).exists():
+            return []  # the run directory is gone
+        if lease is not None and (lease.pid != runner or lease.ended):
+            return []  # another runner holds the run now, or this one let go of it
+        if lease is not None and lease.expired and process_start_time(runner) != started:
             return _retire(run_dir, runner, lease)
-        time.sleep(poll_s)
+        time.sleep(poll_s)  # also when the record cannot be read for now (a file system's hiccup)
 
 
 def _retire(run_dir: Path, runner: int, lease: RunnerLease) -> list[str]:

@@ -42,9 +42,9 @@ from resilient_flows.clone import request_clone
 from resilient_flows.errors import WorkflowError, is_storage_full
 from resilient_flows.sites import load_site, site_facts
 from resilient_flows.sites.facts import SiteFacts
-from resilient_flows.training.control import clone_order_path, member_dir
+from resilient_flows.training.control import clone_order_path, has_result, member_dir
 from resilient_flows.training.events import FULL_WAIT_S, EventLog
-from resilient_flows.training.lease import LeaseRenewer
+from resilient_flows.training.lease import LeaseRenewer, end_lease
 from resilient_flows.training.spec import MemberSpec, StageSpec
 from resilient_flows.training.stage import stage_finished
 from resilient_flows.workflow.blocks import BlockLedger, RunnerLock, process_start_time, retire_block
@@ -71,6 +71,8 @@ STORAGE_WAIT_S = 2.0
 
 #: What the runner's guard writes, in the run directory.
 GUARD_LOG = "guard.log"
+#: Seconds the guard has to exit when the runner ends.
+GUARD_EXIT_S = 5.0
 
 
 def start_run(
@@ -105,7 +107,7 @@ def resume_run(
     plan = read_plan(directory)
     console = console or Console()
     members = run_members(directory, plan)
-    pending = [m for m in members if not _finished(directory, m.name)]
+    pending = [m for m in members if not has_result(directory, m.name)]
     if len(pending) < len(members):
         console.print(f"{len(members) - len(pending)} member(s) already finished; resuming {len(pending)}")
     resized = resize_members(pending, ranks, [m.name for m in members])
@@ -142,10 +144,6 @@ def _put_interpreter_on_path() -> None:
     bin_dir = os.path.dirname(sys.executable)
     if bin_dir not in os.environ.get("PATH", "").split(os.pathsep):
         os.environ["PATH"] = os.pathsep.join([bin_dir, os.environ.get("PATH", "")])
-
-
-def _finished(run_dir: Path, name: str) -> bool:
-    return (member_dir(run_dir, name) / "result.json").exists()
 
 
 class _Submitter:
@@ -189,10 +187,10 @@ class _Submitter:
         earlier would hold a worker while it waits, possibly the one its source needs to start."""
         for member in clones:
             parent = member.parent
-            if parent is None or member.name in self.futures or _finished(self.run_dir, member.name):
+            if parent is None or member.name in self.futures or has_result(self.run_dir, member.name):
                 continue
             source = member_dir(self.run_dir, parent.member)
-            source_done = source.joinpath("result.json").exists() or self._failed(parent.member)
+            source_done = has_result(self.run_dir, parent.member) or self._failed(parent.member)
             if source_done or not clone_order_path(source, parent.request).exists():
                 self.submit(member)
 
@@ -339,8 +337,13 @@ def _holding(run_dir: Path, orphan_timeout_s: float) -> Iterator[None]:
         with LeaseRenewer(run_dir):
             yield
     finally:
+        end_lease(run_dir)
         guard.terminate()
-        guard.wait()
+        try:
+            guard.wait(timeout=GUARD_EXIT_S)
+        except subprocess.TimeoutExpired:  # stuck in a read of a hung file system
+            guard.kill()
+            guard.wait()
 
 
 def _execute(run_dir: Path, plan: Plan, members: list[MemberSpec], console: Console) -> int:
@@ -433,7 +436,7 @@ def _run_held(run_dir: Path, plan: Plan, members: list[MemberSpec], console: Con
     futures = {**submitter.stages, **submitter.futures}
     failed = {name: f.exception() for name, f in futures.items() if f.exception() is not None}
     for name in submitter.futures:  # its process died after the result was written: a warning event says so
-        if name in failed and _finished(run_dir, name):
+        if name in failed and has_result(run_dir, name):
             del failed[name]
     reports = [f.result() for f in ondemand.futures if f.exception() is None]
     everyone = index.members()
