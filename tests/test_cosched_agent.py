@@ -26,6 +26,7 @@ from resilient_flows.cosched import OnDemandRequest, RunningJob, decide, decisio
 from resilient_flows.cosched.agent import Agent, AgentConfig, AgentStateError, is_marked, running_job
 from resilient_flows.cosched.batch import BatchCommandError, BatchJob, clean
 from resilient_flows.cosched.slurm import (
+    TEXT_FORMAT,
     SlurmBatch,
     _timestamp,
     parse_sinfo_json,
@@ -150,11 +151,17 @@ def test_squeue_json_gives_running_and_pending_jobs(newer: bool) -> None:
     assert jobs["7"].held
 
 
+def test_no_user_text_but_the_last_field_reaches_the_squeue_text_format() -> None:
+    """A job name holding ``|`` would shift the fields after it: its user, partition, state."""
+    fields = TEXT_FORMAT.split("|")
+    assert "%j" not in fields and fields[-1] == "%k" and fields.count("%k") == 1
+
+
 def test_squeue_text_is_read_where_json_is_unavailable() -> None:
     text = (
-        "6|c|root|0|debug|PENDING|1|1|2026-12-04T15:04:18|N/A|UNLIMITED|Resources|4294901755|rf-ondemand\n"
-        "7|d|root|0|debug|PENDING|1|1|2026-12-04T15:04:18|N/A|UNLIMITED|JobHeldUser|0|(null)\n"
-        "4|a|ann|1001|debug|RUNNING|2|8|2026-12-04T15:04:18|2026-12-04T15:04:18|1-02:03:04|None|4294901757|"
+        "6|root|0|debug|PENDING|1|1|2026-12-04T15:04:18|N/A|UNLIMITED|Resources|4294901755|rf-ondemand\n"
+        "7|root|0|debug|PENDING|1|1|2026-12-04T15:04:18|N/A|UNLIMITED|JobHeldUser|0|(null)\n"
+        "4|ann|1001|debug|RUNNING|2|8|2026-12-04T15:04:18|2026-12-04T15:04:18|1-02:03:04|None|4294901757|"
         "rf-heartbeat:/lus/a|b/checkpoint-heartbeat.json\n"
     )
     jobs = {job.id: job for job in parse_squeue_text(text)}
@@ -176,9 +183,9 @@ def test_squeue_text_is_read_where_json_is_unavailable() -> None:
     assert len(batch.jobs()) == 3 and len(batch.jobs()) == 3
     assert calls == [["squeue", "--json"], ["squeue", "-h"], ["squeue", "-h"]]  # JSON tried once only
     for line, problem in [
-        ("6|c|root|0|debug|PENDING|1|1", "8 fields instead of 14"),
-        ("6|c|root|0|debug|PENDING|one|1|N/A|N/A|UNLIMITED|Resources|10|(null)", "invalid literal for int"),
-        ("6|c|root|0|debug|PENDING|1|1|N/A|N/A|UNLIMITED|Resources|high|(null)", "could not convert string to float"),
+        ("6|root|0|debug|PENDING|1|1", "7 fields instead of 13"),
+        ("6|root|0|debug|PENDING|one|1|N/A|N/A|UNLIMITED|Resources|10|(null)", "invalid literal for int"),
+        ("6|root|0|debug|PENDING|1|1|N/A|N/A|UNLIMITED|Resources|high|(null)", "could not convert string to float"),
     ]:
         with pytest.raises(BatchCommandError, match=re.escape(f"squeue -o: a line the agent cannot read ({problem}")):
             parse_squeue_text(line)

@@ -29,8 +29,10 @@ from resilient_flows.cosched.batch import BatchCommandError, BatchJob, Unit, run
 
 __all__ = ["SlurmBatch", "parse_sinfo_json", "parse_squeue_json", "parse_squeue_text"]
 
-#: ``squeue -o`` fields, in order, for Slurms without ``--json``; the comment, which may hold ``|``, last.
-TEXT_FORMAT = "%i|%j|%u|%U|%P|%T|%D|%C|%V|%S|%l|%r|%Q|%k"
+#: ``squeue -o`` fields, in order, for Slurms without ``--json``. A user writes two of them, the job's
+#: name and comment, and either may hold ``|``: the comment comes last, and the name not at all
+#: (the agent needs none), so that no job can forge the user, partition or state of its line.
+TEXT_FORMAT = "%i|%u|%U|%P|%T|%D|%C|%V|%S|%l|%r|%Q|%k"
 _TEXT_FIELDS = TEXT_FORMAT.count("|") + 1
 _RUNNING = {"RUNNING"}
 _PENDING = {"PENDING"}
@@ -195,13 +197,13 @@ def _from_text(line: str) -> BatchJob:
     fields = line.split("|", _TEXT_FIELDS - 1)
     if len(fields) != _TEXT_FIELDS:
         raise ValueError(f"{len(fields)} fields instead of {_TEXT_FIELDS}")
-    job_id, name, user, uid, queue, state, nodes, cpus, submitted, start, limit, reason, rank, comment = fields
+    job_id, user, uid, queue, state, nodes, cpus, submitted, start, limit, reason, rank, comment = fields
     kind = _state(state)
     priority = float(rank)
     comment = "" if comment == "(null)" else comment
     return BatchJob(
         id=job_id,
-        name=name,
+        name="",
         user=user,
         uid=int(uid) if uid.isdigit() else None,
         queue=queue,
