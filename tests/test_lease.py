@@ -221,3 +221,30 @@ def test_a_site_orphan_timeout_below_two_renewals_is_refused(tmp_path: Path) -> 
     site.write_text(site.read_text().replace(f"orphan_timeout: {ORPHAN_S:g}s", "orphan_timeout: 5s"))
     with pytest.raises(SiteConfigError, match=r"facts\.orphan_timeout must be at least 10s"):
         site_facts(site)
+
+
+def test_a_runner_on_another_host_is_refused_while_its_lease_is_fresh(tmp_path: Path) -> None:
+    from resilient_flows.errors import WorkflowError
+
+    record = {"pid": 4242, "host": "login-2", "started": 1, "orphan_timeout_s": 60.0}
+    (tmp_path / RUNNER_FILE).write_text(json.dumps(record))
+    with pytest.raises(WorkflowError, match=r"process 4242 on login-2 \(its lease was renewed 0 s ago\)"):
+        RunnerLock(tmp_path).acquire()
+    age(tmp_path, 2 * RENEW_S + 1)  # gone: its lease ages
+    RunnerLock(tmp_path).acquire()
+    end_lease(tmp_path)
+    assert read_lease(tmp_path).ended  # type: ignore[union-attr]
+
+
+def test_a_runner_whose_run_was_taken_over_renews_and_ends_nothing(tmp_path: Path) -> None:
+    RunnerLock(tmp_path, orphan_timeout_s=60.0).acquire()
+    with LeaseRenewer(tmp_path, period_s=0.05):
+        other = {"pid": 4242, "host": "login-2", "started": 1, "orphan_timeout_s": 60.0}
+        replacement = tmp_path / "new.json"
+        replacement.write_text(json.dumps(other))
+        os.replace(replacement, tmp_path / RUNNER_FILE)  # as a resume writes its record
+        age(tmp_path, 100)
+        time.sleep(0.3)
+    end_lease(tmp_path)
+    lease = read_lease(tmp_path)
+    assert lease is not None and lease.pid == 4242 and not lease.ended and lease.age_s >= 100

@@ -56,7 +56,8 @@ _PREFIX = "RESILIENT_FLOWS_"
 
 #: What a script reported when it closed, in its member's directory (written by
 #: :meth:`~resilient_flows.training.script.ScriptRun.close`); the launcher makes it the member's
-#: ``result.json`` once the command exited with status 0.
+#: ``result.json`` once the command exited with status 0, or was killed by a signal after writing it
+#: (an abort at interpreter exit, with a ``warning`` event).
 REPORT_FILE = "command-result.json"
 
 #: The contract's variables by field of :class:`RunContract`.

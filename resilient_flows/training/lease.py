@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
+import socket
 import threading
 import time
 from dataclasses import dataclass
@@ -41,6 +43,8 @@ __all__ = [
     "read_lease",
     "stat_fields",
 ]
+
+logger = logging.getLogger(__name__)
 
 #: The runner's record in the run directory; its modification time is the lease.
 RUNNER_FILE = "runner.json"
@@ -134,9 +138,10 @@ def orphaned(run_dir: str | os.PathLike) -> str | None:
 
 
 def end_lease(run_dir: str | os.PathLike) -> None:
-    """Let go of the run (the runner ends): its record stays, marked ``ended``, for the views."""
+    """Let go of the run (this runner ends): its record stays, marked ``ended``, for the views.
+    A record another runner wrote since (a resume took the run over) is left as it is."""
     lease = read_lease(run_dir)
-    if lease is None:
+    if lease is None or (lease.pid, lease.host) != (os.getpid(), socket.gethostname()):
         return
     path = Path(run_dir) / RUNNER_FILE
     tmp = path.with_name(f"{RUNNER_FILE}.{os.getpid()}.tmp")
@@ -155,15 +160,19 @@ def end_lease(run_dir: str | os.PathLike) -> None:
 class LeaseRenewer:
     """Renews the lease from a thread of its own, so that a runner busy starting Parsl or
     rendering still holds it. A context manager; renewal failures (a full or hung file system)
-    are retried at the next period: the lease then ages, which is the truth."""
+    are retried at the next period: the lease then ages, which is the truth. Once another runner
+    took the run over (its record replaced this one's), it renews nothing more."""
 
     def __init__(self, run_dir: str | os.PathLike, period_s: float = RENEW_S) -> None:
         self.path = Path(run_dir) / RUNNER_FILE
         self.period_s = period_s
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="runner-lease", daemon=True)
+        self._inode: int | None = None
 
     def __enter__(self) -> LeaseRenewer:
+        with contextlib.suppress(OSError):
+            self._inode = self.path.stat().st_ino  # the record this runner wrote (by rename)
         self._thread.start()
         return self
 
@@ -174,4 +183,7 @@ class LeaseRenewer:
     def _run(self) -> None:
         while not self._stop.wait(self.period_s):
             with contextlib.suppress(OSError):
+                if self._inode is not None and self.path.stat().st_ino != self._inode:
+                    logger.warning("%s was taken over by another runner: this one no longer renews it", self.path)
+                    return
                 os.utime(self.path)

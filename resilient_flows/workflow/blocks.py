@@ -34,7 +34,14 @@ from parsl.providers import LocalProvider
 from resilient_flows.capped import CONTROL_CAP, LINE_CAP, CappedLines, read_json_capped
 from resilient_flows.errors import WorkflowError, is_storage_full
 from resilient_flows.training.events import FULL_WAIT_S
-from resilient_flows.training.lease import DEFAULT_ORPHAN_TIMEOUT_S, RUNNER_FILE, process_start_time, stat_fields
+from resilient_flows.training.lease import (
+    DEFAULT_ORPHAN_TIMEOUT_S,
+    RENEW_S,
+    RUNNER_FILE,
+    process_start_time,
+    read_lease,
+    stat_fields,
+)
 
 __all__ = ["BlockLedger", "RunnerLock", "cancel_block", "kill_stragglers", "process_start_time", "retire_block"]
 
@@ -321,6 +328,12 @@ class RunnerLock:
             raise WorkflowError(
                 f"{self.run_dir} is being run by process {holder['pid']} on {holder['host']}; "
                 "wait for it to end, or stop it, before resuming"
+            )
+        lease = read_lease(self.run_dir)  # a runner on another host is seen by its lease only
+        if lease is not None and lease.host != socket.gethostname() and not lease.ended and lease.age_s < 2 * RENEW_S:
+            raise WorkflowError(
+                f"{self.run_dir} is being run by process {lease.pid} on {lease.host} (its lease was renewed "
+                f"{lease.age_s:.0f} s ago); stop it there, or resume once its lease is {2 * RENEW_S:g} s old"
             )
         me = {
             "pid": os.getpid(),

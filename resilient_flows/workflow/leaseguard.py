@@ -39,7 +39,8 @@ logger = logging.getLogger(__name__)
 #: Seconds between two looks at the runner.
 POLL_S = 2.0
 #: Seconds the members have, once the lease expired, to commit a checkpoint and stop before their
-#: blocks are cancelled: a step and a checkpoint's commit, with room.
+#: blocks are cancelled: a step and a checkpoint's commit, with room; longer where a command
+#: member's stop grace is (their launchers kill them only once it passed).
 STOP_WAIT_S = 40.0
 
 
@@ -60,6 +61,7 @@ def guard(run_dir: Path, runner: int, started: int | None, poll_s: float = POLL_
 
 def _retire(run_dir: Path, runner: int, lease: RunnerLease) -> list[str]:
     from resilient_flows.sites import load_site
+    from resilient_flows.training.command import DEFAULT_GRACE_S
     from resilient_flows.workflow.blocks import BlockLedger
     from resilient_flows.workflow.rundir import read_plan
 
@@ -70,8 +72,10 @@ def _retire(run_dir: Path, runner: int, lease: RunnerLease) -> list[str]:
         reason=f"runner {runner} on {lease.host} gone for {lease.age_s:.0f} s (orphan timeout "
         f"{lease.orphan_timeout_s:g} s): its members stop at their next step, then its blocks are cancelled",
     )
-    _wait_for_members(run_dir)
-    executors = load_site(read_plan(run_dir).site, run_dir=str(run_dir / "parsl")).executors
+    plan = read_plan(run_dir)
+    graces = [DEFAULT_GRACE_S if m.grace_s is None else m.grace_s for m in plan.members if m.command]
+    _wait_for_members(run_dir, max([STOP_WAIT_S, *(g + POLL_S for g in graces)]))
+    executors = load_site(plan.site, run_dir=str(run_dir / "parsl")).executors
     done = BlockLedger(run_dir).cancel_runner(runner, executors)
     events.emit("warning", None, reason=f"runner {runner}'s leftovers cancelled: {'; '.join(done) or 'none'}")
     return done
