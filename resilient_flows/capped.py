@@ -16,11 +16,13 @@ Nothing here imports torch: the runner and the command line read these files.
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from stat import S_ISREG
 from typing import Any
 
 from resilient_flows.errors import FileTooLargeError
@@ -58,14 +60,20 @@ def read_capped(path: str | os.PathLike, cap: int, what: str) -> bytes:
     """The bytes of ``path``; FileTooLargeError, naming ``what`` and the cap, when it has more than ``cap``.
 
     The size is looked at first, so that an oversized file costs one ``fstat``; a file that grows
-    meanwhile is still read no further than one byte past the cap.
+    meanwhile is still read no further than one byte past the cap. Only a regular file is read: a
+    FIFO put in a file's place would block its reader for good (it is opened without blocking,
+    then refused), a device never ends.
     """
-    with Path(path).open("rb") as f:
-        size = os.fstat(f.fileno()).st_size
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb") as f:
+        stat = os.fstat(fd)
+        if not S_ISREG(stat.st_mode):
+            raise OSError(errno.EINVAL, f"{what} is not a regular file", os.fspath(path))
+        size = stat.st_size
         if size > cap:
             raise FileTooLargeError(path, cap, what)
         data = f.read(size + 1)
-        if len(data) > size:  # it grew, or it is a file whose size says nothing (/proc)
+        if len(data) > size:  # it grew meanwhile
             data += f.read(cap + 1 - len(data))
     if len(data) > cap:
         raise FileTooLargeError(path, cap, what)

@@ -305,5 +305,13 @@ def test_read_capped_reads_a_file_at_its_cap_and_stops_one_byte_past_it(tmp_path
     assert read_capped(path, 100, "file") == b"x" * 100
     with pytest.raises(FileTooLargeError, match=re.escape(f"file {path} is larger than its cap of 99 bytes")):
         read_capped(path, 99, "file")
-    with pytest.raises(FileTooLargeError):  # a file whose size says nothing, and that never ends
+    with pytest.raises(OSError, match="stream is not a regular file"):  # a device that never ends
         read_capped("/dev/zero", 4096, "stream")
+
+
+def test_a_fifo_in_a_files_place_is_refused_at_once(tmp_path: Path) -> None:
+    """Whoever can write the run directory could otherwise block a member at its step boundary."""
+    fifo = tmp_path / "control.json"
+    os.mkfifo(fifo)
+    with pytest.raises(OSError, match="control request is not a regular file"):
+        read_capped(fifo, 1024, "control request")

@@ -72,10 +72,15 @@ def test_a_member_on_several_nodes_starts_its_ranks_with_srun_in_its_block() -> 
 
 def test_nodes_alone_means_a_rank_per_node_and_ranks_must_share_them_evenly(tmp_path: Path) -> None:
     path, site = tmp_path / "wf.yaml", tmp_path / "site.yaml"
-    site.write_text("executors: []\nfacts: {nodes: 2, cores_per_node: 2, network_interface: ib0}\n")
+    executors = "executors:\n  - {type: HighThroughputExecutor, provider: {type: %s}}\n"
+    facts = "facts: {nodes: 2, cores_per_node: 2, network_interface: ib0}\n"
+    site.write_text(executors % "SlurmProvider" + facts)
     path.write_text("name: w\nmembers:\n  - {name: a, workload: mlp-digits, steps: 5, nodes: 2}\n")
     ((member),) = plan_workflow(load_workflow(path), str(site), build_site=False).members
     assert (member.ranks, member.nodes, member.ranks_per_node, member.network_interface) == (2, 2, 1, "ib0")
+    site.write_text(executors % "PBSProProvider" + facts)  # its ranks would start with srun: not there
+    with pytest.raises(WorkflowError, match=r"member 'a' spans 2 nodes, .* has PBSProProvider provider\(s\)"):
+        plan_workflow(load_workflow(path), str(site), build_site=False)
     with pytest.raises(WorkflowError, match=r"member 'a' spans 2 nodes, but a block of site 'local' holds 1"):
         plan_workflow(load_workflow(path), "local", build_site=False)
     path.write_text("name: w\nmembers:\n  - {name: a, workload: mlp-digits, steps: 5, nodes: 2, ranks: 3}\n")

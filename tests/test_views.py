@@ -228,17 +228,24 @@ def test_status_groups_above_twenty_members_and_all_lists_every_one(
 
 
 class Opens:
-    """Counts files opened through pathlib (how status reads every file), by name."""
+    """Counts files opened, by name: through pathlib and ``io.open``, and through ``os.open`` (how
+    capped reads open a file without blocking on a FIFO), not twice for a descriptor wrapped."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.names: list[str] = []
-        real = io.open
+        real_io, real_os = io.open, os.open
 
-        def counting(file: Any, *args: Any, **kwargs: Any) -> Any:
+        def counting_io(file: Any, *args: Any, **kwargs: Any) -> Any:
+            if not isinstance(file, int):
+                self.names.append(Path(file).name)
+            return real_io(file, *args, **kwargs)
+
+        def counting_os(file: Any, *args: Any, **kwargs: Any) -> Any:
             self.names.append(Path(file).name)
-            return real(file, *args, **kwargs)
+            return real_os(file, *args, **kwargs)
 
-        monkeypatch.setattr(io, "open", counting)
+        monkeypatch.setattr(io, "open", counting_io)
+        monkeypatch.setattr(os, "open", counting_os)
 
     def take(self) -> dict[str, int]:
         counts = {name: self.names.count(name) for name in sorted(set(self.names))}

@@ -43,11 +43,31 @@ def plan_workflow(
 
 
 def _check_nodes(specs: list[MemberSpec], site: str, per_block: int) -> None:
-    """A member's ranks start inside one block: one spanning more nodes than a block holds would
-    wait for them forever (or, on a site without Slurm, fail at every attempt)."""
-    for spec in specs:
+    """A member's ranks start inside one block, as an ``srun`` step: one spanning more nodes than
+    a block holds would wait for them forever, and on a site without Slurm fail at every attempt."""
+    spanning = [spec for spec in specs if spec.nodes > 1]
+    if not spanning:
+        return
+    for spec in spanning:
         if spec.nodes > per_block:
             raise WorkflowError(
                 f"member {spec.name!r} spans {spec.nodes} nodes, but a block of site {site!r} holds {per_block} "
                 "(its facts.nodes): choose a site whose blocks hold as many, such as local-slurm-nodes"
             )
+    providers = _provider_types(site)
+    if providers != {"SlurmProvider"}:
+        raise WorkflowError(
+            f"member {spanning[0].name!r} spans {spanning[0].nodes} nodes, which runs its ranks as an srun step "
+            f"inside a Slurm block, but site {site!r} has {', '.join(sorted(providers)) or 'no'} provider(s): "
+            "use a Slurm site whose blocks hold several nodes, such as local-slurm-nodes"
+        )
+
+
+def _provider_types(site: str) -> set[str]:
+    """The ``type`` of each executor's provider in the site file (no Parsl object is built)."""
+    from resilient_flows.sites.sitefile import read_site, site_path
+
+    executors = read_site(site_path(site)).get("executors") or []
+    return {
+        str(e["provider"].get("type")) for e in executors if isinstance(e, dict) and isinstance(e.get("provider"), dict)
+    }
