@@ -15,7 +15,8 @@ training time, counted from the chaos run's first checkpoint. A burst strikes se
 once, each from its own thread, from outside the processes as an operator or a failing machine
 would. Targets are found by walking ``/proc`` and ``<run_dir>/heartbeats``, restricted to this
 run (pools whose command line holds the run's ``parsl/`` directory, their spawned processes, our
-runners' interchanges); a fault without a target waits for one for up to 90 s:
+runners' interchanges); a fault without a target waits for one for up to 90 s (as long as the run
+lasts in ``--quick`` runs, whose members wait for every fault to strike):
 
 ``worker-kill``           SIGKILL of a worker that runs a member;
 ``pool-kill``             SIGKILL of a worker pool (``process_worker_pool.py``, the HTEX manager);
@@ -680,7 +681,11 @@ class Chaos(threading.Thread):
         strike = getattr(self, "_" + fault.kind.replace("-", "_"))
         if self._done.wait(delay):
             return
-        if not self._wait_for(lambda: strike(fault, rng), TARGET_WAIT_S):
+        # A held run keeps its members until every fault struck: a fault then waits for its target
+        # as long as the run lasts (under load, a few faults of a burst take the few busy workers
+        # between two recoveries, and a fixed wait would give up on the others).
+        patience = float("inf") if self.gate is not None else TARGET_WAIT_S
+        if not self._wait_for(lambda: strike(fault, rng), patience):
             fault.skipped = "the run ended first" if self._done.is_set() else f"no target within {TARGET_WAIT_S:g} s"
 
     def _later(self, delay: float, lift: Callable[[], None]) -> None:

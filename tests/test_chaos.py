@@ -25,7 +25,7 @@ from requires import unmet_in_part
 from rich.console import Console
 from slurm import require_slurm
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(480)]
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -60,7 +60,7 @@ def survive_chaos(tmp_path: Path, site: str, kinds: tuple[str, ...]) -> None:
         span_s=SMALL.span_s,
         seed=1,
         shared_mib=256,
-        timeout_s=200,
+        timeout_s=360,  # a hang's bound, not a speed target: faults wait for their targets
         console=console,
         keep=True,
     )
