@@ -50,7 +50,10 @@ def mpi_member(spec: MemberSpec, run_dir: Path) -> int:
         str(spec_path),
         str(run_dir),
     ]
-    return subprocess.run(command, env=python_env(), timeout=180, capture_output=True).returncode
+    done = subprocess.run(command, env=python_env(), timeout=180, capture_output=True, text=True)
+    if done.returncode not in (0, EXIT_PREEMPTED):
+        print(done.stdout[-4000:], done.stderr[-8000:], sep="\n")  # shown when the test fails
+    return done.returncode
 
 
 def test_two_ranks_preempted_then_resumed_end_like_two_uninterrupted_ranks(tmp_path: Path, reference: dict) -> None:

@@ -12,8 +12,10 @@ committing a checkpoint, which is not a failure.
 from __future__ import annotations
 
 import contextlib
+import logging
+import os
 import sys
-from typing import Any
+from typing import Any, NoReturn
 
 from resilient_flows.capped import DOCUMENT_CAP, read_json_capped
 from resilient_flows.errors import LaunchError, Preempted
@@ -66,5 +68,23 @@ def _world() -> Any:
     return MPI.COMM_WORLD
 
 
+def _leave(status: int) -> NoReturn:
+    """Exit without the interpreter's teardown, once the member's work is durable and its group left.
+
+    FSDP's device mesh keeps gloo groups alive past ``destroy_process_group``; their worker
+    threads then die with the interpreter and abort the process (torch 2.13, now and then), which
+    the launcher reports as a failed rank of a member that finished. Nothing remains to run at
+    exit: the context closed the checkpointer and left the group, so streams are flushed and MPI
+    finalised here, and the process ends with the status the member earned.
+    """
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    mpi = sys.modules.get("mpi4py.MPI")
+    if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
+        mpi.Finalize()
+    os._exit(status)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    _leave(main())
