@@ -8,7 +8,7 @@ tier is DIR/shared. LAYOUT is ddp (state replicated on every rank) or fsdp (shar
 MODE save: six Adam steps, a checkpoint after each (every third also to the shared tier); the full
     tensors after each step go to DIR/reference-<step>.safetensors.
 MODE restore: restore into a fresh model and report the step, whether every full tensor equals that
-    step's reference bitwise, and the checkpoints skipped on the way.
+    step's reference bitwise, the checkpoints skipped on the way, and where every shard came from.
 """
 
 from __future__ import annotations
@@ -53,8 +53,9 @@ def restore(directory: Path, wrap) -> dict:
     with checkpointer(directory) as ck:
         restored = ck.restore(state)
         skipped = [(s.step, s.tier) for s in ck.skipped]
+        read_from = ck.restored.read_from
     differ = same(state, load_file(str(directory / f"reference-{restored}.safetensors")))
-    return {"step": restored, "differ": differ, "skipped": skipped}
+    return {"step": restored, "differ": differ, "skipped": skipped, "read_from": read_from}
 
 
 def main(mode: str, directory: Path, layout: str) -> None:

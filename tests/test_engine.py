@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+import socket
 from pathlib import Path
 
 import numpy as np
@@ -120,14 +121,20 @@ def test_restore_prefers_the_fastest_tier_holding_the_newest(tiers: tuple[Path, 
         for s in range(4):
             problem.step(s)
             ck.save(s, problem.state, persist=s == 3)
-    # local holds 1..3 (keep=3); shared holds 1 and 3. Corrupting local's step 3 makes restore use shared's.
+    # local holds 1..3 (keep=3); shared holds 1 and 3: step 3 comes from local's copy
     shard = next((local / "step-00000003").glob("shard-*"))
+    with Checkpointer(shared, local_dir=local) as ck:
+        assert ck.restore(Problem().state) == 3
+        assert ck.restored.read_from == {shard.name: [f"local on {socket.gethostname()}"]}
+    # a local copy that fails its checksum gives way to shared's copy of the same step: nothing skipped
     data = bytearray(shard.read_bytes())
     data[-1] ^= 0xFF
     shard.write_bytes(bytes(data))
+    restored = Problem()
     with Checkpointer(shared, local_dir=local) as ck:
-        assert ck.restore(Problem().state) == 3
-        assert [(s.step, s.tier) for s in ck.skipped] == [(3, "local")]
+        assert ck.restore(restored.state) == 3 and not ck.skipped
+        assert ck.restored.read_from == {shard.name: ["shared"]}
+    assert digest(restored.model.state_dict()) == digest(problem.model.state_dict())
 
 
 def test_backpressure_and_bounded_staging_memory(tiers: tuple[Path, Path]) -> None:

@@ -38,7 +38,7 @@ from resilient_flows.checkpoint.boxes import Box, HeldBox, held_boxes, is_dtenso
 from resilient_flows.checkpoint.comm import as_comm, first_problem
 from resilient_flows.checkpoint.heartbeat import HeartbeatWriter
 from resilient_flows.checkpoint.planner import ArraySpec, WriteItem, plan_writes, shard_order
-from resilient_flows.checkpoint.reader import SkippedCheckpoint, read_agreed
+from resilient_flows.checkpoint.reader import Restored, SkippedCheckpoint, read_agreed
 from resilient_flows.checkpoint.shardfile import ShardEntry
 from resilient_flows.checkpoint.snapshot import CopyTask, CopyWorker, HostArena, Snapshot
 from resilient_flows.checkpoint.state import RANK_LOCAL, Stateful, TrainState
@@ -154,6 +154,8 @@ class Checkpointer:
         self.rank, self.world_size = self.comm.rank, self.comm.size
         self.stats = CheckpointStats.of_tiers(len(self.tiers))
         self.skipped: list[SkippedCheckpoint] = []
+        #: The last restore: its step, and which tier every shard came from.
+        self.restored: Restored | None = None
         problem = None
         try:
             for tier in self.tiers:
@@ -498,7 +500,9 @@ class Checkpointer:
         only the saved pieces that overlap what it holds now, and verifies their checksums before
         anything is copied. Checkpoints failing verification are skipped, logged and listed in
         ``self.skipped``; a checkpoint whose arrays do not fit the state raises
-        :class:`StateMismatchError` and leaves the state untouched. Collective with ``comm``.
+        :class:`StateMismatchError` and leaves the state untouched. A step held by several tiers
+        is read from the fastest copy of each shard that this rank's node still has, the shared
+        tier supplying the rest; ``self.restored.read_from`` says which. Collective with ``comm``.
         """
         stateful = _as_stateful(state)
         began = time.perf_counter()
@@ -512,19 +516,19 @@ class Checkpointer:
             if isinstance(stateful, TrainState):
                 stateful.discard_restore_target()
             return None
-        saved_step, world_size, loaded = read
-        stateful.load_state_dict(loaded)
+        stateful.load_state_dict(read.state)
+        self.restored = read
         if self._pipeline.heartbeat is not None:
             self._pipeline.heartbeat.restore_s = time.perf_counter() - began
-        logger.info("restored step %d (%d ranks at save time, %d now)", saved_step, world_size, self.world_size)
-        return saved_step
+        logger.info("restored step %d (%d ranks at save time, %d now)", read.step, read.world_size, self.world_size)
+        return read.step
 
     def load(self, step: int | None = None) -> dict[str, Any] | None:
         """The newest valid checkpoint (or ``step``) as a nested dict of full CPU tensors, or None."""
         read = self._read(step, None)
-        return None if read is None else read[2]
+        return None if read is None else read.state
 
-    def _read(self, step: int | None, stateful: Stateful | None) -> tuple[int, int, dict[str, Any]] | None:
+    def _read(self, step: int | None, stateful: Stateful | None) -> Restored | None:
         self._drain()  # read our own writes; their errors still surface at the next save or wait
         return read_agreed(self.tiers, self._pipeline.comm, stateful, step, self.skipped)
 

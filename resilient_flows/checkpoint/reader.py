@@ -11,6 +11,12 @@ broadcasts it, so that a restart of N data-parallel ranks does not read the chec
 The reader of a piece is a rank that can see the shard holding it: in a node-local tier each node
 holds only the shards its own ranks wrote.
 
+A step may lie in several tiers at once: a rank reads each shard from the fastest copy it sees
+(its node's node-local one, where that survived) and from the shared tier otherwise, and a copy
+that fails its checksum gives way to the next. So a job that lost a node restores what the
+surviving nodes still hold locally and only the rest from the shared file system; which copy
+every shard came from is reported (:attr:`Restored.read_from`).
+
 Order of operations the caller guarantees (the contract of :class:`OpenCheckpoint`):
 
 1. :meth:`OpenCheckpoint.targets` is computed from the live state; it checks nothing on disk;
@@ -27,7 +33,8 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Mapping
+import socket
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -40,13 +47,15 @@ from resilient_flows.checkpoint.comm import Comm, SingleProcess, first_problem
 from resilient_flows.checkpoint.manifest import ArrayRecord, Manifest, PieceRecord, read_manifest
 from resilient_flows.checkpoint.shardfile import MappedShard
 from resilient_flows.checkpoint.state import RANK_LOCAL, Stateful, TrainState
-from resilient_flows.checkpoint.tiers import Tier, shard_path
+from resilient_flows.checkpoint.tiers import Tier, shard_path, step_dirname
 from resilient_flows.checkpoint.tree import Leaf, dtype_of, flatten, unflatten
 from resilient_flows.errors import CheckpointError, CorruptCheckpointError, StateMismatchError
 
 __all__ = [
     "OpenCheckpoint",
+    "Restored",
     "SkippedCheckpoint",
+    "StepCopy",
     "Target",
     "check_compatible",
     "live_arrays",
@@ -98,27 +107,64 @@ def source_rank(manifest: Manifest, rank: int) -> int:
     return rank % manifest.world_size
 
 
+@dataclass(frozen=True)
+class StepCopy:
+    """One tier's copy of a step directory as this rank sees it; ``level`` is the tier's place,
+    fastest first (the same on every rank)."""
+
+    tier: str
+    path: Path
+    level: int = 0
+
+
 class OpenCheckpoint:
     """One committed checkpoint opened for reading: its manifest, and shards mapped on demand.
 
+    ``copies`` are the step's directories in the tiers that hold it here, fastest first (or one
+    directory). The manifest of the slowest copy is the authority, since the shared tier outlives
+    the nodes; a faster copy whose manifest records other shards (a stale branch on a node that
+    came back) is not read. Each shard comes from the fastest copy that holds it, and the next
+    copy takes over when one fails its checksum.
+
     With ``comm`` of several ranks, arrays that every rank needs whole (replicated state: DDP
     parameters, Adam's step counters) are read once: each piece by one rank that sees its shard,
-    chosen to balance the bytes, which verifies it and broadcasts it, so the shared file system
-    serves them once and not once per rank. Sharded targets are read by each rank for itself.
-    Every rank must then call :meth:`assign_readers`, :meth:`verify` and :meth:`fill` together,
-    with targets of the same structure.
+    in the fastest tier first and then balancing the bytes, which verifies it and broadcasts it,
+    so the shared file system serves them once and not once per rank. Sharded targets are read
+    by each rank for itself. Every rank must then call :meth:`assign_readers`, :meth:`verify`
+    and :meth:`fill` together, with targets of the same structure.
     """
 
-    def __init__(self, step_dir: Path, step: int, comm: Comm | None = None) -> None:
-        self.step_dir = step_dir
+    def __init__(self, copies: Path | Sequence[StepCopy], step: int, comm: Comm | None = None) -> None:
         self.comm = comm if comm is not None else SingleProcess()
-        try:
-            self.manifest = read_manifest(step_dir)
-        except OSError as exc:
-            raise CorruptCheckpointError(f"{step_dir.name}: cannot read it ({exc})") from None
+        listed = [StepCopy("", copies)] if isinstance(copies, Path) else list(copies)
+        if not listed:
+            raise CorruptCheckpointError(f"{step_dirname(step)}: no copy of it here")
+        self.step_dir = listed[-1].path
+        read: list[tuple[StepCopy, Manifest]] = []
+        problems = []
+        for copy in listed:
+            try:
+                read.append((copy, read_manifest(copy.path)))
+            except (OSError, CorruptCheckpointError) as exc:
+                problems.append(f"{copy.tier or copy.path}: {exc}")
+        if not read:
+            raise CorruptCheckpointError(f"{step_dirname(step)}: cannot read it ({'; '.join(problems)})") from None
+        authority, self.manifest = read[-1]
+        self.step_dir = authority.path
         if self.manifest.step != step:
-            raise CorruptCheckpointError(f"{step_dir.name}: the manifest says step {self.manifest.step}")
+            raise CorruptCheckpointError(f"{self.step_dir.name}: the manifest says step {self.manifest.step}")
+        self.copies = [copy for copy, manifest in read if manifest.shards == self.manifest.shards]
+        for copy, _ in read:
+            if copy not in self.copies:
+                logger.warning(
+                    "%s: the %s copy records other shards than the %s one's; not read",
+                    self.step_dir.name,
+                    copy.tier,
+                    authority.tier,
+                )
+        self._using: dict[int, StepCopy] = {}  # the copy each mapped shard comes from
         self._shards: dict[int, MappedShard] = {}
+        self._failed: dict[int, set[Path]] = {}  # copies of a shard that failed, by shard index
         self._assigned: dict[tuple[str, str], int] = {}  # who reads each replicated piece
 
     def targets(self, live: Mapping[str, Leaf]) -> dict[str, Target]:
@@ -132,15 +178,26 @@ class OpenCheckpoint:
                 found[name] = replace(Target.of(record, None), replicated=False)
         return found
 
-    def visible_shards(self) -> set[int]:
-        """The shards this rank can open here: all of them in a shared tier, only its own node's
-        in a node-local one."""
-        return {i for i, record in enumerate(self.manifest.shards) if shard_path(self.step_dir, record.file).is_file()}
+    @property
+    def sources(self) -> dict[str, str]:
+        """The tier each shard this rank read came from, by shard file."""
+        return {self.manifest.shards[index].file: copy.tier for index, copy in self._using.items()}
 
-    def assign_readers(self, targets: Mapping[str, Target], visible: list[set[int]]) -> None:
+    def visible_shards(self) -> dict[int, int]:
+        """The shards this rank can open here, each with the level of the fastest tier holding
+        it: all of them in a shared tier, only its own node's in a node-local one."""
+        found: dict[int, int] = {}
+        for copy in reversed(self.copies):
+            for index, record in enumerate(self.manifest.shards):
+                if self._holds(copy, record.file):
+                    found[index] = copy.level
+        return found
+
+    def assign_readers(self, targets: Mapping[str, Target], visible: list[dict[int, int]]) -> None:
         """Who reads each piece of a replicated target: among the ranks that see its shard
-        (``visible[rank]``), the least loaded, largest pieces first. The same on every rank, from
-        the same inputs; raises CorruptCheckpointError when no rank sees a shard that is needed."""
+        (``visible[rank]``), those that see it in the fastest tier, then the least loaded, largest
+        pieces first. The same on every rank, from the same inputs; raises CorruptCheckpointError
+        when no rank sees a shard that is needed."""
         if self.comm.size == 1:
             return
         pieces = [
@@ -156,7 +213,7 @@ class OpenCheckpoint:
             if not able:
                 file = self.manifest.shards[shard].file
                 raise CorruptCheckpointError(f"{self.step_dir.name}: no rank can read {file} (its node's copy is gone)")
-            rank = min(able, key=lambda r: (loads[r], r))
+            rank = min(able, key=lambda r: (visible[r][shard], loads[r], r))
             self._assigned[(name, key)] = rank
             loads[rank] += nbytes
 
@@ -229,16 +286,56 @@ class OpenCheckpoint:
 
     def _piece(self, name: str, piece: PieceRecord) -> torch.Tensor:
         record = self.manifest.arrays[name]
-        return self._shard(piece.shard).piece(piece.key, record.dtype, piece.box.lengths, piece.xxh3_64)
+        while True:
+            shard = self._shard(piece.shard)
+            try:
+                return shard.piece(piece.key, record.dtype, piece.box.lengths, piece.xxh3_64)
+            except CorruptCheckpointError as exc:
+                if not self._give_up_copy(piece.shard, str(exc)):
+                    raise
 
     def _shard(self, index: int) -> MappedShard:
-        if index not in self._shards:
-            record = self.manifest.shards[index]
+        if index in self._shards:
+            return self._shards[index]
+        record = self.manifest.shards[index]
+        errors: list[tuple[StepCopy, CorruptCheckpointError]] = []
+        for copy in self._untried(index):
             try:
-                self._shards[index] = MappedShard(shard_path(self.step_dir, record.file), record)
+                self._shards[index] = MappedShard(shard_path(copy.path, record.file), record)
             except OSError as exc:
-                raise CorruptCheckpointError(f"{record.file}: cannot read it ({exc})") from None
-        return self._shards[index]
+                errors.append((copy, CorruptCheckpointError(f"{record.file}: cannot read it ({exc})")))
+            except CorruptCheckpointError as exc:
+                errors.append((copy, exc))
+            else:
+                self._using[index] = copy
+                return self._shards[index]
+            self._failed.setdefault(index, set()).add(copy.path)
+        if len(errors) == 1:
+            raise errors[0][1]
+        if not errors:
+            raise CorruptCheckpointError(f"{record.file}: every copy of it failed")
+        raise CorruptCheckpointError("; ".join(f"{copy.tier} copy: {exc}" for copy, exc in errors))
+
+    def _give_up_copy(self, index: int, problem: str) -> bool:
+        """Stop reading shard ``index`` from the copy that just failed; whether another copy is left."""
+        self._failed.setdefault(index, set()).add(self._using.pop(index).path)
+        self._shards.pop(index).close()
+        left = self._untried(index)
+        if left:
+            file = self.manifest.shards[index].file
+            logger.warning("%s/%s: %s; reading the %s copy instead", self.step_dir.name, file, problem, left[0].tier)
+        return bool(left)
+
+    def _untried(self, index: int) -> list[StepCopy]:
+        failed = self._failed.get(index, set())
+        return [copy for copy in self.copies if copy.path not in failed]
+
+    @staticmethod
+    def _holds(copy: StepCopy, file: str) -> bool:
+        try:
+            return shard_path(copy.path, file).is_file()
+        except CorruptCheckpointError:
+            return False  # a link out of its directory: that copy of the shard does not count
 
 
 def live_arrays(
@@ -310,25 +407,51 @@ class SkippedCheckpoint:
     reason: str
 
 
+@dataclass(frozen=True)
+class Restored:
+    """A checkpoint read back: its step, how many ranks wrote it, the state, and where every
+    shard read came from (shard file -> ``"<tier> on <host>"`` for node-local copies, or the
+    shared tier's name), which tells after a node loss what the surviving nodes still held."""
+
+    step: int
+    world_size: int
+    state: dict[str, Any]
+    read_from: dict[str, list[str]]
+
+    def shards_by_source(self) -> dict[str, list[str]]:
+        """Shard files by where they were read: ``{"local on n2": [...], "shared": [...]}``."""
+        by_source: dict[str, list[str]] = {}
+        for file, sources in self.read_from.items():
+            for source in sources:
+                by_source.setdefault(source, []).append(file)
+        return {source: sorted(files) for source, files in sorted(by_source.items())}
+
+
 def read_agreed(
     tiers: list[Tier], comm: Comm, stateful: Stateful | None, step: int | None, skipped: list[SkippedCheckpoint]
-) -> tuple[int, int, dict[str, Any]] | None:
+) -> Restored | None:
     """The newest checkpoint (or ``step``) every rank verified its part of, read into ``stateful``'s layout.
 
-    Returns ``(step, world size at save time, state)``, or None when there is none. Collective over
-    ``comm`` (idle, and gloo even when training uses NCCL). Candidates come from every rank's view
-    of the tiers, newest first, the fastest tier first; one that a rank cannot verify is skipped
-    by all, with the reason, into ``skipped``; a state that does not fit raises
-    :class:`StateMismatchError` on every rank before anything is read.
+    Returns None when there is none. Collective over ``comm`` (idle, and gloo even when training
+    uses NCCL). Candidates are the steps any rank sees in any tier, newest first; each rank reads
+    a step from all the tiers that hold it here, the fastest copy of each shard first (see
+    :class:`OpenCheckpoint`). A step that a rank cannot verify is skipped by all, with the reason,
+    into ``skipped``; a state that does not fit raises :class:`StateMismatchError` on every rank
+    before anything is read.
     """
-    mine = [(s, i) for i, tier in enumerate(tiers) for s in tier.committed_steps() if step in (None, s)]
-    candidates = sorted({c for cs in comm.allgather(mine) for c in cs}, key=lambda c: (-c[0], c[1]))
-    for s, index in candidates:
-        tier = tiers[index]
+    mine: dict[int, list[StepCopy]] = {}
+    for level, tier in enumerate(tiers):
+        for s in tier.committed_steps():
+            if step in (None, s):
+                mine.setdefault(s, []).append(StepCopy(tier.name, tier.step_dir(s), level))
+    candidates = sorted({s for steps in comm.allgather(sorted(mine)) for s in steps}, reverse=True)
+    last = len(tiers) - 1
+    for s in candidates:
+        copies = mine.get(s, [])
         opened: OpenCheckpoint | None = None
         problem = mismatch = shape = visible = None
         try:
-            opened = OpenCheckpoint(tier.step_dir(s), s, comm)
+            opened = OpenCheckpoint(copies, s, comm)
             manifest = opened.manifest
             where = f"checkpoint step {manifest.step}"
             live = live_arrays(stateful, manifest.arrays, manifest.skeleton, where, "the state to restore into")
@@ -346,20 +469,31 @@ def read_agreed(
                 raise StateMismatchError(mismatch)
             if problem is None:
                 try:
-                    opened.assign_readers(targets, [v or set() for _, _, v in agreed])
+                    opened.assign_readers(targets, [v or {} for _, _, v in agreed])
                     opened.verify(targets)
                 except CorruptCheckpointError as exc:
                     problem = str(exc)
             problems = comm.allgather(problem)
             if not any(problems):
                 arrays = opened.fill(targets)
-                return s, opened.manifest.world_size, opened.state(arrays)
+                here = {
+                    file: tier if tier == tiers[last].name else f"{tier} on {socket.gethostname()}"
+                    for file, tier in opened.sources.items()
+                }
+                read_from: dict[str, set[str]] = {}
+                for sources in comm.allgather(here):
+                    for file, where in sources.items():
+                        read_from.setdefault(file, set()).add(where)
+                return Restored(
+                    s, manifest.world_size, opened.state(arrays), {f: sorted(w) for f, w in sorted(read_from.items())}
+                )
         finally:
             if opened is not None:
                 opened.close()
         reason = "; ".join(f"rank {r}: {p}" if comm.size > 1 else p for r, p in enumerate(problems) if p)
-        logger.warning("skipping checkpoint step %d in the %s tier %s: %s", s, tier.name, tier.path, reason)
-        skipped.append(SkippedCheckpoint(s, tier.name, reason))
+        held = ", ".join(copy.tier for copy in copies) or "no tier on this rank"
+        logger.warning("skipping checkpoint step %d (%s): %s", s, held, reason)
+        skipped.append(SkippedCheckpoint(s, held, reason))
     if step is not None:
         raise CheckpointError(f"no valid checkpoint of step {step} in {', '.join(str(t.path) for t in tiers)}")
     return None

@@ -230,7 +230,8 @@ class TrainContext:
         if parent is not None and self.restored_step == self._seed_step():
             apply_overrides(self.state, parent.overrides)  # after the state, so that they win
         elif self.restored_step is not None:
-            self._emit("resumed", attempt=self.attempt, step=self.restored_step)
+            read_from = self.checkpointer.restored.shards_by_source()
+            self._emit("resumed", attempt=self.attempt, step=self.restored_step, read_from=read_from)
         return self.restored_step
 
     def steps(self, total: int) -> Iterator[int]:
