@@ -250,40 +250,34 @@ class SiteFacts:
 def paced(ctx: Any) -> dict[str, Any]:
     """``chaos:paced``: the built-in ``mlp-digits`` member, with a pause of ``pause_ms`` after each step.
 
-    Tests need members that live long enough for a whole chaos schedule without filling two cores,
-    and a reference they can train in their own process in seconds: the pause costs no CPU and
-    changes no weight, so the reference trains with ``pause_ms: 0``. Where the harness names a
-    gate (:data:`GATE_ENV`, for a :attr:`Config.hold` run), a member waits after :data:`HOLD_AT` of
-    its steps until the gate exists: on a loaded machine, where recoveries take minutes, members
-    would otherwise finish before the last faults found a target. The wait changes no weight either.
+    Tests need members that live long enough for a whole chaos schedule (or a node to be lost
+    between two checkpoints) without filling two cores, and a reference they can train in their
+    own process in seconds: the pause costs no CPU and changes no weight, so the reference trains
+    with ``pause_ms: 0``, and a member spanning nodes trains as the built-in does (DDP, FSDP).
+    Where the harness names a gate (:data:`GATE_ENV`, for a :attr:`Config.hold` run), a member
+    waits after :data:`HOLD_AT` of its steps until the gate exists: on a loaded machine, where
+    recoveries take minutes, members would otherwise finish before the last faults found a
+    target. The wait changes no weight either.
     """
-    import torch
-    from torch import nn
+    from resilient_flows.training.workloads import resolve_workload
 
-    from resilient_flows.training.workloads import batch_indices, builtin_model
-
-    torch.manual_seed(ctx.seed)
-    model, data, p = builtin_model("mlp-digits", ctx.params)
-    optimizer = torch.optim.SGD(model.parameters(), lr=p["lr"], momentum=p["momentum"])
-    ctx.track(model=model, optimizer=optimizer)
-    model.train()
-    pause_s = float(p.get("pause_ms", 0)) / 1000
+    pause_s = float(ctx.params.get("pause_ms", 0)) / 1000
     gate = os.environ.get(GATE_ENV)
-    hold = int(p["steps"] * HOLD_AT) if gate else None
-    for step in ctx.steps(p["steps"]):
-        if hold is not None and step >= hold:
-            opens = time.monotonic() + GATE_WAIT_S  # a harness that died opens nothing
-            while not os.path.exists(gate) and time.monotonic() < opens:
-                time.sleep(LOOK_S)
-            hold = None
-        index = batch_indices(ctx.seed, step, len(data.x_train), int(p["batch_size"]))
-        loss = nn.functional.cross_entropy(model(data.x_train[index]), data.y_train[index])
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-        ctx.log(step, loss=loss.item())
-        time.sleep(pause_s)
-    return ctx.result(model)
+    steps = ctx.steps
+
+    def paced_steps(total: int) -> Iterator[int]:
+        hold = int(total * HOLD_AT) if gate else None
+        for step in steps(total):
+            if hold is not None and step >= hold:
+                opens = time.monotonic() + GATE_WAIT_S  # a harness that died opens nothing
+                while not os.path.exists(gate) and time.monotonic() < opens:
+                    time.sleep(LOOK_S)
+                hold = None
+            yield step
+            time.sleep(pause_s)
+
+    ctx.steps = paced_steps
+    return resolve_workload("mlp-digits").train(ctx)
 
 
 def fault_free_digests(workflow: Path, out: Path) -> dict[str, str]:

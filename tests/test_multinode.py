@@ -20,6 +20,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -214,11 +215,16 @@ def test_slurm_nodes_without_the_sites_interface_fail_naming_the_variable(
 
 def _run_workflow(path: Path, run_dir: Path, env: dict[str, str], *options: str) -> subprocess.CompletedProcess[str]:
     """``resilient-flows run`` in a subprocess on the multi-node cluster; its pilot jobs gone after."""
-    command = [sys.executable, "-m", "resilient_flows.cli", "run", str(path), "--run-dir", str(run_dir), *options]
     try:
-        return subprocess.run(command, cwd=path.parent, env=env, capture_output=True, text=True, timeout=240)
+        return subprocess.run(
+            _command(path, run_dir, *options), cwd=path.parent, env=env, capture_output=True, text=True, timeout=240
+        )
     finally:
         cancel_all(name_prefix=f"parsl.{SITE}.block-", env=env)
+
+
+def _command(path: Path, run_dir: Path, *options: str) -> list[str]:
+    return [sys.executable, "-m", "resilient_flows.cli", "run", str(path), "--run-dir", str(run_dir), *options]
 
 
 def _events(run_dir: Path) -> list[dict]:
@@ -279,3 +285,101 @@ def test_slurm_member_on_two_nodes_trains_like_one_rank(two_node_run: Path, tmp_
     assert worst <= TOLERANCE, f"largest relative difference {worst:.2e}"
     result = json.loads((two_node_run / "members" / name / "result.json").read_text())
     assert abs(result["test_loss"] - reference["test_loss"]) <= TOLERANCE * reference["test_loss"]
+
+
+# ------------------------------------------------------------------ losing a node
+
+#: The ddp member of TWO_NODES, paced (``chaos:paced``: the same training, a pause after each step)
+#: so that a node can be lost between two of its checkpoints, every 4 steps.
+NODE_LOSS = """\
+name: node-loss
+site: local-slurm-nodes
+retries: 2
+checkpoint: {interval: 4}
+members:
+  - {name: ddp, workload: "chaos:paced", steps: 20, seed: 3, nodes: 2, params: {hidden: 32, pause_ms: 250}}
+"""
+#: Lose the node once the member logged this step: after the checkpoints of steps 3 and 7.
+LOSE_AFTER = 9
+
+
+def _slurm_node(action: str, node: str, env: dict[str, str]) -> None:
+    done = subprocess.run(
+        [str(REPO / ".ci" / "slurm-node"), action, node], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+
+
+def _wait_for(what: str, predicate, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"waited {timeout:.0f} s for {what}"
+        time.sleep(0.1)
+
+
+@pytest.mark.slow
+@pytest.mark.slurm
+@pytest.mark.timeout(420)
+def test_slurm_member_that_lost_a_node_resumes_on_the_nodes_left_and_the_node_serves_again_when_back(
+    two_node_run: Path, cluster: dict[str, str], tmp_path: Path
+) -> None:
+    """The node of the member's rank 0 and its worker pool crashes between two checkpoints (every
+    process in its namespace SIGKILLed, its node-local scratch deleted). Slurm marks it down and
+    ends the block; Parsl starts another on the two nodes left; the member resumes there from
+    the newest checkpoint, reading the shard the surviving node kept locally and the lost one
+    from the shared tier, and ends with the weights of the uninterrupted run, bit for bit (same
+    layout). The node, back, runs jobs again."""
+    env = {**cluster, "PYTHONPATH": os.pathsep.join([str(REPO / "benchmarks"), cluster["PYTHONPATH"]])}
+    (tmp_path / "wf.yaml").write_text(NODE_LOSS)
+    run_dir = tmp_path / "run"
+    runner = subprocess.Popen(
+        _command(tmp_path / "wf.yaml", run_dir),
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    lost = None
+    try:
+        _wait_for(f"step {LOSE_AFTER}", lambda: max(loss_curve(run_dir, "ddp"), default=-1) >= LOSE_AFTER, 180)
+        (started,) = [e for e in _events(run_dir) if e["kind"] == "started"]
+        lost, survivor = started["hosts"]
+        _slurm_node("down", lost, env)
+        out, err = runner.communicate(timeout=300)
+    finally:
+        runner.kill()
+        cancel_all(name_prefix=f"parsl.{SITE}.block-", env=env)
+        if lost is not None:
+            _slurm_node("up", lost, env)
+    events = _events(run_dir)
+    assert runner.returncode == 0, (out[-2000:], err[-3000:], events)
+    (resumed,) = [e for e in events if e["kind"] == "resumed"]
+    (second,) = [e for e in events if e["kind"] == "started" and e["attempt"] == 2]
+    assert lost not in second["hosts"] and survivor in second["hosts"] and len(set(second["hosts"])) == 2, second
+    # At most one interval redone: the newest checkpoint before the loss is where it resumed.
+    committed = [e["step"] for e in events if e["kind"] == "checkpointed" and e["time"] < resumed["time"]]
+    first_attempt = [json.loads(line) for line in (run_dir / "members/ddp/metrics.jsonl").read_text().splitlines()]
+    reached = max(m["step"] for m in first_attempt if m["attempt"] == 1)
+    assert resumed["step"] == max(committed) and reached - resumed["step"] <= 4, (committed, reached, resumed)
+    # Each old rank's shard: the survivor's from its node-local copy, the lost node's from the shared tier.
+    ranks = {host: f"shard-{rank:05d}-of-00002.safetensors" for rank, host in enumerate(started["hosts"])}
+    read_from = resumed["read_from"]
+    assert set(read_from) == {f"local on {survivor}", "shared"}, read_from
+    assert read_from[f"local on {survivor}"] == [ranks[survivor]] and ranks[lost] in read_from["shared"]
+    result = json.loads((run_dir / "members/ddp/result.json").read_text())
+    uninterrupted = json.loads((two_node_run / "members/ddp/result.json").read_text())
+    assert result["digest"] == uninterrupted["digest"]
+    # The node is back: a job on all three nodes runs a task on each.
+    nodes = cluster["RESILIENT_FLOWS_TEST_NODES"].split()
+    script = tmp_path / "all.sh"
+    script.write_text("#!/bin/sh\nsrun hostname\n")
+    out_file = tmp_path / "all.out"
+    subprocess.run(
+        ["sbatch", "--wait", f"-N{len(nodes)}", "-o", str(out_file), str(script)],
+        env=env,
+        check=True,
+        timeout=120,
+        capture_output=True,
+    )
+    assert sorted(out_file.read_text().split()) == sorted(nodes)
