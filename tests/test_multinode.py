@@ -25,13 +25,15 @@ from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import pytest
 from conftest import REPO, python_env
 from requires import unmet
-from slurm import cancel_all, slurm_problem
+from slurm import cancel, cancel_all, slurm_problem
 
 from resilient_flows.apps import launch_prefix
 from resilient_flows.errors import LaunchError, SiteConfigError, WorkflowError
+from resilient_flows.examples.preemptible import train
 from resilient_flows.sites.facts import parse_facts
 from resilient_flows.training import MemberSpec, read_events, run_member
 from resilient_flows.training import distributed as dist_module
@@ -383,3 +385,76 @@ def test_slurm_member_that_lost_a_node_resumes_on_the_nodes_left_and_the_node_se
         capture_output=True,
     )
     assert sorted(out_file.read_text().split()) == sorted(nodes)
+
+
+# ------------------------------------------------------------------ preempting across nodes
+
+
+def _sbatch(env: dict[str, str], *args: str) -> str:
+    out = subprocess.run(
+        ["sbatch", "--parsable", *args], env=env, capture_output=True, text=True, check=True, timeout=30
+    )
+    return out.stdout.strip().split(";")[0]
+
+
+def _job_state(env: dict[str, str], job_id: str) -> str:
+    out = subprocess.run(
+        ["squeue", "-h", "-t", "all", "-j", job_id, "-o", "%T"], env=env, capture_output=True, text=True
+    )
+    return out.stdout.strip()
+
+
+@pytest.mark.slow
+@pytest.mark.slurm
+@pytest.mark.timeout(300)
+def test_slurm_agent_counting_nodes_preempts_a_two_node_job_for_a_one_node_request(
+    cluster: dict[str, str], tmp_path: Path
+) -> None:
+    """All three nodes are busy: "wide" on two (checkpointing every step), "narrow" on one
+    (checkpointed once, at its start). A one-node on-demand job arrives. Preempting narrow
+    frees just enough nodes but throws away all its work; preempting wide frees more than
+    needed yet loses at most a step on each of its two nodes, so the agent (``--unit nodes``)
+    preempts wide, the request runs, and wide, requeued, resumes to the uninterrupted weights."""
+    steps = 100
+    run = f"exec {sys.executable} -m resilient_flows.examples.preemptible {{}} --steps {steps} --every {{}}"
+    ids: list[str] = []
+    try:
+        wide, narrow = tmp_path / "wide", tmp_path / "narrow"
+        for directory in (wide, narrow):
+            directory.mkdir()
+        ids.append(_sbatch(cluster, "-N2", "--exclusive", "--requeue", "-J", "rf-mn-wide", "-o", str(wide / "out"),
+                           "--wrap", run.format(wide, 1)))  # fmt: skip
+        ids.append(_sbatch(cluster, "-N1", "--exclusive", "--requeue", "-J", "rf-mn-narrow", "-o", str(narrow / "out"),
+                           "--wrap", run.format(narrow, 10_000)))  # fmt: skip
+        beats = [d / "shared" / "checkpoint-heartbeat.json" for d in (wide, narrow)]
+        _wait_for("both heartbeats published", lambda: all(b.exists() for b in beats), 60)
+        time.sleep(2.0)  # narrow's one checkpoint ages
+        ids.append(_sbatch(cluster, "-N1", "--exclusive", "-J", "rf-mn-ondemand", "--comment=rf-ondemand",
+                           "-o", "/dev/null", "--wrap", "sleep 2"))  # fmt: skip
+        ondemand = ids[-1]
+        _wait_for("the on-demand job pending", lambda: _job_state(cluster, ondemand) == "PENDING", 30)
+        log = tmp_path / "agent.jsonl"
+        agent = [str(Path(sys.executable).with_name("resilient-flows")), "cosched", "agent", "--unit", "nodes",
+                 "--interval", "0.5", "--grace", "20", "--log", str(log)]  # fmt: skip
+
+        def events() -> list[dict]:
+            return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+
+        with open(tmp_path / "agent.out", "wb") as out:
+            process = subprocess.Popen(agent, env=cluster, stdout=out, stderr=out)
+            try:
+                _wait_for("the victim released", lambda: any(e["event"] == "release" for e in events()), 120)
+            finally:
+                process.kill()
+                process.wait()
+        (decision,) = [e for e in events() if e["event"] == "decision"]
+        assert decision["decision"]["preempt"] == [ids[0]] and decision["acted"], decision
+        sizes = {job["id"]: job["nodes"] for job in decision["inputs"]["running"]}
+        assert sizes == {ids[0]: 2, ids[1]: 1}, decision["inputs"]
+        assert _job_state(cluster, ondemand) in ("RUNNING", "COMPLETING", "COMPLETED")
+        _wait_for("the victim finished", lambda: (wide / "final.npy").exists(), 120)
+        np.testing.assert_array_equal(np.load(wide / "final.npy"), train(steps))
+        starts = [line.split() for line in (wide / "starts").read_text().splitlines()]
+        assert len(starts) == 2 and int(starts[1][0]) >= 0  # resumed from its checkpoint, not restarted
+    finally:
+        cancel(ids, cluster)
