@@ -3,7 +3,9 @@
 A workflow of N members (default 128 of about 5 s each on a 2-core machine; ``--full``: 1,000 with
 tiny steps) runs twice through the real ``resilient-flows`` command, on the ``local`` site
 (``--slurm``: ``local-slurm``, a one-node Slurm cluster, started with ``.ci/slurm-up`` when none
-answers and stopped afterwards): first without faults (the reference), then under a seeded chaos
+answers and stopped afterwards; ``--slurm-nodes N``: ``local-slurm-nodes``, a cluster of N nodes
+in network namespaces that ``.ci/slurm-up --nodes N`` starts for the run, blocks of two nodes,
+node-local scratch per node): first without faults (the reference), then under a seeded chaos
 schedule. Every member trains the same weights whatever happens to it, so the run passes only if
 every member's final digest (``members/<name>/result.json``) equals the reference's. ``--quick``
 runs 4 paced members (:func:`paced`: a short step, then a pause) under two bursts over 8 s, and
@@ -26,7 +28,12 @@ lasts in ``--quick`` runs, whose members wait for every fault to strike):
 ``worker-stop``           SIGSTOP of a busy worker for the site's heartbeat threshold + 5 s, then
                           SIGCONT: a hung node;
 ``runner-kill``           SIGKILL of the runner (last in its burst), then ``resilient-flows resume``;
-``pilot-cancel``          ``scancel`` of the run's newest running pilot job (``--slurm`` only);
+``pilot-cancel``          ``scancel`` of the run's newest running pilot job (``--slurm``, ``--slurm-nodes``);
+``node-loss``             ``--nodes``: an emulated node's block killed and its node-local directories
+                          deleted; ``--slurm-nodes``: the node of a busy pool crashes
+                          (``.ci/slurm-node down``: every process in its namespace SIGKILLed, its
+                          scratch deleted), Slurm marks it down and ends its block, Parsl starts
+                          another on the nodes left, and the node boots again 45 s later;
 ``storage-full``          the shared tier full (ENOSPC) for 4 s: the chaos run's directory is a
                           tmpfs that a ballast file fills, then frees (root only; skipped with a
                           message otherwise);
@@ -83,8 +90,8 @@ the poll's heartbeat reads within the deadline, neither believed, a sound one be
 believed); markers forged in comments (in a path, glued to another word) and in a PBS job's
 environment (target: none taken for a request, none shielding a running job).
 
-``python benchmarks/chaos.py [--quick | --full | --agent] [--slurm] [--seed N] [--json PATH] [--dir DIR]
-[--keep] [--timeout S]``; ``--quick`` takes about a minute, the default about 15. The tests
+``python benchmarks/chaos.py [--quick | --full | --agent] [--slurm | --nodes | --slurm-nodes N] [--seed N]
+[--json PATH] [--dir DIR] [--keep] [--timeout S]``; ``--quick`` takes about a minute, the default about 15. The tests
 (``tests/test_chaos.py``) drive the same functions with a small paced ensemble (:func:`paced`)
 and a reference trained in their own process.
 """
@@ -98,6 +105,7 @@ import itertools
 import json
 import os
 import random
+import shlex
 import shutil
 import signal
 import statistics
@@ -134,7 +142,18 @@ LOCAL_KINDS = (
 SLURM_KINDS = (*LOCAL_KINDS, "pilot-cancel")
 #: On ``local-nodes`` (three emulated nodes, each a block with its own node-local directories).
 NODES_KINDS = (*LOCAL_KINDS, "node-loss")
-KINDS = {"local": LOCAL_KINDS, "local-nodes": NODES_KINDS, "local-slurm": SLURM_KINDS}
+#: On ``local-slurm-nodes`` (``--slurm-nodes N``: a Slurm cluster of N network namespaces), where a
+#: lost node is one that crashed: every process of its namespace killed, its scratch gone.
+SLURM_NODES_KINDS = (*SLURM_KINDS, "node-loss")
+KINDS = {
+    "local": LOCAL_KINDS,
+    "local-nodes": NODES_KINDS,
+    "local-slurm": SLURM_KINDS,
+    "local-slurm-nodes": SLURM_NODES_KINDS,
+}
+#: How long a node lost on ``local-slurm-nodes`` stays down: past Slurm's SlurmdTimeout of a
+#: ``.ci/slurm-up --nodes`` cluster (20 s), so that Slurm notices and ends its block, then it boots.
+NODE_DOWN_S = 45.0
 #: Faults that only the runner's watchdog notices: their threshold is the member's stall timeout.
 HANGS = ("worker-stop", "manager-process-kill")
 #: Faults that last a while and may end no attempt: their recovery counts from the fault to the
@@ -221,7 +240,7 @@ def workflow_yaml(config: Config, site: str) -> str:
         "stall_timeout": f"{config.stall_timeout_s:g}s",
     }
     # on emulated nodes every other checkpoint stays on its node only: a lost node loses it
-    node_local = {"persist_every": 2} if site == "local-nodes" else {}
+    node_local = {"persist_every": 2} if site in ("local-nodes", "local-slurm-nodes") else {}
     document = {
         "name": "chaos",
         "site": site,
@@ -599,10 +618,11 @@ class Chaos(threading.Thread):
         seed: int,
         nodes: Path | None = None,
         gate: Path | None = None,
+        cluster: Path | None = None,
     ) -> None:
         super().__init__(name="chaos", daemon=True)
         self.bursts, self.span_s, self.run_dir, self.shared = bursts, span_s, run_dir, shared
-        self.nodes, self.gate = nodes, gate
+        self.nodes, self.gate, self.cluster = nodes, gate, cluster
         self.runner, self.watcher, self.facts, self.config = runner, watcher, facts, config
         self.seed = seed
         self.rng = random.Random(seed + 1)
@@ -754,8 +774,14 @@ class Chaos(threading.Thread):
         return send(manager, signal.SIGKILL)
 
     def _node_loss(self, fault: Fault, rng: random.Random) -> bool:
-        """An emulated node of ``local-nodes`` lost: its block's processes killed at once, and its
-        node-local directories (``node-<block>.*``) gone; the members resume from the shared tier."""
+        """A node lost with its node-local directories; the members resume from what is left."""
+        if self.cluster is not None:
+            return self._slurm_node_loss(fault, rng)
+        return self._emulated_node_loss(fault, rng)
+
+    def _emulated_node_loss(self, fault: Fault, rng: random.Random) -> bool:
+        """An emulated node of ``local-nodes``: its block's processes killed at once, and its
+        node-local directories (``node-<block>.*``) gone."""
         procs = self.watcher.look()
         found = self._busy_pool(procs, rng)
         if found is None or self.nodes is None:
@@ -773,6 +799,30 @@ class Chaos(threading.Thread):
             os.killpg(group, signal.SIGKILL)
         for directory in self.nodes.glob(f"node-{block}.*"):
             shutil.rmtree(directory, ignore_errors=True)
+        return True
+
+    def _slurm_node_loss(self, fault: Fault, rng: random.Random) -> bool:
+        """The node of a busy pool on ``local-slurm-nodes`` crashes (``.ci/slurm-node down``: every
+        process in its namespace, and its node-local scratch); it boots again after
+        :data:`NODE_DOWN_S` (``.ci/slurm-node up``), by when Slurm has ended its block."""
+        assert self.cluster is not None
+        procs = self.watcher.look()
+        found = self._busy_pool(procs, rng)
+        node = None if found is None else process_environment(found[0].pid).get("SLURMD_NODENAME")
+        if found is None or node is None:
+            return False
+        pool, hit = found
+        self._begin(
+            fault, hit, f"node {node} (pool {pool.pid}), back after {NODE_DOWN_S:g} s", procs.spawned[pool.pid][1:]
+        )
+        if not slurm_node("down", node, self.cluster):
+            return False
+
+        def boot() -> None:
+            slurm_node("up", node, self.cluster)
+            fault.end = time.time()
+
+        self._later(NODE_DOWN_S, boot)
         return True
 
     def _interchange_kill(self, fault: Fault, rng: random.Random) -> bool:
@@ -849,7 +899,7 @@ class Chaos(threading.Thread):
                 shard = sorted((tier / f"step-{step:08d}").glob("shard-*.safetensors"))[0]
             except (OSError, ValueError, IndexError):  # no checkpoint yet, or retention removed it
                 continue
-            local = [] if self.nodes is None else self.nodes.glob(f"node-*/*/*/{name}/step-{step:08d}/{shard.name}")
+            local = [] if self.nodes is None else self.nodes.rglob(f"{name}/step-{step:08d}/{shard.name}")
             self._begin(fault, {name: attempt}, f"{shard.relative_to(self.run_dir)}, then worker {worker.pid}")
             if not flip_byte(shard):
                 continue
@@ -887,13 +937,28 @@ def slurm_jobs(run_dir: Path) -> dict[int, str]:
     return {int(job): state for job, state, command in jobs if command.startswith(marker)}
 
 
+def process_environment(pid: int) -> dict[str, str]:
+    """A process's environment (empty when it is gone)."""
+    found = {}
+    with contextlib.suppress(OSError):
+        for entry in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
+            name, sep, value = entry.decode(errors="replace").partition("=")
+            if sep:
+                found[name] = value
+    return found
+
+
 def slurm_job_of(pid: int) -> int | None:
     """The Slurm job a process runs in, from its environment."""
-    with contextlib.suppress(OSError, ValueError):
-        for entry in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
-            if entry.startswith(b"SLURM_JOB_ID="):
-                return int(entry.split(b"=", 1)[1])
+    with contextlib.suppress(KeyError, ValueError):
+        return int(process_environment(pid)["SLURM_JOB_ID"])
     return None
+
+
+def slurm_node(action: str, node: str, cluster: Path) -> bool:
+    """``.ci/slurm-node down|up NODE DIR``; whether it did."""
+    done = subprocess.run([str(REPO / ".ci/slurm-node"), action, node, str(cluster)], capture_output=True, timeout=150)
+    return done.returncode == 0
 
 
 def slurm_problem() -> str | None:
@@ -940,6 +1005,31 @@ def slurm_cluster(console: Console) -> Iterator[None]:
                 os.environ["SLURM_CONF"] = previous
     finally:
         subprocess.run([str(REPO / ".ci/slurm-down"), str(folder)], capture_output=True, timeout=120)
+
+
+@contextlib.contextmanager
+def slurm_nodes_cluster(console: Console, nodes: int) -> Iterator[Path]:
+    """A Slurm cluster of ``nodes`` network namespaces (``.ci/slurm-up --nodes``), started here,
+    its ``DIR/env`` exported into this process (the runners inherit it), stopped after; its folder."""
+    folder = Path(tempfile.mkdtemp(prefix="chaos-slurm-nodes-"))
+    console.print(f"starting a {nodes}-node Slurm cluster with .ci/slurm-up --nodes {nodes} {folder}")
+    before = dict(os.environ)
+    try:
+        command = [str(REPO / ".ci/slurm-up"), "--nodes", str(nodes), str(folder)]
+        done = subprocess.run(command, capture_output=True, text=True, timeout=600)
+        if done.returncode != 0:
+            console.print(f"[red].ci/slurm-up failed:[/]\n{done.stderr[-2000:]}", markup=True, highlight=False)
+            raise SystemExit(1)
+        for line in (folder / "env").read_text().splitlines():
+            words = shlex.split(line, comments=True)
+            if len(words) == 2 and words[0] == "export" and "=" in words[1]:
+                name, _, value = words[1].partition("=")
+                os.environ[name] = value
+        yield folder
+    finally:
+        os.environ.clear()
+        os.environ.update(before)
+        subprocess.run([str(REPO / ".ci/slurm-down"), str(folder)], capture_output=True, timeout=180)
 
 
 # ---------------------------------------------------------------------- one run, supervised
@@ -1149,9 +1239,14 @@ def run_chaos(
 
         gate = work / "chaos.gate" if config.hold else None
 
+        cluster = nodes_dir = None
+        if site == "local-slurm-nodes":  # the nodes' scratch: DIR/nodes/NODE/local of the cluster in DIR
+            nodes_dir = Path(os.environ["RESILIENT_FLOWS_TEST_NODES_DIR"])
+            cluster = nodes_dir.parent
+
         def chaos(runner: Runner, watcher: Watcher, gate: Path | None) -> Chaos:
-            nodes = work / "nodes" if site == "local-nodes" else None
-            return Chaos(bursts, span_s, run_dir, shared, runner, watcher, facts, config, seed, nodes, gate)
+            nodes = work / "nodes" if site == "local-nodes" else nodes_dir
+            return Chaos(bursts, span_s, run_dir, shared, runner, watcher, facts, config, seed, nodes, gate, cluster)
 
         execution = execute(
             workflow,
@@ -1869,6 +1964,12 @@ def main(argv: list[str] | None = None) -> int:
         help="on the local-nodes site: three emulated nodes with node-local tiers, and node-loss faults",
     )
     parser.add_argument(
+        "--slurm-nodes",
+        type=int,
+        metavar="N",
+        help="on local-slurm-nodes: a Slurm cluster of N >= 3 network namespaces, started here, and node crashes",
+    )
+    parser.add_argument(
         "--agent",
         action="store_true",
         help="instead: the preemption agent's faults, against the tests' fake PBS Pro (seconds)",
@@ -1879,9 +1980,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep", action="store_true", help="keep the working directory and a copy of the chaos run")
     parser.add_argument("--timeout", type=float, help="seconds each run may take (default: from the reference)")
     args = parser.parse_args(argv)
+    if args.slurm_nodes is not None and args.slurm_nodes < 3:
+        parser.error("--slurm-nodes needs at least 3 nodes: blocks of 2, and one to spare when a node is lost")
+    if sum((args.slurm, args.nodes, args.slurm_nodes is not None)) > 1:
+        parser.error("choose one of --slurm, --nodes and --slurm-nodes")
     size = "quick" if args.quick else "full" if args.full else "default"
     config = MODES[size]
     site = "local-slurm" if args.slurm else "local-nodes" if args.nodes else "local"
+    if args.slurm_nodes is not None:
+        site = "local-slurm-nodes"
     console = Console(width=None if sys.stdout.isatty() else 120, highlight=False)
     # SIGTERM (a CI timeout) unwinds like Ctrl-C: processes, mounts and clusters are cleaned up.
     signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
@@ -1889,7 +1996,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.agent:
         return agent_main(console, work, args)
     try:
-        with slurm_cluster(console) if args.slurm else contextlib.nullcontext():
+        if args.slurm_nodes is not None:
+            cluster = slurm_nodes_cluster(console, args.slurm_nodes)
+        else:
+            cluster = slurm_cluster(console) if args.slurm else contextlib.nullcontext()
+        with cluster:
             console.print(f"{size}: {config.members} members of {config.steps} steps on {site}; work in {work}")
             if config.span_s is None:
                 reference = run_reference(config, work, site, args.timeout or 40.0 * config.members + 300)
@@ -1903,7 +2014,9 @@ def main(argv: list[str] | None = None) -> int:
                 timeout_s = args.timeout or 3 * reference.wall_s + 120
                 console.print(f"fault-free run: {reference.wall_s:.0f} s")
             else:  # no fault-free run to compare wall time and runner CPU with: the weights suffice
-                reference, span_s, shared_mib, timeout_s = None, config.span_s, 256, args.timeout or 200.0
+                # a node lost on local-slurm-nodes takes a minute to notice and replace
+                patience = 400.0 if site == "local-slurm-nodes" else 200.0
+                reference, span_s, shared_mib, timeout_s = None, config.span_s, 256, args.timeout or patience
                 (work / "reference").mkdir(parents=True)
                 (work / "reference.yaml").write_text(workflow_yaml(config, site))
                 digests = fault_free_digests(work / "reference.yaml", work / "reference")

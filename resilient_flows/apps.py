@@ -23,6 +23,7 @@ from parsl import bash_app, python_app
 from parsl.app.errors import BashExitFailure
 from parsl.executors.high_throughput.errors import ManagerLost, WorkerLost
 
+from resilient_flows.capped import DOCUMENT_CAP, read_capped
 from resilient_flows.errors import LaunchError, Preempted, is_storage_full
 from resilient_flows.training.command import CommandKilled
 from resilient_flows.training.control import has_result, latest_committed_step, member_dir
@@ -132,8 +133,9 @@ def mpi_train_app(
 
     Under Parsl's ``MPIExecutor`` the launch prefix comes from ``$PARSL_MPI_PREFIX`` (pass
     ``parsl_resource_specification={"num_ranks": ...}``); a member spanning ``nodes`` (from the
-    spec) runs as an ``srun`` step on that many nodes of its Slurm block; elsewhere
-    ``mpiexec -n ranks``. ``backoff_s``: the retry's backoff, slept before the launch.
+    spec) runs on that many nodes of its block, as an ``srun`` step under Slurm and through PALS's
+    ``mpiexec`` under PBS Pro (see :func:`launch_prefix`); elsewhere ``mpiexec -n ranks``.
+    ``backoff_s``: the retry's backoff, slept before the launch.
     """
 
     _wait(backoff_s)
@@ -150,36 +152,59 @@ def launch_prefix(ranks: int, nodes: int, env: Mapping[str, str]) -> str:
     """The command line that starts a member's ``ranks`` processes on ``nodes`` nodes, from the
     worker's environment ``env``.
 
-    One node: ``mpiexec`` on the worker's own node, as always. Several: an ``srun`` step inside
-    the Slurm block the worker runs in (a site whose blocks hold several nodes and whose worker
-    pool runs on the first, as ``local-slurm-nodes``), ranks spread evenly. Ranks that outlive
-    the first to exit by :data:`STRAGGLER_S` are killed (a survivor of a crashed peer could wait
-    in a collective for torch's 30-minute timeout), but a rank's exit status does not end the
-    step at once: ``--kill-on-bad-exit`` would turn a clean stop (every rank exits 75 within a
-    moment of the others) into a killed step. Parsl's ``$PARSL_MPI_PREFIX`` wins:
-    ``MPIExecutor`` composed it for this very task.
+    One node: ``mpiexec`` on the worker's own node, as always. Several, inside the block the
+    worker runs in (a site whose blocks hold several nodes and whose worker pool runs on the
+    first, as ``local-slurm-nodes``), ranks spread evenly:
+
+    - Slurm: an ``srun`` step. Ranks that outlive the first to exit by :data:`STRAGGLER_S` are
+      killed (a survivor of a crashed peer could wait in a collective for torch's 30-minute
+      timeout), but a rank's exit status does not end the step at once: ``--kill-on-bad-exit``
+      would turn a clean stop (every rank exits 75 within a moment of the others) into a killed
+      step.
+    - PBS Pro: Cray PALS's ``mpiexec --ppn`` onto the first ``nodes`` hosts of ``$PBS_NODEFILE``
+      (Polaris, Aurora).
+
+    Parsl's ``$PARSL_MPI_PREFIX`` wins: ``MPIExecutor`` composed it for this very task.
     """
     given = env.get("PARSL_MPI_PREFIX")
     if given:
         return given
     if nodes <= 1:
         return f"mpiexec -n {ranks}"
-    if not env.get("SLURM_JOB_ID"):
-        raise LaunchError(
-            f"a member on {nodes} nodes starts its ranks with srun inside a Slurm block, but this worker runs "
-            "outside Slurm (SLURM_JOB_ID is unset): use a Slurm site whose blocks hold several nodes, such as "
-            "local-slurm-nodes"
+    per_node = ranks // nodes
+    if env.get("SLURM_JOB_ID"):
+        return shlex.join(
+            [
+                "srun",
+                f"--nodes={nodes}",
+                f"--ntasks={ranks}",
+                f"--ntasks-per-node={per_node}",
+                "--kill-on-bad-exit=0",
+                f"--wait={STRAGGLER_S}",
+            ]
         )
-    return shlex.join(
-        [
-            "srun",
-            f"--nodes={nodes}",
-            f"--ntasks={ranks}",
-            f"--ntasks-per-node={ranks // nodes}",
-            "--kill-on-bad-exit=0",
-            f"--wait={STRAGGLER_S}",
-        ]
+    if env.get("PBS_JOBID") and env.get("PBS_NODEFILE"):
+        hosts = _pbs_hosts(env["PBS_NODEFILE"])
+        if len(hosts) < nodes:
+            raise LaunchError(
+                f"a member on {nodes} nodes, but PBS_NODEFILE={env['PBS_NODEFILE']} lists {len(hosts)} "
+                f"({', '.join(hosts) or 'none'}): the block must hold as many nodes as the member spans"
+            )
+        return shlex.join(["mpiexec", "-n", str(ranks), "--ppn", str(per_node), "--hosts", ",".join(hosts[:nodes])])
+    raise LaunchError(
+        f"a member on {nodes} nodes starts its ranks inside a Slurm or PBS Pro block, but this worker runs "
+        "in neither (SLURM_JOB_ID and PBS_NODEFILE are unset): use a site whose blocks hold several nodes, "
+        "such as local-slurm-nodes"
     )
+
+
+def _pbs_hosts(nodefile: str) -> list[str]:
+    """The distinct hosts of a PBS node file, in order (it lists a host once per chunk or CPU)."""
+    try:
+        lines = read_capped(nodefile, DOCUMENT_CAP, "PBS_NODEFILE").decode(errors="replace").splitlines()
+    except (OSError, ValueError) as exc:
+        raise LaunchError(f"PBS_NODEFILE {nodefile}: {exc.strerror or exc}") from None
+    return list(dict.fromkeys(line.strip() for line in lines if line.strip()))
 
 
 class ResumingRetryHandler:

@@ -69,8 +69,22 @@ def test_a_member_on_several_nodes_starts_its_ranks_with_srun_in_its_block() -> 
     assert launch_prefix(4, 2, block) == srun
     assert launch_prefix(2, 1, block) == "mpiexec -n 2"  # one node: as before, also inside Slurm
     assert launch_prefix(2, 2, {**block, "PARSL_MPI_PREFIX": "srun -n 2"}) == "srun -n 2"
-    with pytest.raises(LaunchError, match=r"a member on 2 nodes .* outside Slurm \(SLURM_JOB_ID is unset\)"):
+    with pytest.raises(LaunchError, match=r"a member on 2 nodes .* in neither \(SLURM_JOB_ID and PBS_NODEFILE"):
         launch_prefix(2, 2, {})
+
+
+def test_under_pbs_a_member_on_several_nodes_starts_its_ranks_with_pals_mpiexec_on_the_blocks_hosts(
+    tmp_path: Path,
+) -> None:
+    nodefile = tmp_path / "nodefile"
+    nodefile.write_text("x3006c0s1b0n0\nx3006c0s1b0n0\nx3006c0s7b1n0\nx3006c0s13b0n0\n")  # a host per chunk
+    block = {"PBS_JOBID": "1234.polaris-pbs-01", "PBS_NODEFILE": str(nodefile)}
+    pals = "mpiexec -n 4 --ppn 2 --hosts x3006c0s1b0n0,x3006c0s7b1n0"
+    assert launch_prefix(4, 2, block) == pals
+    with pytest.raises(LaunchError, match=rf"a member on 4 nodes, but PBS_NODEFILE={nodefile} lists 3 "):
+        launch_prefix(4, 4, block)
+    with pytest.raises(LaunchError, match=r"PBS_NODEFILE /nonexistent: "):
+        launch_prefix(4, 2, {**block, "PBS_NODEFILE": "/nonexistent"})
 
 
 def test_nodes_alone_means_a_rank_per_node_and_ranks_must_share_them_evenly(tmp_path: Path) -> None:
@@ -81,8 +95,11 @@ def test_nodes_alone_means_a_rank_per_node_and_ranks_must_share_them_evenly(tmp_
     path.write_text("name: w\nmembers:\n  - {name: a, workload: mlp-digits, steps: 5, nodes: 2}\n")
     ((member),) = plan_workflow(load_workflow(path), str(site), build_site=False).members
     assert (member.ranks, member.nodes, member.ranks_per_node, member.network_interface) == (2, 2, 1, "ib0")
-    site.write_text(executors % "PBSProProvider" + facts)  # its ranks would start with srun: not there
-    with pytest.raises(WorkflowError, match=r"member 'a' spans 2 nodes, .* has PBSProProvider provider\(s\)"):
+    site.write_text(executors % "PBSProProvider" + facts)  # PALS's mpiexec starts them on the block's nodes
+    ((member),) = plan_workflow(load_workflow(path), str(site), build_site=False).members
+    assert (member.ranks, member.nodes) == (2, 2)
+    site.write_text(executors % "LocalProvider" + facts)  # nothing there starts ranks on other nodes
+    with pytest.raises(WorkflowError, match=r"member 'a' spans 2 nodes, .* has LocalProvider provider\(s\)"):
         plan_workflow(load_workflow(path), str(site), build_site=False)
     with pytest.raises(WorkflowError, match=r"member 'a' spans 2 nodes, but a block of site 'local' holds 1"):
         plan_workflow(load_workflow(path), "local", build_site=False)
@@ -458,3 +475,88 @@ def test_slurm_agent_counting_nodes_preempts_a_two_node_job_for_a_one_node_reque
         assert len(starts) == 2 and int(starts[1][0]) >= 0  # resumed from its checkpoint, not restarted
     finally:
         cancel(ids, cluster)
+
+
+# ------------------------------------------------------------------ PBS Pro, through its fakes
+
+#: A PBS Pro site whose blocks hold two nodes, its worker pool on the first (SimpleLauncher), as
+#: ALCF documents for MPI applications under Parsl; ``qsub``, ``qstat`` and PALS's ``mpiexec`` are
+#: the fakes of ``tests/fakesched/pbspro``, which run every "node" on this machine.
+PBS_SITE = """\
+executors:
+  - type: HighThroughputExecutor
+    label: pbs-nodes
+    address: 127.0.0.1
+    poll_period: 100
+    max_workers_per_node: 1
+    heartbeat_period: 5
+    heartbeat_threshold: 30
+    provider:
+      type: PBSProProvider
+      queue: debug
+      nodes_per_block: 2
+      cpus_per_node: 2
+      init_blocks: 1
+      min_blocks: 0
+      max_blocks: 1
+      walltime: "00:10:00"
+      launcher: {{type: SimpleLauncher}}
+      worker_init: export PATH={path}
+retries: 0
+facts:
+  nodes: 2
+  cores_per_node: 2
+  gpus_per_node: 0
+  walltime: 10m
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_pbs_member_on_two_nodes_starts_its_ranks_with_pals_mpiexec_and_trains_like_one_rank(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As far as the fakes go: the block's two hosts come from ``$PBS_NODEFILE``, the ranks start
+    through PALS's ``mpiexec --ppn 1 --hosts`` and meet at the node file's first host on a port
+    from ``$PBS_JOBID`` (the fake's ranks have no MPI to carry the rendezvous, as a PALS job whose
+    mpi4py was built against another MPI would not); the losses are one rank's."""
+    from fakesched import PBSPRO, engine
+
+    from resilient_flows.cli import main
+
+    sched = tmp_path / "sched"
+    path = os.pathsep.join([str(PBSPRO), str(Path(sys.executable).parent), os.environ["PATH"]])
+    monkeypatch.setenv("PATH", path)
+    monkeypatch.setenv(engine.DIR_ENV, str(sched))
+    monkeypatch.setenv(engine.NODES_ENV, "127.0.0.1,localhost")  # two names for this machine: two "nodes"
+    monkeypatch.delenv(engine.QUEUE_SECONDS_ENV, raising=False)
+    for name in [n for n in os.environ if n.startswith(("SLURM_JOB", "PBS_"))]:
+        monkeypatch.delenv(name)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "site.yaml").write_text(PBS_SITE.format(path=path))
+    (tmp_path / "wf.yaml").write_text(
+        "name: pbs\nmembers:\n  - {name: m, workload: mlp-digits, steps: 20, seed: 3, nodes: 2, params: {hidden: 32}}\n"
+    )
+    run_dir = tmp_path / "run"
+    try:
+        assert (
+            main(["run", str(tmp_path / "wf.yaml"), "--site", str(tmp_path / "site.yaml"), "--run-dir", str(run_dir)])
+            == 0
+        )
+        (job,) = engine.numbers(sched)
+        assert engine.record(sched, job)["hosts"] == ["127.0.0.1", "localhost"]
+        calls = [json.loads(line) for line in (sched / "mpiexec.jsonl").read_text().splitlines()]
+        (member_call,) = [argv for argv in calls if "resilient_flows.training.mpi_member" in argv]
+        assert member_call[:6] == ["-n", "2", "--ppn", "1", "--hosts", "127.0.0.1,localhost"]
+    finally:
+        engine.delete_all(sched)
+    spec = _planned(run_dir, "m")
+    assert (spec.ranks, spec.nodes) == (2, 2)
+    (started,) = [e for e in _events(run_dir) if e["kind"] == "started"]
+    assert len(started["hosts"]) == 2
+    alone = replace(spec, ranks=1, nodes=1, faults=())
+    run_member(alone.to_dict(), str(tmp_path / "alone"))
+    got, want = loss_curve(run_dir, "m"), loss_curve(tmp_path / "alone", "m")
+    assert sorted(got) == sorted(want) == list(range(20))
+    worst = max(abs(got[s] - want[s]) / abs(want[s]) for s in want)
+    assert worst <= TOLERANCE, f"largest relative difference {worst:.2e}"

@@ -42,9 +42,14 @@ def plan_workflow(
     return Plan(workflow, site_name, tuple(specs))
 
 
+#: Providers whose blocks can start a member's ranks across their nodes (see ``apps.launch_prefix``).
+SPANNING_PROVIDERS = frozenset({"SlurmProvider", "PBSProProvider"})
+
+
 def _check_nodes(specs: list[MemberSpec], site: str, per_block: int) -> None:
-    """A member's ranks start inside one block, as an ``srun`` step: one spanning more nodes than
-    a block holds would wait for them forever, and on a site without Slurm fail at every attempt."""
+    """A member's ranks start inside one block (an ``srun`` step, or PALS's ``mpiexec`` on the
+    block's nodes): one spanning more nodes than a block holds would wait for them forever, and on
+    a site of neither Slurm nor PBS Pro fail at every attempt."""
     spanning = [spec for spec in specs if spec.nodes > 1]
     if not spanning:
         return
@@ -55,11 +60,12 @@ def _check_nodes(specs: list[MemberSpec], site: str, per_block: int) -> None:
                 "(its facts.nodes): choose a site whose blocks hold as many, such as local-slurm-nodes"
             )
     providers = _provider_types(site)
-    if providers != {"SlurmProvider"}:
+    if not providers or not providers <= SPANNING_PROVIDERS:
         raise WorkflowError(
-            f"member {spanning[0].name!r} spans {spanning[0].nodes} nodes, which runs its ranks as an srun step "
-            f"inside a Slurm block, but site {site!r} has {', '.join(sorted(providers)) or 'no'} provider(s): "
-            "use a Slurm site whose blocks hold several nodes, such as local-slurm-nodes"
+            f"member {spanning[0].name!r} spans {spanning[0].nodes} nodes, which starts its ranks inside a Slurm "
+            f"or PBS Pro block (srun, or PALS's mpiexec), but site {site!r} has "
+            f"{', '.join(sorted(providers)) or 'no'} provider(s): use a site whose blocks hold several nodes, "
+            "such as local-slurm-nodes"
         )
 
 

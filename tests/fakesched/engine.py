@@ -31,6 +31,8 @@ the script.
 
 Knobs (environment of ``qsub``): ``FAKESCHED_QUEUE_SECONDS`` keeps each job queued that long before
 it starts (default 0); ``update(root, n, queue_seconds=0)`` starts a queued job at once.
+``FAKESCHED_PBS_NODES`` names the hosts a PBS job's nodes are (comma-separated, one per node; a
+test picks names that resolve here, since every "node" is this machine), else ``fakenode-NNNN``.
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ from typing import Any
 
 DIR_ENV = "FAKESCHED_DIR"
 QUEUE_SECONDS_ENV = "FAKESCHED_QUEUE_SECONDS"
+NODES_ENV = "FAKESCHED_PBS_NODES"
 KILL_GRACE_S = 5.0
 #: Signals that ``qsig`` delivers to the job's process group and the runner ignores (the script keeps
 #: the default actions: a handler, unlike SIG_IGN, does not survive exec).
@@ -342,3 +345,13 @@ def _log(path: str | None, message: str) -> None:
 
 if __name__ == "__main__" and len(sys.argv) == 5 and sys.argv[1] == "run":
     raise SystemExit(_run(Path(sys.argv[2]), int(sys.argv[3])))
+
+
+def node_names(count: int) -> list[str]:
+    """The host names of a job's ``count`` nodes: from :data:`NODES_ENV`, else ``fakenode-NNNN``."""
+    given = [name for name in os.environ.get(NODES_ENV, "").split(",") if name]
+    if not given:
+        return [f"fakenode-{i:04d}" for i in range(count)]
+    if len(given) < count:
+        raise SystemExit(f"qsub: {NODES_ENV} names {len(given)} hosts, the job needs {count}")
+    return given[:count]
