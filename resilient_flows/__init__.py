@@ -12,7 +12,14 @@ from typing import TYPE_CHECKING
 from resilient_flows.lazy import lazy_exports
 
 if TYPE_CHECKING:
-    from resilient_flows.apps import ResumingRetryHandler, analytics_app, command_app, mpi_train_app, train_app
+    from resilient_flows.apps import (
+        ResumingRetryHandler,
+        analytics_app,
+        command_app,
+        mpi_resources,
+        mpi_train_app,
+        train_app,
+    )
     from resilient_flows.checkpoint import (
         Checkpointer,
         CheckpointError,
@@ -52,7 +59,14 @@ if TYPE_CHECKING:
 __version__ = "0.1.0"
 
 _SOURCES = {
-    "resilient_flows.apps": ("ResumingRetryHandler", "analytics_app", "command_app", "mpi_train_app", "train_app"),
+    "resilient_flows.apps": (
+        "ResumingRetryHandler",
+        "analytics_app",
+        "command_app",
+        "mpi_resources",
+        "mpi_train_app",
+        "train_app",
+    ),
     "resilient_flows.checkpoint": (
         "CheckpointError",
         "CheckpointInfo",
@@ -126,6 +140,7 @@ __all__ = [
     "init_process_group",
     "load_site",
     "load_workflow",
+    "mpi_resources",
     "mpi_train_app",
     "read_checkpoint",
     "read_swf",

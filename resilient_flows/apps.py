@@ -40,6 +40,7 @@ __all__ = [
     "launch_prefix",
     "loop_app",
     "mlc_label_app",
+    "mpi_resources",
     "mpi_train_app",
     "stage_app",
     "train_app",
@@ -60,11 +61,19 @@ STRAGGLER_S = 60
 
 
 @python_app
-def train_app(spec: dict[str, Any], run_dir: str, inputs: Sequence[Any] = (), backoff_s: float = 0.0) -> dict[str, Any]:
+def train_app(
+    spec: dict[str, Any],
+    run_dir: str,
+    inputs: Sequence[Any] = (),
+    backoff_s: float = 0.0,
+    parsl_resource_specification: dict | None = None,
+) -> dict[str, Any]:
     """Train one member (a :class:`MemberSpec` as a dict) in a worker; resumes from its checkpoint.
 
     ``inputs``: futures of the stages whose output it reads; Parsl starts it once they are done.
-    ``backoff_s``: the retry's backoff (see :class:`ResumingRetryHandler`).
+    ``backoff_s``: the retry's backoff (see :class:`ResumingRetryHandler`). Every app here takes
+    ``parsl_resource_specification``, which an executor in MPI mode requires of every task (see
+    :func:`mpi_resources`).
     """
     from resilient_flows.training.run import run_member
 
@@ -75,7 +84,11 @@ def train_app(spec: dict[str, Any], run_dir: str, inputs: Sequence[Any] = (), ba
 
 @python_app
 def command_app(
-    spec: dict[str, Any], run_dir: str, inputs: Sequence[Any] = (), backoff_s: float = 0.0
+    spec: dict[str, Any],
+    run_dir: str,
+    inputs: Sequence[Any] = (),
+    backoff_s: float = 0.0,
+    parsl_resource_specification: dict | None = None,
 ) -> dict[str, Any]:
     """Run a command member (a :class:`MemberSpec` with ``command``) in a worker: its own
     process group, its run contract in the environment, stop signals forwarded with a grace
@@ -90,7 +103,13 @@ def command_app(
 
 
 @python_app
-def stage_app(spec: dict[str, Any], run_dir: str, inputs: Sequence[Any] = (), backoff_s: float = 0.0) -> Any:
+def stage_app(
+    spec: dict[str, Any],
+    run_dir: str,
+    inputs: Sequence[Any] = (),
+    backoff_s: float = 0.0,
+    parsl_resource_specification: dict | None = None,
+) -> Any:
     """Run one workflow stage (a :class:`StageSpec` as a dict): a checkpointed array loop that
     resumes after its newest committed iteration. ``inputs``: futures of the stages it reads;
     ``backoff_s``: the retry's backoff."""
@@ -146,6 +165,13 @@ def mpi_train_app(
     spec_path.write_text(json.dumps(spec))
     module = [sys.executable, "-m", "resilient_flows.training.mpi_member", str(spec_path), str(run_dir)]
     return f"{prefix} {shlex.join(module)}"
+
+
+def mpi_resources(ranks: int = 1, nodes: int = 1) -> dict[str, int]:
+    """The ``parsl_resource_specification`` of a task on ``ranks`` ranks over ``nodes`` nodes, as an
+    executor in MPI mode (Parsl's ``MPIExecutor``) requires of every task: from it Parsl picks the
+    nodes of the block and composes ``$PARSL_MPI_PREFIX``."""
+    return {"num_nodes": nodes, "num_ranks": ranks, "ranks_per_node": ranks // nodes}
 
 
 def launch_prefix(ranks: int, nodes: int, env: Mapping[str, str]) -> str:

@@ -560,3 +560,36 @@ def test_pbs_member_on_two_nodes_starts_its_ranks_with_pals_mpiexec_and_trains_l
     assert sorted(got) == sorted(want) == list(range(20))
     worst = max(abs(got[s] - want[s]) / abs(want[s]) for s in want)
     assert worst <= TOLERANCE, f"largest relative difference {worst:.2e}"
+
+
+# ------------------------------------------------------------------ Parsl's MPIExecutor
+
+
+@pytest.mark.slow
+@pytest.mark.slurm
+@pytest.mark.timeout(300)
+def test_slurm_member_under_parsls_mpi_executor_gets_its_nodes_and_ranks_and_trains_like_srun(
+    two_node_run: Path, cluster: dict[str, str], tmp_path: Path
+) -> None:
+    """``local-slurm-nodes`` with Parsl's ``MPIExecutor`` (``mpi_launcher: srun``): MPI mode refuses
+    a task without a resource specification, so the runner gives every task its nodes and ranks;
+    Parsl picks the block's nodes and composes ``$PARSL_MPI_PREFIX``, which launches the member.
+    Its weights are the ``srun`` step's of the same member, bit for bit."""
+    site = (REPO / "site-configs" / f"{SITE}.yaml").read_text()
+    site = site.replace("type: HighThroughputExecutor", "type: MPIExecutor\n    mpi_launcher: srun")
+    site = re.sub(r"(?m)^    max_workers_per_node: 2 .*$", "    max_workers_per_block: 2", site)
+    assert "MPIExecutor" in site and "max_workers_per_block" in site
+    (tmp_path / "site.yaml").write_text(site)
+    (tmp_path / "wf.yaml").write_text(
+        "name: mpi\nretries: 0\ncheckpoint: {interval: 10}\nmembers:\n"
+        "  - {name: ddp, workload: mlp-digits, steps: 20, seed: 3, nodes: 2, params: {hidden: 32}}\n"
+        "  - {name: one, workload: mlp-digits, steps: 5, seed: 4, params: {hidden: 32}}\n"
+    )
+    run_dir = tmp_path / "run"
+    done = _run_workflow(tmp_path / "wf.yaml", run_dir, cluster, "--site", str(tmp_path / "site.yaml"))
+    assert done.returncode == 0, (done.stdout[-3000:], done.stderr[-3000:], _events(run_dir))
+    assert {e["member"] for e in _events(run_dir) if e["kind"] == "finished"} == {"one", "ddp"}
+    (started,) = [e for e in _events(run_dir) if e["kind"] == "started" and e["member"] == "ddp"]
+    assert len(set(started["hosts"])) == 2, started
+    result = json.loads((run_dir / "members/ddp/result.json").read_text())
+    assert result["digest"] == json.loads((two_node_run / "members/ddp/result.json").read_text())["digest"]

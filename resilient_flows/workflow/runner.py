@@ -34,6 +34,7 @@ from resilient_flows.apps import (
     ResumingRetryHandler,
     analytics_app,
     command_app,
+    mpi_resources,
     mpi_train_app,
     stage_app,
     train_app,
@@ -154,8 +155,9 @@ class _Submitter:
     at 10 members and at 10,000.
     """
 
-    def __init__(self, run_dir: Path) -> None:
+    def __init__(self, run_dir: Path, mpi_mode: bool = False) -> None:
         self.run_dir = run_dir
+        self.mpi_mode = mpi_mode  # an executor in MPI mode: every task says its nodes and ranks
         self.events = EventLog(run_dir)
         self.futures: dict[str, Future] = {}
         self.stages: dict[str, Future] = {}
@@ -167,20 +169,26 @@ class _Submitter:
             if stage.name in self.stages or stage_finished(self.run_dir, stage.name):
                 continue
             after = self._after(stage.inputs)
-            self.stages[stage.name] = self._watch(stage_app(stage.to_dict(), str(self.run_dir), inputs=after))
+            future = stage_app(stage.to_dict(), str(self.run_dir), inputs=after, **self._resources())
+            self.stages[stage.name] = self._watch(future)
             self.events.emit("submitted", stage.name, stage=True)
 
     def submit(self, member: MemberSpec) -> None:
         after = self._after(member.inputs)
         if member.command:
-            future = command_app(member.to_dict(), str(self.run_dir), inputs=after)
+            future = command_app(member.to_dict(), str(self.run_dir), inputs=after, **self._resources())
         elif member.ranks > 1:
-            future = mpi_train_app(member.to_dict(), str(self.run_dir), ranks=member.ranks, inputs=after)
+            resources = self._resources(member.ranks, member.nodes)
+            future = mpi_train_app(member.to_dict(), str(self.run_dir), ranks=member.ranks, inputs=after, **resources)
         else:
-            future = train_app(member.to_dict(), str(self.run_dir), inputs=after)
+            future = train_app(member.to_dict(), str(self.run_dir), inputs=after, **self._resources())
         self.futures[member.name] = self._watch(future)
         self.specs[member.name] = member
         self.events.emit("submitted", member.name, ranks=member.ranks, parent=member.parent and member.parent.member)
+
+    def _resources(self, ranks: int = 1, nodes: int = 1) -> dict[str, Any]:
+        """The task's nodes and ranks, for an executor in MPI mode; nothing for any other."""
+        return {"parsl_resource_specification": mpi_resources(ranks, nodes)} if self.mpi_mode else {}
 
     def submit_new_clones(self, clones: list[MemberSpec]) -> None:
         """Submit each clone once its source serves the order (or can no longer): a clone submitted
@@ -359,7 +367,6 @@ def _run_held(run_dir: Path, plan: Plan, members: list[MemberSpec], console: Con
     index = MemberIndex(run_dir, plan)
     started = time.monotonic()
     console.print(f"run [bold]{workflow.name}[/] on site [bold]{plan.site}[/]: {run_dir}")
-    submitter = _Submitter(run_dir)
     ledger = BlockLedger(run_dir)
     controllers = [
         PBTController(campaign, run_dir, [m for m in plan.members if m.name.startswith(f"{campaign.name}-")])
@@ -369,9 +376,13 @@ def _run_held(run_dir: Path, plan: Plan, members: list[MemberSpec], console: Con
     stages = workflow.stage_specs()
     site_config = functools.partial(_site_config, plan.site, run_dir, workflow.retries, workflow.free_stops)
     config = site_config()
-    prioritized = all(isinstance(e, HighThroughputExecutor) for e in config.executors)
+    mpi_mode = any(getattr(e, "enable_mpi_mode", False) for e in config.executors)
+    prioritized = all(isinstance(e, HighThroughputExecutor) for e in config.executors) and not mpi_mode
+    submitter = _Submitter(run_dir, mpi_mode)
 
     def submit_analytics(specs: list[dict], part: str, priority: int | None) -> Future:
+        if mpi_mode:
+            return analytics_app(specs, str(run_dir), part, parsl_resource_specification=mpi_resources())
         if priority is None or not prioritized:
             return analytics_app(specs, str(run_dir), part)
         return analytics_app(specs, str(run_dir), part, parsl_resource_specification={"priority": priority})
