@@ -26,8 +26,8 @@ from resilient_flows.training import (
     read_launch_env,
     run_member,
 )
+from resilient_flows.training.contract import EXIT_PREEMPTED
 from resilient_flows.training.distributed import PORT_BASE, PORT_SPAN, parse_first_host
-from resilient_flows.training.mpi_member import EXIT_PREEMPTED
 from resilient_flows.workflow.runner import resize_members
 from resilient_flows.workflow.status import loss_curve
 

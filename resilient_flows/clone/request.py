@@ -16,6 +16,7 @@ from typing import Any
 
 from resilient_flows.errors import CloneError
 from resilient_flows.training.builtins import BUILTIN_WORKLOADS, DEFAULTS, STRUCTURAL
+from resilient_flows.training.command_line import fill_command
 from resilient_flows.training.control import (
     CloneOrder,
     member_dir,
@@ -26,7 +27,6 @@ from resilient_flows.training.control import (
 )
 from resilient_flows.training.events import EventLog
 from resilient_flows.training.spec import OPTIMIZER_KEYS, CheckpointSpec, MemberSpec, ParentSpec
-from resilient_flows.workflow.commands import fill_command
 
 __all__ = ["allowed_overrides", "check_overrides", "request_clone"]
 

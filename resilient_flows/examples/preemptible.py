@@ -24,11 +24,13 @@ from pathlib import Path
 
 import numpy as np
 
+from resilient_flows.training.contract import EXIT_PREEMPTED
+
 __all__ = ["PREEMPTED", "STATE", "main", "step_weights", "train"]
 
 STATE = 1 << 12
 #: The exit status of a job that stopped to be requeued (``EX_TEMPFAIL``), as workflow members use.
-PREEMPTED = 75
+PREEMPTED = EXIT_PREEMPTED
 
 
 def step_weights(w: np.ndarray, step: int) -> None:

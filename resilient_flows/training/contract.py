@@ -34,7 +34,6 @@ from typing import Any
 from resilient_flows.envvars import expand_env
 from resilient_flows.errors import WorkflowError
 from resilient_flows.training.control import member_dir
-from resilient_flows.training.mpi_member import EXIT_PREEMPTED
 from resilient_flows.training.spec import MemberSpec
 
 __all__ = [
@@ -47,6 +46,10 @@ __all__ = [
     "node_local_dir",
     "node_memory_dir",
 ]
+
+#: The exit status of a member that stopped on request after committing a checkpoint
+#: (``EX_TEMPFAIL`` from sysexits.h: try again later): requeued without spending a retry.
+EXIT_PREEMPTED = 75
 
 #: Signals a batch system sends before it stops a job (walltime, preemption): a member commits a
 #: checkpoint at its next step boundary and exits with :data:`EXIT_PREEMPTED`.

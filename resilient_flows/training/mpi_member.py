@@ -19,9 +19,7 @@ from typing import Any, NoReturn
 
 from resilient_flows.capped import DOCUMENT_CAP, read_json_capped
 from resilient_flows.errors import LaunchError, Preempted
-
-#: ``EX_TEMPFAIL`` from sysexits.h: try again later.
-EXIT_PREEMPTED = 75
+from resilient_flows.training.contract import EXIT_PREEMPTED
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -32,10 +32,10 @@ from resilient_flows.clone import check_overrides
 from resilient_flows.cosched import BASELINES
 from resilient_flows.errors import CloneError, WorkflowError
 from resilient_flows.training.builtins import BUILTIN_WORKLOADS
+from resilient_flows.training.command_line import check_command, fill_command
 from resilient_flows.training.spec import PARALLEL_MODES, CheckpointSpec, FaultSpec, MemberSpec, StageSpec
 from resilient_flows.training.stage import stage_output
 from resilient_flows.units import parse_duration
-from resilient_flows.workflow.commands import check_command, fill_command
 from resilient_flows.workflow.yamlsource import YamlSource
 
 __all__ = [
