@@ -25,6 +25,7 @@ from parsl.executors.high_throughput.errors import ManagerLost, WorkerLost
 
 from resilient_flows.capped import DOCUMENT_CAP, read_capped
 from resilient_flows.errors import LaunchError, Preempted, is_storage_full
+from resilient_flows.rundir import TaskLayout
 from resilient_flows.training.command import CommandKilled
 from resilient_flows.training.contract import EXIT_PREEMPTED
 from resilient_flows.training.control import has_result, latest_committed_step, member_dir
@@ -161,7 +162,7 @@ def mpi_train_app(
     prefix = launch_prefix(int(ranks), int(spec.get("nodes", 1)), os.environ)
     directory = member_dir(run_dir, spec["name"])
     directory.mkdir(parents=True, exist_ok=True)
-    spec_path = directory / "spec.json"
+    spec_path = TaskLayout(directory).spec
     spec_path.write_text(json.dumps(spec))
     module = [sys.executable, "-m", "resilient_flows.training.mpi_member", str(spec_path), str(run_dir)]
     return f"{prefix} {shlex.join(module)}"

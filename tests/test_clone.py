@@ -145,9 +145,9 @@ def test_a_source_killed_mid_transfer_leaves_the_clone_its_newest_committed_chec
 
 
 def test_the_cli_clones_and_draws_the_lineage(run_dir: Path, capsys: pytest.CaptureFixture) -> None:
-    from resilient_flows.workflow.rundir import PLAN
+    from resilient_flows.rundir import run_layout
 
-    (run_dir / PLAN).write_text(
+    run_layout(run_dir).plan.write_text(
         json.dumps(
             {
                 "site": "local",

@@ -17,9 +17,10 @@ import pytest
 from slurm import cancel_all, require_slurm, slurm_jobs
 
 from resilient_flows.checkpoint.tiers import Tier
+from resilient_flows.rundir import run_layout
 from resilient_flows.training import read_events
 from resilient_flows.training.heartbeat import Heartbeat
-from resilient_flows.training.lease import RENEW_S, RUNNER_FILE, LeaseRenewer, end_lease, orphaned, read_lease
+from resilient_flows.training.lease import RENEW_S, LeaseRenewer, end_lease, orphaned, read_lease
 from resilient_flows.workflow.blocks import RunnerLock, process_start_time
 from resilient_flows.workflow.leaseguard import guard
 
@@ -32,7 +33,7 @@ ORPHAN_S = 10.0
 def age(run_dir: Path, seconds: float) -> None:
     """Make the lease look last renewed ``seconds`` ago."""
     then = time.time() - seconds
-    os.utime(run_dir / RUNNER_FILE, (then, then))
+    os.utime(run_layout(run_dir).lease, (then, then))
 
 
 def wait_for(predicate: Callable[[], bool], timeout: float, what: str) -> float:
@@ -227,7 +228,7 @@ def test_a_runner_on_another_host_is_refused_while_its_lease_is_fresh(tmp_path: 
     from resilient_flows.errors import WorkflowError
 
     record = {"pid": 4242, "host": "login-2", "started": 1, "orphan_timeout_s": 60.0}
-    (tmp_path / RUNNER_FILE).write_text(json.dumps(record))
+    (run_layout(tmp_path).lease).write_text(json.dumps(record))
     with pytest.raises(WorkflowError, match=r"process 4242 on login-2 \(its lease was renewed 0 s ago\)"):
         RunnerLock(tmp_path).acquire()
     age(tmp_path, 2 * RENEW_S + 1)  # gone: its lease ages
@@ -242,7 +243,7 @@ def test_a_runner_whose_run_was_taken_over_renews_and_ends_nothing(tmp_path: Pat
         other = {"pid": 4242, "host": "login-2", "started": 1, "orphan_timeout_s": 60.0}
         replacement = tmp_path / "new.json"
         replacement.write_text(json.dumps(other))
-        os.replace(replacement, tmp_path / RUNNER_FILE)  # as a resume writes its record
+        os.replace(replacement, run_layout(tmp_path).lease)  # as a resume writes its record
         age(tmp_path, 100)
         time.sleep(0.3)
     end_lease(tmp_path)

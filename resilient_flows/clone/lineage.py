@@ -8,7 +8,8 @@ from pathlib import Path
 from rich.tree import Tree
 
 from resilient_flows.capped import CONTROL_CAP, read_json_capped
-from resilient_flows.training.control import member_dir, registered_members
+from resilient_flows.rundir import member_layout
+from resilient_flows.training.control import registered_members
 from resilient_flows.training.spec import MemberSpec
 
 __all__ = ["lineage_tree"]
@@ -45,6 +46,6 @@ def lineage_tree(run_dir: str | os.PathLike, states: dict[str, str] | None = Non
 
 def _seed(run_dir: Path, name: str) -> dict | None:
     try:
-        return read_json_capped(member_dir(run_dir, name) / "seed.json", CONTROL_CAP, "clone seed")
+        return read_json_capped(member_layout(run_dir, name).seed, CONTROL_CAP, "clone seed")
     except (OSError, ValueError):
         return None

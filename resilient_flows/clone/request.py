@@ -15,11 +15,11 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from resilient_flows.errors import CloneError
+from resilient_flows.rundir import member_layout, run_layout
 from resilient_flows.training.builtins import BUILTIN_WORKLOADS, DEFAULTS, STRUCTURAL
 from resilient_flows.training.command_line import fill_command
 from resilient_flows.training.control import (
     CloneOrder,
-    member_dir,
     read_spec,
     register_member,
     registered_members,
@@ -73,7 +73,7 @@ def request_clone(
     if source is None:
         names = ", ".join(s.name for s in registered_members(run_dir)) or "none"
         raise CloneError(f"{run_dir} has no member {member!r}; its members: {names}")
-    if (member_dir(run_dir, member) / "result.json").exists():
+    if member_layout(run_dir, member).result.exists():
         raise CloneError(f"member {member!r} has finished: only a running member can be cloned")
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise CloneError(f"the number of clones must be a positive integer, got {n!r}")
@@ -106,7 +106,7 @@ def _per_clone(overrides: list[dict[str, Any]] | dict[str, Any] | None, n: int) 
 
 
 def _new_names(run_dir: Path, member: str, n: int) -> list[str]:
-    taken = {p.name for p in (run_dir / "members").iterdir()}
+    taken = {p.name for p in run_layout(run_dir).members.iterdir()}
     names, k = [], 1
     while len(names) < n:
         name = f"{member}.c{k}"

@@ -51,7 +51,8 @@ import torch
 from resilient_flows.durable import write_durably
 from resilient_flows.errors import CheckpointError, ResilientFlowsError
 from resilient_flows.integrations.pathstore import PathStore, load
-from resilient_flows.training.contract import ENV_NAMES, EXIT_PREEMPTED, REPORT_FILE, STOP_SIGNALS, RunContract
+from resilient_flows.rundir import TaskLayout
+from resilient_flows.training.contract import ENV_NAMES, EXIT_PREEMPTED, STOP_SIGNALS, RunContract
 from resilient_flows.training.control import RequestWatch, member_dir, read_spec, read_stop_request
 from resilient_flows.training.events import EventLog, MetricsLog
 from resilient_flows.training.spec import FaultSpec
@@ -345,7 +346,7 @@ class ResilientCallback(_Callback):
                 "clone yet: clone members whose scripts use from_env()"
             )
         if self.contract is not None and trainer.is_global_zero:
-            self._metrics = MetricsLog(self._directory / "metrics.jsonl")
+            self._metrics = MetricsLog(TaskLayout(self._directory).metrics)
             self._watch = RequestWatch(self._directory)
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
@@ -394,7 +395,7 @@ class ResilientCallback(_Callback):
             return
         if self.stopped is not None:
             self._report["stopped"] = self.stopped
-        write_durably(self._directory / REPORT_FILE, json.dumps(self._report, indent=2))
+        write_durably(TaskLayout(self._directory).command_report, json.dumps(self._report, indent=2))
 
     def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
         self._restore_handlers()
@@ -458,7 +459,7 @@ class ResilientCallback(_Callback):
         step = trainer.global_step - 1
         if self.contract is not None and trainer.is_global_zero:
             with contextlib.suppress(FileNotFoundError):
-                (self._directory / "control.json").unlink()
+                TaskLayout(self._directory).control.unlink()
         kind = "retired" if action == "retire" else "preempted"
         self._emit(
             trainer, kind, step=step, reason=reason, **({} if action == "retire" else {"attempt": self._attempt})

@@ -31,6 +31,7 @@ from torch import nn
 from resilient_flows.capped import CONTROL_CAP, read_json_capped
 from resilient_flows.checkpoint import Checkpointer, TrainState
 from resilient_flows.errors import LaunchError, Preempted, ResilientFlowsError, StorageFullError
+from resilient_flows.rundir import TaskLayout
 from resilient_flows.training.autotune import MAX_PERSIST_EVERY, AutoTuner, tuned_fields
 from resilient_flows.training.contract import STOP_SIGNALS, member_tiers, node_local_dir, node_memory_dir
 from resilient_flows.training.control import (
@@ -130,7 +131,7 @@ class TrainContext:
         self._last_saved: int | None = None
         self._last_save_time = time.monotonic()
         self._stop_reason: str | None = None
-        self._metrics = MetricsLog(self.directory / "metrics.jsonl")
+        self._metrics = MetricsLog(TaskLayout(self.directory).metrics)
         self._seed: Seed | None = None
         self.retired: str | None = None
         self._watch = RequestWatch(self.directory)
@@ -142,7 +143,7 @@ class TrainContext:
         self.device = torch.device("cpu") if self.distributed is None else self.distributed.device
         ck = spec.checkpoint
         try:
-            shared, local, memory = self.directory / "checkpoints", node_local_dir(spec), node_memory_dir(spec)
+            shared, local, memory = TaskLayout(self.directory).checkpoints, node_local_dir(spec), node_memory_dir(spec)
             self.checkpointer = Checkpointer(
                 tiers=member_tiers(shared, local, memory, ck.local_every, ck.persist_every),
                 keep=ck.keep,
@@ -358,7 +359,7 @@ class TrainContext:
             action, reason = request
             self._commit(step)
             if self.rank == 0:
-                (self.directory / "control.json").unlink(missing_ok=True)
+                TaskLayout(self.directory).control.unlink(missing_ok=True)
             if action == "retire":
                 self.retired = reason
                 self._emit("retired", step=step, reason=reason)
@@ -386,7 +387,7 @@ class TrainContext:
         start = max(parent.requested_at, seed.forked_at or 0.0)
         record = {"step": seed.step, "transport": seed.transport, "fallback": seed.fallback}
         if self.rank == 0:
-            write_durably(self.directory / "seed.json", json.dumps({"parent": parent.member, **record}))
+            write_durably(TaskLayout(self.directory).seed, json.dumps({"parent": parent.member, **record}))
         self._emit(
             "cloned",
             parent=parent.member,
@@ -526,6 +527,6 @@ class TrainContext:
 
 def _read_seed_step(directory: Path) -> int | None:
     try:
-        return int(read_json_capped(directory / "seed.json", CONTROL_CAP, "clone seed")["step"])
+        return int(read_json_capped(TaskLayout(directory).seed, CONTROL_CAP, "clone seed")["step"])
     except (OSError, ValueError, KeyError, TypeError):
         return None

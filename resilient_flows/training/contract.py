@@ -33,13 +33,12 @@ from typing import Any
 
 from resilient_flows.envvars import expand_env
 from resilient_flows.errors import WorkflowError
-from resilient_flows.training.control import member_dir
+from resilient_flows.rundir import member_layout
 from resilient_flows.training.spec import MemberSpec
 
 __all__ = [
     "ENV_NAMES",
     "EXIT_PREEMPTED",
-    "REPORT_FILE",
     "STOP_SIGNALS",
     "RunContract",
     "member_tiers",
@@ -56,12 +55,6 @@ EXIT_PREEMPTED = 75
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 
 _PREFIX = "RESILIENT_FLOWS_"
-
-#: What a script reported when it closed, in its member's directory (written by
-#: :meth:`~resilient_flows.training.script.ScriptRun.close`); the launcher makes it the member's
-#: ``result.json`` once the command exited with status 0, or was killed by a signal after writing it
-#: (an abort at interpreter exit, with a ``warning`` event).
-REPORT_FILE = "command-result.json"
 
 #: The contract's variables by field of :class:`RunContract`.
 ENV_NAMES = {
@@ -109,7 +102,7 @@ class RunContract:
         return cls(
             run_dir=Path(run_dir).resolve(),
             member=spec.name,
-            checkpoint_dir=(member_dir(run_dir, spec.name) / "checkpoints").resolve(),
+            checkpoint_dir=member_layout(run_dir, spec.name).checkpoints.resolve(),
             attempt=attempt,
             params={**spec.params, "seed": spec.seed, "steps": spec.steps},
             local_dir=None if local is None else Path(local),

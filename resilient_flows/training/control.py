@@ -1,18 +1,18 @@
 """A member's directory in a run: its spec, and the control channel to it while it runs.
 
-``members/<name>/spec.json`` registers a member (planned ones when the run starts, clones when
-they are requested); the runner submits every registered member it has not submitted yet.
+A member's spec file (:attr:`TaskLayout.spec`) registers it (planned ones when the run starts,
+clones when they are requested); the runner submits every registered member it has not submitted
+yet.
 
 Parsl cannot signal a running task, and a batch job's processes may sit on any node; a file in
 the member's directory on the shared file system reaches it wherever it runs. Two requests,
 read at step boundaries:
 
-- ``control.json``: stop after committing a checkpoint (preemption), consumed by the member;
-- ``clone-order.<request>.json``: fork into the named clones at the next step boundary; the
-  member renames it ``.forking`` while it hands its state over.
-
-``control.json`` may also say ``retire``: commit a checkpoint and finish now (an exploration
-campaign replaced the member).
+- the control request (:attr:`TaskLayout.control`): stop after committing a checkpoint
+  (preemption), consumed by the member; it may also say ``retire``: commit a checkpoint and
+  finish now (an exploration campaign replaced the member);
+- a clone order (:meth:`TaskLayout.clone_order`): fork into the named clones at the next step
+  boundary; the member renames it ``.forking`` while it hands its state over.
 
 Both live in the member's directory itself, so that one ``stat`` of it per step (its mtime
 moves when a request file appears) tells the member whether to look; it also looks once a
@@ -30,6 +30,7 @@ from typing import Any
 
 from resilient_flows.capped import CONTROL_CAP, DOCUMENT_CAP, read_capped, read_json_capped
 from resilient_flows.durable import write_durably
+from resilient_flows.rundir import TaskLayout, member_layout, run_layout
 from resilient_flows.training.spec import MemberSpec
 
 __all__ = [
@@ -52,25 +53,21 @@ __all__ = [
 ]
 
 
-#: A finished member's result, in its directory.
-RESULT_FILE = "result.json"
-
-
 def member_dir(run_dir: str | os.PathLike, name: str) -> Path:
-    return Path(run_dir) / "members" / name
+    return member_layout(run_dir, name).root
 
 
 def register_member(run_dir: str | os.PathLike, spec: MemberSpec) -> Path:
-    directory = member_dir(run_dir, spec.name)
-    directory.mkdir(parents=True, exist_ok=True)
-    write_durably(directory / "spec.json", json.dumps(spec.to_dict(), indent=2))
-    return directory
+    layout = member_layout(run_dir, spec.name)
+    layout.root.mkdir(parents=True, exist_ok=True)
+    write_durably(layout.spec, json.dumps(spec.to_dict(), indent=2))
+    return layout.root
 
 
 def read_spec(run_dir: str | os.PathLike, name: str) -> MemberSpec | None:
     """The registered spec of member ``name``, or None if there is no such member."""
     try:
-        return _load_spec(member_dir(run_dir, name) / "spec.json")
+        return _load_spec(member_layout(run_dir, name).spec)
     except FileNotFoundError:
         return None
 
@@ -81,9 +78,12 @@ def registered_members(run_dir: str | os.PathLike, known: dict[Path, MemberSpec]
     A spec is written once, when its member is registered: pass the same ``known`` dict to
     every call of a polling loop and each spec file is parsed once.
     """
-    root = Path(run_dir) / "members"
+    root = run_layout(run_dir).members
+    spec_name = TaskLayout(root).spec.name
     paths = (
-        sorted(root.glob("*/spec.json"), key=lambda p: (p.stat().st_mtime_ns, p.parent.name)) if root.is_dir() else []
+        sorted(root.glob(f"*/{spec_name}"), key=lambda p: (p.stat().st_mtime_ns, p.parent.name))
+        if root.is_dir()
+        else []
     )
     known = {} if known is None else known
     for path in paths:
@@ -98,7 +98,7 @@ def _load_spec(path: Path) -> MemberSpec:
 
 def count_attempt(directory: Path) -> int:
     """Count one more attempt of the task whose directory this is; which attempt it is (1 for the first)."""
-    path = directory / "attempts"
+    path = TaskLayout(directory).attempts
     attempt = (int(read_capped(path, CONTROL_CAP, "attempt counter") or 0) if path.exists() else 0) + 1
     write_durably(path, str(attempt))
     return attempt
@@ -107,12 +107,12 @@ def count_attempt(directory: Path) -> int:
 def has_result(run_dir: str | os.PathLike, name: str) -> bool:
     """Whether member ``name`` finished: its ``result.json`` is written last, durably, once its
     final checkpoint is committed, so whatever its process does afterwards cannot undo that."""
-    return (member_dir(run_dir, name) / RESULT_FILE).is_file()
+    return member_layout(run_dir, name).result.is_file()
 
 
 def latest_committed_step(run_dir: str | os.PathLike, spec: MemberSpec) -> int:
     """The newest step committed in any of the member's tiers; -1 when none is."""
-    tiers = [member_dir(run_dir, spec.name) / "checkpoints"]
+    tiers = [member_layout(run_dir, spec.name).checkpoints]
     tiers += [Path(d) for d in (spec.checkpoint.local_dir, spec.checkpoint.memory_dir) if d is not None]
     return newest_committed(tiers)
 
@@ -132,7 +132,7 @@ def request_preemption(run_dir: str | os.PathLike, name: str, reason: str = "pre
     The member consumes the request and raises ``Preempted``; the retry handler requeues it
     without spending a retry.
     """
-    path = member_dir(run_dir, name) / "control.json"
+    path = member_layout(run_dir, name).control
     path.parent.mkdir(parents=True, exist_ok=True)
     write_durably(path, json.dumps({"action": "preempt", "reason": reason}))
     return path
@@ -141,7 +141,7 @@ def request_preemption(run_dir: str | os.PathLike, name: str, reason: str = "pre
 def request_retirement(run_dir: str | os.PathLike, name: str, reason: str) -> Path:
     """Ask a running member to commit a checkpoint and finish now, for good (an exploration
     campaign replaced it); unlike a preemption, nothing requeues it."""
-    path = member_dir(run_dir, name) / "control.json"
+    path = member_layout(run_dir, name).control
     path.parent.mkdir(parents=True, exist_ok=True)
     write_durably(path, json.dumps({"action": "retire", "reason": reason}))
     return path
@@ -150,7 +150,7 @@ def request_retirement(run_dir: str | os.PathLike, name: str, reason: str) -> Pa
 def read_stop_request(directory: Path) -> tuple[str, str] | None:
     """A pending ``(action, reason)``: ``preempt`` (stop, to be requeued) or ``retire`` (finish)."""
     try:
-        request = read_json_capped(directory / "control.json", CONTROL_CAP, "control request")
+        request = read_json_capped(TaskLayout(directory).control, CONTROL_CAP, "control request")
     except (OSError, ValueError):
         return None  # absent, being written (read again after the next step), or oversized: no request
     if isinstance(request, dict) and request.get("action") in ("preempt", "retire"):
@@ -188,7 +188,7 @@ class CloneOrder:
 
 def clone_order_path(directory: Path, request: str, suffix: str = ".json") -> Path:
     """Where an order for ``request`` lies in a member's directory (``.forking`` once being served)."""
-    return directory / f"clone-order.{request}{suffix}"
+    return TaskLayout(directory).clone_order(request, suffix)
 
 
 def write_clone_order(run_dir: str | os.PathLike, source: str, order: CloneOrder) -> Path:
@@ -201,7 +201,7 @@ def write_clone_order(run_dir: str | os.PathLike, source: str, order: CloneOrder
 def read_clone_orders(directory: Path) -> list[CloneOrder]:
     """Pending orders, oldest first; the member marks an order ``.forking`` when it serves it."""
     found = []
-    for path in directory.glob("clone-order.*.json"):
+    for path in TaskLayout(directory).clone_orders():
         try:
             found.append(CloneOrder.from_json(read_capped(path, CONTROL_CAP, "clone order")))
         except (OSError, ValueError, KeyError):

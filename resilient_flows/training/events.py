@@ -25,6 +25,7 @@ from typing import Any
 
 from resilient_flows.capped import LINE_CAP, CappedLines
 from resilient_flows.errors import is_storage_full
+from resilient_flows.rundir import run_layout
 
 __all__ = ["EVENT_KINDS", "FULL_WAIT_S", "EventLog", "EventTail", "MetricsLog", "read_events"]
 
@@ -63,7 +64,7 @@ class EventLog:
     """Appends events to ``<run_dir>/events.jsonl``; cheap to construct in every worker."""
 
     def __init__(self, run_dir: str | os.PathLike) -> None:
-        self.path = Path(run_dir) / "events.jsonl"
+        self.path = run_layout(run_dir).events
 
     def emit(self, kind: str, member: str | None = None, **fields: Any) -> None:
         if kind not in EVENT_KINDS:
@@ -166,7 +167,7 @@ class MetricsLog:
 def read_events(run_dir: str | os.PathLike) -> Iterator[dict[str, Any]]:
     """The events of a run in file order; a torn last line (a writer killed mid-write) is skipped,
     and so is a line over :data:`~resilient_flows.capped.LINE_CAP`, with a warning."""
-    for raw in CappedLines(Path(run_dir) / "events.jsonl", LINE_CAP, "event log"):
+    for raw in CappedLines(run_layout(run_dir).events, LINE_CAP, "event log"):
         record = _parse(raw)
         if record is not None:
             yield record
@@ -177,7 +178,7 @@ class EventTail:
     last, so that a runner polling a long run does not parse its whole history every time."""
 
     def __init__(self, run_dir: str | os.PathLike) -> None:
-        self.path = Path(run_dir) / "events.jsonl"
+        self.path = run_layout(run_dir).events
         self._offset = 0
 
     def new(self) -> list[dict[str, Any]]:

@@ -27,6 +27,7 @@ from typing import Any
 from resilient_flows.capped import CONTROL_CAP, read_capped, read_json_capped
 from resilient_flows.checkpoint import Checkpointer, TrainState
 from resilient_flows.checkpoint.tiers import Tier
+from resilient_flows.rundir import TaskLayout, member_layout
 from resilient_flows.training.control import CloneOrder, clone_order_path, member_dir, read_spec
 from resilient_flows.training.spec import OPTIMIZER_KEYS, MemberSpec, ParentSpec
 
@@ -36,8 +37,6 @@ logger = logging.getLogger(__name__)
 
 #: How long a clone waits for its source's checkpoint before taking the source's newest one.
 SEED_TIMEOUT_S = float(os.environ.get("RESILIENT_FLOWS_CLONE_TIMEOUT", "300"))
-#: Written into a clone's directory by its source as it hands the state over: step and time.
-HANDOFF = "handoff.json"
 _POLL_S = 0.02
 
 
@@ -71,13 +70,13 @@ class Handoff:
             if clone is None:
                 continue
             if self.rank == 0:  # when the source served the order: a clone's clock starts there at the earliest
-                handoff = member_dir(self.run_dir, clone.name) / HANDOFF
+                handoff = member_layout(self.run_dir, clone.name).handoff
                 handoff.write_text(json.dumps({"step": step, "forked_at": self.forked_at}))
             if tier.name == "local":
                 if self.world_size == 1 and clone.checkpoint.local_dir is not None:
                     Tier(clone.checkpoint.local_dir, "local").adopt(tier.step_dir(step), step)
             elif self.rank == 0:
-                Tier(member_dir(self.run_dir, clone.name) / "checkpoints", "shared").adopt(tier.step_dir(step), step)
+                Tier(member_layout(self.run_dir, clone.name).checkpoints, "shared").adopt(tier.step_dir(step), step)
         if tier.name == "shared" and self.rank == 0:
             for order in self.orders:
                 _forking_marker(self.run_dir, self.source, order.request).unlink(missing_ok=True)
@@ -126,10 +125,10 @@ def _handoff_problem(run_dir: Path, parent: ParentSpec) -> str | None:
         return None  # being written (an oversized one never ends: the deadline does)
     if forking is None:
         pending = clone_order_path(source_dir, parent.request).exists()
-        if pending and (source_dir / "result.json").exists():
+        if pending and TaskLayout(source_dir).result.exists():
             return f"{parent.member} finished before it could fork"
         return None
-    attempts = _read_int(source_dir / "attempts")
+    attempts = _read_int(TaskLayout(source_dir).attempts)
     lost = f"before its checkpoint of step {forking['step']} committed"
     if attempts is not None and attempts > forking["attempt"]:
         return f"{parent.member} was restarted (attempt {attempts}) {lost}"
@@ -139,7 +138,7 @@ def _handoff_problem(run_dir: Path, parent: ParentSpec) -> str | None:
 
 
 def _fall_back(run_dir: Path, parent: ParentSpec, checkpointer: Checkpointer, problem: str) -> Seed:
-    source = Tier(member_dir(run_dir, parent.member) / "checkpoints", "shared")
+    source = Tier(member_layout(run_dir, parent.member).checkpoints, "shared")
     for step in source.committed_steps():
         with contextlib.suppress(OSError):  # pruned while we linked it: take the next one
             checkpointer.shared.adopt(source.step_dir(step), step)
@@ -181,7 +180,7 @@ def _read_spec(run_dir: Path, name: str) -> MemberSpec | None:
 
 def _forked_at(directory: Path) -> float | None:
     try:
-        return float(read_json_capped(directory / HANDOFF, CONTROL_CAP, "fork hand-off")["forked_at"])
+        return float(read_json_capped(TaskLayout(directory).handoff, CONTROL_CAP, "fork hand-off")["forked_at"])
     except (OSError, ValueError, KeyError, TypeError):
         return None
 

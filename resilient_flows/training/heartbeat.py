@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from resilient_flows.capped import CONTROL_CAP, read_json_capped
+from resilient_flows.rundir import run_layout
 from resilient_flows.training.lease import orphaned
 
 __all__ = ["BEAT_S", "RECORD_BYTES", "Heartbeat", "analytics_task", "heartbeat_path", "read_heartbeat"]
@@ -50,7 +51,7 @@ def analytics_task(request: str) -> str:
 
 
 def heartbeat_path(run_dir: str | os.PathLike, task: str) -> Path:
-    return Path(run_dir) / "heartbeats" / task
+    return run_layout(run_dir).heartbeats / task
 
 
 def read_heartbeat(path: Path) -> dict[str, Any] | None:

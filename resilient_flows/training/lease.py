@@ -29,12 +29,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from resilient_flows.capped import CONTROL_CAP, read_json_capped
+from resilient_flows.rundir import run_layout
 
 __all__ = [
     "DEFAULT_ORPHAN_TIMEOUT_S",
     "MIN_ORPHAN_TIMEOUT_S",
     "RENEW_S",
-    "RUNNER_FILE",
     "LeaseRenewer",
     "RunnerLease",
     "end_lease",
@@ -46,8 +46,6 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-#: The runner's record in the run directory; its modification time is the lease.
-RUNNER_FILE = "runner.json"
 #: Seconds between two renewals of the lease.
 RENEW_S = 5.0
 #: How long a runner may be gone before its members stop and its blocks are cancelled, unless
@@ -93,7 +91,7 @@ def process_start_time(pid: int) -> int | None:
 
 def read_lease(run_dir: str | os.PathLike) -> RunnerLease | None:
     """The run's lease, or None when no runner ever held it or its record is unreadable."""
-    path = Path(run_dir) / RUNNER_FILE
+    path = run_layout(run_dir).lease
     try:
         age = time.time() - path.stat().st_mtime
         record = read_json_capped(path, CONTROL_CAP, "runner lease")
@@ -123,7 +121,7 @@ def orphaned(run_dir: str | os.PathLike) -> str | None:
     Costs one ``stat`` while the lease is fresh.
     """
     try:
-        age = time.time() - (Path(run_dir) / RUNNER_FILE).stat().st_mtime
+        age = time.time() - (run_layout(run_dir).lease).stat().st_mtime
     except OSError:
         return None
     if age <= 2 * RENEW_S:
@@ -143,8 +141,8 @@ def end_lease(run_dir: str | os.PathLike) -> None:
     lease = read_lease(run_dir)
     if lease is None or (lease.pid, lease.host) != (os.getpid(), socket.gethostname()):
         return
-    path = Path(run_dir) / RUNNER_FILE
-    tmp = path.with_name(f"{RUNNER_FILE}.{os.getpid()}.tmp")
+    path = run_layout(run_dir).lease
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
     record = {
         "pid": lease.pid,
         "host": lease.host,
@@ -164,7 +162,7 @@ class LeaseRenewer:
     took the run over (its record replaced this one's), it renews nothing more."""
 
     def __init__(self, run_dir: str | os.PathLike, period_s: float = RENEW_S) -> None:
-        self.path = Path(run_dir) / RUNNER_FILE
+        self.path = run_layout(run_dir).lease
         self.period_s = period_s
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="runner-lease", daemon=True)

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import json
 import os
-from pathlib import Path
 from typing import Any
 
 from resilient_flows.checkpoint import read_checkpoint
 from resilient_flows.durable import write_durably
-from resilient_flows.training.context import TrainContext, member_dir
+from resilient_flows.rundir import TaskLayout, member_layout
+from resilient_flows.training.context import TrainContext
 from resilient_flows.training.events import EventLog
 from resilient_flows.training.heartbeat import Heartbeat, analytics_task
 from resilient_flows.training.spec import MemberSpec
@@ -40,7 +40,7 @@ def run_member(spec: dict[str, Any], run_dir: str, comm: Any = None) -> dict[str
     if not isinstance(result, dict):
         result = {"member": member.name, "value": result}
     if ctx.checkpointer.rank == 0:
-        write_durably(ctx.directory / "result.json", json.dumps(result, indent=2, default=str))
+        write_durably(TaskLayout(ctx.directory).result, json.dumps(result, indent=2, default=str))
         ctx.events.emit("finished", member.name, attempt=ctx.attempt, **_scalars(result))
     return result
 
@@ -64,7 +64,7 @@ def _evaluate(specs: list[dict[str, Any]], run_dir: str) -> dict[str, Any]:
     for raw in specs:
         member = MemberSpec.from_dict(raw)
         workload = resolve_workload(member.workload, member.evaluate)
-        found = read_checkpoint(Path(member_dir(run_dir, member.name)) / "checkpoints")
+        found = read_checkpoint(member_layout(run_dir, member.name).checkpoints)
         if found is None:
             report[member.name] = {"step": None, "note": "no committed checkpoint yet"}
         elif workload.evaluate is None:

@@ -22,6 +22,7 @@ from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
 from resilient_flows.durable import write_durably
+from resilient_flows.rundir import TaskLayout, stage_layout
 from resilient_flows.training.control import count_attempt, newest_committed
 from resilient_flows.training.events import EventLog
 from resilient_flows.training.heartbeat import Heartbeat
@@ -34,22 +35,22 @@ __all__ = ["newest_iteration", "run_stage", "stage_dir", "stage_finished", "stag
 
 
 def stage_dir(run_dir: str | os.PathLike, name: str) -> Path:
-    return Path(run_dir) / "stages" / name
+    return stage_layout(run_dir, name).root
 
 
 def stage_output(name: str) -> str:
     """Where stage ``name`` writes its output, relative to the run directory."""
-    return str(PurePosixPath("stages") / name / "output")
+    return str(PurePosixPath(stage_layout("", name).output))
 
 
 def newest_iteration(run_dir: str | os.PathLike, name: str) -> int:
     """The newest iteration committed under any of the stage's labels; -1 when none is."""
-    root = stage_dir(run_dir, name) / "checkpoints"
+    root = stage_layout(run_dir, name).checkpoints
     return newest_committed(list(root.iterdir()) if root.is_dir() else [])
 
 
 def stage_finished(run_dir: str | os.PathLike, name: str) -> bool:
-    return (stage_dir(run_dir, name) / "result.json").exists()
+    return stage_layout(run_dir, name).result.exists()
 
 
 def run_stage(spec: dict[str, Any], run_dir: str) -> Any:
@@ -60,7 +61,7 @@ def run_stage(spec: dict[str, Any], run_dir: str) -> Any:
     stage = StageSpec.from_dict(spec)
     loop = import_function(stage.loop, "loop function")
     directory = stage_dir(run_dir, stage.name)
-    output = directory / "output"
+    output = TaskLayout(directory).output
     output.mkdir(parents=True, exist_ok=True)
     events = EventLog(run_dir)
     attempt = count_attempt(directory)
@@ -74,11 +75,11 @@ def run_stage(spec: dict[str, Any], run_dir: str) -> Any:
         schedule = _faulty(schedule, stage)
     with (
         Heartbeat(run_dir, stage.name, attempt),
-        Context(directory / "checkpoints", filter=schedule, keep=stage.keep) as ctx,
+        Context(TaskLayout(directory).checkpoints, filter=schedule, keep=stage.keep) as ctx,
     ):
         value = loop(ctx, output=output, inputs=inputs, **stage.params)
     result = {"stage": stage.name, "attempts": attempt, "value": value}
-    write_durably(directory / "result.json", json.dumps(result, indent=2, default=str))
+    write_durably(TaskLayout(directory).result, json.dumps(result, indent=2, default=str))
     events.emit("stage_finished", stage.name, attempt=attempt)
     return value
 

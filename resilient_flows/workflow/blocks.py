@@ -33,11 +33,11 @@ from parsl.providers import LocalProvider
 
 from resilient_flows.capped import CONTROL_CAP, LINE_CAP, CappedLines, read_json_capped
 from resilient_flows.errors import WorkflowError, is_storage_full
+from resilient_flows.rundir import run_layout
 from resilient_flows.training.events import FULL_WAIT_S
 from resilient_flows.training.lease import (
     DEFAULT_ORPHAN_TIMEOUT_S,
     RENEW_S,
-    RUNNER_FILE,
     process_start_time,
     read_lease,
     stat_fields,
@@ -47,7 +47,6 @@ __all__ = ["BlockLedger", "RunnerLock", "cancel_block", "kill_stragglers", "proc
 
 logger = logging.getLogger(__name__)
 
-LEDGER = "blocks.jsonl"
 
 #: Seconds a cancelled local block has to stop on SIGTERM (a member commits a checkpoint and
 #: stops) before its process group is killed.
@@ -111,7 +110,7 @@ class BlockLedger:
     def previous(self) -> list[dict[str, Any]]:
         """The records of the runners before this one."""
         records = []
-        for line in CappedLines(self.run_dir / LEDGER, LINE_CAP, "runner ledger"):
+        for line in CappedLines(run_layout(self.run_dir).blocks, LINE_CAP, "runner ledger"):
             try:
                 record = json.loads(line)
             except ValueError:
@@ -134,7 +133,7 @@ class BlockLedger:
 
     def _append(self, record: dict[str, Any]) -> None:
         line = json.dumps({"time": round(time.time(), 3), "runner": self.runner, **record}) + "\n"
-        fd = os.open(self.run_dir / LEDGER, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+        fd = os.open(run_layout(self.run_dir).blocks, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
         try:
             size = os.fstat(fd).st_size
             if size and os.pread(fd, 1, size - 1) != b"\n":  # an earlier runner killed mid-line
@@ -314,7 +313,7 @@ class RunnerLock:
 
     def acquire(self) -> None:
         """Claim the run for this process; an error naming the runner that still holds it."""
-        path = self.run_dir / RUNNER_FILE
+        path = run_layout(self.run_dir).lease
         try:
             holder = read_json_capped(path, CONTROL_CAP, "runner lock")
         except (OSError, ValueError):
@@ -341,7 +340,7 @@ class RunnerLock:
             "started": process_start_time(os.getpid()),
             "orphan_timeout_s": self.orphan_timeout_s,
         }
-        tmp = path.with_name(f"{RUNNER_FILE}.{os.getpid()}.tmp")
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
         deadline = time.monotonic() + FULL_WAIT_S
         while True:
             try:

@@ -28,9 +28,10 @@ import logging
 import time
 from pathlib import Path
 
+from resilient_flows.rundir import run_layout
 from resilient_flows.training.events import EventLog
 from resilient_flows.training.heartbeat import BEAT_S
-from resilient_flows.training.lease import RUNNER_FILE, RunnerLease, process_start_time, read_lease
+from resilient_flows.training.lease import RunnerLease, process_start_time, read_lease
 
 __all__ = ["STOP_WAIT_S", "guard", "main"]
 
@@ -50,7 +51,7 @@ def guard(run_dir: Path, runner: int, started: int | None, poll_s: float = POLL_
     members and cancel its blocks; what was cancelled, in words."""
     while True:
         lease = read_lease(run_dir)
-        if lease is None and not (run_dir / RUNNER_FILE).exists():
+        if lease is None and not run_layout(run_dir).lease.exists():
             return []  # the run directory is gone
         if lease is not None and (lease.pid != runner or lease.ended):
             return []  # another runner holds the run now, or this one let go of it
@@ -75,7 +76,7 @@ def _retire(run_dir: Path, runner: int, lease: RunnerLease) -> list[str]:
     plan = read_plan(run_dir)
     graces = [DEFAULT_GRACE_S if m.grace_s is None else m.grace_s for m in plan.members if m.command]
     _wait_for_members(run_dir, max([STOP_WAIT_S, *(g + POLL_S for g in graces)]))
-    executors = load_site(plan.site, run_dir=str(run_dir / "parsl")).executors
+    executors = load_site(plan.site, run_dir=str(run_layout(run_dir).parsl)).executors
     done = BlockLedger(run_dir).cancel_runner(runner, executors)
     events.emit("warning", None, reason=f"runner {runner}'s leftovers cancelled: {'; '.join(done) or 'none'}")
     return done
@@ -95,7 +96,7 @@ def _wait_for_members(run_dir: Path, wait_s: float = STOP_WAIT_S) -> None:
 
 def _heartbeats(run_dir: Path) -> list[Path]:
     try:
-        return list((run_dir / "heartbeats").iterdir())
+        return list(run_layout(run_dir).heartbeats.iterdir())
     except OSError:
         return []
 

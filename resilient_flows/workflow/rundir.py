@@ -1,13 +1,7 @@
-"""The run directory: everything a run needs to be inspected or resumed later.
+"""A run's plan in its run directory: created with the run, read back by every later command.
 
-::
-
-    workflow.yaml      the workflow file as given
-    plan.json          the validated workflow, the site and every member's spec (no pickle)
-    events.jsonl       everything that happened (see resilient_flows.training.events)
-    members/<name>/    spec, checkpoints, metrics and result of each member, clones included
-    parsl/             Parsl's run directory: submit scripts, interchange and worker logs
-    report/            summary table and loss plot
+The plan holds the validated workflow, the site and every member's spec, as JSON (no pickle);
+where it and the rest of the run lie is :mod:`resilient_flows.rundir`'s.
 """
 
 from __future__ import annotations
@@ -20,13 +14,12 @@ from pathlib import Path
 
 from resilient_flows.capped import PLAN_CAP, read_json_capped
 from resilient_flows.errors import WorkflowError
+from resilient_flows.rundir import run_layout
 from resilient_flows.training.control import register_member, registered_members
 from resilient_flows.training.spec import MemberSpec
 from resilient_flows.workflow.schema import Workflow
 
 __all__ = ["MemberIndex", "Plan", "create_run_dir", "default_run_dir", "read_plan", "run_members"]
-
-PLAN = "plan.json"
 
 
 @dataclass(frozen=True)
@@ -44,7 +37,8 @@ def default_run_dir(workflow: Workflow) -> Path:
 
 def create_run_dir(path: Path, plan: Plan, source_text: str) -> Path:
     """Create ``path`` for a new run; refuses one that already holds a run, which ``resume`` continues."""
-    if (path / PLAN).exists():
+    layout = run_layout(path)
+    if layout.plan.exists():
         raise WorkflowError(f"{path} already holds a run; continue it with `resilient-flows resume {path}`")
     if path.exists() and any(path.iterdir()):
         raise WorkflowError(f"run directory {path} exists and is not empty; choose another with --run-dir")
@@ -57,13 +51,13 @@ def create_run_dir(path: Path, plan: Plan, source_text: str) -> Path:
     text = json.dumps(document, indent=2)
     if len(text.encode()) > PLAN_CAP:  # refused now rather than by the resume that reads it back
         raise WorkflowError(f"the plan of {len(plan.members)} members is over the {PLAN_CAP >> 20} MiB a run may have")
-    (path / "members").mkdir(parents=True, exist_ok=True)
-    (path / "workflow.yaml").write_text(source_text)
+    layout.members.mkdir(parents=True, exist_ok=True)
+    layout.workflow.write_text(source_text)
     for member in plan.members:
         register_member(path, member)
-    tmp = path / (PLAN + ".tmp")
+    tmp = layout.plan.with_name(f"{layout.plan.name}.tmp")
     tmp.write_text(text)
-    os.replace(tmp, path / PLAN)
+    os.replace(tmp, layout.plan)
     return path.resolve()
 
 
@@ -76,10 +70,11 @@ def run_members(path: Path, plan: Plan, known: dict[Path, MemberSpec] | None = N
 
 class MemberIndex:
     """:func:`run_members` for a polling loop: the member directories are listed again only when
-    ``members/`` changed (a clone registered), not on every poll of a run of thousands of members.
+    the members' directory changed (a clone registered), not on every poll of a run of thousands
+    of members.
 
-    A clone's directory appears before its ``spec.json``; directories seen without one are looked
-    at again on every call until it is there.
+    A clone's directory appears before its spec file; directories seen without one are looked at
+    again on every call until it is there.
     """
 
     def __init__(self, path: Path, plan: Plan) -> None:
@@ -92,7 +87,7 @@ class MemberIndex:
         self._incomplete = False
 
     def members(self) -> list[MemberSpec]:
-        root = self.path / "members"
+        root = run_layout(self.path).members
         mtime = root.stat().st_mtime_ns if root.is_dir() else None
         if mtime != self._mtime or self._incomplete:
             self._mtime = mtime
@@ -109,17 +104,18 @@ class MemberIndex:
 
 def read_plan(path: Path) -> Plan:
     """The plan of the run in ``path``."""
+    plan_path = run_layout(path).plan
     try:
-        document = read_json_capped(path / PLAN, PLAN_CAP, "run plan")
+        document = read_json_capped(plan_path, PLAN_CAP, "run plan")
     except FileNotFoundError:
         raise WorkflowError(
-            f"{path} is not a run directory (no {PLAN}); start one with `resilient-flows run`"
+            f"{path} is not a run directory (no {plan_path.name}); start one with `resilient-flows run`"
         ) from None
     except (OSError, ValueError) as exc:
-        raise WorkflowError(f"{path / PLAN}: unreadable ({exc})") from None
+        raise WorkflowError(f"{plan_path}: unreadable ({exc})") from None
     try:
         workflow = Workflow.model_validate(document["workflow"])
         members = tuple(MemberSpec.from_dict(m) for m in document["members"])
         return Plan(workflow, str(document["site"]), members)
     except (KeyError, TypeError, ValueError) as exc:
-        raise WorkflowError(f"{path / PLAN}: not a plan this version understands ({exc})") from None
+        raise WorkflowError(f"{plan_path}: not a plan this version understands ({exc})") from None

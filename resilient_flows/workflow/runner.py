@@ -41,6 +41,7 @@ from resilient_flows.apps import (
 )
 from resilient_flows.clone import request_clone
 from resilient_flows.errors import WorkflowError, is_storage_full
+from resilient_flows.rundir import run_layout
 from resilient_flows.sites import load_site, site_facts
 from resilient_flows.sites.facts import SiteFacts
 from resilient_flows.training.control import clone_order_path, has_result, member_dir
@@ -70,8 +71,6 @@ ABANDON_S = 5.0
 #: Seconds between two tries to start Parsl on a full file system.
 STORAGE_WAIT_S = 2.0
 
-#: What the runner's guard writes, in the run directory.
-GUARD_LOG = "guard.log"
 #: Seconds the guard has to exit when the runner ends.
 GUARD_EXIT_S = 5.0
 
@@ -233,7 +232,7 @@ def _site_config(site: str, run_dir: Path, retries: int, free_stops: int) -> Con
     """The site's Parsl configuration for this run, with our retry handler (its blocks' error
     handler tolerates lost blocks: see :func:`~resilient_flows.sites.build.build_config`)."""
     handler = ResumingRetryHandler(retries, free_without_progress=free_stops)
-    return load_site(site, run_dir=str(run_dir / "parsl"), retries=retries, retry_handler=handler)
+    return load_site(site, run_dir=str(run_layout(run_dir).parsl), retries=retries, retry_handler=handler)
 
 
 def _handle_lost(
@@ -333,7 +332,7 @@ def _holding(run_dir: Path, orphan_timeout_s: float) -> Iterator[None]:
     me = os.getpid()
     command = [sys.executable, "-m", "resilient_flows.workflow.leaseguard", str(run_dir), "--runner", str(me)]
     started = process_start_time(me)
-    with (run_dir / GUARD_LOG).open("ab") as log:
+    with run_layout(run_dir).guard_log.open("ab") as log:
         guard = subprocess.Popen(
             [*command, *([] if started is None else ["--started", str(started)])],
             stdin=subprocess.DEVNULL,

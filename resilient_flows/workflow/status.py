@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from resilient_flows.capped import DOCUMENT_CAP, LINE_CAP, CappedLines, read_json_capped
+from resilient_flows.rundir import TaskLayout, member_layout
 from resilient_flows.training.control import member_dir
 from resilient_flows.training.events import EventTail
 
@@ -216,13 +217,13 @@ class MemberStatus:
         """Read the member's new metric lines (``follow``) or only its newest one, and its result
         once it is due: on first sight, and when the member said it finished or retired."""
         if self.metrics is None:
-            self.metrics = MetricsReader(directory / "metrics.jsonl")
+            self.metrics = MetricsReader(TaskLayout(directory).metrics)
         if follow:
             self.metrics.update()
         else:
             self.metrics.peek()
         if self._result_due:
-            self.result = _read_result(directory / "result.json")
+            self.result = _read_result(TaskLayout(directory).result)
             self._result_due = self.result is None and self.state in ("finished", "retired")
         if self.result is not None:
             self.state = "retired" if "retired" in self.result else "finished"
@@ -326,6 +327,6 @@ def member_statuses(
 
 def loss_curve(run_dir: str | os.PathLike, name: str) -> dict[int, float]:
     """A member's loss per step as its final model saw it (a redone step keeps its last loss)."""
-    reader = MetricsReader(member_dir(run_dir, name) / "metrics.jsonl")
+    reader = MetricsReader(member_layout(run_dir, name).metrics)
     reader.read_curve()
     return reader.curve

@@ -33,6 +33,7 @@ from typing import Any
 from parsl.executors import HighThroughputExecutor
 from parsl.executors.high_throughput.errors import CommandClientTimeoutError
 
+from resilient_flows.rundir import run_layout
 from resilient_flows.training.heartbeat import read_heartbeat
 
 __all__ = ["WATCH_S", "Lost", "Watchdog", "clear_heartbeats", "stall_timeout"]
@@ -74,7 +75,7 @@ def clear_heartbeats(run_dir: Path) -> None:
     """Remove the heartbeats of attempts that cannot be running: those of an earlier runner, or of
     a Parsl instance given up, whose blocks were cancelled. Left in place, they would be taken
     for silent attempts of the new blocks."""
-    directory = run_dir / "heartbeats"
+    directory = run_layout(run_dir).heartbeats
     if directory.is_dir():
         for path in directory.iterdir():
             path.unlink(missing_ok=True)
@@ -101,7 +102,7 @@ class Watchdog:
         timeouts: Mapping[str, float | None],
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.heartbeats = run_dir / "heartbeats"
+        self.heartbeats = run_layout(run_dir).heartbeats
         self.site_stall_s = site_stall_s
         self.timeouts = timeouts
         self.clock = clock
