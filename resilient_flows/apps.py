@@ -246,7 +246,7 @@ class ResumingRetryHandler:
       before making progress cannot loop forever. Progress is a newer checkpoint than at its
       previous failure in the tiers the runner sees, or one the lost attempt committed in any
       tier (its heartbeat says so): a node-local checkpoint lost with its node was progress too.
-    - A member whose result is already written (``result.json``) finished; its process dying
+    - A member whose result is already written (its result file) finished; its process dying
       afterwards (an abort at interpreter exit) is a ``warning`` event, not a failure: no retry.
     - Anything else: cost 1.
 
@@ -254,7 +254,7 @@ class ResumingRetryHandler:
     twice as long after each such attempt in a row (from :data:`BACKOFF_S` up to
     :data:`MAX_BACKOFF_S`): the retry's app is given ``backoff_s``, which it sleeps before it starts.
 
-    Failures and retries go to the run's ``events.jsonl``.
+    Failures and retries go to the run's event log.
     """
 
     def __init__(self, retries: int, free_without_progress: int = 3) -> None:

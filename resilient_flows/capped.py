@@ -7,7 +7,7 @@ through here with the cap of its kind, and a larger file is refused with
 :class:`~resilient_flows.errors.FileTooLargeError`, naming it and the cap, after reading at most one
 byte more than the cap.
 
-Append-only logs (``events.jsonl``, ``metrics.jsonl``, the runners' ledger) grow without bound and
+Append-only logs (the event log, metrics logs, the runners' ledger) grow without bound and
 are read as a stream of lines instead (:class:`CappedLines`): each line is capped, and a longer one
 is skipped with a warning without ever being held whole.
 

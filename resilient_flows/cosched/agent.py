@@ -19,7 +19,7 @@ Each poll:
    choice), ask :func:`decide`, and carry the decision out: signal the victims now, or hold off
    and decide again at the next poll, as the workflow runner does.
 
-Every decision goes to ``events.jsonl`` with its inputs, so that ``decide(**event["inputs"])``
+Every decision goes to the agent's log (``--log``) with its inputs, so that ``decide(**event["inputs"])``
 replays it. The agent never signals a job outside the configured partitions and users, nor an
 on-demand job, and reports a request larger than the whole machine once without acting on it.
 

@@ -290,7 +290,7 @@ class ResilientCallback(_Callback):
       runner requeues it for free) or the Trainer stops outside one. A ``retire`` request stops
       the Trainer after the same checkpoint: ``fit`` returns.
     - Inside a workflow, rank 0 appends a line per optimizer step to the member's
-      ``metrics.jsonl`` (``loss`` from the training step's output, the rest from
+      the member's metrics log (``loss`` from the training step's output, the rest from
       ``trainer.callback_metrics``), emits ``resumed``/``preempted``/``retired`` events, and
       writes the member's report (last metrics and the weights' digest) when ``fit`` ends.
     - Faults the workflow injects (``faults:``) hit the first attempt once the step they name is done.

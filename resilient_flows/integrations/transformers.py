@@ -439,7 +439,7 @@ class _Standalone:
 
 class _Member:
     """A workflow's command member: its :class:`~resilient_flows.training.ScriptRun` decides when to
-    checkpoint, logs the loss to ``metrics.jsonl``, and exits with status 75 on a stop."""
+    checkpoint, logs the loss to the member's metrics log, and exits with status 75 on a stop."""
 
     logs_loss = True
 

@@ -11,7 +11,7 @@ shorter than a step are measured too (see :meth:`AutoTuner.l2_slowdown`); and th
 checkpoint per node with the bandwidths the tiers gave them. With the failure rates the planner
 put in the spec, :class:`~resilient_flows.mlc.Recommender` turns these into a time interval and a
 ``persist_every``, which hold for the rest of the attempt; the choice and what it was made from
-go to ``events.jsonl`` as a ``tuned`` event.
+go to the run's event log as a ``tuned`` event.
 """
 
 from __future__ import annotations

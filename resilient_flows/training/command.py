@@ -2,7 +2,7 @@
 
 The command runs in its own process group with its run contract in the environment
 (:mod:`resilient_flows.training.contract`), in the workflow file's directory, its output appended
-to ``members/<name>/output.log``. While it runs, this process beats for it (the runner's watchdog
+to the member's output log. While it runs, this process beats for it (the runner's watchdog
 declares silent attempts lost) and forwards SIGTERM and SIGUSR1 to the whole group; a group still
 alive ``grace_s`` after the first forwarded signal is killed.
 

@@ -1,13 +1,10 @@
 """The training loop contract: a user function receives a :class:`TrainContext` and gets
 checkpointing, resume, preemption handling and metrics without writing any of them.
 
-A member's files live in ``<run_dir>/members/<name>/``::
-
-    checkpoints/      the shared checkpoint tier
-    metrics.jsonl     one line per logged step (a resumed attempt logs the redone steps again)
-    control.json      requests from the runner (preempt), consumed by the member
-    attempts          how many attempts have started
-    result.json       written once the member finished
+A member's files (its :class:`~resilient_flows.rundir.TaskLayout`): the shared checkpoint tier,
+a metrics line per logged step (a resumed attempt logs the redone steps again), the runner's
+requests (preempt, retire), which the member consumes, the attempt counter, and its result,
+written once it finished.
 """
 
 from __future__ import annotations
@@ -252,7 +249,7 @@ class TrainContext:
                 self.checkpointer.wait()
 
     def log(self, step: int, **metrics: float) -> None:
-        """Record metrics of ``step`` (floats, or 0-d tensors) in ``metrics.jsonl``."""
+        """Record metrics of ``step`` (floats, or 0-d tensors) in the member's metrics log."""
         values = {k: float(v.detach()) if isinstance(v, torch.Tensor) else float(v) for k, v in metrics.items()}
         self._last_metrics = {"step": step, **values}
         if self.rank == 0:

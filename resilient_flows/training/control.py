@@ -105,7 +105,7 @@ def count_attempt(directory: Path) -> int:
 
 
 def has_result(run_dir: str | os.PathLike, name: str) -> bool:
-    """Whether member ``name`` finished: its ``result.json`` is written last, durably, once its
+    """Whether member ``name`` finished: its result is written last, durably, once its
     final checkpoint is committed, so whatever its process does afterwards cannot undo that."""
     return member_layout(run_dir, name).result.is_file()
 

@@ -1,4 +1,4 @@
-"""``events.jsonl``: the one record of what happened in a run, appended by the runner and by members.
+"""The event log: the one record of what happened in a run, appended by the runner and by members.
 
 Every line is one JSON object written with a single ``write`` on an ``O_APPEND`` descriptor, so
 lines from concurrent writers (workers on several nodes, the runner) interleave but never tear on
@@ -61,7 +61,7 @@ EVENT_KINDS = (
 
 
 class EventLog:
-    """Appends events to ``<run_dir>/events.jsonl``; cheap to construct in every worker."""
+    """Appends events to the run's event log; cheap to construct in every worker."""
 
     def __init__(self, run_dir: str | os.PathLike) -> None:
         self.path = run_layout(run_dir).events
@@ -98,7 +98,7 @@ def _has_room(fd: int, size: int) -> bool:
 
 
 class MetricsLog:
-    """Appends a member's per-step metrics lines to ``metrics.jsonl``, in batches.
+    """Appends a member's per-step metrics lines to its metrics log, in batches.
 
     A write per step costs a short step (0.3 ms) several percent; lines are therefore held here
     and written at most every ``FLUSH_S`` (the runner's view of progress lags by up to that) and at
@@ -174,7 +174,7 @@ def read_events(run_dir: str | os.PathLike) -> Iterator[dict[str, Any]]:
 
 
 class EventTail:
-    """Follows ``events.jsonl``: each :meth:`new` returns only the complete lines appended since the
+    """Follows the event log: each :meth:`new` returns only the complete lines appended since the
     last, so that a runner polling a long run does not parse its whole history every time."""
 
     def __init__(self, run_dir: str | os.PathLike) -> None:

@@ -3,7 +3,7 @@
 A task that dies loudly (an exception, a worker Parsl sees exit) is handled by Parsl's retries. The
 worst failures are silent: a worker stopped by a hung node, a worker pool whose main thread died
 while its heartbeat thread still answers the interchange, a pilot job whose tasks never start.
-Each running attempt therefore rewrites one small file, ``<run_dir>/heartbeats/<task>``, from a
+Each running attempt therefore rewrites one small file in the run's heartbeat folder, named after its task, from a
 background thread (a long step, a slow collective or a checkpoint flush still beats); the runner's
 watchdog (:mod:`resilient_flows.workflow.watchdog`) declares the attempt lost when the file stops
 changing for longer than its stall timeout.

@@ -3,7 +3,7 @@
 A runner that dies (SIGKILL, a login node going away) leaves its members training, its
 interchange and worker pools running, and its pilot jobs holding nodes until their walltime,
 unless someone resumes the run. So the runner holds a lease on the run: it touches
-``<run_dir>/runner.json`` every :data:`RENEW_S` seconds, and the record there says how long it
+its lease file in the run directory every :data:`RENEW_S` seconds, and the record there says how long it
 may stay silent (``orphan_timeout_s``, a site fact). Past that, the run is orphaned:
 
 - every running member commits a checkpoint at its next step boundary and stops (its heartbeat

@@ -44,7 +44,7 @@ logger = logging.getLogger(__name__)
 def from_env(environ: Mapping[str, str] | None = None) -> ScriptRun:
     """The member this process runs, from its run contract; ready to :meth:`~ScriptRun.restore`.
 
-    The member's registered spec (its ``spec.json``) supplies what the contract does not carry
+    The member's registered spec supplies what the contract does not carry
     (retention, ``persist_every``, time intervals, injected faults); a process started by another
     launcher that sets only the contract gets the defaults. Under ``torchrun`` every rank calls it;
     they form one process group and write one sharded checkpoint. (``mpiexec`` and ``srun``

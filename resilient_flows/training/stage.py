@@ -1,12 +1,10 @@
 """Run one workflow stage: a checkpointed array loop (see :mod:`resilient_flows.resilience`).
 
 A stage is the part of a pipeline that is not a training: a simulation that generates data, a
-preparation, an analysis. Its files live in ``<run_dir>/stages/<name>/``::
-
-    checkpoints/<label>/   the loop's checkpoints, one Checkpointer per label
-    output/                what the stage writes for later stages and members
-    attempts               how many attempts have started
-    result.json            the loop function's return value, once it finished
+preparation, an analysis. Its files (its :class:`~resilient_flows.rundir.TaskLayout`): the
+loop's checkpoints, one Checkpointer per label under the checkpoint folder; its output, which
+later stages and members read; the attempt counter; and its result, the loop function's return
+value, once it finished.
 
 The loop function is called as ``function(ctx, output=Path, inputs={stage: Path}, **params)``
 with a :class:`~resilient_flows.resilience.Context` on ``checkpoints/``. Like ``run_member`` this

@@ -2,7 +2,7 @@
 
 A runner that dies (a login node reboots, an ssh session drops, SIGKILL) leaves its blocks running:
 worker pools that hold nodes until their walltime, an orphaned pool on a laptop. Every runner
-therefore appends each block it starts, and its interchange, to ``<run_dir>/blocks.jsonl``, and
+therefore appends each block it starts, and its interchange, to the run's block ledger, and
 ``resume`` cancels those of earlier runners before starting its own, through the same provider
 (``scancel``, ``qdel``, the LocalProvider's process group).
 
@@ -59,7 +59,7 @@ def _same_process(pid: int | None, started: int | None) -> bool:
 
 @dataclass
 class BlockLedger:
-    """Appends the blocks and interchanges of this runner to the run's ``blocks.jsonl``."""
+    """Appends the blocks and interchanges of this runner to the run's block ledger."""
 
     run_dir: Path
     runner: int = field(default_factory=os.getpid)
@@ -304,7 +304,7 @@ def _kill_recorded(pid: int | None, started: int | None, sig: signal.Signals, gr
 
 @dataclass(frozen=True)
 class RunnerLock:
-    """``runner.json``: which process runs the run now, so that a second runner is refused, and
+    """The run's lease file: which process runs the run now, so that a second runner is refused, and
     how long it may be gone before its members stop (the lease, see
     :mod:`resilient_flows.training.lease`)."""
 

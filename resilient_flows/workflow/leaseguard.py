@@ -7,7 +7,7 @@ session of its own (the SIGKILL or hang-up that ends the runner does not reach i
 host, where the interchange is. The guard watches the runner's process and lease and, once the
 runner is dead and its lease older than its orphan timeout:
 
-1. says so in ``events.jsonl`` (a ``warning``);
+1. says so in the run's event log (a ``warning``);
 2. waits up to :data:`STOP_WAIT_S` for the running members to commit a checkpoint and stop (their
    heartbeat files go away);
 3. cancels the runner's blocks through the site's providers (``scancel``, ``qdel``, a local pool's

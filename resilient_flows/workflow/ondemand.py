@@ -7,7 +7,7 @@ when the attempt started, its newest committed checkpoint, the pace of its check
 how long a resume took) and the workflow's co-scheduling policy picks the members to preempt and
 when. A preempted member commits a checkpoint and stops; its slot goes to the analytics (priority)
 and the member, requeued by the retry handler, resumes from that checkpoint once a slot frees.
-Everything decided goes to ``events.jsonl`` as an ``ondemand`` event, inputs included, so that a
+Everything decided goes to the run's event log as an ``ondemand`` event, inputs included, so that a
 decision can be replayed.
 """
 

@@ -292,7 +292,7 @@ class MemberConfig(_Strict):
     def _workload_only_settings(self) -> list[str]:
         """The workload-only keys whose values differ from their defaults.
 
-        Judged by value, not by whether the key was written: ``plan.json`` stores every field,
+        Judged by value, not by whether the key was written: the run's plan stores every field,
         defaults included, and must validate again when ``status`` or ``resume`` reads it.
         """
         fields = type(self).model_fields

@@ -1,4 +1,4 @@
-"""What each member of a run is doing, computed from ``events.jsonl`` and ``metrics.jsonl`` alone.
+"""What each member of a run is doing, computed from the event log and the metrics logs alone.
 
 The same computation serves the live display, ``resilient-flows status`` and the final report, so
 that all three always agree.
@@ -47,7 +47,7 @@ _TAIL_BYTES = 4096
 
 
 class MetricsReader:
-    """Follows a member's ``metrics.jsonl``: the loss curve with later attempts replacing redone steps.
+    """Follows a member's metrics log: the loss curve with later attempts replacing redone steps.
 
     ``curve`` maps step -> loss as the final model saw it; ``attempt_spans`` maps each attempt to
     the (first, last) step it logged, which is where the report marks failures and resumes;
@@ -248,7 +248,7 @@ def _attempt(record: dict[str, Any]) -> int:
 
 
 def _read_result(path: Path) -> dict[str, Any] | None:
-    """A member's result, or None while it has none (``result.json`` is renamed into place whole)."""
+    """A member's result, or None while it has none (its result file is renamed into place whole)."""
     try:
         return read_json_capped(path, DOCUMENT_CAP, "member result")
     except FileNotFoundError:
