@@ -282,3 +282,27 @@ def test_a_site_file_sets_how_patient_its_executor_is_with_failing_blocks(tmp_pa
 def test_a_bad_block_error_handler_in_a_site_file_is_named(tmp_path: Path, setting: str, message: str) -> None:
     with pytest.raises(SiteConfigError, match=r"executors\[0\]\.block_error_handler.*" + message):
         load_site(write(tmp_path, HTEX_WITH_HANDLER % setting))
+
+
+def test_a_run_reads_its_site_file_once_and_a_resume_once_more(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Planning, the Parsl configuration and the facts the runner needs all come from one reading."""
+    from resilient_flows.cli import main
+    from resilient_flows.sites.sitefile import site_path
+
+    site = site_path("local").resolve()
+    reads: list[Path] = []
+    read_text = Path.read_text
+
+    def counting(path: Path, *args: object, **kwargs: object) -> str:
+        if path.resolve() == site:
+            reads.append(path)
+        return read_text(path, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "read_text", counting)
+    workflow = tmp_path / "wf.yaml"
+    workflow.write_text("name: once\nmembers:\n  - {name: m, workload: mlp-digits, steps: 2, params: {hidden: 8}}\n")
+    run_dir = tmp_path / "run"
+    assert main(["run", str(workflow), "--run-dir", str(run_dir)]) == 0
+    assert len(reads) == 1
+    assert main(["resume", str(run_dir)]) == 0  # nothing left to run; the site is read anew
+    assert len(reads) == 2

@@ -84,6 +84,7 @@ def test_a_runner_starts_parsl_once_the_full_run_directory_has_room(small_filesy
     import parsl
     from rich.console import Console
 
+    from resilient_flows.sites import SiteFile
     from resilient_flows.workflow.runner import _close_logs, _file_logs, _load_parsl, _site_config
 
     run_dir = small_filesystem / "run"
@@ -92,8 +93,8 @@ def test_a_runner_starts_parsl_once_the_full_run_directory_has_room(small_filesy
     threading.Timer(3.0, ballast.unlink).start()
     out = io.StringIO()
     started = time.monotonic()
-    config = _site_config("local", run_dir, 0, 0)
-    dfk, _ = _load_parsl(config, lambda: _site_config("local", run_dir, 0, 0), Console(file=out))
+    config = _site_config(SiteFile.open("local"), run_dir, 0, 0)
+    dfk, _ = _load_parsl(config, lambda: _site_config(SiteFile.open("local"), run_dir, 0, 0), Console(file=out))
     try:
         assert time.monotonic() - started >= 2.5
         assert "waiting for space" in out.getvalue() and "No space left on device" in out.getvalue()

@@ -10,7 +10,8 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from resilient_flows.lazy import lazy_exports
-from resilient_flows.sites.facts import SiteFacts, site_facts
+from resilient_flows.sites.facts import SiteFacts
+from resilient_flows.sites.site import SiteFile, site_facts
 from resilient_flows.sites.sitefile import SITE_DIR, site_names
 
 if TYPE_CHECKING:
@@ -24,6 +25,7 @@ __all__ = [
     "CobaltProvider",
     "PatientBlockErrorHandler",
     "SiteFacts",
+    "SiteFile",
     "load_site",
     "site_facts",
     "site_names",
@@ -36,11 +38,7 @@ def load_site(name_or_path: str | os.PathLike = "local", **overrides: Any) -> Co
     ``overrides`` replace top-level ``parsl.Config`` arguments (``run_dir``, ``retries``, ...).
     The file's ``facts`` are not part of it: see :func:`site_facts`.
     """
-    from resilient_flows.sites.build import build_config
-    from resilient_flows.sites.sitefile import read_site, site_path
-
-    path = site_path(name_or_path)
-    return build_config(read_site(path), str(path), **overrides)
+    return SiteFile.open(name_or_path).config(**overrides)
 
 
 __getattr__, __dir__ = lazy_exports(

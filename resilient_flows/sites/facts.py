@@ -34,11 +34,10 @@ from typing import Any
 
 from resilient_flows.envvars import expand_env
 from resilient_flows.errors import SiteConfigError
-from resilient_flows.sites.sitefile import read_site, site_path
 from resilient_flows.training.lease import DEFAULT_ORPHAN_TIMEOUT_S, MIN_ORPHAN_TIMEOUT_S
 from resilient_flows.units import parse_duration
 
-__all__ = ["SiteFacts", "site_facts"]
+__all__ = ["SiteFacts"]
 
 _REQUIRED = ("nodes", "cores_per_node")
 _OPTIONAL = (
@@ -92,12 +91,6 @@ class SiteFacts:
     stop_grace_s: float | None = None
     orphan_timeout_s: float = DEFAULT_ORPHAN_TIMEOUT_S
     network_interface: str | None = None
-
-
-def site_facts(name_or_path: str | os.PathLike = "local") -> SiteFacts:
-    """The facts of a named site (``local``, ``polaris``, ...) or of a site YAML file."""
-    path = site_path(name_or_path)
-    return parse_facts(read_site(path).get("facts"), name=path.stem, where=str(path))
 
 
 def parse_facts(raw: Any, name: str, where: str) -> SiteFacts:

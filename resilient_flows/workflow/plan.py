@@ -8,7 +8,7 @@ build to ``run``.
 from __future__ import annotations
 
 from resilient_flows.errors import WorkflowError
-from resilient_flows.sites.facts import site_facts
+from resilient_flows.sites.site import SiteFile
 from resilient_flows.training.spec import MemberSpec
 from resilient_flows.workflow.rundir import Plan
 from resilient_flows.workflow.schema import Workflow
@@ -22,7 +22,8 @@ def plan_workflow(
     """Bind a workflow to a site (the workflow's own unless ``site`` is given), whose facts are
     checked; with ``build_site`` also its Parsl configuration, which imports Parsl."""
     site_name = site or workflow.site
-    facts = site_facts(site_name)
+    site_file = SiteFile.open(site_name)
+    facts = site_file.facts()
     run = run_name or workflow.name
     local_root = f"{facts.local_scratch}/resilient-flows/{run}" if facts.local_scratch else None
     memory_root = f"{facts.memory_scratch}/resilient-flows/{run}" if facts.memory_scratch else None
@@ -32,34 +33,33 @@ def plan_workflow(
             "'memory_scratch: /dev/shm' (node memory as a file system) to its facts, or drop the tier"
         )
     if build_site:
-        from resilient_flows.sites import load_site
-
-        load_site(site_name)
+        site_file.config()
     specs = workflow.member_specs(
         local_root, facts.node_mtbf_s, facts.stop_grace_s, memory_root, network_interface=facts.network_interface
     )
-    _check_nodes(specs, site_name, facts.nodes)
-    return Plan(workflow, site_name, tuple(specs))
+    _check_nodes(specs, site_file, facts.nodes)
+    return Plan(workflow, site_name, tuple(specs), site_file)
 
 
 #: Providers whose blocks can start a member's ranks across their nodes (see ``apps.launch_prefix``).
 SPANNING_PROVIDERS = frozenset({"SlurmProvider", "PBSProProvider"})
 
 
-def _check_nodes(specs: list[MemberSpec], site: str, per_block: int) -> None:
+def _check_nodes(specs: list[MemberSpec], site_file: SiteFile, per_block: int) -> None:
     """A member's ranks start inside one block (an ``srun`` step, or PALS's ``mpiexec`` on the
     block's nodes): one spanning more nodes than a block holds would wait for them forever, and on
     a site of neither Slurm nor PBS Pro fail at every attempt."""
     spanning = [spec for spec in specs if spec.nodes > 1]
     if not spanning:
         return
+    site = site_file.name
     for spec in spanning:
         if spec.nodes > per_block:
             raise WorkflowError(
                 f"member {spec.name!r} spans {spec.nodes} nodes, but a block of site {site!r} holds {per_block} "
                 "(its facts.nodes): choose a site whose blocks hold as many, such as local-slurm-nodes"
             )
-    providers = _provider_types(site)
+    providers = site_file.provider_types()
     if not providers or not providers <= SPANNING_PROVIDERS:
         raise WorkflowError(
             f"member {spanning[0].name!r} spans {spanning[0].nodes} nodes, which starts its ranks inside a Slurm "
@@ -67,13 +67,3 @@ def _check_nodes(specs: list[MemberSpec], site: str, per_block: int) -> None:
             f"{', '.join(sorted(providers)) or 'no'} provider(s): use a site whose blocks hold several nodes, "
             "such as local-slurm-nodes"
         )
-
-
-def _provider_types(site: str) -> set[str]:
-    """The ``type`` of each executor's provider in the site file (no Parsl object is built)."""
-    from resilient_flows.sites.sitefile import read_site, site_path
-
-    executors = read_site(site_path(site)).get("executors") or []
-    return {
-        str(e["provider"].get("type")) for e in executors if isinstance(e, dict) and isinstance(e.get("provider"), dict)
-    }

@@ -9,12 +9,13 @@ from __future__ import annotations
 import json
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from resilient_flows.capped import PLAN_CAP, read_json_capped
 from resilient_flows.errors import WorkflowError
 from resilient_flows.rundir import run_layout
+from resilient_flows.sites.site import SiteFile
 from resilient_flows.training.control import register_member, registered_members
 from resilient_flows.training.spec import MemberSpec
 from resilient_flows.workflow.schema import Workflow
@@ -24,11 +25,17 @@ __all__ = ["MemberIndex", "Plan", "create_run_dir", "default_run_dir", "read_pla
 
 @dataclass(frozen=True)
 class Plan:
-    """A validated workflow bound to a site: what ``run`` starts and ``resume`` continues."""
+    """A validated workflow bound to a site: what ``run`` starts and ``resume`` continues.
+
+    ``site_file``: the site as planning read it, so that the run builds its Parsl configuration
+    from the same reading; None in a plan read back from the run directory (a resume reads the
+    site anew, once).
+    """
 
     workflow: Workflow
     site: str
     members: tuple[MemberSpec, ...]
+    site_file: SiteFile | None = field(default=None, compare=False, repr=False)
 
 
 def default_run_dir(workflow: Workflow) -> Path:

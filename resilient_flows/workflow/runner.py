@@ -10,6 +10,7 @@ directory, fires analytics requests (making room for on-demand ones, see
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import hashlib
 import logging
@@ -42,7 +43,7 @@ from resilient_flows.apps import (
 from resilient_flows.clone import request_clone
 from resilient_flows.errors import WorkflowError, is_storage_full
 from resilient_flows.rundir import run_layout
-from resilient_flows.sites import load_site, site_facts
+from resilient_flows.sites import SiteFile
 from resilient_flows.sites.facts import SiteFacts
 from resilient_flows.training.control import clone_order_path, has_result, member_dir
 from resilient_flows.training.events import FULL_WAIT_S, EventLog
@@ -228,11 +229,11 @@ class _Submitter:
         return future is not None and future.done() and future.exception() is not None
 
 
-def _site_config(site: str, run_dir: Path, retries: int, free_stops: int) -> Config:
+def _site_config(site: SiteFile, run_dir: Path, retries: int, free_stops: int) -> Config:
     """The site's Parsl configuration for this run, with our retry handler (its blocks' error
     handler tolerates lost blocks: see :func:`~resilient_flows.sites.build.build_config`)."""
     handler = ResumingRetryHandler(retries, free_without_progress=free_stops)
-    return load_site(site, run_dir=str(run_layout(run_dir).parsl), retries=retries, retry_handler=handler)
+    return site.config(run_dir=str(run_layout(run_dir).parsl), retries=retries, retry_handler=handler)
 
 
 def _handle_lost(
@@ -355,7 +356,9 @@ def _holding(run_dir: Path, orphan_timeout_s: float) -> Iterator[None]:
 
 def _execute(run_dir: Path, plan: Plan, members: list[MemberSpec], console: Console) -> int:
     _put_interpreter_on_path()
-    facts = site_facts(plan.site)
+    if plan.site_file is None:  # read back from the run directory: the site is read once, here
+        plan = dataclasses.replace(plan, site_file=SiteFile.open(plan.site))
+    facts = plan.site_file.facts()
     with _holding(run_dir, facts.orphan_timeout_s):
         return _run_held(run_dir, plan, members, console, facts)
 
@@ -373,7 +376,7 @@ def _run_held(run_dir: Path, plan: Plan, members: list[MemberSpec], console: Con
         if campaign.strategy == "pbt"
     ]
     stages = workflow.stage_specs()
-    site_config = functools.partial(_site_config, plan.site, run_dir, workflow.retries, workflow.free_stops)
+    site_config = functools.partial(_site_config, plan.site_file, run_dir, workflow.retries, workflow.free_stops)
     config = site_config()
     mpi_mode = any(getattr(e, "enable_mpi_mode", False) for e in config.executors)
     prioritized = all(isinstance(e, HighThroughputExecutor) for e in config.executors) and not mpi_mode
