@@ -229,6 +229,10 @@ class _Submitter:
         return future is not None and future.done() and future.exception() is not None
 
 
+#: What a poll of the run returns once every task is done (else: None, or why Parsl was lost).
+_DONE = "done"
+
+
 def _site_config(site: SiteFile, run_dir: Path, retries: int, free_stops: int) -> Config:
     """The site's Parsl configuration for this run, with our retry handler (its blocks' error
     handler tolerates lost blocks: see :func:`~resilient_flows.sites.build.build_config`)."""
@@ -364,118 +368,150 @@ def _execute(run_dir: Path, plan: Plan, members: list[MemberSpec], console: Cons
 
 
 def _run_held(run_dir: Path, plan: Plan, members: list[MemberSpec], console: Console, facts: SiteFacts) -> int:
-    workflow = plan.workflow
-    tracker = StatusTracker(run_dir)
-    index = MemberIndex(run_dir, plan)
-    started = time.monotonic()
-    console.print(f"run [bold]{workflow.name}[/] on site [bold]{plan.site}[/]: {run_dir}")
-    ledger = BlockLedger(run_dir)
-    controllers = [
-        PBTController(campaign, run_dir, [m for m in plan.members if m.name.startswith(f"{campaign.name}-")])
-        for campaign in workflow.explore
-        if campaign.strategy == "pbt"
-    ]
-    stages = workflow.stage_specs()
-    site_config = functools.partial(_site_config, plan.site_file, run_dir, workflow.retries, workflow.free_stops)
-    config = site_config()
-    mpi_mode = any(getattr(e, "enable_mpi_mode", False) for e in config.executors)
-    prioritized = all(isinstance(e, HighThroughputExecutor) for e in config.executors) and not mpi_mode
-    submitter = _Submitter(run_dir, mpi_mode)
+    console.print(f"run [bold]{plan.workflow.name}[/] on site [bold]{plan.site}[/]: {run_dir}")
+    return _RunLoop(run_dir, plan, members, facts).run(console)
 
-    def submit_analytics(specs: list[dict], part: str, priority: int | None) -> Future:
-        if mpi_mode:
-            return analytics_app(specs, str(run_dir), part, parsl_resource_specification=mpi_resources())
-        if priority is None or not prioritized:
-            return analytics_app(specs, str(run_dir), part)
-        return analytics_app(specs, str(run_dir), part, parsl_resource_specification={"priority": priority})
 
-    ondemand = OnDemandAnalytics(workflow.analytics, workflow.cosched, run_dir, worker_slots(config), submit_analytics)
-    pending = [m for m in members if m.parent is None]  # clones wait until their source serves them
-    listed: list[MemberSpec] | None = None
-    with Live(console=console, refresh_per_second=4, transient=True) as live:
-        while True:  # one pass per Parsl instance: a lost interchange needs a new one
-            for what in ledger.cancel_previous(config.executors):
-                console.print(f"cancelled {what}, left by an earlier runner")
-            clear_heartbeats(run_dir)
-            dfk, config = _load_parsl(config, site_config, console)
-            watchdog = Watchdog(run_dir, facts.stall_timeout_s, {})
-            lost_parsl = None
-            try:
-                submitter.submit_stages(stages)
-                for member in pending:
-                    submitter.submit(member)
-                while True:
-                    everyone = index.members()
-                    submitter.submit_new_clones(index.clones())
-                    elapsed = time.monotonic() - started
-                    if everyone is not listed:  # the index gives the same list until a member is added
-                        listed, names = everyone, [(m.name, m.steps) for m in everyone]
-                        families = {m.name: m.family for m in everyone}
-                    statuses = tracker.update(names, families)
-                    ondemand.update(elapsed, everyone, statuses)
-                    if submitter.all_done() and all(f.done() for f in ondemand.futures):
-                        break
-                    for controller in controllers:
-                        controller.update(everyone, statuses)
-                    ledger.record(config.executors)
-                    ledger.reap(config.executors)
-                    if len(watchdog.timeouts) != len(everyone):  # members are only ever added
-                        watchdog.timeouts = {m.name: m.stall_timeout_s for m in everyone}
-                    lost_parsl = _handle_lost(
-                        watchdog.check(config.executors), config.executors, submitter, watchdog, console
-                    )
-                    if lost_parsl is not None:
-                        break
-                    table = status_table(statuses, f"{workflow.name} ({elapsed:.0f} s)")
-                    if stages:
-                        table = Group(stage_table(run_dir, stages, tracker.events_of([s.name for s in stages])), table)
-                    live.update(table)
-                    time.sleep(POLL_SECONDS)
-            finally:
-                logs = _file_logs(config.run_dir)
-                if lost_parsl is not None:
-                    _abandon(dfk, config.executors)
-                else:
-                    dfk.cleanup()
-                parsl.clear()
-                _close_logs(logs)
-                ledger.reap(config.executors, everything=True)
-            if lost_parsl is None:
-                break
-            console.print(f"[bold yellow]{lost_parsl}[/]: starting Parsl again; unfinished tasks resume")
-            pending = submitter.restart()
-            ondemand.drop_unfinished()
-            config = site_config()
-    futures = {**submitter.stages, **submitter.futures}
-    failed = {name: f.exception() for name, f in futures.items() if f.exception() is not None}
-    for name in submitter.futures:  # its process died after the result was written: a warning event says so
-        if name in failed and has_result(run_dir, name):
-            del failed[name]
-    reports = [f.result() for f in ondemand.futures if f.exception() is None]
-    everyone = index.members()
-    statuses = tracker.update([(m.name, m.steps) for m in everyone], {m.name: m.family for m in everyone})
-    title = f"{workflow.name}: {time.monotonic() - started:.0f} s on {plan.site}"
-    extra = []
-    if stages:
-        extra.append(stage_table(run_dir, stages))
-    if workflow.explore:
-        extra.append(campaign_table(workflow, everyone, statuses))
-    if any(request.slots for request in workflow.analytics):
-        extra.append(ondemand_table(run_dir))
-    summary, plot = run_path(run_dir, workflow.report.summary), run_path(run_dir, workflow.report.plot)
-    try:
-        table = write_report(statuses, summary, plot, title, tuple(extra))
-    except OSError as exc:  # a full or failing file system must not hide how the run ended
-        console.print(f"[bold red]could not write the report:[/] {exc}")
-        table = status_table(statuses, title)
-    for shown in (table, *extra):
-        console.print(shown)
-    for report in reports:
-        for name, values in report.items():
-            shown = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in values.items())
-            console.print(f"analytics {name}: {shown}")
-    for name, exc in failed.items():
-        what = "stage" if name in submitter.stages else "member"
-        console.print(f"[bold red]{what} {name} failed:[/] {type(exc).__name__}: {exc}")
-    console.print(f"report: {run_path(run_dir, workflow.report.summary)}, {run_path(run_dir, workflow.report.plot)}")
-    return 1 if failed else 0
+class _RunLoop:
+    """One run from a held lease to its report, in phases: set up what the run submits and
+    watches; per Parsl instance, start Parsl, submit, poll until everything is done (or the
+    interchange is lost, which needs a new instance), stop Parsl; then report."""
+
+    def __init__(self, run_dir: Path, plan: Plan, members: list[MemberSpec], facts: SiteFacts) -> None:
+        workflow = self.workflow = plan.workflow
+        self.run_dir, self.plan, self.facts = run_dir, plan, facts
+        self.tracker = StatusTracker(run_dir)
+        self.index = MemberIndex(run_dir, plan)
+        self.started = time.monotonic()
+        self.ledger = BlockLedger(run_dir)
+        self.controllers = [
+            PBTController(campaign, run_dir, [m for m in plan.members if m.name.startswith(f"{campaign.name}-")])
+            for campaign in workflow.explore
+            if campaign.strategy == "pbt"
+        ]
+        self.stages = workflow.stage_specs()
+        self.site_config = functools.partial(
+            _site_config, plan.site_file, run_dir, workflow.retries, workflow.free_stops
+        )
+        self.config = self.site_config()
+        executors = self.config.executors
+        self.mpi_mode = any(getattr(e, "enable_mpi_mode", False) for e in executors)
+        self.prioritized = all(isinstance(e, HighThroughputExecutor) for e in executors) and not self.mpi_mode
+        self.submitter = _Submitter(run_dir, self.mpi_mode)
+        slots = worker_slots(self.config)
+        self.ondemand = OnDemandAnalytics(workflow.analytics, workflow.cosched, run_dir, slots, self._submit_analytics)
+        self.pending = [m for m in members if m.parent is None]  # clones wait until their source serves them
+        self._listed: list[MemberSpec] | None = None
+        self._names: list[tuple[str, int]] = []
+        self._families: dict[str, str] = {}
+
+    def run(self, console: Console) -> int:
+        with Live(console=console, refresh_per_second=4, transient=True) as live:
+            while True:  # one pass per Parsl instance: a lost interchange needs a new one
+                lost_parsl = self._one_parsl(console, live)
+                if lost_parsl is None:
+                    break
+                console.print(f"[bold yellow]{lost_parsl}[/]: starting Parsl again; unfinished tasks resume")
+                self.pending = self.submitter.restart()
+                self.ondemand.drop_unfinished()
+                self.config = self.site_config()
+        return self._report(console)
+
+    def _submit_analytics(self, specs: list[dict], part: str, priority: int | None) -> Future:
+        run_dir = str(self.run_dir)
+        if self.mpi_mode:
+            return analytics_app(specs, run_dir, part, parsl_resource_specification=mpi_resources())
+        if priority is None or not self.prioritized:
+            return analytics_app(specs, run_dir, part)
+        return analytics_app(specs, run_dir, part, parsl_resource_specification={"priority": priority})
+
+    def _one_parsl(self, console: Console, live: Live) -> str | None:
+        """Start Parsl, submit what is pending, poll until done; why Parsl was lost, or None."""
+        for what in self.ledger.cancel_previous(self.config.executors):
+            console.print(f"cancelled {what}, left by an earlier runner")
+        clear_heartbeats(self.run_dir)
+        dfk, self.config = _load_parsl(self.config, self.site_config, console)
+        watchdog = Watchdog(self.run_dir, self.facts.stall_timeout_s, {})
+        lost_parsl = None
+        try:
+            self.submitter.submit_stages(self.stages)
+            for member in self.pending:
+                self.submitter.submit(member)
+            while (lost_parsl := self._poll(watchdog, console, live)) is None:
+                time.sleep(POLL_SECONDS)
+        finally:
+            logs = _file_logs(self.config.run_dir)
+            if lost_parsl not in (None, _DONE):
+                _abandon(dfk, self.config.executors)
+            else:
+                dfk.cleanup()
+            parsl.clear()
+            _close_logs(logs)
+            self.ledger.reap(self.config.executors, everything=True)
+        return None if lost_parsl == _DONE else lost_parsl
+
+    def _poll(self, watchdog: Watchdog, console: Console, live: Live) -> str | None:
+        """One look at the run: :data:`_DONE` when everything is done, why Parsl was lost, or None."""
+        everyone = self.index.members()
+        self.submitter.submit_new_clones(self.index.clones())
+        elapsed = time.monotonic() - self.started
+        if everyone is not self._listed:  # the index gives the same list until a member is added
+            self._listed, self._names = everyone, [(m.name, m.steps) for m in everyone]
+            self._families = {m.name: m.family for m in everyone}
+        statuses = self.tracker.update(self._names, self._families)
+        self.ondemand.update(elapsed, everyone, statuses)
+        if self.submitter.all_done() and all(f.done() for f in self.ondemand.futures):
+            return _DONE
+        for controller in self.controllers:
+            controller.update(everyone, statuses)
+        executors = self.config.executors
+        self.ledger.record(executors)
+        self.ledger.reap(executors)
+        if len(watchdog.timeouts) != len(everyone):  # members are only ever added
+            watchdog.timeouts = {m.name: m.stall_timeout_s for m in everyone}
+        lost_parsl = _handle_lost(watchdog.check(executors), executors, self.submitter, watchdog, console)
+        if lost_parsl is not None:
+            return lost_parsl
+        table = status_table(statuses, f"{self.workflow.name} ({elapsed:.0f} s)")
+        if self.stages:
+            events = self.tracker.events_of([s.name for s in self.stages])
+            table = Group(stage_table(self.run_dir, self.stages, events), table)
+        live.update(table)
+        return None
+
+    def _report(self, console: Console) -> int:
+        """Write and print the report; 1 when a member or stage failed."""
+        workflow, run_dir, submitter = self.workflow, self.run_dir, self.submitter
+        futures = {**submitter.stages, **submitter.futures}
+        failed = {name: f.exception() for name, f in futures.items() if f.exception() is not None}
+        for name in submitter.futures:  # its process died after the result was written: a warning event says so
+            if name in failed and has_result(run_dir, name):
+                del failed[name]
+        reports = [f.result() for f in self.ondemand.futures if f.exception() is None]
+        everyone = self.index.members()
+        statuses = self.tracker.update([(m.name, m.steps) for m in everyone], {m.name: m.family for m in everyone})
+        title = f"{workflow.name}: {time.monotonic() - self.started:.0f} s on {self.plan.site}"
+        extra = []
+        if self.stages:
+            extra.append(stage_table(run_dir, self.stages))
+        if workflow.explore:
+            extra.append(campaign_table(workflow, everyone, statuses))
+        if any(request.slots for request in workflow.analytics):
+            extra.append(ondemand_table(run_dir))
+        summary, plot = run_path(run_dir, workflow.report.summary), run_path(run_dir, workflow.report.plot)
+        try:
+            table = write_report(statuses, summary, plot, title, tuple(extra))
+        except OSError as exc:  # a full or failing file system must not hide how the run ended
+            console.print(f"[bold red]could not write the report:[/] {exc}")
+            table = status_table(statuses, title)
+        for shown in (table, *extra):
+            console.print(shown)
+        for report in reports:
+            for name, values in report.items():
+                shown = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in values.items())
+                console.print(f"analytics {name}: {shown}")
+        for name, exc in failed.items():
+            what = "stage" if name in submitter.stages else "member"
+            console.print(f"[bold red]{what} {name} failed:[/] {type(exc).__name__}: {exc}")
+        console.print(f"report: {summary}, {plot}")
+        return 1 if failed else 0
