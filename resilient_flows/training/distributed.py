@@ -160,22 +160,8 @@ def read_launch_env(
     env = os.environ if env is None else env
     master = env.get("MASTER_ADDR") or None
     port = _optional(env, "MASTER_PORT")
-    generic = "set MASTER_ADDR and MASTER_PORT to rank 0's host and a free port"
     if "RANK" in env or "WORLD_SIZE" in env:
-        missing = [name for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if not env.get(name)]
-        if missing:
-            raise LaunchError(f"torchrun-style launch: {', '.join(missing)} not set (torchrun sets all four)")
-        return _checked(
-            LaunchEnv(
-                "torchrun",
-                _integer(env, "RANK"),
-                _integer(env, "WORLD_SIZE"),
-                _optional(env, "LOCAL_RANK", 0),
-                _optional(env, "LOCAL_WORLD_SIZE"),
-                master,
-                port,
-            )
-        )
+        return _torchrun(env, master, port)
     if "OMPI_COMM_WORLD_RANK" in env:
         return _checked(
             LaunchEnv(
@@ -186,49 +172,83 @@ def read_launch_env(
                 _optional(env, "OMPI_COMM_WORLD_LOCAL_SIZE"),
                 master,
                 port,
-                generic,
+                _GENERIC,
             )
         )
     if "PALS_RANKID" in env or "PMI_RANK" in env:
-        rank = _integer(env, "PALS_RANKID") if "PALS_RANKID" in env else _integer(env, "PMI_RANK")
-        size = _required(env, "PMI_SIZE")
-        local = _first_of(env, ("PALS_LOCAL_RANKID", "MPI_LOCALRANKID", "PMI_LOCAL_RANK"), 0)
-        local_size = _first_of(env, ("PALS_LOCAL_SIZE", "MPI_LOCALNRANKS", "PMI_LOCAL_SIZE"))
-        if "PALS_RANKID" not in env and "PBS_JOBID" not in env and "PBS_NODEFILE" not in env:
-            return _checked(LaunchEnv("mpiexec", rank, size, local, local_size, master, port, generic))
-        if master is None and env.get("PBS_NODEFILE"):
-            master = _first_line(env["PBS_NODEFILE"])
-        if port is None and env.get("PBS_JOBID"):
-            port = _derived_port(env["PBS_JOBID"], "PBS_JOBID")
-        missing = "set MASTER_ADDR (or run inside a PBS job: PBS_NODEFILE) and MASTER_PORT (or PBS_JOBID)"
-        return _checked(LaunchEnv("pals", rank, size, local, local_size, master, port, missing))
+        return _pals_or_mpich(env, master, port)
     if "SLURM_PROCID" in env:
-        size_var = "SLURM_STEP_NUM_TASKS" if "SLURM_STEP_NUM_TASKS" in env else "SLURM_NTASKS"
-        nodes_var = next((v for v in ("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST") if env.get(v)), "")
-        source = "MASTER_ADDR"
-        if master is None:
-            if not nodes_var:
-                raise LaunchError("srun launch: SLURM_JOB_NODELIST not set, and no MASTER_ADDR to use instead")
-            master = first_host_of(env[nodes_var])
-            source = f"the first host of {nodes_var}={env[nodes_var]}"
-        if port is None:
-            if not env.get("SLURM_JOB_ID"):
-                raise LaunchError("srun launch: SLURM_JOB_ID not set, and no MASTER_PORT to use instead")
-            port = _derived_port(env["SLURM_JOB_ID"], "SLURM_JOB_ID", _optional(env, "SLURM_STEP_ID", 0))
-        per_node = re.match(r"\d+", env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE") or "")
-        return _checked(
-            LaunchEnv(
-                "srun",
-                _integer(env, "SLURM_PROCID"),
-                _required(env, size_var),
-                _optional(env, "SLURM_LOCALID", 0),
-                int(per_node.group()) if per_node else None,
-                master,
-                port,
-                master_from=source,
-            )
-        )
+        return _srun(env, master, port, first_host_of)
     return None
+
+
+#: What to set when a launcher says nothing of rank 0's address.
+_GENERIC = "set MASTER_ADDR and MASTER_PORT to rank 0's host and a free port"
+
+
+def _torchrun(env: Mapping[str, str], master: str | None, port: int | None) -> LaunchEnv:
+    missing = [name for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if not env.get(name)]
+    if missing:
+        raise LaunchError(f"torchrun-style launch: {', '.join(missing)} not set (torchrun sets all four)")
+    return _checked(
+        LaunchEnv(
+            "torchrun",
+            _integer(env, "RANK"),
+            _integer(env, "WORLD_SIZE"),
+            _optional(env, "LOCAL_RANK", 0),
+            _optional(env, "LOCAL_WORLD_SIZE"),
+            master,
+            port,
+        )
+    )
+
+
+def _pals_or_mpich(env: Mapping[str, str], master: str | None, port: int | None) -> LaunchEnv:
+    """PALS (inside a PBS job: rank 0 is the node file's first host, the port from the job id)
+    or MPICH's Hydra elsewhere."""
+    rank = _integer(env, "PALS_RANKID") if "PALS_RANKID" in env else _integer(env, "PMI_RANK")
+    size = _required(env, "PMI_SIZE")
+    local = _first_of(env, ("PALS_LOCAL_RANKID", "MPI_LOCALRANKID", "PMI_LOCAL_RANK"), 0)
+    local_size = _first_of(env, ("PALS_LOCAL_SIZE", "MPI_LOCALNRANKS", "PMI_LOCAL_SIZE"))
+    if "PALS_RANKID" not in env and "PBS_JOBID" not in env and "PBS_NODEFILE" not in env:
+        return _checked(LaunchEnv("mpiexec", rank, size, local, local_size, master, port, _GENERIC))
+    if master is None and env.get("PBS_NODEFILE"):
+        master = _first_line(env["PBS_NODEFILE"])
+    if port is None and env.get("PBS_JOBID"):
+        port = _derived_port(env["PBS_JOBID"], "PBS_JOBID")
+    missing = "set MASTER_ADDR (or run inside a PBS job: PBS_NODEFILE) and MASTER_PORT (or PBS_JOBID)"
+    return _checked(LaunchEnv("pals", rank, size, local, local_size, master, port, missing))
+
+
+def _srun(
+    env: Mapping[str, str], master: str | None, port: int | None, first_host_of: Callable[[str], str]
+) -> LaunchEnv:
+    """An ``srun`` step: rank 0 is the step's first host, the port from the job and step ids."""
+    size_var = "SLURM_STEP_NUM_TASKS" if "SLURM_STEP_NUM_TASKS" in env else "SLURM_NTASKS"
+    nodes_var = next((v for v in ("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST") if env.get(v)), "")
+    source = "MASTER_ADDR"
+    if master is None:
+        if not nodes_var:
+            raise LaunchError("srun launch: SLURM_JOB_NODELIST not set, and no MASTER_ADDR to use instead")
+        master = first_host_of(env[nodes_var])
+        source = f"the first host of {nodes_var}={env[nodes_var]}"
+    if port is None:
+        if not env.get("SLURM_JOB_ID"):
+            raise LaunchError("srun launch: SLURM_JOB_ID not set, and no MASTER_PORT to use instead")
+        port = _derived_port(env["SLURM_JOB_ID"], "SLURM_JOB_ID", _optional(env, "SLURM_STEP_ID", 0))
+    per_node = re.match(r"\d+", env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE") or "")
+    return _checked(
+        LaunchEnv(
+            "srun",
+            _integer(env, "SLURM_PROCID"),
+            _required(env, size_var),
+            _optional(env, "SLURM_LOCALID", 0),
+            int(per_node.group()) if per_node else None,
+            master,
+            port,
+            master_from=source,
+        )
+    )
 
 
 def local_slice(total: int, rank: int, world_size: int) -> slice:
