@@ -247,41 +247,13 @@ class Checkpointer:
         (a clone) reads memory, not the disk.
         """
         self._check_open()
-        if isinstance(step, bool) or not isinstance(step, int | np.integer) or step < 0:
-            raise ValueError(f"step must be a non-negative integer, got {step!r}")
-        step = int(step)
-        if step < self._newest:
-            raise CheckpointError(
-                f"step {step} is older than step {self._newest}, already committed under {self.shared.path}: "
-                f"to branch off an older checkpoint, call discard_newer_than({step - 1}) first"
-            )
-        self._newest = step
+        step = self._next_step(step)
         started = time.perf_counter()
         stateful = _as_stateful(state)
         if overlap and not (isinstance(stateful, TrainState) and stateful.optimizer is not None):
             raise ValueError("overlap=True needs a TrainState with an optimizer: its step() waits for the copy")
         layout = self._layout(stateful)
-        leaves = {**layout.arrays, **layout.local_arrays}
-        deferrable = stateful.deferrable() if overlap else lambda name: False
-
-        before = time.perf_counter()
-        generation = self._arena.acquire()  # the flush of the previous checkpoint re-reads from here on
-        waited = time.perf_counter() - before
-        try:
-            views = self._arena.views(layout.entries)
-            tasks = [
-                CopyTask(item, leaves[item.name], layout.held[item.name], view, not deferrable(item.name))
-                for item, view in zip(layout.mine, views, strict=True)
-            ]
-            if overlap:
-                self._guard_optimizer(stateful.optimizer)
-            snapshot = Snapshot(tasks, overlap, self._copier)
-            if overlap:
-                self._pending_snapshot = snapshot
-        except BaseException:
-            self._arena.release(generation)
-            raise
-
+        generation, snapshot, waited = self._stage(layout, stateful, overlap)
         self.stats.saves += 1
         job = WriteJob(
             step=step,
@@ -308,6 +280,43 @@ class Checkpointer:
         self.stats.arena_allocations = self._arena.allocations
         self._raise_pending()  # after queueing: every rank queues the same checkpoints, errors or not
         return self.stats
+
+    def _next_step(self, step: Any) -> int:
+        """``step`` as an int, checked: non-negative, and not older than the newest committed."""
+        if isinstance(step, bool) or not isinstance(step, int | np.integer) or step < 0:
+            raise ValueError(f"step must be a non-negative integer, got {step!r}")
+        step = int(step)
+        if step < self._newest:
+            raise CheckpointError(
+                f"step {step} is older than step {self._newest}, already committed under {self.shared.path}: "
+                f"to branch off an older checkpoint, call discard_newer_than({step - 1}) first"
+            )
+        self._newest = step
+        return step
+
+    def _stage(self, layout: _Layout, stateful: Stateful, overlap: bool) -> tuple[int, Snapshot, float]:
+        """Take the host arena (waiting for the previous checkpoint to let go of it) and start the
+        copy into it: the arena's generation, the snapshot, and the seconds waited for the arena."""
+        leaves = {**layout.arrays, **layout.local_arrays}
+        deferrable = stateful.deferrable() if overlap else lambda name: False
+        before = time.perf_counter()
+        generation = self._arena.acquire()  # the flush of the previous checkpoint re-reads from here on
+        waited = time.perf_counter() - before
+        try:
+            views = self._arena.views(layout.entries)
+            tasks = [
+                CopyTask(item, leaves[item.name], layout.held[item.name], view, not deferrable(item.name))
+                for item, view in zip(layout.mine, views, strict=True)
+            ]
+            if overlap:
+                self._guard_optimizer(stateful.optimizer)
+            snapshot = Snapshot(tasks, overlap, self._copier)
+            if overlap:
+                self._pending_snapshot = snapshot
+        except BaseException:
+            self._arena.release(generation)
+            raise
+        return generation, snapshot, waited
 
     def _depth(self, persist: bool | None) -> int:
         """How many tiers this save goes to: tier k when it is the ``persist_every``-th sent to
