@@ -33,14 +33,11 @@ for Lightning yet.
 
 from __future__ import annotations
 
-import contextlib
 import importlib
 import json
 import logging
 import os
-import signal
 import sys
-import threading
 import time
 from pathlib import Path
 from types import ModuleType
@@ -52,8 +49,9 @@ from resilient_flows.durable import write_durably
 from resilient_flows.errors import CheckpointError, ResilientFlowsError
 from resilient_flows.integrations.pathstore import PathStore, load
 from resilient_flows.rundir import TaskLayout
-from resilient_flows.training.contract import ENV_NAMES, EXIT_PREEMPTED, STOP_SIGNALS, RunContract
-from resilient_flows.training.control import RequestWatch, member_dir, read_spec, read_stop_request
+from resilient_flows.training.boundary import StopSignals, consume_request, fire_faults, pending_request
+from resilient_flows.training.contract import ENV_NAMES, EXIT_PREEMPTED, RunContract
+from resilient_flows.training.control import RequestWatch, member_dir, read_spec
 from resilient_flows.training.events import EventLog, MetricsLog
 from resilient_flows.training.spec import FaultSpec
 
@@ -309,8 +307,7 @@ class ResilientCallback(_Callback):
         self.stopped: str | None = None  # why the run stopped early, if it did
         self._spec = None if self.contract is None else read_spec(self.contract.run_dir, self.contract.member)
         self._faults: tuple[FaultSpec, ...] = () if self._spec is None else self._spec.faults
-        self._signal: str | None = None
-        self._handlers: dict[int, Any] = {}
+        self._signals = StopSignals()
         self._metrics: MetricsLog | None = None
         self._watch: RequestWatch | None = None
         self._last: dict[str, float] = {}
@@ -352,9 +349,8 @@ class ResilientCallback(_Callback):
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         # Lightning installs its own SIGTERM handler just before training (it would end the run
         # with status 0): ours replaces it until the end of training.
-        self._signal, self.stopped, self._report = None, None, None
-        if threading.current_thread() is threading.main_thread():
-            self._handlers = {sig: signal.signal(sig, self._request_stop) for sig in STOP_SIGNALS}
+        self._signals.reason, self.stopped, self._report = None, None, None
+        self._signals.install()
         self._step = trainer.global_step - 1
         if trainer.ckpt_path is not None:
             self._emit(trainer, "resumed", attempt=self._attempt, step=self._step)
@@ -366,7 +362,8 @@ class ResilientCallback(_Callback):
         self._step = step
         self._log(trainer, step, outputs)
         if self.contract is not None:
-            self._fire_faults(step)
+            flush = None if self._metrics is None else self._metrics.flush
+            fire_faults(self._faults, step, self.contract.attempt, self.contract.member, flush)
         request = self._agreed_request(trainer)
         if request is not None:
             self._stop(trainer, *request)
@@ -376,7 +373,7 @@ class ResilientCallback(_Callback):
             self._metrics.flush()  # every step up to a committed checkpoint is on disk
 
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
-        self._restore_handlers()
+        self._signals.restore()
         if self.contract is None:
             return
         from resilient_flows.training.context import state_digest
@@ -398,7 +395,7 @@ class ResilientCallback(_Callback):
         write_durably(TaskLayout(self._directory).command_report, json.dumps(self._report, indent=2))
 
     def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
-        self._restore_handlers()
+        self._signals.restore()
         if self._metrics is not None:
             self._metrics.close()
             self._metrics = None
@@ -406,14 +403,6 @@ class ResilientCallback(_Callback):
             _release_process_group(trainer)
 
     # ------------------------------------------------------------------ internals
-
-    def _request_stop(self, signum: int, _frame: Any) -> None:
-        self._signal = f"signal {signal.Signals(signum).name}"
-
-    def _restore_handlers(self) -> None:
-        for sig, handler in self._handlers.items():
-            signal.signal(sig, handler)
-        self._handlers = {}
 
     def _log(self, trainer: Any, step: int, outputs: Any) -> None:
         values = {k: float(v) for k, v in trainer.callback_metrics.items() if _is_scalar(v)}
@@ -425,20 +414,10 @@ class ResilientCallback(_Callback):
             extra = {k: v for k, v in values.items() if k not in ("step", "attempt", "time")}
             self._metrics.append({"step": step, "attempt": self.contract.attempt, "time": time.time(), **extra})
 
-    def _fire_faults(self, step: int) -> None:
-        """Injected faults hit the first attempt only, so that the retry shows the recovery."""
-        for fault in self._faults:
-            if fault.at_step == step and self.contract.attempt == 1:
-                logger.warning("member %s: injecting fault %s at step %d", self.contract.member, fault.kind, step)
-                if self._metrics is not None:
-                    self._metrics.flush()
-                fault.fire(f"member {self.contract.member} at step {step}")
-
     def _agreed_request(self, trainer: Any) -> tuple[str, str] | None:
         """A stop request any rank has (a signal) or rank 0 read (the runner's), the same on every rank."""
-        request = ("preempt", self._signal) if self._signal is not None else None
-        if request is None and self._watch is not None and self._watch.due():
-            request = read_stop_request(self._directory)
+        look = self._watch is not None and self._watch.due()
+        request = pending_request(self._signals.reason, look, self._directory if look else None)
         if trainer.world_size == 1:
             return request
         codes = {None: 0, "preempt": 1, "retire": 2}
@@ -458,8 +437,7 @@ class ResilientCallback(_Callback):
         self.stopped = reason
         step = trainer.global_step - 1
         if self.contract is not None and trainer.is_global_zero:
-            with contextlib.suppress(FileNotFoundError):
-                TaskLayout(self._directory).control.unlink()
+            consume_request(self._directory)
         kind = "retired" if action == "retire" else "preempted"
         self._emit(
             trainer, kind, step=step, reason=reason, **({} if action == "retire" else {"attempt": self._attempt})

@@ -28,9 +28,7 @@ import dataclasses
 import json
 import logging
 import os
-import signal
 import tempfile
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -49,7 +47,8 @@ from resilient_flows.checkpoint.manifest import read_manifest
 from resilient_flows.checkpoint.state import capture_rng, restore_rng
 from resilient_flows.checkpoint.tree import unflatten
 from resilient_flows.errors import CheckpointError, CorruptCheckpointError, ResilientFlowsError
-from resilient_flows.training.contract import ENV_NAMES, STOP_SIGNALS
+from resilient_flows.training.boundary import StopSignals
+from resilient_flows.training.contract import ENV_NAMES
 
 __all__ = ["ResilientTrainerCallback", "resilient_trainer"]
 
@@ -376,16 +375,11 @@ class _Standalone:
         self.state: TrainState | None = None
         self._saved: int | None = None
         self._prepared = False
-        self._stop: str | None = None
-        self._handlers: dict[int, Any] = {}
+        self._signals = StopSignals()
 
     def begin(self) -> None:
         """From now until :meth:`finish`, a stop signal waits for the next step boundary."""
-        if threading.current_thread() is threading.main_thread():
-            self._handlers = {sig: signal.signal(sig, self._request_stop) for sig in STOP_SIGNALS}
-
-    def _request_stop(self, signum: int, _frame: Any) -> None:
-        self._stop = f"signal {signal.Signals(signum).name}"
+        self._signals.install()
 
     def track(self, model: Any, optimizer: Any, scheduler: Any, extra: dict[str, Any]) -> int | None:
         self.state = TrainState(model, optimizer, scheduler, extra=extra)
@@ -400,11 +394,12 @@ class _Standalone:
             control.should_save = global_step % self.save_steps == 0
 
     def boundary(self, step: int, loss: float | None, control: TrainerControl) -> str | None:
-        if self._stop is not None:
+        reason = self._signals.reason
+        if reason is not None:
             self.commit(step)
             control.should_training_stop = True
-            logger.warning("stopped on %s after committing step %d", self._stop, step)
-            return self._stop
+            logger.warning("stopped on %s after committing step %d", reason, step)
+            return reason
         if not self._prepared:  # after the first step the optimizer has its state: the layout is final
             if self._saved != step:  # (a save allocated the arena already)
                 self.checkpointer.prepare(self.state)
@@ -431,9 +426,7 @@ class _Standalone:
             if step >= 0:
                 self.commit(step)
         finally:
-            for sig, handler in self._handlers.items():
-                signal.signal(sig, handler)
-            self._handlers = {}
+            self._signals.restore()
             self.checkpointer.close()
 
 

@@ -9,14 +9,11 @@ written once it finished.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import logging
 import os
-import signal
 import socket
-import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -30,14 +27,14 @@ from resilient_flows.checkpoint import Checkpointer, TrainState
 from resilient_flows.errors import LaunchError, Preempted, ResilientFlowsError, StorageFullError
 from resilient_flows.rundir import TaskLayout
 from resilient_flows.training.autotune import MAX_PERSIST_EVERY, AutoTuner, tuned_fields
-from resilient_flows.training.contract import STOP_SIGNALS, member_tiers, node_local_dir, node_memory_dir
+from resilient_flows.training.boundary import StopSignals, agreed_request, consume_request, fire_faults, pending_request
+from resilient_flows.training.contract import member_tiers, node_local_dir, node_memory_dir
 from resilient_flows.training.control import (
     CloneOrder,
     RequestWatch,
     count_attempt,
     member_dir,
     read_clone_orders,
-    read_stop_request,
     write_durably,
 )
 from resilient_flows.training.distributed import (
@@ -127,7 +124,8 @@ class TrainContext:
         self._last_metrics: dict[str, Any] = {}
         self._last_saved: int | None = None
         self._last_save_time = time.monotonic()
-        self._stop_reason: str | None = None
+        self._signals = StopSignals()
+        self._orphaned: str | None = None  # why the member stops: its runner is gone
         self._metrics = MetricsLog(TaskLayout(self.directory).metrics)
         self._seed: Seed | None = None
         self.retired: str | None = None
@@ -238,7 +236,7 @@ class TrainContext:
             raise ResilientFlowsError("call ctx.track(model=..., optimizer=...) before ctx.steps()")
         start = 0 if self.restored_step is None else self.restored_step + 1
         self._report_if_cloned()
-        with self._stop_signals():
+        with self._signals:
             for step in range(start, total):
                 yield step
                 if self._after_step(step):
@@ -325,18 +323,16 @@ class TrainContext:
         """Checkpoint, fork or stop as requested after ``step``; True when the member retires."""
         if self._heartbeat is not None:
             self._heartbeat.progress(step)
-        self._fire_faults(step)
+        fire_faults(self.spec.faults, step, self.attempt, self.name, self._metrics.flush)
         look = self.rank == 0 and self._watch.due()
-        request = read_stop_request(self.directory) if look else None
-        if self._stop_reason is not None:
-            request = ("preempt", self._stop_reason)
+        request = pending_request(self._signals.reason or self._orphaned, look, self.directory)
         if look:
             self._orders = read_clone_orders(self.directory)  # those due later wait here, not on disk
         orders = [o for o in self._orders if o.at_step is None or step >= o.at_step]
         self._orders = [o for o in self._orders if o not in orders]
-        if self.checkpointer.world_size > 1:  # every rank stops or forks at the same step, or none does
-            gathered = self.checkpointer.comm.allgather(request)
-            request = next((r for r in gathered if r is not None), None)
+        several = self.checkpointer.world_size > 1
+        request = agreed_request(request, self.checkpointer.comm.allgather if several else None)
+        if several:  # every rank forks at the same step, or none does
             orders = self.checkpointer.comm.bcast(orders)
         if self._tuner is not None and not self._tuner.done:  # no more collectives once tuned
             self._tune(step)
@@ -356,7 +352,7 @@ class TrainContext:
             action, reason = request
             self._commit(step)
             if self.rank == 0:
-                TaskLayout(self.directory).control.unlink(missing_ok=True)
+                consume_request(self.directory)
             if action == "retire":
                 self.retired = reason
                 self._emit("retired", step=step, reason=reason)
@@ -487,35 +483,9 @@ class TrainContext:
         self.checkpointer.persist_every = persist_every
         self._emit("tuned", step=step, **fields)
 
-    def _fire_faults(self, step: int) -> None:
-        """Injected faults hit the first attempt only, so that the retry shows the recovery."""
-        for fault in self.spec.faults:
-            if fault.at_step != step or self.attempt != 1:
-                continue
-            logger.warning("member %s: injecting fault %s at step %d", self.name, fault.kind, step)
-            self._metrics.flush()
-            fault.fire(f"member {self.name} at step {step}")
-
-    @contextlib.contextmanager
-    def _stop_signals(self) -> Iterator[None]:
-        """Turn SIGTERM/SIGUSR1 into a request that the next step boundary honours."""
-        if threading.current_thread() is not threading.main_thread():
-            yield
-            return
-
-        def request_stop(signum: int, _frame: Any) -> None:
-            self._stop_reason = f"signal {signal.Signals(signum).name}"
-
-        previous = {sig: signal.signal(sig, request_stop) for sig in STOP_SIGNALS}
-        try:
-            yield
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
-
     def _stop_orphaned(self, reason: str) -> None:
         """The runner is gone (from the heartbeat's thread): stop at the next step boundary, as on a signal."""
-        self._stop_reason = reason
+        self._orphaned = reason
 
     def _emit(self, kind: str, **fields: Any) -> None:
         if self.rank == 0:

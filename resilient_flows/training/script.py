@@ -73,7 +73,7 @@ class ScriptRun:
         self.params = dict(contract.params)
         self.context = TrainContext(spec, contract.run_dir, attempt=contract.attempt)
         self._signals = contextlib.ExitStack()
-        self._signals.enter_context(self.context._stop_signals())  # from now on a stop waits for a step boundary
+        self._signals.enter_context(self.context._signals)  # from now on a stop waits for a step boundary
         self._last_step: int | None = None
         self._closed = False
         atexit.register(self._abandon)
