@@ -36,15 +36,11 @@ node-local tier saves a restart from.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import shlex
 import shutil
-import signal
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -53,6 +49,7 @@ from pathlib import Path
 from rich.console import Console
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from ranks import run_ranks, torchrun_env
 from report import judge, print_checks, print_figures
 
 MiB = 1 << 20
@@ -207,34 +204,14 @@ def launch(ranks: int, spec: dict, cluster: dict[str, str] | None, timeout: floa
         master = addresses[0]
     else:
         master = "127.0.0.1"
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MASTER_ADDR": master, "MASTER_PORT": str(port)}
-    env["WORLD_SIZE"] = str(ranks)
-    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parents[1]), env.get("PYTHONPATH", "")])
+    env = torchrun_env(ranks, master)
     if cluster is not None:
         env["GLOO_SOCKET_IFNAME"] = cluster["RESILIENT_FLOWS_TEST_IFNAME"]
-    procs = []
-    for r in range(ranks):
-        command = [sys.executable, __file__, "--rank-of", json.dumps(spec)]
-        if cluster is not None:
-            command = ["nsenter", f"--net=/var/run/netns/{nodes[r]}", *command]
-        procs.append(subprocess.Popen(command, env={**env, "RANK": str(r)}, start_new_session=True))
-    deadline = time.monotonic() + timeout
-    try:
-        while any(p.poll() is None for p in procs):
-            failed = [p.returncode for p in procs if p.returncode not in (None, 0)]
-            if failed or time.monotonic() > deadline:
-                why = f"exit codes {[p.returncode for p in procs]}" if failed else f"no end after {timeout:.0f} s"
-                raise SystemExit(f"the {ranks}-rank run failed: {why}")
-            time.sleep(0.2)
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(p.pid, signal.SIGKILL)
-                p.wait()
+    command = [sys.executable, __file__, "--rank-of", json.dumps(spec)]
+    namespaces = [["nsenter", f"--net=/var/run/netns/{nodes[r]}"] if cluster is not None else [] for r in range(ranks)]
+    run_ranks(
+        [[*namespaces[r], *command] for r in range(ranks)], [{**env, "RANK": str(r)} for r in range(ranks)], timeout
+    )
     return [json.loads((Path(spec["dir"]) / f"rank-{r}.json").read_text()) for r in range(ranks)]
 
 

@@ -60,17 +60,16 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
 import shutil
-import signal
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from ranks import run_ranks, torchrun_env
 
 MiB = 1 << 20
 #: state MiB (parameters + Adam's two moments), layer width, rounds
@@ -568,37 +567,11 @@ def _unavailable_options(directory: Path) -> dict[str, str]:
 
 
 def launch(world: int, spec: dict, timeout: float) -> list[dict]:
-    """Start ``world`` ranks as torchrun would; their reports. A failed rank stops the others."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
-    env["WORLD_SIZE"] = str(world)
-    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parents[1]), env.get("PYTHONPATH", "")])
-    procs = [
-        subprocess.Popen(
-            [sys.executable, __file__, "--rank-of", json.dumps(spec)],
-            env={**env, "RANK": str(r), "LOCAL_RANK": str(r)},
-            start_new_session=True,
-        )
-        for r in range(world)
-    ]
-    deadline = time.monotonic() + timeout
-    try:
-        while any(p.poll() is None for p in procs):
-            failed = [p.returncode for p in procs if p.returncode not in (None, 0)]
-            if failed or time.monotonic() > deadline:
-                why = f"exit codes {[p.returncode for p in procs]}" if failed else f"no end after {timeout:.0f} s"
-                raise SystemExit(f"the {world}-rank run failed: {why}")
-            time.sleep(0.2)
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(p.pid, signal.SIGKILL)  # the rank and DCP's writer process it started
-                p.wait()
-    if any(p.returncode for p in procs):
-        raise SystemExit(f"the {world}-rank run failed: exit codes {[p.returncode for p in procs]}")
+    """Start ``world`` ranks as torchrun would; their reports. A failed rank stops the others
+    (and the writer process DCP's process mode started in its group)."""
+    env = torchrun_env(world)
+    command = [sys.executable, __file__, "--rank-of", json.dumps(spec)]
+    run_ranks([command] * world, [{**env, "RANK": str(r), "LOCAL_RANK": str(r)} for r in range(world)], timeout)
     return [json.loads((Path(spec["dir"]) / f"rank-{world}-{r}.json").read_text()) for r in range(world)]
 
 
