@@ -113,14 +113,25 @@ def search(
             base,
         )
         return _config(start.config.interval, (start.config.l2_every or 0, start.config.l3_every or 0), start)
-
     points = _GRID_POINTS_3 if deep else _GRID_POINTS
-    step = 1.0 / 6.0  # decades between grid points
-    intervals = base * 10.0 ** (step * np.arange(-6, 7))
     everys = _log_grid(max_l2_every, points) if flush else [0]
     deeps = _log_grid(max_l3_every, points) if deep else [0]
-    state.evaluate(intervals, everys, deeps)
-    for _ in range(_MAX_WIDENINGS):  # the optimum may lie outside 0.1x .. 10x when failures are extreme
+    step = _coarse(state, base, everys, deeps)
+    e_step = math.log10(max_l2_every) / (points - 1) if max_l2_every > 1 else 0.0
+    d_step = math.log10(max_l3_every) / (points - 1) if max_l3_every > 1 else 0.0
+    _refine(state, (step, e_step, d_step), max_l2_every, max_l3_every, deep)
+    key = state.best()
+    logger.debug("search: %d candidates, best %s", len(state.results), key)
+    return _config(key[0], key[1:], state.results[key])
+
+
+def _coarse(state: _Search, base: float, everys: list[int], deeps: list[int]) -> float:
+    """A grid of intervals from 0.1x to 10x ``base`` (widened while the best lies on its edge: the
+    optimum may lie outside when failures are extreme) times the counts; the grid's step, in decades."""
+    p = state.p
+    step = 1.0 / 6.0  # decades between grid points
+    state.evaluate(base * 10.0 ** (step * np.arange(-6, 7)), everys, deeps)
+    for _ in range(_MAX_WIDENINGS):
         tau = state.best()[0]
         known = sorted({key[0] for key in state.results})
         if tau == known[0] and tau > p.solve_time * 1e-9:
@@ -129,9 +140,15 @@ def search(
             state.evaluate(tau * 10.0 ** (step * np.arange(1, 4)), everys, deeps)
         else:
             break
+    return step
 
-    e_step = math.log10(max_l2_every) / (points - 1) if max_l2_every > 1 else 0.0
-    d_step = math.log10(max_l3_every) / (points - 1) if max_l3_every > 1 else 0.0
+
+def _refine(
+    state: _Search, steps: tuple[float, float, float], max_l2_every: int, max_l3_every: int, deep: bool
+) -> None:
+    """Rounds around the best so far, each a third as wide as the one before (``steps``: the
+    interval's in decades, then the counts' in decades of their own)."""
+    step, e_step, d_step = steps
     for _ in range(_REFINE_ROUNDS):
         tau, e, d = state.best()
         step /= 3.0
@@ -143,9 +160,6 @@ def search(
             _near(e, e_step, max_l2_every, reach),
             _near(d, d_step, max_l3_every, reach),
         )
-    key = state.best()
-    logger.debug("search: %d candidates, best %s", len(state.results), key)
-    return _config(key[0], key[1:], state.results[key])
 
 
 def _log_grid(largest: int, points: int) -> list[int]:

@@ -548,37 +548,8 @@ def _run(
     arrivals = tuple(
         FailureArrivals(m, trials, seed, level) for level, m in enumerate((p.l1_mtbf, p.l2_mtbf, p.l3_mtbf), 1)
     )
-    tid = np.tile(np.arange(trials), n_cfg)
-    zeros = np.zeros(n, dtype=np.int64)  # for reading only; each column gets its own array
-    s = _Rows(
-        row=np.arange(n),
-        cfg=cfg,
-        tid=tid,
-        u=(tau + cost)[cfg],
-        nseg=nseg[cfg],
-        ulast=(last + cost)[cfg],
-        last=last[cfg],
-        every=everys[cfg],
-        l3=l3s[cfg],
-        t=np.zeros(n),
-        restarting=np.zeros(n, dtype=bool),
-        rcost=np.zeros(n),
-        k=zeros.copy(),
-        l2=zeros.copy(),
-        l3safe=zeros.copy(),
-        far=np.zeros(n, dtype=bool),
-        local=np.ones(n, dtype=bool),
-        rfar=np.full(n, p.l2_restart),
-        i1=zeros.copy(),
-        i2=zeros.copy(),
-        i3=zeros.copy(),
-        nf1=arrivals[0].gap(tid, zeros),
-        nf2=arrivals[1].gap(tid, zeros),
-        nf3=arrivals[2].gap(tid, zeros),
-        f1=zeros.copy(),
-        f2=zeros.copy(),
-        f3=zeros.copy(),
-        flushes=zeros.copy(),
+    s = _first_rows(
+        p, cfg, np.tile(np.arange(trials), n_cfg), tau + cost, last + cost, nseg, last, everys, l3s, arrivals
     )
     wall = np.empty(n)
     stopped = np.zeros(n, dtype=bool)
@@ -618,6 +589,55 @@ def _run(
                 a.forget_before(idx)
     shape = (n_cfg, trials)
     return (wall.reshape(shape), stopped.reshape(shape), *(column.reshape(shape) for column in out.values()))
+
+
+def _first_rows(
+    p: MLCParams,
+    cfg: np.ndarray,
+    tid: np.ndarray,
+    u: np.ndarray,
+    ulast: np.ndarray,
+    nseg: np.ndarray,
+    last: np.ndarray,
+    everys: np.ndarray,
+    l3s: np.ndarray,
+    arrivals: tuple[FailureArrivals, ...],
+) -> _Rows:
+    """Every trial of every configuration (row ``i``: configuration ``cfg[i]``, trial ``tid[i]``)
+    at its start: no time spent, no failure yet, its first failures drawn; ``u`` and ``ulast``
+    are a configuration's segment and last segment with their checkpoint."""
+    n = len(cfg)
+    zeros = np.zeros(n, dtype=np.int64)  # for reading only; each column gets its own array
+    return _Rows(
+        row=np.arange(n),
+        cfg=cfg,
+        tid=tid,
+        u=u[cfg],
+        nseg=nseg[cfg],
+        ulast=ulast[cfg],
+        last=last[cfg],
+        every=everys[cfg],
+        l3=l3s[cfg],
+        t=np.zeros(n),
+        restarting=np.zeros(n, dtype=bool),
+        rcost=np.zeros(n),
+        k=zeros.copy(),
+        l2=zeros.copy(),
+        l3safe=zeros.copy(),
+        far=np.zeros(n, dtype=bool),
+        local=np.ones(n, dtype=bool),
+        rfar=np.full(n, p.l2_restart),
+        i1=zeros.copy(),
+        i2=zeros.copy(),
+        i3=zeros.copy(),
+        nf1=arrivals[0].gap(tid, zeros),
+        nf2=arrivals[1].gap(tid, zeros),
+        nf3=arrivals[2].gap(tid, zeros),
+        f1=zeros.copy(),
+        f2=zeros.copy(),
+        f3=zeros.copy(),
+        flushes=zeros.copy(),
+    )
 
 
 def _fail(
