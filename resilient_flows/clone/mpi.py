@@ -572,81 +572,29 @@ def recv_state(
     from mpi4py import MPI
 
     started = time.perf_counter()
-    raw = _raw(comm)
-    rank = raw.Get_rank()
-    sources, _ = _check_ranks(raw, source_ranks, [])
-    if rank in sources:
-        raise ValueError(f"rank {rank} is one of the source ranks {sources}; it cannot also be a clone")
+    raw, rank, sources = _clone_rank(comm, source_ranks)
     stats = stats if stats is not None else CloneTransferStats()
     stats.role, stats.rank, stats.peers = "clone", rank, list(sources)
     deadline = None if timeout is None else started + timeout
-    texts: list[bytearray] = []
-    for s in sources:
-        try:
-            texts.append(_recv_bytes(raw, s, TAG_META, deadline, f"the state from source rank {s}"))
-        except CloneError as exc:  # the sources heard from so far must not wait for a verdict forever
-            refusal = _message(json.dumps({"ok": False, "error": str(exc)}).encode())
-            MPI.Request.Waitall([raw.Isend(refusal, dest=d, tag=TAG_REPLY) for d in sources[: len(texts)]])
-            raise
+    texts = _recv_metadata(raw, sources, deadline)
     stats.handshake_s = time.perf_counter() - started
     stats.metadata_bytes = sum(len(t) for t in texts)
-
-    problem: BaseException | None = None
-    requests: list[Any] = []
-    wants: list[list[list]] = []
-    relays: list[tuple[torch.Tensor, Target, Box]] = []
+    problem, incoming = None, None
     try:
-        metas = [json.loads(t) for t in texts]
-        layout, skeleton, local = _agree(metas, sources, rank)
-        records = _records(layout, metas)
-        live = live_arrays(into, records, skeleton, "the source's state", "the clone's state")
-        targets = {name: Target.of(record, live.get(name)) for name, record in records.items()}
-        local_arrays = {name: torch.empty(shape, dtype=dtype) for name, dtype, shape in map(_spec, local["layout"])}
-        receiving = time.perf_counter()
-        for i, s in enumerate(sources):
-            want, buffers = [], []
-            for j, (name, offsets, lengths) in enumerate(metas[i]["pieces"]):
-                target, box = targets[name], Box(tuple(offsets), tuple(lengths))
-                common = box.intersect(target.box)
-                if common is None:
-                    continue
-                want.append([j, list(common.offsets), list(common.lengths)])
-                buffers.append(_receive_buffer(target, common, records[name].dtype, relays))
-            if metas[i]["local"] is not None:
-                buffers += [local_arrays[name] for name, _, _ in map(_spec, local["layout"])]
-            wants.append(want)
-            for buffer in buffers:
-                for chunk in _chunks(_bytes_of(buffer.reshape(-1))):
-                    requests.append(raw.Irecv(chunk, source=s, tag=TAG_DATA))
-                    stats.payload_bytes += chunk.nbytes
+        incoming = _post_receives(raw, texts, sources, rank, into, stats)
     except Exception as exc:  # every source must hear the verdict, whatever went wrong
         problem = exc if isinstance(exc, ResilientFlowsError) else CloneError(f"cannot receive the state: {exc!r}")
+        incoming = None
         if isinstance(into, TrainState):
             into.discard_restore_target()
-    replies = []
-    for i, s in enumerate(sources):
-        verdict = {"ok": problem is None, "error": None if problem is None else str(problem)}
-        if problem is None:
-            verdict["want"] = wants[i]
-        replies.append(raw.Isend(_message(json.dumps(verdict).encode()), dest=s, tag=TAG_REPLY))
-    if problem is not None:
+    replies = _send_verdicts(raw, sources, problem, incoming)
+    if incoming is None:
         MPI.Request.Waitall(replies)  # small: sent eagerly, whether or not the source still listens
         stats.total_s = stats.stall_s = time.perf_counter() - started
         raise problem
-    stats.messages = len(requests)
-    MPI.Request.Waitall(requests + replies)
-    with torch.no_grad():
-        for buffer, target, common in relays:
-            target.dst[common.within(target.box)].copy_(buffer)
-    for target in targets.values():
-        target.finish()
-    stats.transfer_s = time.perf_counter() - receiving
-
-    state = unflatten(skeleton, {name: target.result for name, target in targets.items()})
-    if local["skeleton"] is not None:
-        state[RANK_LOCAL] = unflatten(local["skeleton"], local_arrays)
-    if into is not None:
-        into.load_state_dict(state)
+    stats.messages = len(incoming.requests)
+    MPI.Request.Waitall(incoming.requests + replies)
+    state, stats.transfer_s = incoming.deliver(into)
     stats.total_s = stats.stall_s = time.perf_counter() - started
     logger.info(
         "received %d bytes of state from source rank(s) %s in %.3f s (%.3f s of it waiting for them)",
@@ -656,6 +604,106 @@ def recv_state(
         stats.handshake_s,
     )
     return state
+
+
+def _clone_rank(comm: Any, source_ranks: Sequence[int]) -> tuple[Any, int, list[int]]:
+    """The raw communicator, this rank, and the source ranks checked: this rank is none of them."""
+    raw = _raw(comm)
+    rank = raw.Get_rank()
+    sources, _ = _check_ranks(raw, source_ranks, [])
+    if rank in sources:
+        raise ValueError(f"rank {rank} is one of the source ranks {sources}; it cannot also be a clone")
+    return raw, rank, sources
+
+
+def _send_verdicts(
+    raw: Any, sources: list[int], problem: BaseException | None, incoming: _Incoming | None
+) -> list[Any]:
+    """Tell every source whether the transfer goes ahead, and which pieces this rank wants of it."""
+    replies = []
+    for i, s in enumerate(sources):
+        verdict = {"ok": problem is None, "error": None if problem is None else str(problem)}
+        if incoming is not None:
+            verdict["want"] = incoming.wants[i]
+        replies.append(raw.Isend(_message(json.dumps(verdict).encode()), dest=s, tag=TAG_REPLY))
+    return replies
+
+
+def _recv_metadata(raw: Any, sources: list[int], deadline: float | None) -> list[bytearray]:
+    """Every source's metadata, in order; on a timeout the sources heard from so far are told, so
+    that none waits for a verdict forever."""
+    from mpi4py import MPI
+
+    texts: list[bytearray] = []
+    for s in sources:
+        try:
+            texts.append(_recv_bytes(raw, s, TAG_META, deadline, f"the state from source rank {s}"))
+        except CloneError as exc:
+            refusal = _message(json.dumps({"ok": False, "error": str(exc)}).encode())
+            MPI.Request.Waitall([raw.Isend(refusal, dest=d, tag=TAG_REPLY) for d in sources[: len(texts)]])
+            raise
+    return texts
+
+
+@dataclass
+class _Incoming:
+    """A transfer under way on a clone rank: where each piece lands, and the receives posted."""
+
+    skeleton: Any
+    local: dict[str, Any]
+    targets: dict[str, Target]
+    local_arrays: dict[str, torch.Tensor]
+    receiving: float
+    wants: list[list[list]] = field(default_factory=list)
+    requests: list[Any] = field(default_factory=list)
+    relays: list[tuple[torch.Tensor, Target, Box]] = field(default_factory=list)
+
+    def deliver(self, into: Stateful | None) -> tuple[dict[str, Any], float]:
+        """Once every receive completed: the pieces received apart copied into place, the state
+        (loaded into ``into``), and the seconds from the first receive to the last piece in place."""
+        with torch.no_grad():
+            for buffer, target, common in self.relays:
+                target.dst[common.within(target.box)].copy_(buffer)
+        for target in self.targets.values():
+            target.finish()
+        transfer_s = time.perf_counter() - self.receiving
+        state = unflatten(self.skeleton, {name: target.result for name, target in self.targets.items()})
+        if self.local["skeleton"] is not None:
+            state[RANK_LOCAL] = unflatten(self.local["skeleton"], self.local_arrays)
+        if into is not None:
+            into.load_state_dict(state)
+        return state, transfer_s
+
+
+def _post_receives(
+    raw: Any, texts: list[bytearray], sources: list[int], rank: int, into: Stateful | None, stats: CloneTransferStats
+) -> _Incoming:
+    """Check the sources' metadata against ``into`` and post a receive for every piece this rank
+    needs, straight into its destination where it can; which pieces, per source, in ``wants``."""
+    metas = [json.loads(t) for t in texts]
+    layout, skeleton, local = _agree(metas, sources, rank)
+    records = _records(layout, metas)
+    live = live_arrays(into, records, skeleton, "the source's state", "the clone's state")
+    targets = {name: Target.of(record, live.get(name)) for name, record in records.items()}
+    local_arrays = {name: torch.empty(shape, dtype=dtype) for name, dtype, shape in map(_spec, local["layout"])}
+    incoming = _Incoming(skeleton, local, targets, local_arrays, time.perf_counter())
+    for i, s in enumerate(sources):
+        want, buffers = [], []
+        for j, (name, offsets, lengths) in enumerate(metas[i]["pieces"]):
+            target, box = targets[name], Box(tuple(offsets), tuple(lengths))
+            common = box.intersect(target.box)
+            if common is None:
+                continue
+            want.append([j, list(common.offsets), list(common.lengths)])
+            buffers.append(_receive_buffer(target, common, records[name].dtype, incoming.relays))
+        if metas[i]["local"] is not None:
+            buffers += [local_arrays[name] for name, _, _ in map(_spec, local["layout"])]
+        incoming.wants.append(want)
+        for buffer in buffers:
+            for chunk in _chunks(_bytes_of(buffer.reshape(-1))):
+                incoming.requests.append(raw.Irecv(chunk, source=s, tag=TAG_DATA))
+                stats.payload_bytes += chunk.nbytes
+    return incoming
 
 
 def _receive_buffer(
