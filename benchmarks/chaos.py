@@ -105,7 +105,6 @@ import itertools
 import json
 import os
 import random
-import shlex
 import shutil
 import signal
 import statistics
@@ -126,6 +125,9 @@ from rich.table import Table
 
 REPO = Path(__file__).resolve().parents[1]
 BENCH_DIR = Path(__file__).resolve().parent
+sys.path.append(str(BENCH_DIR))  # clusterenv, also when the tests import this file
+from clusterenv import read_env_file  # noqa: E402
+
 CLI = Path(sys.executable).with_name("resilient-flows")
 TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
 
@@ -1020,11 +1022,7 @@ def slurm_nodes_cluster(console: Console, nodes: int) -> Iterator[Path]:
         if done.returncode != 0:
             console.print(f"[red].ci/slurm-up failed:[/]\n{done.stderr[-2000:]}", markup=True, highlight=False)
             raise SystemExit(1)
-        for line in (folder / "env").read_text().splitlines():
-            words = shlex.split(line, comments=True)
-            if len(words) == 2 and words[0] == "export" and "=" in words[1]:
-                name, _, value = words[1].partition("=")
-                os.environ[name] = value
+        os.environ.update(read_env_file(folder / "env"))
         yield folder
     finally:
         os.environ.clear()

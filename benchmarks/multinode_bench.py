@@ -38,7 +38,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shlex
 import shutil
 import statistics
 import sys
@@ -49,6 +48,7 @@ from pathlib import Path
 from rich.console import Console
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from clusterenv import read_env_file
 from ranks import run_ranks, torchrun_env
 from report import judge, print_checks, print_figures
 
@@ -181,17 +181,6 @@ def evict(directory: Path) -> None:
 
 
 # ------------------------------------------------------------------------------------- the launcher
-
-
-def read_env_file(path: Path) -> dict[str, str]:
-    """The ``export NAME=VALUE`` lines of a ``.ci/slurm-up`` env file."""
-    found = {}
-    for line in path.read_text().splitlines():
-        words = shlex.split(line, comments=True)
-        if len(words) == 2 and words[0] == "export" and "=" in words[1]:
-            name, _, value = words[1].partition("=")
-            found[name] = value
-    return found
 
 
 def launch(ranks: int, spec: dict, cluster: dict[str, str] | None, timeout: float) -> list[dict]:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shlex
 import shutil
 import socket
 import subprocess
@@ -41,6 +40,9 @@ from resilient_flows.training.distributed import init_process_group, use_interfa
 from resilient_flows.workflow import load_workflow, plan_workflow
 from resilient_flows.workflow.runner import resize_members
 from resilient_flows.workflow.status import loss_curve
+
+sys.path.append(str(REPO / "benchmarks"))  # the cluster's env file, read as the benchmarks read it
+from clusterenv import read_env_file
 
 #: Where CI (``.ci/run``) says the multi-node cluster's ``DIR/env`` is.
 NODES_ENV = "RESILIENT_FLOWS_NODES_ENV"
@@ -165,17 +167,6 @@ def test_rank_zeros_host_that_does_not_resolve_names_the_node_list(monkeypatch: 
 # ------------------------------------------------------------------ on the multi-node cluster
 
 
-def read_env_file(path: str) -> dict[str, str]:
-    """The ``export NAME=VALUE`` lines of a ``.ci/slurm-up`` env file, as a mapping."""
-    found = {}
-    for line in Path(path).read_text().splitlines():
-        words = shlex.split(line, comments=True)
-        if len(words) == 2 and words[0] == "export" and "=" in words[1]:
-            name, _, value = words[1].partition("=")
-            found[name] = value
-    return found
-
-
 @pytest.fixture(scope="module")
 def cluster() -> dict[str, str]:
     """The environment for processes that use the multi-node cluster: this one's, plus its env file."""
@@ -246,6 +237,20 @@ def _command(path: Path, run_dir: Path, *options: str) -> list[str]:
     return [sys.executable, "-m", "resilient_flows.cli", "run", str(path), "--run-dir", str(run_dir), *options]
 
 
+def _assert_losses_of_one_rank(run_dir: Path, spec: MemberSpec, out: Path) -> dict:
+    """The member of ``spec`` in ``run_dir`` logged the losses of the same member trained on one
+    rank in this process (into ``out``), within float reduction noise, for each of its 20 steps;
+    that one rank's result."""
+    local = replace(spec.checkpoint, local_dir=None)
+    alone = replace(spec, ranks=1, nodes=1, network_interface=None, checkpoint=local, faults=())
+    reference = run_member(alone.to_dict(), str(out))
+    got, want = loss_curve(run_dir, spec.name), loss_curve(out, spec.name)
+    assert sorted(got) == sorted(want) == list(range(20))
+    worst = max(abs(got[s] - want[s]) / abs(want[s]) for s in want)
+    assert worst <= TOLERANCE, f"largest relative difference {worst:.2e}"
+    return reference
+
+
 def _events(run_dir: Path) -> list[dict]:
     return list(read_events(run_dir)) if (run_dir / "events.jsonl").exists() else []
 
@@ -294,14 +299,7 @@ def test_slurm_member_on_two_nodes_stopped_by_a_signal_is_requeued_free(two_node
 def test_slurm_member_on_two_nodes_trains_like_one_rank(two_node_run: Path, tmp_path: Path, name: str) -> None:
     """The global batch is split over the nodes: the losses are one rank's, within float reduction
     noise, also across ddp's preemption and resume."""
-    spec = _planned(two_node_run, name)
-    local = replace(spec.checkpoint, local_dir=None)
-    alone = replace(spec, ranks=1, nodes=1, network_interface=None, checkpoint=local, faults=())
-    reference = run_member(alone.to_dict(), str(tmp_path))
-    got, want = loss_curve(two_node_run, name), loss_curve(tmp_path, name)
-    assert sorted(got) == sorted(want) == list(range(20))
-    worst = max(abs(got[s] - want[s]) / abs(want[s]) for s in want)
-    assert worst <= TOLERANCE, f"largest relative difference {worst:.2e}"
+    reference = _assert_losses_of_one_rank(two_node_run, _planned(two_node_run, name), tmp_path)
     result = json.loads((two_node_run / "members" / name / "result.json").read_text())
     assert abs(result["test_loss"] - reference["test_loss"]) <= TOLERANCE * reference["test_loss"]
 
@@ -554,12 +552,7 @@ def test_pbs_member_on_two_nodes_starts_its_ranks_with_pals_mpiexec_and_trains_l
     assert (spec.ranks, spec.nodes) == (2, 2)
     (started,) = [e for e in _events(run_dir) if e["kind"] == "started"]
     assert len(started["hosts"]) == 2
-    alone = replace(spec, ranks=1, nodes=1, faults=())
-    run_member(alone.to_dict(), str(tmp_path / "alone"))
-    got, want = loss_curve(run_dir, "m"), loss_curve(tmp_path / "alone", "m")
-    assert sorted(got) == sorted(want) == list(range(20))
-    worst = max(abs(got[s] - want[s]) / abs(want[s]) for s in want)
-    assert worst <= TOLERANCE, f"largest relative difference {worst:.2e}"
+    _assert_losses_of_one_rank(run_dir, spec, tmp_path / "alone")
 
 
 # ------------------------------------------------------------------ Parsl's MPIExecutor
