@@ -23,7 +23,6 @@ from parsl import bash_app, python_app
 from parsl.app.errors import BashExitFailure
 from parsl.executors.high_throughput.errors import ManagerLost, WorkerLost
 
-from resilient_flows.capped import DOCUMENT_CAP, read_capped
 from resilient_flows.errors import LaunchError, Preempted, is_storage_full
 from resilient_flows.rundir import TaskLayout
 from resilient_flows.training.command import CommandKilled
@@ -31,6 +30,7 @@ from resilient_flows.training.contract import EXIT_PREEMPTED
 from resilient_flows.training.control import has_result, latest_committed_step, member_dir
 from resilient_flows.training.events import EventLog
 from resilient_flows.training.heartbeat import analytics_task, heartbeat_path, read_heartbeat
+from resilient_flows.training.nodefile import pbs_hosts
 from resilient_flows.training.spec import MemberSpec, StageSpec
 from resilient_flows.training.stage import newest_iteration
 
@@ -211,7 +211,7 @@ def launch_prefix(ranks: int, nodes: int, env: Mapping[str, str]) -> str:
             ]
         )
     if env.get("PBS_JOBID") and env.get("PBS_NODEFILE"):
-        hosts = _pbs_hosts(env["PBS_NODEFILE"])
+        hosts = pbs_hosts(env["PBS_NODEFILE"])
         if len(hosts) < nodes:
             raise LaunchError(
                 f"a member on {nodes} nodes, but PBS_NODEFILE={env['PBS_NODEFILE']} lists {len(hosts)} "
@@ -223,15 +223,6 @@ def launch_prefix(ranks: int, nodes: int, env: Mapping[str, str]) -> str:
         "in neither (SLURM_JOB_ID and PBS_NODEFILE are unset): use a site whose blocks hold several nodes, "
         "such as local-slurm-nodes"
     )
-
-
-def _pbs_hosts(nodefile: str) -> list[str]:
-    """The distinct hosts of a PBS node file, in order (it lists a host once per chunk or CPU)."""
-    try:
-        lines = read_capped(nodefile, DOCUMENT_CAP, "PBS_NODEFILE").decode(errors="replace").splitlines()
-    except (OSError, ValueError) as exc:
-        raise LaunchError(f"PBS_NODEFILE {nodefile}: {exc.strerror or exc}") from None
-    return list(dict.fromkeys(line.strip() for line in lines if line.strip()))
 
 
 class ResumingRetryHandler:

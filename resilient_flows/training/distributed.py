@@ -34,6 +34,7 @@ import torch
 import torch.distributed as dist
 
 from resilient_flows.errors import LaunchError
+from resilient_flows.training.nodefile import pbs_hosts
 
 __all__ = [
     "DEFAULT_TIMEOUT",
@@ -213,7 +214,7 @@ def _pals_or_mpich(env: Mapping[str, str], master: str | None, port: int | None)
     if "PALS_RANKID" not in env and "PBS_JOBID" not in env and "PBS_NODEFILE" not in env:
         return _checked(LaunchEnv("mpiexec", rank, size, local, local_size, master, port, _GENERIC))
     if master is None and env.get("PBS_NODEFILE"):
-        master = _first_line(env["PBS_NODEFILE"])
+        master = next(iter(pbs_hosts(env["PBS_NODEFILE"])), None)
     if port is None and env.get("PBS_JOBID"):
         port = _derived_port(env["PBS_JOBID"], "PBS_JOBID")
     missing = "set MASTER_ADDR (or run inside a PBS job: PBS_NODEFILE) and MASTER_PORT (or PBS_JOBID)"
@@ -533,14 +534,6 @@ def _required(env: Mapping[str, str], name: str) -> int:
 
 def _first_of(env: Mapping[str, str], names: tuple[str, ...], default: int | None = None) -> int | None:
     return next((_integer(env, name) for name in names if env.get(name)), default)
-
-
-def _first_line(path: str) -> str | None:
-    try:
-        with open(path) as f:
-            return next((line.strip() for line in f if line.strip()), None)
-    except OSError as exc:
-        raise LaunchError(f"PBS_NODEFILE {path}: {exc.strerror or exc}") from None
 
 
 def _derived_port(job_id: str, name: str, step: int = 0) -> int:
