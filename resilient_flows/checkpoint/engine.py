@@ -154,7 +154,7 @@ class Checkpointer:
         self.rank, self.world_size = self.comm.rank, self.comm.size
         self.stats = CheckpointStats.of_tiers(len(self.tiers))
         self.skipped: list[SkippedCheckpoint] = []
-        #: The last restore: its step, and which tier every shard came from.
+        #: The last restore: its step, and which tier every shard came from (None: nothing restored).
         self.restored: Restored | None = None
         problem = None
         try:
@@ -522,6 +522,7 @@ class Checkpointer:
                 stateful.discard_restore_target()
             raise
         if read is None:
+            self.restored = None
             if isinstance(stateful, TrainState):
                 stateful.discard_restore_target()
             return None

@@ -139,7 +139,6 @@ class OpenCheckpoint:
         listed = [StepCopy("", copies)] if isinstance(copies, Path) else list(copies)
         if not listed:
             raise CorruptCheckpointError(f"{step_dirname(step)}: no copy of it here")
-        self.step_dir = listed[-1].path
         read: list[tuple[StepCopy, Manifest]] = []
         problems = []
         for copy in listed:
@@ -148,7 +147,7 @@ class OpenCheckpoint:
             except (OSError, CorruptCheckpointError) as exc:
                 problems.append(f"{copy.tier or copy.path}: {exc}")
         if not read:
-            raise CorruptCheckpointError(f"{step_dirname(step)}: cannot read it ({'; '.join(problems)})") from None
+            raise CorruptCheckpointError(f"{step_dirname(step)}: cannot read it ({'; '.join(problems)})")
         authority, self.manifest = read[-1]
         self.step_dir = authority.path
         if self.manifest.step != step:

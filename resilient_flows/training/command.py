@@ -36,9 +36,9 @@ from typing import Any
 from resilient_flows.capped import DOCUMENT_CAP, read_json_capped
 from resilient_flows.durable import write_durably
 from resilient_flows.errors import Preempted, ResilientFlowsError
-from resilient_flows.rundir import TaskLayout
+from resilient_flows.rundir import member_layout
 from resilient_flows.training.contract import EXIT_PREEMPTED, STOP_SIGNALS, RunContract
-from resilient_flows.training.control import count_attempt, latest_committed_step, member_dir
+from resilient_flows.training.control import count_attempt, latest_committed_step
 from resilient_flows.training.events import EventLog
 from resilient_flows.training.heartbeat import Heartbeat
 from resilient_flows.training.spec import MemberSpec
@@ -93,14 +93,14 @@ def run_command(spec_dict: dict[str, Any], run_dir: str) -> dict[str, Any]:
     spec = MemberSpec.from_dict(spec_dict)
     if not spec.command:
         raise ResilientFlowsError(f"member {spec.name} has no command to run")
-    directory = member_dir(run_dir, spec.name)
-    directory.mkdir(parents=True, exist_ok=True)
-    attempt = count_attempt(directory)
-    TaskLayout(directory).command_report.unlink(missing_ok=True)  # a report counts only from this attempt
+    layout = member_layout(run_dir, spec.name)
+    layout.root.mkdir(parents=True, exist_ok=True)
+    attempt = count_attempt(layout.root)
+    layout.command_report.unlink(missing_ok=True)  # a report counts only from this attempt
     contract = RunContract.for_member(spec, run_dir, attempt)
     events = EventLog(run_dir)
     grace = DEFAULT_GRACE_S if spec.grace_s is None else spec.grace_s
-    log_path = TaskLayout(directory).output_log
+    log_path = layout.output_log
     stop = _Stop()
     orphaned = functools.partial(stop.request, signal.SIGTERM)  # as a batch system warns a job: commit, exit 75
     with log_path.open("ab") as log, Heartbeat(run_dir, spec.name, attempt, on_orphaned=orphaned):
@@ -126,7 +126,7 @@ def run_command(spec_dict: dict[str, Any], run_dir: str) -> dict[str, Any]:
             _kill_group(process.pid)  # whatever it left behind must not write into the next attempt
     if status == 0:
         return _finish(spec, run_dir, attempt, events)
-    if status < 0 and TaskLayout(directory).command_report.is_file():
+    if status < 0 and layout.command_report.is_file():
         # Its report is written durably once its last checkpoint is committed: the member finished,
         # and a signal at exit (gloo's threads torn down with the interpreter abort) must not undo that.
         reason = f"the command was killed by {_signal_name(-status)} after reporting its result"
@@ -227,9 +227,9 @@ def _kill_group(group: int) -> None:
 
 def _finish(spec: MemberSpec, run_dir: str, attempt: int, events: EventLog, status: int = 0) -> dict[str, Any]:
     """The member's result: what its script reported, if it did, and how the command ended."""
-    directory = member_dir(run_dir, spec.name)
+    layout = member_layout(run_dir, spec.name)
     try:
-        reported = read_json_capped(TaskLayout(directory).command_report, DOCUMENT_CAP, "the command's report")
+        reported = read_json_capped(layout.command_report, DOCUMENT_CAP, "the command's report")
     except FileNotFoundError:
         reported = {}
     except (OSError, ValueError) as exc:  # the member did finish: its result says what the report lacks
@@ -237,7 +237,7 @@ def _finish(spec: MemberSpec, run_dir: str, attempt: int, events: EventLog, stat
         reported = {}
     result = {**(reported if isinstance(reported, dict) else {}), "member": spec.name, "attempts": attempt}
     result["exit_status"] = status
-    write_durably(TaskLayout(directory).result, json.dumps(result, indent=2, default=str))
+    write_durably(layout.result, json.dumps(result, indent=2, default=str))
     scalars = {k: v for k, v in result.items() if isinstance(v, int | float | str) and k not in ("member", "attempts")}
     events.emit("finished", spec.name, attempt=attempt, **scalars)
     return result

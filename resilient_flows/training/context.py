@@ -25,7 +25,7 @@ from torch import nn
 from resilient_flows.capped import CONTROL_CAP, read_json_capped
 from resilient_flows.checkpoint import Checkpointer, TrainState
 from resilient_flows.errors import LaunchError, Preempted, ResilientFlowsError, StorageFullError
-from resilient_flows.rundir import TaskLayout
+from resilient_flows.rundir import TaskLayout, member_layout
 from resilient_flows.training.autotune import MAX_PERSIST_EVERY, AutoTuner, tuned_fields
 from resilient_flows.training.boundary import StopSignals, agreed_request, consume_request, fire_faults, pending_request
 from resilient_flows.training.contract import member_tiers, node_local_dir, node_memory_dir
@@ -33,7 +33,6 @@ from resilient_flows.training.control import (
     CloneOrder,
     RequestWatch,
     count_attempt,
-    member_dir,
     read_clone_orders,
     write_durably,
 )
@@ -116,7 +115,8 @@ class TrainContext:
         self.params = {**spec.params, "steps": spec.steps}
         self.run_dir = Path(run_dir)
         self.inputs = {name: self.run_dir / path for name, path in spec.inputs.items()}
-        self.directory = member_dir(run_dir, spec.name)
+        self.layout = member_layout(run_dir, spec.name)
+        self.directory = self.layout.root
         self.directory.mkdir(parents=True, exist_ok=True)
         self.events = EventLog(run_dir)
         self.restored_step: int | None = None
@@ -126,7 +126,7 @@ class TrainContext:
         self._last_save_time = time.monotonic()
         self._signals = StopSignals()
         self._orphaned: str | None = None  # why the member stops: its runner is gone
-        self._metrics = MetricsLog(TaskLayout(self.directory).metrics)
+        self._metrics = MetricsLog(self.layout.metrics)
         self._seed: Seed | None = None
         self.retired: str | None = None
         self._watch = RequestWatch(self.directory)
@@ -138,7 +138,7 @@ class TrainContext:
         self.device = torch.device("cpu") if self.distributed is None else self.distributed.device
         ck = spec.checkpoint
         try:
-            shared, local, memory = TaskLayout(self.directory).checkpoints, node_local_dir(spec), node_memory_dir(spec)
+            shared, local, memory = self.layout.checkpoints, node_local_dir(spec), node_memory_dir(spec)
             self.checkpointer = Checkpointer(
                 tiers=member_tiers(shared, local, memory, ck.local_every, ck.persist_every),
                 keep=ck.keep,
@@ -380,7 +380,7 @@ class TrainContext:
         start = max(parent.requested_at, seed.forked_at or 0.0)
         record = {"step": seed.step, "transport": seed.transport, "fallback": seed.fallback}
         if self.rank == 0:
-            write_durably(TaskLayout(self.directory).seed, json.dumps({"parent": parent.member, **record}))
+            write_durably(self.layout.seed, json.dumps({"parent": parent.member, **record}))
         self._emit(
             "cloned",
             parent=parent.member,

@@ -29,7 +29,6 @@ from typing import Any
 
 from resilient_flows.durable import write_durably
 from resilient_flows.errors import Preempted, ResilientFlowsError
-from resilient_flows.rundir import TaskLayout
 from resilient_flows.training.context import TrainContext
 from resilient_flows.training.contract import EXIT_PREEMPTED, RunContract
 from resilient_flows.training.control import read_spec
@@ -123,7 +122,7 @@ class ScriptRun:
                 ctx._commit(self._last_step)
             report = ctx.result(model, **values)
             if ctx.rank == 0:
-                write_durably(TaskLayout(ctx.directory).command_report, json.dumps(report, indent=2, default=str))
+                write_durably(ctx.layout.command_report, json.dumps(report, indent=2, default=str))
         finally:
             self._closed = True
             self._signals.close()

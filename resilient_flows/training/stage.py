@@ -20,7 +20,7 @@ from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
 from resilient_flows.durable import write_durably
-from resilient_flows.rundir import TaskLayout, stage_layout
+from resilient_flows.rundir import stage_layout
 from resilient_flows.training.control import count_attempt, newest_committed
 from resilient_flows.training.events import EventLog
 from resilient_flows.training.heartbeat import Heartbeat
@@ -58,11 +58,11 @@ def run_stage(spec: dict[str, Any], run_dir: str) -> Any:
 
     stage = StageSpec.from_dict(spec)
     loop = import_function(stage.loop, "loop function")
-    directory = stage_dir(run_dir, stage.name)
-    output = TaskLayout(directory).output
+    layout = stage_layout(run_dir, stage.name)
+    output = layout.output
     output.mkdir(parents=True, exist_ok=True)
     events = EventLog(run_dir)
-    attempt = count_attempt(directory)
+    attempt = count_attempt(layout.root)
     restart = newest_iteration(run_dir, stage.name)
     events.emit(
         "stage_started", stage.name, attempt=attempt, pid=os.getpid(), iteration=None if restart < 0 else restart
@@ -73,11 +73,11 @@ def run_stage(spec: dict[str, Any], run_dir: str) -> Any:
         schedule = _faulty(schedule, stage)
     with (
         Heartbeat(run_dir, stage.name, attempt),
-        Context(TaskLayout(directory).checkpoints, filter=schedule, keep=stage.keep) as ctx,
+        Context(layout.checkpoints, filter=schedule, keep=stage.keep) as ctx,
     ):
         value = loop(ctx, output=output, inputs=inputs, **stage.params)
     result = {"stage": stage.name, "attempts": attempt, "value": value}
-    write_durably(TaskLayout(directory).result, json.dumps(result, indent=2, default=str))
+    write_durably(layout.result, json.dumps(result, indent=2, default=str))
     events.emit("stage_finished", stage.name, attempt=attempt)
     return value
 
