@@ -18,7 +18,7 @@ from test_faults import small_filesystem  # noqa: F401 (a fixture)
 
 from resilient_flows.errors import StorageFullError, is_storage_full
 from resilient_flows.training import MemberSpec, run_member
-from resilient_flows.training import context as context_module
+from resilient_flows.training.boundary import runtime as boundary_runtime
 from resilient_flows.training.events import EventLog, MetricsLog, read_events
 
 
@@ -111,7 +111,7 @@ def test_a_member_trains_through_a_full_file_system_and_ends_like_an_uninterrupt
     small_filesystem: Path,  # noqa: F811
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(context_module, "STORAGE_RETRY_S", 0.1)
+    monkeypatch.setattr(boundary_runtime, "STORAGE_RETRY_S", 0.1)
     spec = MemberSpec(name="m", workload="userworkload:train", params={}, steps=3000)
     run_dir = small_filesystem / "run"
     run_dir.mkdir()

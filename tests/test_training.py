@@ -126,15 +126,17 @@ def test_metrics_lines_are_what_json_writes_and_reach_disk_by_each_checkpoint(tm
     assert (tmp_path / "metrics.jsonl").read_text() == "".join(json.dumps(r) + "\n" for r in records)
     log.close()
 
-    class Probe(TrainContext):
-        def _save(self, step: int, **kwargs) -> None:
-            super()._save(step, **kwargs)
-            on_disk[step] = (self.directory / "metrics.jsonl").read_text().count("\n")
-
     on_disk: dict[int, int] = {}
     member = spec(steps=30)
-    ctx = Probe(member, str(tmp_path / "run"))
-    ctx._metrics.FLUSH_S = 3600.0
+    ctx = TrainContext(member, str(tmp_path / "run"))
+    ctx.runtime.metrics.FLUSH_S = 3600.0
+    save = ctx.runtime.saver.save
+
+    def probe(step: int, **kwargs) -> None:
+        save(step, **kwargs)
+        on_disk[step] = (ctx.directory / "metrics.jsonl").read_text().count("\n")
+
+    ctx.runtime.saver.save = probe
     try:
         run = resolve_workload(member.workload)
         run.train(ctx)

@@ -376,7 +376,7 @@ class ResilientCallback(_Callback):
         self._signals.restore()
         if self.contract is None:
             return
-        from resilient_flows.training.context import state_digest
+        from resilient_flows.training.digest import state_digest
 
         # Here, not at fit's end: the ranks agree over the process group, and Lightning's strategy
         # teardown (which closes the checkpoint plugin) comes before on_fit_end.

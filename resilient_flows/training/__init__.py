@@ -16,9 +16,10 @@ from resilient_flows.lazy import lazy_exports
 if TYPE_CHECKING:
     from resilient_flows.errors import Preempted
     from resilient_flows.training.builtins import BUILTIN_WORKLOADS
-    from resilient_flows.training.context import TrainContext, state_digest
+    from resilient_flows.training.context import TrainContext
     from resilient_flows.training.contract import RunContract
     from resilient_flows.training.control import member_dir, request_preemption, request_retirement
+    from resilient_flows.training.digest import state_digest
     from resilient_flows.training.distributed import (
         DistributedInfo,
         LaunchEnv,
@@ -70,7 +71,8 @@ __all__ = [
 
 _SOURCES = {
     "resilient_flows.errors": ("Preempted",),
-    "resilient_flows.training.context": ("TrainContext", "state_digest"),
+    "resilient_flows.training.context": ("TrainContext",),
+    "resilient_flows.training.digest": ("state_digest",),
     "resilient_flows.training.contract": ("RunContract",),
     "resilient_flows.training.control": ("member_dir", "request_preemption", "request_retirement"),
     "resilient_flows.training.distributed": (

@@ -20,6 +20,7 @@ import logging
 import os
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,11 +28,12 @@ from typing import Any
 from resilient_flows.capped import CONTROL_CAP, read_capped, read_json_capped
 from resilient_flows.checkpoint import Checkpointer, TrainState
 from resilient_flows.checkpoint.tiers import Tier
+from resilient_flows.durable import write_durably
 from resilient_flows.rundir import TaskLayout, member_layout
 from resilient_flows.training.control import CloneOrder, clone_order_path, member_dir, read_spec
 from resilient_flows.training.spec import OPTIMIZER_KEYS, MemberSpec, ParentSpec
 
-__all__ = ["SEED_TIMEOUT_S", "Handoff", "Seed", "apply_overrides", "mark_forking", "wait_for_seed"]
+__all__ = ["SEED_TIMEOUT_S", "CloneStart", "Handoff", "Seed", "apply_overrides", "mark_forking", "wait_for_seed"]
 
 logger = logging.getLogger(__name__)
 
@@ -147,6 +149,65 @@ def _fall_back(run_dir: Path, parent: ParentSpec, checkpointer: Checkpointer, pr
             )
             return Seed(step, "shared tier (fallback)", time.time(), fallback=f"{problem}; took step {step}")
     raise RuntimeError(f"clone of {parent.member}: {problem}, and {parent.member} has no committed checkpoint")
+
+
+class CloneStart:
+    """A clone's first start, as its member sees it: wait for the source's checkpoint before the
+    restore, apply the overrides to the state restored from it, and report ``cloned``.
+
+    ``broadcast`` gives rank 0's value to every rank; ``emit`` writes a member event (rank 0).
+    """
+
+    def __init__(
+        self, run_dir: Path, spec: MemberSpec, rank: int, broadcast: Callable[[Any], Any], emit: Callable[..., None]
+    ) -> None:
+        self.run_dir, self.spec, self.rank = run_dir, spec, rank
+        self._broadcast, self._emit = broadcast, emit
+        self.layout = member_layout(run_dir, spec.name)
+        self.seed: Seed | None = None
+
+    def wait(self, checkpointer: Checkpointer) -> None:
+        """Before the first restore of a clone: block until its tiers hold its seed."""
+        if self.spec.parent is not None and _read_seed_step(self.layout) is None:
+            seed = wait_for_seed(self.run_dir, self.spec, checkpointer) if self.rank == 0 else None
+            self.seed = self._broadcast(seed)
+
+    def restored(self, state: TrainState, step: int | None) -> bool:
+        """After the restore of ``step``: whether it is the clone's seed, with the overrides applied
+        (after the state, so that they win)."""
+        parent = self.spec.parent
+        seed_step = self.seed.step if self.seed is not None else _read_seed_step(self.layout)
+        if parent is None or step is None or step != seed_step:
+            return False
+        apply_overrides(state, parent.overrides)
+        return True
+
+    def report(self, restored_step: int | None) -> None:
+        """A clone about to take its first step from its source's state says so (``cloned``). Its
+        clock starts at the request, or when the source served the order if that was later."""
+        parent, seed = self.spec.parent, self.seed
+        if parent is None or seed is None or restored_step != seed.step:
+            return
+        start = max(parent.requested_at, seed.forked_at or 0.0)
+        record = {"step": seed.step, "transport": seed.transport, "fallback": seed.fallback}
+        if self.rank == 0:
+            write_durably(self.layout.seed, json.dumps({"parent": parent.member, **record}))
+        self._emit(
+            "cloned",
+            parent=parent.member,
+            request=parent.request,
+            overrides=parent.overrides,
+            standby_s=round(seed.receiving_at - start, 4),
+            readiness_s=round(time.time() - start, 4),
+            **record,
+        )
+
+
+def _read_seed_step(layout: TaskLayout) -> int | None:
+    try:
+        return int(read_json_capped(layout.seed, CONTROL_CAP, "clone seed")["step"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 #: Optimizer hyperparameters an override may change; anything else changes the workload's params.

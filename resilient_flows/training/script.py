@@ -72,7 +72,7 @@ class ScriptRun:
         self.params = dict(contract.params)
         self.context = TrainContext(spec, contract.run_dir, attempt=contract.attempt)
         self._signals = contextlib.ExitStack()
-        self._signals.enter_context(self.context._signals)  # from now on a stop waits for a step boundary
+        self._signals.enter_context(self.context.runtime.signals)  # from now on a stop waits for a step boundary
         self._last_step: int | None = None
         self._closed = False
         atexit.register(self._abandon)
@@ -86,7 +86,7 @@ class ScriptRun:
     ) -> int:
         """Declare what a checkpoint holds and restore the newest committed one; the first step to run."""
         restored = self.context.track(model, optimizer, scheduler, extra)
-        self.context._report_if_cloned()
+        self.context.report_if_cloned()
         return 0 if restored is None else restored + 1
 
     def step(self, step: int, **metrics: float) -> None:
@@ -101,7 +101,7 @@ class ScriptRun:
             self.context.log(step, **metrics)
         self._last_step = step
         try:
-            retired = self.context._after_step(step)
+            retired = self.context.after_step(step)
         except Preempted as exc:
             self._last_step = None  # committed already
             self.close()
@@ -119,7 +119,7 @@ class ScriptRun:
             return ctx.result(model, **values)
         try:
             if self._last_step is not None:
-                ctx._commit(self._last_step)
+                ctx.runtime.commit(self._last_step)
             report = ctx.result(model, **values)
             if ctx.rank == 0:
                 write_durably(ctx.layout.command_report, json.dumps(report, indent=2, default=str))
