@@ -47,7 +47,7 @@ from resilient_flows.checkpoint.manifest import read_manifest
 from resilient_flows.checkpoint.state import capture_rng, restore_rng
 from resilient_flows.checkpoint.tree import unflatten
 from resilient_flows.errors import CheckpointError, CorruptCheckpointError, ResilientFlowsError
-from resilient_flows.training.boundary import StopSignals
+from resilient_flows.training.boundary import CheckpointSaver, CommRanks, StepRuntime, member_events
 from resilient_flows.training.contract import ENV_NAMES
 
 __all__ = ["ResilientTrainerCallback", "resilient_trainer"]
@@ -355,7 +355,8 @@ def _trainer_state(trainer: Trainer) -> dict[str, Any]:
 
 
 class _Standalone:
-    """A script on its own: our Checkpointer on the given tiers; a stop signal ends ``train()``."""
+    """A script on its own: our Checkpointer on the given tiers; a stop signal, agreed by every
+    rank, ends ``train()`` after committing the step (:class:`StepRuntime`'s boundary)."""
 
     logs_loss = False
 
@@ -372,21 +373,20 @@ class _Standalone:
             directory, local_dir=local_dir, keep=keep, persist_every=persist_every, comm=_world_group()
         )
         self.save_steps = save_steps
-        self.state: TrainState | None = None
-        self._saved: int | None = None
-        self._prepared = False
-        self._signals = StopSignals()
+        self._saver = CheckpointSaver(self.checkpointer)
+        ranks = CommRanks(self.checkpointer.comm)
+        self._runtime = StepRuntime("trainer", 1, ranks, self._saver, member_events(None, None, False))
 
     def begin(self) -> None:
         """From now until :meth:`finish`, a stop signal waits for the next step boundary."""
-        self._signals.install()
+        self._runtime.signals.install()
 
     def track(self, model: Any, optimizer: Any, scheduler: Any, extra: dict[str, Any]) -> int | None:
-        self.state = TrainState(model, optimizer, scheduler, extra=extra)
-        restored = self.checkpointer.restore(self.state)
+        self._saver.state = TrainState(model, optimizer, scheduler, extra=extra)
+        restored = self.checkpointer.restore(self._saver.state)
         if self.checkpointer.skipped:  # newer ones failed verification: training goes on from this one
             self.checkpointer.discard_newer_than(-1 if restored is None else restored)
-        self._saved = restored
+        self._saver.last_saved = restored
         return restored
 
     def step_end(self, global_step: int, control: TrainerControl) -> None:
@@ -394,39 +394,26 @@ class _Standalone:
             control.should_save = global_step % self.save_steps == 0
 
     def boundary(self, step: int, loss: float | None, control: TrainerControl) -> str | None:
-        reason = self._signals.reason
-        if reason is not None:
-            self.commit(step)
-            control.should_training_stop = True
-            logger.warning("stopped on %s after committing step %d", reason, step)
-            return reason
-        if not self._prepared:  # after the first step the optimizer has its state: the layout is final
-            if self._saved != step:  # (a save allocated the arena already)
-                self.checkpointer.prepare(self.state)
-            self._prepared = True
-        return None
+        stop = self._runtime.after_step(step)
+        if stop is None:
+            return None
+        control.should_training_stop = True
+        return stop.reason
 
     def epoch_end(self, control: TrainerControl) -> None:
         if self.save_steps is not None:
             control.should_save = False
 
     def save_requested(self, step: int) -> None:
-        if self._saved != step:
-            self.checkpointer.save(step, self.state)
-            self._saved = step
-
-    def commit(self, step: int) -> None:
-        if self._saved != step:
-            self.checkpointer.save(step, self.state, persist=True)
-            self._saved = step
-        self.checkpointer.wait()
+        if self._saver.last_saved != step:
+            self._runtime.save(step)
 
     def finish(self, step: int, model: Any) -> None:
         try:
             if step >= 0:
-                self.commit(step)
+                self._runtime.commit(step)
         finally:
-            self._signals.restore()
+            self._runtime.close()
             self.checkpointer.close()
 
 

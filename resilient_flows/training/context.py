@@ -192,14 +192,11 @@ class TrainContext:
     def close(self) -> None:
         """Flush metrics, finish and stop the checkpointer, then leave the process group and stop
         beating. Idempotent."""
-        if self.runtime.metrics is not None:
-            self.runtime.metrics.close()
         try:
             self.checkpointer.close()
         finally:
             self._leave_ranks()
-            if self.runtime.heartbeat is not None:
-                self.runtime.heartbeat.stop()
+            self.runtime.close()
 
     # ------------------------------------------------------------------ for the loops built on it
 

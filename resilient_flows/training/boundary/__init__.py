@@ -11,8 +11,19 @@
 from resilient_flows.training.boundary.cadence import Cadence
 from resilient_flows.training.boundary.ranks import CommRanks, Ranks
 from resilient_flows.training.boundary.requests import Request
-from resilient_flows.training.boundary.runtime import StepRuntime, Stop
+from resilient_flows.training.boundary.runtime import StepRuntime, Stop, member_events
 from resilient_flows.training.boundary.saver import CheckpointSaver, Saver
 from resilient_flows.training.boundary.signals import StopSignals
 
-__all__ = ["Cadence", "CheckpointSaver", "CommRanks", "Ranks", "Request", "Saver", "StepRuntime", "Stop", "StopSignals"]
+__all__ = [
+    "Cadence",
+    "CheckpointSaver",
+    "CommRanks",
+    "Ranks",
+    "Request",
+    "Saver",
+    "StepRuntime",
+    "Stop",
+    "StopSignals",
+    "member_events",
+]

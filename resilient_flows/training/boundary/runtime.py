@@ -11,6 +11,7 @@ their way of saving (:class:`Saver`).
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -25,7 +26,7 @@ from resilient_flows.training.boundary.saver import OnCommit, Saver
 from resilient_flows.training.boundary.signals import StopSignals
 from resilient_flows.training.contract import EXIT_PREEMPTED
 from resilient_flows.training.control import CloneOrder, RequestWatch, read_clone_orders
-from resilient_flows.training.events import MetricsLog
+from resilient_flows.training.events import EventLog, MetricsLog
 from resilient_flows.training.fork import Handoff, mark_forking
 from resilient_flows.training.heartbeat import Heartbeat
 from resilient_flows.training.spec import FaultSpec
@@ -39,6 +40,15 @@ STORAGE_RETRY_S = 2.0
 
 #: Keys of a metrics line that a logged metric cannot replace.
 _RESERVED = ("step", "attempt", "time")
+
+
+def member_events(run_dir: str | os.PathLike | None, member: str | None, writes: bool) -> Callable[..., None]:
+    """How a rank emits its member's events: into the run's event log from the one rank that
+    writes them (rank 0, in a workflow), nowhere from the others."""
+    if run_dir is None or member is None or not writes:
+        return lambda kind, **fields: None
+    events = EventLog(run_dir)
+    return lambda kind, **fields: events.emit(kind, member, **fields)
 
 
 @dataclass(frozen=True)
@@ -111,6 +121,15 @@ class StepRuntime:
         if self.metrics is not None:
             self.metrics.flush()
 
+    def close(self) -> None:
+        """Put the signal handlers back, close the metrics log and stop beating. Idempotent."""
+        self.signals.restore()
+        if self.metrics is not None:
+            self.metrics.close()
+            self.metrics = None
+        if self.heartbeat is not None:
+            self.heartbeat.stop()
+
     def after_step(self, step: int) -> Stop | None:
         """Everything due after ``step``; the stop, once committed, when the member must stop."""
         if self.heartbeat is not None:
@@ -143,7 +162,8 @@ class StepRuntime:
             self._full_failures = 0
         if self.cadence is not None:
             self.cadence.saved()
-        self.emit("checkpointed", step=step, stall_ms=round(1000 * self.saver.stall, 3))
+        if not self.saver.reports_saves:
+            self.emit("checkpointed", step=step, stall_ms=round(1000 * self.saver.stall, 3))
 
     def commit(self, step: int) -> None:
         """Return once ``step`` is committed (the last step, or before stopping), saving it again

@@ -19,6 +19,9 @@ class Saver(Protocol):
 
     #: The step of the last save asked for (None: none since the restored state, or it failed).
     last_saved: int | None
+    #: Whether each save is announced (a ``checkpointed`` event) by the saver's own plugin, which
+    #: also sees the saves a framework starts itself.
+    reports_saves: bool
 
     @property
     def stall(self) -> float:
@@ -39,6 +42,8 @@ class Saver(Protocol):
 
 class CheckpointSaver:
     """:class:`Saver` of a :class:`TrainState` (set by the loop once it declared one) through a Checkpointer."""
+
+    reports_saves = False
 
     def __init__(self, checkpointer: Checkpointer, *, overlap: bool = False) -> None:
         self.checkpointer = checkpointer

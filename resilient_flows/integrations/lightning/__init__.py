@@ -1,0 +1,39 @@
+"""PyTorch Lightning on resilient-flows: asynchronous multi-tier checkpoints, stop signals, workflow metrics.
+
+Two objects, added to an ordinary ``Trainer``::
+
+    from resilient_flows.integrations.lightning import ResilientCallback, ResilientCheckpointIO
+
+    trainer = Trainer(
+        plugins=[ResilientCheckpointIO()],  # the member's tiers in a workflow; directory=... elsewhere
+        callbacks=[ModelCheckpoint(dirpath=ckpts, every_n_train_steps=50, save_last=True), ResilientCallback()],
+    )
+    trainer.fit(model, data, ckpt_path="last")  # resumes from the newest committed checkpoint, if any
+
+:class:`ResilientCheckpointIO` replaces ``torch.save``: a save returns once the tensors are copied
+into host buffers and the engine writes them behind training; the path Lightning names becomes a
+reference to a step of the engine's store (:mod:`resilient_flows.integrations.pathstore` has the
+mapping). :class:`ResilientCallback` turns SIGTERM/SIGUSR1 and the runner's requests into a
+committed checkpoint at the next step boundary, and writes the member's metrics.
+
+Both classes derive from the Lightning that is imported when this module is first imported:
+``pytorch_lightning`` or ``lightning.pytorch``, whichever the script imported already (the
+Trainer checks its plugins and callbacks against its own package's classes), else whichever is
+installed, ``pytorch_lightning`` first. Import your Lightning before this module when both are
+installed.
+
+Under DDP Lightning calls the plugin on global rank 0 only; that rank writes the checkpoint whole,
+and every rank reads it whole. FSDP2 (``fully_shard`` in ``configure_model``) runs under
+:class:`ResilientModelParallelStrategy`: Lightning's own FSDP strategies read checkpoints with
+``torch.load`` or DCP, around the plugin, so that one gathers the full state onto rank 0 to save
+and shards what every rank reads back, on any number of ranks. Each rank writing its own shard,
+as :class:`~resilient_flows.checkpoint.Checkpointer` does under ``TrainContext``, is not done
+for Lightning yet.
+"""
+
+from resilient_flows.integrations.lightning.callback import ResilientCallback
+from resilient_flows.integrations.lightning.checkpoint_io import ResilientCheckpointIO
+from resilient_flows.integrations.lightning.package import LIGHTNING
+from resilient_flows.integrations.lightning.strategy import ResilientModelParallelStrategy
+
+__all__ = ["LIGHTNING", "ResilientCallback", "ResilientCheckpointIO", "ResilientModelParallelStrategy"]
