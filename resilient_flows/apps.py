@@ -23,7 +23,7 @@ from parsl import bash_app, python_app
 from parsl.app.errors import BashExitFailure
 from parsl.executors.high_throughput.errors import ManagerLost, WorkerLost
 
-from resilient_flows.errors import LaunchError, Preempted, is_storage_full
+from resilient_flows.errors import STORAGE_FULL, Failure, LaunchError, Preempted
 from resilient_flows.rundir import TaskLayout
 from resilient_flows.training.command import CommandKilled
 from resilient_flows.training.contract import EXIT_PREEMPTED
@@ -278,6 +278,7 @@ class ResumingRetryHandler:
                 f"{exception}",
             )
             return math.inf  # finished: the runner takes the result, Parsl retries nothing
+        failure = Failure.of(exception, type(exception).__name__)  # judged by its kind, reported whole
         before = self._progress.get(task, -1)
         progressed = latest > before or (record is not None and record.get("committed") is not None)
         self._progress[task] = latest
@@ -290,7 +291,7 @@ class ResumingRetryHandler:
             else:
                 stops = self._stalled[task]
                 cost, why = 1.0, f"preempted without progress ({stops} attempts in a row without a newer checkpoint)"
-        elif isinstance(exception, _LOST) or is_storage_full(exception):
+        elif isinstance(exception, _LOST) or failure.kind == STORAGE_FULL:
             what = "lost" if isinstance(exception, _LOST) else "storage full"
             cost, why = (0.0, f"{what} after progress") if progressed else (1.0, f"{what} without progress")
         else:
@@ -298,7 +299,9 @@ class ResumingRetryHandler:
         events.emit(
             "failed",
             name,
-            error=f"{type(exception).__name__}: {exception}",
+            error=str(failure),
+            failure_kind=failure.kind,
+            errno=failure.errno,
             cause=why,
             cost=cost,
             checkpoint=None if latest < 0 else latest,

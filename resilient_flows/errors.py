@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import errno
 import os
+from dataclasses import dataclass, replace
 
 __all__ = [
+    "STORAGE_FULL",
     "CheckpointError",
     "CloneError",
     "CorruptCheckpointError",
+    "Failure",
     "FileTooLargeError",
     "InvalidJobError",
     "LaunchError",
@@ -45,7 +48,11 @@ class Preempted(ResilientFlowsError):
 
 
 class CheckpointError(ResilientFlowsError):
-    """A checkpoint could not be written, committed or restored."""
+    """A checkpoint could not be written, committed or restored; ``failures``: what failed, as recorded."""
+
+    def __init__(self, *args: object, failures: tuple[Failure, ...] = ()) -> None:
+        super().__init__(*args)
+        self.failures = failures
 
 
 class StorageFullError(CheckpointError):
@@ -53,19 +60,49 @@ class StorageFullError(CheckpointError):
     passes (a purge, another job finishing), unlike a corrupt state or a bug."""
 
 
-#: How the C library words the errors of a full file system, as they appear in messages.
-_FULL = (os.strerror(errno.ENOSPC), os.strerror(errno.EDQUOT))
+#: The errno values of a full file system or an exhausted quota.
+_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
 
 
-def is_storage_full(error: BaseException | str) -> bool:
-    """Whether ``error`` (an exception, or a failure's message as ranks agreed on it) is a full
-    file system or quota. Messages are compared, not exception types, so that every rank of a
-    job decides the same from the same agreed text."""
-    if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
-        return True
+def is_storage_full(error: BaseException) -> bool:
+    """Whether ``error`` is a full file system or quota: by its type or errno, never by its text."""
     if isinstance(error, StorageFullError):
         return True
-    return any(text in str(error) for text in _FULL)
+    return isinstance(error, OSError) and error.errno in _FULL_ERRNOS
+
+
+@dataclass(frozen=True)
+class Failure:
+    """A failure as it travels from where it happened (a rank's writer thread, a collective) to
+    where it is judged (the engine, the step boundary, the retry handler).
+
+    Its ``kind`` is decided once, from the exception, where the errno is still at hand:
+    ``"storage-full"`` (ENOSPC, EDQUOT), ``"io"`` (any other OSError), ``"mismatch"`` (ranks
+    disagree on the state) or ``"error"``. Ranks exchange it as it is, so that each judges the
+    same kind from the same record.
+    """
+
+    kind: str
+    message: str
+    errno: int | None = None
+
+    @classmethod
+    def of(cls, exc: BaseException, doing: str) -> Failure:
+        """The failure ``exc`` while ``doing`` (``"writing X failed"``)."""
+        code = exc.errno if isinstance(exc, OSError) else None
+        kind = STORAGE_FULL if is_storage_full(exc) else "io" if isinstance(exc, OSError) else "error"
+        return cls(kind, f"{doing}: {exc}", code)
+
+    def within(self, context: str) -> Failure:
+        """The same failure, said of the larger operation ``context`` it broke."""
+        return replace(self, message=f"{context}: {self.message}")
+
+    def __str__(self) -> str:
+        return self.message
+
+
+#: :attr:`Failure.kind` of a full file system or quota.
+STORAGE_FULL = "storage-full"
 
 
 class CorruptCheckpointError(CheckpointError):

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from test_faults import small_filesystem  # noqa: F401 (a fixture)
 
-from resilient_flows.errors import StorageFullError, is_storage_full
+from resilient_flows.errors import STORAGE_FULL, Failure, StorageFullError, is_storage_full
 from resilient_flows.training import MemberSpec, run_member
 from resilient_flows.training.boundary import runtime as boundary_runtime
 from resilient_flows.training.events import EventLog, MetricsLog, read_events
@@ -141,6 +141,12 @@ def test_a_member_trains_through_a_full_file_system_and_ends_like_an_uninterrupt
 def test_storage_full_is_told_apart_from_other_failures() -> None:
     assert is_storage_full(OSError(28, "No space left on device"))
     assert is_storage_full(StorageFullError("x"))
-    assert is_storage_full("flush of step 3 to the shared tier /x: [Errno 122] Disk quota exceeded")
     assert not is_storage_full(OSError(5, "Input/output error"))
-    assert not is_storage_full("writing shard failed: checksum mismatch")
+    quota = Failure.of(OSError(122, "Disk quota exceeded"), "writing x failed").within("flush of step 3")
+    assert (quota.kind, quota.errno, str(quota)) == (
+        STORAGE_FULL,
+        122,
+        "flush of step 3: writing x failed: [Errno 122] Disk quota exceeded",
+    )
+    assert Failure.of(OSError(5, "Input/output error"), "writing x failed").kind == "io"
+    assert Failure.of(ValueError("checksum mismatch"), "writing x failed").kind == "error"

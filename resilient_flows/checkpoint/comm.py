@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 import torch
 
 #: Largest single broadcast: below the 2 GiB that 32-bit MPI counts allow.
 BCAST_BYTES = 1 << 30
+
+T = TypeVar("T")
 
 __all__ = ["Comm", "MPIComm", "SingleProcess", "TorchComm", "as_comm", "first_problem"]
 
@@ -212,6 +214,6 @@ def as_comm(comm: Any) -> Comm:
     )
 
 
-def first_problem(problems: Iterable[Any]) -> str | None:
+def first_problem(problems: Iterable[T | None]) -> T | None:
     """The first non-empty problem of an allgather: what every rank reports when one failed."""
     return next((p for p in problems if p), None)

@@ -45,7 +45,7 @@ from resilient_flows.checkpoint.state import RANK_LOCAL, Stateful, TrainState
 from resilient_flows.checkpoint.tiers import Tier
 from resilient_flows.checkpoint.tree import Leaf, dtype_of, flatten
 from resilient_flows.checkpoint.writer import CheckpointStats, WriteJob, WritePipeline
-from resilient_flows.errors import CheckpointError, StorageFullError, is_storage_full
+from resilient_flows.errors import STORAGE_FULL, CheckpointError, Failure, StorageFullError
 
 __all__ = ["CheckpointStats", "Checkpointer", "SkippedCheckpoint", "TierSpec"]
 
@@ -178,7 +178,7 @@ class Checkpointer:
         self._copier = CopyWorker()
         self._plans: dict[tuple[ArraySpec, ...], tuple[list[list[WriteItem]], str]] = {}
         self._held: dict[Any, tuple[HeldBox, ...]] = {}
-        self._errors: list[str] = []
+        self._errors: list[Failure] = []
         self._lock = threading.Lock()
         self._pending_snapshot: Snapshot | None = None
         self._hooked: weakref.WeakKeyDictionary[torch.optim.Optimizer, Any] = weakref.WeakKeyDictionary()
@@ -459,18 +459,18 @@ class Checkpointer:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _record(self, message: str) -> None:
-        logger.error("%s", message)
+    def _record(self, failure: Failure) -> None:
+        logger.error("%s", failure)
         with self._lock:
-            self._errors.append(message)
+            self._errors.append(failure)
 
     def _raise_pending(self) -> None:
         with self._lock:
-            errors, self._errors = self._errors, []
-        if errors:
-            more = f" (and {len(errors) - 1} more failure(s))" if len(errors) > 1 else ""
-            kind = StorageFullError if all(map(is_storage_full, errors)) else CheckpointError
-            raise kind(errors[0] + more)
+            failures, self._errors = tuple(self._errors), []
+        if failures:
+            more = f" (and {len(failures) - 1} more failure(s))" if len(failures) > 1 else ""
+            full = all(f.kind == STORAGE_FULL for f in failures)
+            raise (StorageFullError if full else CheckpointError)(f"{failures[0]}{more}", failures=failures)
 
     def _check_open(self) -> None:
         if self._closed:

@@ -50,6 +50,7 @@ from resilient_flows.checkpoint.shardfile import (
 )
 from resilient_flows.checkpoint.snapshot import HostArena, Snapshot
 from resilient_flows.checkpoint.tiers import MANIFEST, Tier, shard_filename
+from resilient_flows.errors import Failure
 
 __all__ = ["CheckpointStats", "WriteJob", "WritePipeline"]
 
@@ -135,7 +136,7 @@ class WritePipeline:
         comm: Comm,
         keep: int,
         arena: HostArena,
-        on_error: Callable[[str], None],
+        on_error: Callable[[Failure], None],
         stats: CheckpointStats,
     ) -> None:
         self.tiers = tiers
@@ -239,7 +240,7 @@ class WritePipeline:
                 handle(job)
             except BaseException as exc:  # a bug, not an I/O error: still never lost
                 logger.exception("checkpoint thread failed")
-                self._on_error(f"step {job.step}: internal error {exc!r}")
+                self._on_error(Failure("error", f"step {job.step}: internal error {exc!r}"))
                 self._arena.release(job.generation)
             finally:
                 if flushes:
@@ -257,7 +258,7 @@ class WritePipeline:
         try:
             job.snapshot.wait_copied()
         except Exception as exc:
-            problem = f"copying the state failed: {exc}"
+            problem = Failure.of(exc, "copying the state failed")
         began = time.perf_counter()
         exists = self.rank == 0 and (step_dir / MANIFEST).is_file()
         before = comm.allgather((job.layout, exists, problem))
@@ -275,14 +276,16 @@ class WritePipeline:
                     step_dir / self.shard_name, job.head, job.entries, self._arena.buffer, cached=job.cached
                 )
             except Exception as exc:
-                problem = f"writing {step_dir / self.shard_name} failed: {exc}"
+                problem = Failure.of(exc, f"writing {step_dir / self.shard_name} failed")
         self._arena.release(job.generation)
         after = comm.allgather((job.record, job.digests, job.local_skeleton, job.local_arrays, problem))
         problem = problem or first_problem(p for *_, p in after)
         if problem is None:
             problem = self._commit(comm, job, tier, lambda: _manifest(job, after))
         if problem is not None:
-            self._abandon(tier, step_dir, f"checkpoint of step {step} to the {tier.name} tier {tier.path}: {problem}")
+            self._abandon(
+                tier, step_dir, problem.within(f"checkpoint of step {step} to the {tier.name} tier {tier.path}")
+            )
             return
         self.stats.committed += 1
         self.stats.bytes_written += job.record.nbytes
@@ -296,7 +299,7 @@ class WritePipeline:
         self._committed(job, tier)
         self.prune(tier, step)
 
-    def _commit(self, comm: Comm, job: WriteJob, tier: Tier, manifest: Callable[[], Manifest]) -> str | None:
+    def _commit(self, comm: Comm, job: WriteJob, tier: Tier, manifest: Callable[[], Manifest]) -> Failure | None:
         """Rank 0 commits ``tier`` (``manifest()`` builds the record, once); in a node-local tier
         every other rank then puts a copy of the manifest beside its own shard. Collective; the
         problem, on every rank, or None."""
@@ -308,7 +311,7 @@ class WritePipeline:
                 write_manifest(step_dir, job.manifest)
                 tier.write_latest(job.step)
             except Exception as exc:
-                problem = f"committing {step_dir} failed: {exc}"
+                problem = Failure.of(exc, f"committing {step_dir} failed")
             others_lack_it = tier is self.tiers[0] and self.node_local(tier)  # later tiers: they have it
             text = job.manifest.to_json() if others_lack_it and job.manifest is not None else None
         problem, text = comm.bcast((problem, text))
@@ -347,13 +350,13 @@ class WritePipeline:
                 dst_dir.mkdir(parents=True, exist_ok=True)
                 self._send(job, src, dst_dir / self.shard_name)
             except Exception as exc:
-                problem = f"copying {src} to {dst_dir} failed: {exc}"
+                problem = Failure.of(exc, f"copying {src} to {dst_dir} failed")
             problem = first_problem(comm.allgather(problem))
             if problem is None:
                 problem = self._commit(comm, job, tier, lambda: job.manifest)
         if problem is not None:
             where = f"the {tier.name} tier {tier.path}"
-            self._abandon(tier, dst_dir, f"flush of step {step} to {where}: {problem}")
+            self._abandon(tier, dst_dir, problem.within(f"flush of step {step} to {where}"))
             return False
         if tier is self.shared:
             self.stats.persisted += 1
@@ -389,7 +392,7 @@ class WritePipeline:
         except Exception:
             logger.exception("on_commit of step %d in the %s tier failed", job.step, tier.name)
 
-    def _abandon(self, tier: Tier, step_dir: Path, message: str) -> None:
+    def _abandon(self, tier: Tier, step_dir: Path, failure: Failure) -> None:
         """Remove what a failed checkpoint wrote; a committed one (even of this step) is untouched."""
         committed = (step_dir / MANIFEST).is_file()
         for name in (self.shard_name + ".tmp",) if committed else (self.shard_name, self.shard_name + ".tmp"):
@@ -397,7 +400,7 @@ class WritePipeline:
                 (step_dir / name).unlink(missing_ok=True)
         if self.rank == 0 and not committed:
             shutil.rmtree(step_dir, ignore_errors=True)
-        self._on_error(message)
+        self._on_error(failure)
 
 
 def _manifest(job: WriteJob, gathered: list) -> Manifest:
@@ -420,8 +423,10 @@ def _manifest(job: WriteJob, gathered: list) -> Manifest:
     )
 
 
-def _layout_problem(layouts: list[str]) -> str | None:
+def _layout_problem(layouts: list[str]) -> Failure | None:
     odd = [rank for rank, lay in enumerate(layouts) if lay != layouts[0]]
     if odd:
-        return f"ranks {odd} hold a different state (names, shapes, dtypes or placements) than rank 0"
+        return Failure(
+            "mismatch", f"ranks {odd} hold a different state (names, shapes, dtypes or placements) than rank 0"
+        )
     return None
