@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from resilient_flows.cosched.cosim import add_cosim_parser, run_cosim
+from resilient_flows.cli.cosim import add_parsers, run_cosim
 from resilient_flows.cosched.jobs import OnDemandRequest
 from resilient_flows.cosched.policies import BASELINES
 from resilient_flows.cosched.simulator import OnDemandStream, SimConfig, SimResult, simulate, young_interval
@@ -282,7 +282,7 @@ def test_the_stream_is_seeded_and_draws_from_the_given_choices() -> None:
 
 def cosim_args(*argv: str) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="resilient-flows")
-    add_cosim_parser(parser.add_subparsers(required=True))
+    add_parsers(parser.add_subparsers(required=True))
     return parser.parse_args(["cosim", *argv])
 
 

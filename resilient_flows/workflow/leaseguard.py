@@ -18,13 +18,11 @@ another runner takes the run over (a ``resume``: the lease names another process
 node lost takes the guard with it; the members still stop, and the pools end when they lose
 their interchange (Parsl's ``heartbeat_threshold``).
 
-Run as ``python -m resilient_flows.workflow.leaseguard RUN_DIR --runner PID --started TICKS``.
+Run as ``python -m resilient_flows.cli.leaseguard RUN_DIR --runner PID --started TICKS``.
 """
 
 from __future__ import annotations
 
-import argparse
-import logging
 import time
 from pathlib import Path
 
@@ -33,9 +31,7 @@ from resilient_flows.training.events import EventLog
 from resilient_flows.training.heartbeat import BEAT_S
 from resilient_flows.training.lease import RunnerLease, process_start_time, read_lease
 
-__all__ = ["STOP_WAIT_S", "guard", "main"]
-
-logger = logging.getLogger(__name__)
+__all__ = ["STOP_WAIT_S", "guard"]
 
 #: Seconds between two looks at the runner.
 POLL_S = 2.0
@@ -106,19 +102,3 @@ def _mtime(path: Path) -> float:
         return path.stat().st_mtime
     except OSError:
         return 0.0
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m resilient_flows.workflow.leaseguard", description=__doc__)
-    parser.add_argument("run_dir", type=Path)
-    parser.add_argument("--runner", type=int, required=True, help="the runner's process id")
-    parser.add_argument("--started", type=int, help="the runner's start time, in clock ticks since boot")
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s: %(message)s")
-    for line in guard(args.run_dir.resolve(), args.runner, args.started):
-        logger.info("cancelled %s", line)
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -335,7 +335,7 @@ def _holding(run_dir: Path, orphan_timeout_s: float) -> Iterator[None]:
     :mod:`resilient_flows.workflow.leaseguard`)."""
     RunnerLock(run_dir, orphan_timeout_s).acquire()
     me = os.getpid()
-    command = [sys.executable, "-m", "resilient_flows.workflow.leaseguard", str(run_dir), "--runner", str(me)]
+    command = [sys.executable, "-m", "resilient_flows.cli.leaseguard", str(run_dir), "--runner", str(me)]
     started = process_start_time(me)
     with run_layout(run_dir).guard_log.open("ab") as log:
         guard = subprocess.Popen(

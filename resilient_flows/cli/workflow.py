@@ -1,73 +1,25 @@
-"""The ``resilient-flows`` command line.
+"""The commands on a workflow and its runs: ``validate``, ``run``, ``status``, ``resume``, ``preempt``,
+``clone`` and ``lineage``.
 
-User mistakes (a missing directory, a corrupt checkpoint) end in one line on stderr and a
-non-zero exit; only bugs show a traceback.
-
-Each command imports what it needs when it runs: torch and Parsl take seconds to import, and
-``--help``, ``validate`` and ``status`` need neither.
+``validate`` and ``status`` are what a user types while waiting, so they import neither torch nor
+Parsl; ``run`` and ``resume`` pay for Parsl when they are called.
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
-import time
-from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
 
-from resilient_flows.cosched.agentcli import add_cosched_parser
-from resilient_flows.cosched.cosim import add_cosim_parser
-from resilient_flows.errors import ResilientFlowsError, WorkflowError
-from resilient_flows.mlc.tune import add_tune_parser
+from resilient_flows.cli.console import console
+from resilient_flows.errors import WorkflowError
 from resilient_flows.workflow.families import GROUP_ABOVE
-from resilient_flows.workflow.mlcgen import add_mlc_parser
 
-if TYPE_CHECKING:
-    from resilient_flows.checkpoint.catalog import CheckpointInfo
-
-__all__ = ["main"]
+__all__ = ["add_parsers"]
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = _parser()
-    args = parser.parse_args(argv)
-    try:
-        return args.handler(args)
-    except (ResilientFlowsError, FileNotFoundError, NotADirectoryError, PermissionError) as exc:
-        _console(stderr=True).print(f"[bold red]error:[/] {escape(str(exc))}", soft_wrap=True)
-        return 2
-
-
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="resilient-flows", description=__doc__.splitlines()[0])
-    commands = parser.add_subparsers(required=True, metavar="COMMAND")
-    checkpoints = commands.add_parser("checkpoints", help="inspect checkpoint directories")
-    sub = checkpoints.add_subparsers(required=True, metavar="ACTION")
-    for name, verify, text in (
-        ("list", False, "list committed checkpoints, checking manifests and shard sizes"),
-        ("verify", True, "list committed checkpoints, reading every shard to check its checksum"),
-    ):
-        cmd = sub.add_parser(name, help=text, description=text + ". Exit code 1 if a tier's newest is invalid.")
-        cmd.add_argument("dirs", nargs="+", metavar="DIR", help="a checkpoint tier, or a directory holding tiers")
-        cmd.set_defaults(handler=_checkpoints, verify=verify)
-    text = "write one checkpoint as a single file of full tensors (streamed: memory stays near the largest tensor)"
-    export = sub.add_parser("export", help=text, description=text + ".")
-    export.add_argument("dir", metavar="DIR", help="a checkpoint tier (a directory of step-* directories)")
-    export.add_argument("--out", required=True, metavar="FILE", help="the file to write")
-    export.add_argument("--step", type=int, help="the step to export; default: the newest valid one")
-    export.add_argument("--format", choices=("safetensors", "torch"), default="safetensors")
-    export.add_argument(
-        "--part",
-        help="top-level key of the state to export, names relative to it; default: model when there is one; "
-        "'' for every array",
-    )
-    export.set_defaults(handler=_export)
-
+def add_parsers(commands: argparse._SubParsersAction) -> None:
     validate = commands.add_parser("validate", help="check a workflow file and the site it names")
     validate.add_argument("file", metavar="FILE", help="a workflow YAML file")
     validate.add_argument("--site", help="check against this site instead of the workflow's")
@@ -93,6 +45,11 @@ def _parser() -> argparse.ArgumentParser:
         help="run resumed members on N ranks (all of them, or MEMBER=N, repeatable); checkpoints are resharded",
     )
     resume.set_defaults(handler=_resume)
+    _add_member_parsers(commands)
+
+
+def _add_member_parsers(commands: argparse._SubParsersAction) -> None:
+    """The commands that act on one member of a running workflow, or show how its members were cloned."""
     preempt = commands.add_parser("preempt", help="ask a running member to checkpoint and stop; Parsl requeues it")
     preempt.add_argument("run_dir", metavar="RUN_DIR")
     preempt.add_argument("member", metavar="MEMBER")
@@ -110,17 +67,6 @@ def _parser() -> argparse.ArgumentParser:
     lineage = commands.add_parser("lineage", help="show which member was cloned from which, and how")
     lineage.add_argument("run_dir", metavar="RUN_DIR")
     lineage.set_defaults(handler=_lineage)
-    add_cosim_parser(commands)
-    add_cosched_parser(commands)
-    add_mlc_parser(commands)
-    add_tune_parser(commands)
-    return parser
-
-
-def _console(stderr: bool = False) -> Console:
-    """A terminal gets tables fitted to its width; a pipe or a log file gets unwrapped lines."""
-    stream = sys.stderr if stderr else sys.stdout
-    return Console(file=stream, width=None if stream.isatty() else 200, highlight=False)
 
 
 def _validate(args: argparse.Namespace) -> int:
@@ -132,23 +78,23 @@ def _validate(args: argparse.Namespace) -> int:
     plan = plan_workflow(load_workflow(args.file), args.site, build_site=False)
     stages = [stage.name for stage in plan.workflow.stages]
     before = f"{len(stages)} stage(s) ({', '.join(stages)}), then " if stages else ""
-    console = _console()
-    console.print(f"{escape(args.file)}: valid; {before}{len(plan.members)} member(s) on site {plan.site}")
+    out = console()
+    out.print(f"{escape(args.file)}: valid; {before}{len(plan.members)} member(s) on site {plan.site}")
     for line in describe_families((m.name, m.family) for m in plan.members):
-        console.print(f"  {escape(line)}")
+        out.print(f"  {escape(line)}")
     return 0
 
 
 def _run(args: argparse.Namespace) -> int:
     from resilient_flows.workflow import start_run
 
-    return start_run(args.file, site=args.site, run_dir=args.run_dir, console=_console())
+    return start_run(args.file, site=args.site, run_dir=args.run_dir, console=console())
 
 
 def _resume(args: argparse.Namespace) -> int:
     from resilient_flows.workflow import resume_run
 
-    return resume_run(args.run_dir, console=_console(), ranks=_rank_counts(args.ranks))
+    return resume_run(args.run_dir, console=console(), ranks=_rank_counts(args.ranks))
 
 
 def _rank_counts(items: list[str]) -> int | dict[str, int] | None:
@@ -183,12 +129,12 @@ def _status(args: argparse.Namespace) -> int:
     plan = read_plan(Path(args.run_dir))
     stages = plan.workflow.stage_specs()
     if stages:
-        _console().print(stage_table(Path(args.run_dir), stages))
+        console().print(stage_table(Path(args.run_dir), stages))
     members = run_members(Path(args.run_dir), plan)
     families = {m.name: m.family for m in members}
     statuses = member_statuses(args.run_dir, [(m.name, m.steps) for m in members], families)
     title = f"{plan.workflow.name} on {plan.site}: {args.run_dir}"
-    _console().print(status_table(statuses, title, all_members=args.all))
+    console().print(status_table(statuses, title, all_members=args.all))
     stages_done = all(stage_finished(args.run_dir, s.name) for s in stages)
     return 0 if stages_done and all(s.state in ("finished", "retired") for s in statuses.values()) else 1
 
@@ -201,7 +147,7 @@ def _preempt(args: argparse.Namespace) -> int:
     if args.member not in names:
         raise WorkflowError(f"{args.run_dir} has no member {args.member!r}; its members: {', '.join(names)}")
     request_preemption(args.run_dir, args.member, args.reason)
-    _console().print(f"{args.member} will commit a checkpoint and stop after its current step, then be requeued")
+    console().print(f"{args.member} will commit a checkpoint and stop after its current step, then be requeued")
     return 0
 
 
@@ -219,7 +165,7 @@ def _clone(args: argparse.Namespace) -> int:
             raise WorkflowError(f"--set {item!r}: expected KEY=VALUE, e.g. --set lr=0.01")
         overrides[key.strip()] = yaml.safe_load(text)
     names = request_clone(args.run_dir, args.member, args.n, overrides, ranks=args.ranks)
-    _console().print(f"cloning {args.member} into {', '.join(names)} at its next step; the runner starts them")
+    console().print(f"cloning {args.member} into {', '.join(names)} at its next step; the runner starts them")
     return 0
 
 
@@ -231,73 +177,5 @@ def _lineage(args: argparse.Namespace) -> int:
     members = run_members(Path(args.run_dir), read_plan(Path(args.run_dir)))
     statuses = member_statuses(args.run_dir, [(m.name, m.steps) for m in members])
     states = {n: f"{s.state}, step {'-' if s.step is None else s.step + 1}/{s.steps}" for n, s in statuses.items()}
-    _console().print(lineage_tree(args.run_dir, states))
+    console().print(lineage_tree(args.run_dir, states))
     return 0
-
-
-def _export(args: argparse.Namespace) -> int:
-    from resilient_flows.checkpoint.export import export
-
-    result = export(args.dir, args.out, step=args.step, format=args.format, part=args.part)
-    _console().print(
-        f"wrote {result.tensors} tensors ({_size(result.nbytes)}) of step {result.step} to {escape(str(result.path))}"
-    )
-    return 0
-
-
-def _checkpoints(args: argparse.Namespace) -> int:
-    from resilient_flows.checkpoint.catalog import scan
-
-    console = _console()
-    infos = [info for directory in args.dirs for info in scan(directory, verify=args.verify)]
-    if not infos:
-        console.print(f"no committed checkpoints under {', '.join(args.dirs)}")
-        return 0
-    by_tier: dict[str, list[CheckpointInfo]] = {}
-    for info in infos:
-        by_tier.setdefault(str(info.tier), []).append(info)
-    check = "checksums verified" if args.verify else "manifests and sizes checked; `verify` reads the data"
-    invalid_newest = 0
-    for tier, tier_infos in by_tier.items():
-        console.print(f"[bold]{tier}[/]")
-        console.print(_table(tier_infos, check))
-        newest = tier_infos[0]
-        if not newest.valid:
-            invalid_newest += 1
-            console.print(
-                f"[bold red]the newest checkpoint in {tier} (step {newest.step}) is invalid:[/] {newest.problem}"
-            )
-    return 1 if invalid_newest else 0
-
-
-def _table(infos: list[CheckpointInfo], check: str) -> Table:
-    table = Table(caption=check)
-    for column in ("step", "time", "size", "ranks"):
-        table.add_column(column, justify="left" if column == "time" else "right")
-    table.add_column("valid", overflow="fold")
-    for info in infos:
-        table.add_row(
-            str(info.step),
-            time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(info.created)) if info.created else "?",
-            _size(info.nbytes),
-            str(info.world_size) if info.world_size else "?",
-            "[green]yes[/]" if info.valid else f"[red]no: {info.problem}[/]",
-        )
-    return table
-
-
-def _size(nbytes: int | None) -> str:
-    if nbytes is None:
-        return "?"
-    if nbytes < 1024:
-        return f"{nbytes} B"
-    value = nbytes / 1024
-    for unit in ("KiB", "MiB"):
-        if value < 1024:
-            return f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{value:.1f} GiB"
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -7,26 +7,32 @@ import logging
 import sys
 from pathlib import Path
 
-from resilient_flows.cosched.agent import ONDEMAND_MARKER, Agent, AgentConfig
+from resilient_flows.cosched.agent import ONDEMAND_MARKER
 from resilient_flows.cosched.batch import UNITS, BatchSystem
 from resilient_flows.cosched.policies import POLICIES
 from resilient_flows.units import duration_argument
 
-__all__ = ["SCHEDULERS", "add_cosched_parser", "batch_system", "state_path"]
+__all__ = ["SCHEDULERS", "add_parsers", "batch_system", "state_path"]
 
 logger = logging.getLogger(__name__)
 
 SCHEDULERS = ("slurm", "pbspro")
 
 
-def add_cosched_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+def add_parsers(commands: argparse._SubParsersAction) -> None:
     """Add ``cosched`` (with its ``agent`` action) to ``resilient-flows``' subcommands."""
-    cosched = subparsers.add_parser("cosched", help="co-schedule on-demand jobs with batch jobs on a real scheduler")
+    cosched = commands.add_parser("cosched", help="co-schedule on-demand jobs with batch jobs on a real scheduler")
     actions = cosched.add_subparsers(required=True, metavar="ACTION")
     text = "watch the queue and preempt the batch jobs that lose least when an on-demand job needs nodes"
     agent = actions.add_parser("agent", help=text, description=text + ".")
     agent.add_argument("--scheduler", choices=SCHEDULERS, default="slurm", help="the batch system (default slurm)")
-    where = agent.add_argument_group("which jobs")
+    _add_job_options(agent.add_argument_group("which jobs"))
+    _add_policy_options(agent.add_argument_group("policy"))
+    _add_acting_options(agent.add_argument_group("acting"))
+    agent.set_defaults(handler=run_agent)
+
+
+def _add_job_options(where: argparse._ArgumentGroup) -> None:
     where.add_argument(
         "--partition-ondemand",
         metavar="NAME",
@@ -43,7 +49,9 @@ def add_cosched_parser(subparsers: argparse._SubParsersAction) -> argparse.Argum
     )
     where.add_argument("--user", action="append", default=[], metavar="NAME", help="preempt only their jobs")
     where.add_argument("--unit", choices=UNITS, default="nodes", help="count nodes, or CPUs on shared nodes")
-    policy = agent.add_argument_group("policy")
+
+
+def _add_policy_options(policy: argparse._ArgumentGroup) -> None:
     policy.add_argument("--policy", choices=POLICIES, default="dp", metavar="POLICY", help="dp (default) or a baseline")
     policy.add_argument("--alpha", type=float, default=1.0, help="weight of the request's wait per node-s (1)")
     policy.add_argument("--beta", type=float, default=1.0, help="weight of lost and restart work per node-s (1)")
@@ -63,7 +71,9 @@ def add_cosched_parser(subparsers: argparse._SubParsersAction) -> argparse.Argum
         default=2.0,
         help="time a poll may spend reading heartbeats; those not read by then count as none (2s)",
     )
-    acting = agent.add_argument_group("acting")
+
+
+def _add_acting_options(acting: argparse._ArgumentGroup) -> None:
     acting.add_argument("--interval", type=duration_argument, default=5.0, help="between polls (5s)")
     acting.add_argument("--signal", default="USR1", help="what a victim gets to checkpoint and exit (USR1)")
     acting.add_argument(
@@ -84,8 +94,6 @@ def add_cosched_parser(subparsers: argparse._SubParsersAction) -> argparse.Argum
         "LOG.state.json)",
     )
     acting.add_argument("--polls", type=int, help=argparse.SUPPRESS)
-    agent.set_defaults(handler=run_agent)
-    return agent
 
 
 def batch_system(name: str) -> BatchSystem:
@@ -108,6 +116,8 @@ def state_path(state: Path | None, log: Path | None) -> Path | None:
 
 def run_agent(args: argparse.Namespace) -> int:
     """Run the agent until interrupted (or for ``--polls``); its state file is read first."""
+    from resilient_flows.cosched.agent import Agent, AgentConfig
+
     config = AgentConfig(
         ondemand_partition=args.partition_ondemand,
         ondemand_marker=args.ondemand_marker,

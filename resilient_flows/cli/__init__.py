@@ -1,0 +1,25 @@
+"""The ``resilient-flows`` command line.
+
+User mistakes (a missing directory, a corrupt checkpoint) end in one line on stderr and a
+non-zero exit; only bugs show a traceback.
+
+Each command imports what it needs when it runs: torch and Parsl take seconds to import, and
+``--help``, ``validate`` and ``status`` need neither.
+
+One module per command group adds its parsers (``add_parsers``) and holds their handlers;
+:mod:`~resilient_flows.cli.app` puts them together behind :func:`main`, imported on first use so
+that the runner's guard (``python -m resilient_flows.cli.leaseguard``) starts without them.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from resilient_flows.lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from resilient_flows.cli.app import main
+
+__all__ = ["main"]
+
+__getattr__, __dir__ = lazy_exports(__name__, {"resilient_flows.cli.app": ("main",)})
