@@ -25,10 +25,10 @@ from parsl.executors.high_throughput.errors import ManagerLost, WorkerLost
 
 from resilient_flows.errors import LaunchError, Preempted, is_storage_full
 from resilient_flows.rundir import TaskLayout
+from resilient_flows.rundir.events import EventLog
 from resilient_flows.training.command import CommandKilled
 from resilient_flows.training.contract import EXIT_PREEMPTED
 from resilient_flows.training.control import has_result, latest_committed_step, member_dir
-from resilient_flows.training.events import EventLog
 from resilient_flows.training.heartbeat import analytics_task, heartbeat_path, read_heartbeat
 from resilient_flows.training.nodefile import pbs_hosts
 from resilient_flows.training.spec import MemberSpec, StageSpec

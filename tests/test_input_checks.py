@@ -32,6 +32,7 @@ from resilient_flows.checkpoint.manifest import read_manifest, write_manifest
 from resilient_flows.clone.lineage import lineage_tree
 from resilient_flows.errors import FileTooLargeError, WorkflowError
 from resilient_flows.integrations.pathstore import REF_FORMAT, PathStore, read_ref
+from resilient_flows.rundir.events import EventLog, EventTail, read_events
 from resilient_flows.training.command import _finish
 from resilient_flows.training.control import (
     count_attempt,
@@ -42,7 +43,6 @@ from resilient_flows.training.control import (
     register_member,
     registered_members,
 )
-from resilient_flows.training.events import EventLog, EventTail, read_events
 from resilient_flows.training.heartbeat import read_heartbeat
 from resilient_flows.training.spec import MemberSpec, ParentSpec
 from resilient_flows.workflow import load_workflow

@@ -16,6 +16,7 @@ from typing import Any
 
 from resilient_flows.errors import CloneError
 from resilient_flows.rundir import member_layout, run_layout
+from resilient_flows.rundir.events import EventLog
 from resilient_flows.training.builtins import BUILTIN_WORKLOADS, DEFAULTS, STRUCTURAL
 from resilient_flows.training.command_line import fill_command
 from resilient_flows.training.control import (
@@ -25,7 +26,6 @@ from resilient_flows.training.control import (
     registered_members,
     write_clone_order,
 )
-from resilient_flows.training.events import EventLog
 from resilient_flows.training.spec import OPTIMIZER_KEYS, CheckpointSpec, MemberSpec, ParentSpec
 
 __all__ = ["allowed_overrides", "check_overrides", "request_clone"]

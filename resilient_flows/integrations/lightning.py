@@ -49,10 +49,11 @@ from resilient_flows.durable import write_durably
 from resilient_flows.errors import CheckpointError, ResilientFlowsError
 from resilient_flows.integrations.pathstore import PathStore, load
 from resilient_flows.rundir import TaskLayout
+from resilient_flows.rundir.events import EventLog
+from resilient_flows.rundir.metrics import MetricsLog
 from resilient_flows.training.boundary import StopSignals, consume_request, fire_faults, pending_request
 from resilient_flows.training.contract import ENV_NAMES, EXIT_PREEMPTED, RunContract
 from resilient_flows.training.control import RequestWatch, member_dir, read_spec
-from resilient_flows.training.events import EventLog, MetricsLog
 from resilient_flows.training.spec import FaultSpec
 
 __all__ = ["LIGHTNING", "ResilientCallback", "ResilientCheckpointIO", "ResilientModelParallelStrategy"]

@@ -2,7 +2,7 @@
 
     <run>/workflow.yaml        the workflow file as given
     <run>/plan.json            the validated workflow, its site and every member's spec
-    <run>/events.jsonl         everything that happened (resilient_flows.training.events)
+    <run>/events.jsonl         everything that happened (resilient_flows.rundir.events)
     <run>/blocks.jsonl         the pilot jobs and interchanges of every runner (the block ledger)
     <run>/runner.json          the runner's lease; <run>/guard.log its guard's output
     <run>/heartbeats/<task>    one file per running attempt (members, stages, analytics)

@@ -37,9 +37,9 @@ from resilient_flows.capped import DOCUMENT_CAP, read_json_capped
 from resilient_flows.durable import write_durably
 from resilient_flows.errors import Preempted, ResilientFlowsError
 from resilient_flows.rundir import member_layout
+from resilient_flows.rundir.events import EventLog
 from resilient_flows.training.contract import EXIT_PREEMPTED, STOP_SIGNALS, RunContract
 from resilient_flows.training.control import count_attempt, latest_committed_step
-from resilient_flows.training.events import EventLog
 from resilient_flows.training.heartbeat import Heartbeat
 from resilient_flows.training.spec import MemberSpec
 

@@ -26,6 +26,8 @@ from resilient_flows.capped import CONTROL_CAP, read_json_capped
 from resilient_flows.checkpoint import Checkpointer, TrainState
 from resilient_flows.errors import LaunchError, Preempted, ResilientFlowsError, StorageFullError
 from resilient_flows.rundir import TaskLayout, member_layout
+from resilient_flows.rundir.events import EventLog
+from resilient_flows.rundir.metrics import MetricsLog
 from resilient_flows.training.autotune import MAX_PERSIST_EVERY, AutoTuner, tuned_fields
 from resilient_flows.training.boundary import StopSignals, agreed_request, consume_request, fire_faults, pending_request
 from resilient_flows.training.contract import member_tiers, node_local_dir, node_memory_dir
@@ -42,7 +44,6 @@ from resilient_flows.training.distributed import (
     init_process_group,
     shutdown_process_group,
 )
-from resilient_flows.training.events import EventLog, MetricsLog
 from resilient_flows.training.fork import Handoff, Seed, apply_overrides, mark_forking, wait_for_seed
 from resilient_flows.training.heartbeat import Heartbeat
 from resilient_flows.training.spec import MemberSpec

@@ -44,7 +44,7 @@ def _report(run_dir: str, spec: dict[str, Any], exc: LaunchError) -> None:
     worker log on whichever node ran it."""
     import socket
 
-    from resilient_flows.training.events import EventLog
+    from resilient_flows.rundir.events import EventLog
 
     with contextlib.suppress(OSError):  # the launch error is what must come through
         EventLog(run_dir).emit("warning", spec.get("name"), host=socket.gethostname(), reason=str(exc))

@@ -13,8 +13,8 @@ from typing import Any
 from resilient_flows.checkpoint import read_checkpoint
 from resilient_flows.durable import write_durably
 from resilient_flows.rundir import member_layout
+from resilient_flows.rundir.events import EventLog
 from resilient_flows.training.context import TrainContext
-from resilient_flows.training.events import EventLog
 from resilient_flows.training.heartbeat import Heartbeat, analytics_task
 from resilient_flows.training.spec import MemberSpec
 from resilient_flows.training.workloads import resolve_workload

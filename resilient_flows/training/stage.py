@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING, Any
 
 from resilient_flows.durable import write_durably
 from resilient_flows.rundir import stage_layout
+from resilient_flows.rundir.events import EventLog
 from resilient_flows.training.control import count_attempt, newest_committed
-from resilient_flows.training.events import EventLog
 from resilient_flows.training.heartbeat import Heartbeat
 from resilient_flows.training.spec import StageSpec
 

@@ -34,7 +34,7 @@ from parsl.providers import LocalProvider
 from resilient_flows.capped import CONTROL_CAP, LINE_CAP, CappedLines, read_json_capped
 from resilient_flows.errors import WorkflowError, is_storage_full
 from resilient_flows.rundir import run_layout
-from resilient_flows.training.events import FULL_WAIT_S
+from resilient_flows.rundir.events import FULL_WAIT_S
 from resilient_flows.training.lease import (
     DEFAULT_ORPHAN_TIMEOUT_S,
     RENEW_S,

@@ -21,8 +21,8 @@ from typing import Any
 
 from resilient_flows.capped import DOCUMENT_CAP, LINE_CAP, CappedLines, read_json_capped
 from resilient_flows.rundir import TaskLayout, member_layout
+from resilient_flows.rundir.events import EventTail
 from resilient_flows.training.control import member_dir
-from resilient_flows.training.events import EventTail
 
 __all__ = ["TIMELINE_KINDS", "MemberStatus", "MetricsReader", "StatusTracker", "loss_curve", "member_statuses"]
 
