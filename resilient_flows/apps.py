@@ -9,7 +9,6 @@ making progress (a walltime, a lost node, a killed worker) is free, a real error
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
@@ -160,11 +159,9 @@ def mpi_train_app(
 
     _wait(backoff_s)
     prefix = launch_prefix(int(ranks), int(spec.get("nodes", 1)), os.environ)
-    directory = member_dir(run_dir, spec["name"])
-    directory.mkdir(parents=True, exist_ok=True)
-    spec_path = TaskLayout(directory).spec
-    spec_path.write_text(json.dumps(spec))
-    module = [sys.executable, "-m", "resilient_flows.training.mpi_member", str(spec_path), str(run_dir)]
+    layout = TaskLayout(member_dir(run_dir, spec["name"]))
+    layout.write_spec(spec)
+    module = [sys.executable, "-m", "resilient_flows.training.mpi_member", str(layout.spec), str(run_dir)]
     return f"{prefix} {shlex.join(module)}"
 
 

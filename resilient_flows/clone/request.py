@@ -73,7 +73,7 @@ def request_clone(
     if source is None:
         names = ", ".join(s.name for s in registered_members(run_dir)) or "none"
         raise CloneError(f"{run_dir} has no member {member!r}; its members: {names}")
-    if member_layout(run_dir, member).result.exists():
+    if member_layout(run_dir, member).has_result():
         raise CloneError(f"member {member!r} has finished: only a running member can be cloned")
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise CloneError(f"the number of clones must be a positive integer, got {n!r}")

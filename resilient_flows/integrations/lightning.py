@@ -34,7 +34,6 @@ for Lightning yet.
 from __future__ import annotations
 
 import importlib
-import json
 import logging
 import os
 import sys
@@ -45,7 +44,6 @@ from typing import Any
 
 import torch
 
-from resilient_flows.durable import write_durably
 from resilient_flows.errors import CheckpointError, ResilientFlowsError
 from resilient_flows.integrations.pathstore import PathStore, load
 from resilient_flows.rundir import TaskLayout
@@ -393,7 +391,7 @@ class ResilientCallback(_Callback):
             return
         if self.stopped is not None:
             self._report["stopped"] = self.stopped
-        write_durably(TaskLayout(self._directory).command_report, json.dumps(self._report, indent=2))
+        TaskLayout(self._directory).write_command_report(self._report)
 
     def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
         self._signals.restore()

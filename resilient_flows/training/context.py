@@ -10,7 +10,6 @@ written once it finished.
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import os
 import socket
@@ -22,7 +21,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from resilient_flows.capped import CONTROL_CAP, read_json_capped
 from resilient_flows.checkpoint import Checkpointer, TrainState
 from resilient_flows.errors import LaunchError, Preempted, ResilientFlowsError, StorageFullError
 from resilient_flows.rundir import TaskLayout, member_layout
@@ -36,7 +34,6 @@ from resilient_flows.training.control import (
     RequestWatch,
     count_attempt,
     read_clone_orders,
-    write_durably,
 )
 from resilient_flows.training.distributed import (
     DistributedInfo,
@@ -381,7 +378,7 @@ class TrainContext:
         start = max(parent.requested_at, seed.forked_at or 0.0)
         record = {"step": seed.step, "transport": seed.transport, "fallback": seed.fallback}
         if self.rank == 0:
-            write_durably(self.layout.seed, json.dumps({"parent": parent.member, **record}))
+            self.layout.write_seed({"parent": parent.member, **record})
         self._emit(
             "cloned",
             parent=parent.member,
@@ -495,6 +492,6 @@ class TrainContext:
 
 def _read_seed_step(directory: Path) -> int | None:
     try:
-        return int(read_json_capped(TaskLayout(directory).seed, CONTROL_CAP, "clone seed")["step"])
+        return int(TaskLayout(directory).read_seed()["step"])
     except (OSError, ValueError, KeyError, TypeError):
         return None

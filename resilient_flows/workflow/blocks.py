@@ -31,7 +31,7 @@ from parsl.executors.status_handling import BlockProviderExecutor
 from parsl.jobs.states import JobState, JobStatus
 from parsl.providers import LocalProvider
 
-from resilient_flows.capped import CONTROL_CAP, LINE_CAP, CappedLines, read_json_capped
+from resilient_flows.capped import LINE_CAP, CappedLines
 from resilient_flows.errors import WorkflowError, is_storage_full
 from resilient_flows.rundir import run_layout
 from resilient_flows.rundir.events import FULL_WAIT_S
@@ -313,9 +313,9 @@ class RunnerLock:
 
     def acquire(self) -> None:
         """Claim the run for this process; an error naming the runner that still holds it."""
-        path = run_layout(self.run_dir).lease
+        layout = run_layout(self.run_dir)
         try:
-            holder = read_json_capped(path, CONTROL_CAP, "runner lock")
+            holder = layout.read_lease()
         except (OSError, ValueError):
             holder = None
         if (
@@ -340,14 +340,12 @@ class RunnerLock:
             "started": process_start_time(os.getpid()),
             "orphan_timeout_s": self.orphan_timeout_s,
         }
-        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
         deadline = time.monotonic() + FULL_WAIT_S
         while True:
             try:
-                tmp.write_text(json.dumps(me))
+                layout.write_lease(me)
                 break
             except OSError as exc:  # a full file system is waited out, as for events
                 if not is_storage_full(exc) or time.monotonic() > deadline:
                     raise
                 time.sleep(0.5)
-        os.replace(tmp, path)

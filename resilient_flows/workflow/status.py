@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from resilient_flows.capped import DOCUMENT_CAP, LINE_CAP, CappedLines, read_json_capped
+from resilient_flows.capped import LINE_CAP, CappedLines
 from resilient_flows.rundir import TaskLayout, member_layout
 from resilient_flows.rundir.events import EventTail
 from resilient_flows.training.control import member_dir
@@ -223,7 +223,7 @@ class MemberStatus:
         else:
             self.metrics.peek()
         if self._result_due:
-            self.result = _read_result(TaskLayout(directory).result)
+            self.result = TaskLayout(directory).read_result()
             self._result_due = self.result is None and self.state in ("finished", "retired")
         if self.result is not None:
             self.state = "retired" if "retired" in self.result else "finished"
@@ -245,14 +245,6 @@ def _record(raw: bytes) -> dict[str, Any] | None:
 
 def _attempt(record: dict[str, Any]) -> int:
     return int(record.get("attempt", 1))
-
-
-def _read_result(path: Path) -> dict[str, Any] | None:
-    """A member's result, or None while it has none (its result file is renamed into place whole)."""
-    try:
-        return read_json_capped(path, DOCUMENT_CAP, "member result")
-    except FileNotFoundError:
-        return None
 
 
 class StatusTracker:
