@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from resilient_flows.capped import CONTROL_CAP, DOCUMENT_CAP, read_capped
+from resilient_flows.durable import write_atomically
 from resilient_flows.rundir.files import read_json, write_json
 
 __all__ = ["RunLayout", "TaskLayout", "member_layout", "run_layout", "stage_layout"]
@@ -234,6 +235,10 @@ class RunLayout:
 
     def stage(self, name: str) -> TaskLayout:
         return TaskLayout(self.stages / name)
+
+    def write_workflow(self, source_text: str) -> None:
+        """The workflow file as given, kept beside its plan."""
+        write_atomically(self.workflow, source_text)
 
     def heartbeat(self, task: str) -> Path:
         return self.heartbeats / task
