@@ -12,7 +12,7 @@ deviation). Targets (issue 13):
 The run directory is synthetic, made here the way a run makes it: ``plan.json`` and each member's
 ``spec.json`` through :func:`~resilient_flows.workflow.rundir.create_run_dir` (a ``count: N``
 workflow on the local site), then ``events.jsonl``, ``metrics.jsonl`` and ``result.json`` in the
-shapes that :mod:`resilient_flows.training.events` and ``run_member`` write. Its members are caught
+shapes that :mod:`resilient_flows.rundir.events` and ``run_member`` write. Its members are caught
 mid-run: 70 % finished, 20 % running, 4 % queued, 3 % retrying after a lost worker, 3 % failed
 for good; events hold a ``checkpointed`` line every 20 steps.
 

@@ -9,7 +9,6 @@ making progress (a walltime, a lost node, a killed worker) is free, a real error
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
@@ -25,10 +24,10 @@ from parsl.executors.high_throughput.errors import ManagerLost, WorkerLost
 
 from resilient_flows.errors import STORAGE_FULL, Failure, LaunchError, Preempted
 from resilient_flows.rundir import TaskLayout
+from resilient_flows.rundir.events import EventLog
 from resilient_flows.training.command import CommandKilled
 from resilient_flows.training.contract import EXIT_PREEMPTED
 from resilient_flows.training.control import has_result, latest_committed_step, member_dir
-from resilient_flows.training.events import EventLog
 from resilient_flows.training.heartbeat import analytics_task, heartbeat_path, read_heartbeat
 from resilient_flows.training.nodefile import pbs_hosts
 from resilient_flows.training.spec import MemberSpec, StageSpec
@@ -160,11 +159,9 @@ def mpi_train_app(
 
     _wait(backoff_s)
     prefix = launch_prefix(int(ranks), int(spec.get("nodes", 1)), os.environ)
-    directory = member_dir(run_dir, spec["name"])
-    directory.mkdir(parents=True, exist_ok=True)
-    spec_path = TaskLayout(directory).spec
-    spec_path.write_text(json.dumps(spec))
-    module = [sys.executable, "-m", "resilient_flows.training.mpi_member", str(spec_path), str(run_dir)]
+    layout = TaskLayout(member_dir(run_dir, spec["name"]))
+    layout.write_spec(spec)
+    module = [sys.executable, "-m", "resilient_flows.training.mpi_member", str(layout.spec), str(run_dir)]
     return f"{prefix} {shlex.join(module)}"
 
 

@@ -32,6 +32,9 @@ from resilient_flows.checkpoint.manifest import read_manifest, write_manifest
 from resilient_flows.clone.lineage import lineage_tree
 from resilient_flows.errors import FileTooLargeError, WorkflowError
 from resilient_flows.integrations.pathstore import REF_FORMAT, PathStore, read_ref
+from resilient_flows.rundir import plan as plan_file_module
+from resilient_flows.rundir.events import EventLog, EventTail, read_events
+from resilient_flows.rundir.metrics import MetricsReader
 from resilient_flows.training.command import _finish
 from resilient_flows.training.control import (
     count_attempt,
@@ -42,15 +45,13 @@ from resilient_flows.training.control import (
     register_member,
     registered_members,
 )
-from resilient_flows.training.events import EventLog, EventTail, read_events
 from resilient_flows.training.heartbeat import read_heartbeat
 from resilient_flows.training.spec import MemberSpec, ParentSpec
 from resilient_flows.workflow import load_workflow
-from resilient_flows.workflow import rundir as rundir_module
 from resilient_flows.workflow.blocks import BlockLedger, RunnerLock
 from resilient_flows.workflow.plan import plan_workflow
 from resilient_flows.workflow.rundir import create_run_dir, read_plan
-from resilient_flows.workflow.status import MemberStatus, MetricsReader
+from resilient_flows.workflow.status import MemberStatus
 
 SHARD = "shard-00000-of-00001.safetensors"
 
@@ -162,7 +163,7 @@ def test_the_writer_refuses_a_manifest_that_readers_would_refuse(
 
 def test_a_run_whose_plan_resume_would_refuse_is_not_started(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     plan = plan_workflow(load_workflow(REPO / "workflows" / "quickstart.yaml"), build_site=False)
-    monkeypatch.setattr(rundir_module, "PLAN_CAP", 1 << 10)
+    monkeypatch.setattr(plan_file_module, "PLAN_CAP", 1 << 10)
     with pytest.raises(WorkflowError, match=r"members is over the \d+ MiB a run may have"):
         create_run_dir(tmp_path / "run", plan, "")
     assert not (tmp_path / "run").exists()

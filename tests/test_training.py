@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from resilient_flows.errors import ResilientFlowsError
+from resilient_flows.rundir.metrics import MetricsLog
 from resilient_flows.training import (
     CheckpointSpec,
     FaultSpec,
@@ -21,7 +22,6 @@ from resilient_flows.training import (
     request_preemption,
     run_member,
 )
-from resilient_flows.training.events import MetricsLog
 from resilient_flows.training.workloads import resolve_workload
 from resilient_flows.workflow.status import loss_curve
 

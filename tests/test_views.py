@@ -15,6 +15,8 @@ import pytest
 from rich.console import Console
 
 from resilient_flows.cli import main
+from resilient_flows.rundir import metrics as metrics_module
+from resilient_flows.rundir.metrics import MetricsReader
 from resilient_flows.workflow import status as status_module
 from resilient_flows.workflow.families import STATES, describe_families, family_of, family_stats
 from resilient_flows.workflow.plan import plan_workflow
@@ -22,7 +24,7 @@ from resilient_flows.workflow.plots import BEST_DRAWN, LEGEND_FAMILIES, loss_fig
 from resilient_flows.workflow.report import status_table
 from resilient_flows.workflow.rundir import create_run_dir
 from resilient_flows.workflow.schema import load_workflow
-from resilient_flows.workflow.status import MemberStatus, MetricsReader, StatusTracker
+from resilient_flows.workflow.status import MemberStatus, StatusTracker
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -307,8 +309,8 @@ def test_a_followed_member_is_read_at_its_ends_and_curves_on_demand(
 ) -> None:
     run_dir, members = make_run(tmp_path, 3, running=1)
     parsed = []
-    real_loads = status_module.json.loads
-    monkeypatch.setattr(status_module.json, "loads", lambda raw: parsed.append(raw) or real_loads(raw))
+    real_loads = metrics_module.json.loads
+    monkeypatch.setattr(metrics_module.json, "loads", lambda raw: parsed.append(raw) or real_loads(raw))
     followed = StatusTracker(run_dir).update(members)
     m0 = followed["m-0"].metrics
     assert (followed["m-0"].step, m0.attempt_spans, m0.attempt_times) == (9, {1: (0, 9)}, {1: (2.0, 11.0)})

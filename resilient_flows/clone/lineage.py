@@ -7,7 +7,6 @@ from pathlib import Path
 
 from rich.tree import Tree
 
-from resilient_flows.capped import CONTROL_CAP, read_json_capped
 from resilient_flows.rundir import member_layout
 from resilient_flows.training.control import registered_members
 from resilient_flows.training.spec import MemberSpec
@@ -46,6 +45,6 @@ def lineage_tree(run_dir: str | os.PathLike, states: dict[str, str] | None = Non
 
 def _seed(run_dir: Path, name: str) -> dict | None:
     try:
-        return read_json_capped(member_layout(run_dir, name).seed, CONTROL_CAP, "clone seed")
+        return member_layout(run_dir, name).read_seed()
     except (OSError, ValueError):
         return None

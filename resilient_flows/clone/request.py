@@ -16,6 +16,7 @@ from typing import Any
 
 from resilient_flows.errors import CloneError
 from resilient_flows.rundir import member_layout, run_layout
+from resilient_flows.rundir.events import EventLog
 from resilient_flows.training.builtins import BUILTIN_WORKLOADS, DEFAULTS, STRUCTURAL
 from resilient_flows.training.command_line import fill_command
 from resilient_flows.training.control import (
@@ -25,7 +26,6 @@ from resilient_flows.training.control import (
     registered_members,
     write_clone_order,
 )
-from resilient_flows.training.events import EventLog
 from resilient_flows.training.spec import OPTIMIZER_KEYS, CheckpointSpec, MemberSpec, ParentSpec
 
 __all__ = ["allowed_overrides", "check_overrides", "request_clone"]
@@ -73,7 +73,7 @@ def request_clone(
     if source is None:
         names = ", ".join(s.name for s in registered_members(run_dir)) or "none"
         raise CloneError(f"{run_dir} has no member {member!r}; its members: {names}")
-    if member_layout(run_dir, member).result.exists():
+    if member_layout(run_dir, member).has_result():
         raise CloneError(f"member {member!r} has finished: only a running member can be cloned")
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise CloneError(f"the number of clones must be a positive integer, got {n!r}")

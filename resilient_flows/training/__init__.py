@@ -15,6 +15,7 @@ from resilient_flows.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from resilient_flows.errors import Preempted
+    from resilient_flows.rundir.events import EventLog, read_events
     from resilient_flows.training.builtins import BUILTIN_WORKLOADS
     from resilient_flows.training.context import TrainContext
     from resilient_flows.training.contract import RunContract
@@ -28,7 +29,6 @@ if TYPE_CHECKING:
         read_launch_env,
         shutdown_process_group,
     )
-    from resilient_flows.training.events import EventLog, read_events
     from resilient_flows.training.run import evaluate_members, run_member
     from resilient_flows.training.script import ScriptRun, from_env
     from resilient_flows.training.spec import CheckpointSpec, FaultSpec, MemberSpec, ParentSpec, StageSpec
@@ -83,7 +83,7 @@ _SOURCES = {
         "read_launch_env",
         "shutdown_process_group",
     ),
-    "resilient_flows.training.events": ("EventLog", "read_events"),
+    "resilient_flows.rundir.events": ("EventLog", "read_events"),
     "resilient_flows.training.run": ("evaluate_members", "run_member"),
     "resilient_flows.training.script": ("ScriptRun", "from_env"),
     "resilient_flows.training.spec": ("CheckpointSpec", "FaultSpec", "MemberSpec", "ParentSpec", "StageSpec"),

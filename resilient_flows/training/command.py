@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import json
 import logging
 import os
 import signal
@@ -33,13 +32,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from resilient_flows.capped import DOCUMENT_CAP, read_json_capped
-from resilient_flows.durable import write_durably
 from resilient_flows.errors import Preempted, ResilientFlowsError
 from resilient_flows.rundir import member_layout
+from resilient_flows.rundir.events import EventLog
 from resilient_flows.training.contract import EXIT_PREEMPTED, STOP_SIGNALS, RunContract
-from resilient_flows.training.control import count_attempt, latest_committed_step
-from resilient_flows.training.events import EventLog
+from resilient_flows.training.control import latest_committed_step
 from resilient_flows.training.heartbeat import Heartbeat
 from resilient_flows.training.spec import MemberSpec
 
@@ -95,7 +92,7 @@ def run_command(spec_dict: dict[str, Any], run_dir: str) -> dict[str, Any]:
         raise ResilientFlowsError(f"member {spec.name} has no command to run")
     layout = member_layout(run_dir, spec.name)
     layout.root.mkdir(parents=True, exist_ok=True)
-    attempt = count_attempt(layout.root)
+    attempt = layout.count_attempt()
     layout.command_report.unlink(missing_ok=True)  # a report counts only from this attempt
     contract = RunContract.for_member(spec, run_dir, attempt)
     events = EventLog(run_dir)
@@ -229,7 +226,7 @@ def _finish(spec: MemberSpec, run_dir: str, attempt: int, events: EventLog, stat
     """The member's result: what its script reported, if it did, and how the command ended."""
     layout = member_layout(run_dir, spec.name)
     try:
-        reported = read_json_capped(layout.command_report, DOCUMENT_CAP, "the command's report")
+        reported = layout.read_command_report()
     except FileNotFoundError:
         reported = {}
     except (OSError, ValueError) as exc:  # the member did finish: its result says what the report lacks
@@ -237,7 +234,7 @@ def _finish(spec: MemberSpec, run_dir: str, attempt: int, events: EventLog, stat
         reported = {}
     result = {**(reported if isinstance(reported, dict) else {}), "member": spec.name, "attempts": attempt}
     result["exit_status"] = status
-    write_durably(layout.result, json.dumps(result, indent=2, default=str))
+    layout.write_result(result)
     scalars = {k: v for k, v in result.items() if isinstance(v, int | float | str) and k not in ("member", "attempts")}
     events.emit("finished", spec.name, attempt=attempt, **scalars)
     return result

@@ -20,12 +20,13 @@ import torch
 from resilient_flows.checkpoint import Checkpointer, TrainState
 from resilient_flows.errors import Preempted, ResilientFlowsError
 from resilient_flows.rundir import member_layout
+from resilient_flows.rundir.events import EventLog
+from resilient_flows.rundir.metrics import MetricsLog
 from resilient_flows.training.boundary import Cadence, CheckpointSaver, CommRanks, StepRuntime
 from resilient_flows.training.contract import member_tiers, node_local_dir, node_memory_dir
 from resilient_flows.training.control import count_attempt
 from resilient_flows.training.digest import state_digest
 from resilient_flows.training.distributed import shutdown_process_group
-from resilient_flows.training.events import EventLog, MetricsLog
 from resilient_flows.training.fork import CloneStart
 from resilient_flows.training.heartbeat import Heartbeat
 from resilient_flows.training.parallel import join_member_ranks, wrap_model

@@ -21,15 +21,12 @@ second, for file systems whose directory times lag behind (NFS attribute caching
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from resilient_flows.capped import CONTROL_CAP, DOCUMENT_CAP, read_capped, read_json_capped
-from resilient_flows.durable import write_durably
 from resilient_flows.rundir import TaskLayout, member_layout, run_layout
 from resilient_flows.training.spec import MemberSpec
 
@@ -59,15 +56,14 @@ def member_dir(run_dir: str | os.PathLike, name: str) -> Path:
 
 def register_member(run_dir: str | os.PathLike, spec: MemberSpec) -> Path:
     layout = member_layout(run_dir, spec.name)
-    layout.root.mkdir(parents=True, exist_ok=True)
-    write_durably(layout.spec, json.dumps(spec.to_dict(), indent=2))
+    layout.write_spec(spec.to_dict())
     return layout.root
 
 
 def read_spec(run_dir: str | os.PathLike, name: str) -> MemberSpec | None:
     """The registered spec of member ``name``, or None if there is no such member."""
     try:
-        return _load_spec(member_layout(run_dir, name).spec)
+        return _load_spec(member_layout(run_dir, name))
     except FileNotFoundError:
         return None
 
@@ -88,26 +84,23 @@ def registered_members(run_dir: str | os.PathLike, known: dict[Path, MemberSpec]
     known = {} if known is None else known
     for path in paths:
         if path not in known:
-            known[path] = _load_spec(path)
+            known[path] = _load_spec(TaskLayout(path.parent))
     return [known[path] for path in paths]
 
 
-def _load_spec(path: Path) -> MemberSpec:
-    return MemberSpec.from_dict(read_json_capped(path, DOCUMENT_CAP, "member spec"))
+def _load_spec(layout: TaskLayout) -> MemberSpec:
+    return MemberSpec.from_dict(layout.read_spec())
 
 
 def count_attempt(directory: Path) -> int:
     """Count one more attempt of the task whose directory this is; which attempt it is (1 for the first)."""
-    path = TaskLayout(directory).attempts
-    attempt = (int(read_capped(path, CONTROL_CAP, "attempt counter") or 0) if path.exists() else 0) + 1
-    write_durably(path, str(attempt))
-    return attempt
+    return TaskLayout(directory).count_attempt()
 
 
 def has_result(run_dir: str | os.PathLike, name: str) -> bool:
     """Whether member ``name`` finished: its result is written last, durably, once its
     final checkpoint is committed, so whatever its process does afterwards cannot undo that."""
-    return member_layout(run_dir, name).result.is_file()
+    return member_layout(run_dir, name).has_result()
 
 
 def latest_committed_step(run_dir: str | os.PathLike, spec: MemberSpec) -> int:
@@ -132,25 +125,19 @@ def request_preemption(run_dir: str | os.PathLike, name: str, reason: str = "pre
     The member consumes the request and raises ``Preempted``; the retry handler requeues it
     without spending a retry.
     """
-    path = member_layout(run_dir, name).control
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_durably(path, json.dumps({"action": "preempt", "reason": reason}))
-    return path
+    return member_layout(run_dir, name).write_control("preempt", reason)
 
 
 def request_retirement(run_dir: str | os.PathLike, name: str, reason: str) -> Path:
     """Ask a running member to commit a checkpoint and finish now, for good (an exploration
     campaign replaced it); unlike a preemption, nothing requeues it."""
-    path = member_layout(run_dir, name).control
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_durably(path, json.dumps({"action": "retire", "reason": reason}))
-    return path
+    return member_layout(run_dir, name).write_control("retire", reason)
 
 
 def read_stop_request(directory: Path) -> tuple[str, str] | None:
     """A pending ``(action, reason)``: ``preempt`` (stop, to be requeued) or ``retire`` (finish)."""
     try:
-        request = read_json_capped(TaskLayout(directory).control, CONTROL_CAP, "control request")
+        request = TaskLayout(directory).read_control()
     except (OSError, ValueError):
         return None  # absent, being written (read again after the next step), or oversized: no request
     if isinstance(request, dict) and request.get("action") in ("preempt", "retire"):
@@ -171,12 +158,11 @@ class CloneOrder:
     requested_at: float
     at_step: int | None = None
 
-    def to_json(self) -> str:
-        return json.dumps(asdict(self))
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
 
     @classmethod
-    def from_json(cls, text: str | bytes) -> CloneOrder:
-        data: dict[str, Any] = json.loads(text)
+    def from_dict(cls, data: dict[str, Any]) -> CloneOrder:
         at_step = data.get("at_step")
         return cls(
             str(data["request"]),
@@ -192,19 +178,17 @@ def clone_order_path(directory: Path, request: str, suffix: str = ".json") -> Pa
 
 
 def write_clone_order(run_dir: str | os.PathLike, source: str, order: CloneOrder) -> Path:
-    path = clone_order_path(member_dir(run_dir, source), order.request)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_durably(path, order.to_json())
-    return path
+    return member_layout(run_dir, source).write_clone_order(order.request, order.to_dict())
 
 
 def read_clone_orders(directory: Path) -> list[CloneOrder]:
     """Pending orders, oldest first; the member marks an order ``.forking`` when it serves it."""
     found = []
-    for path in TaskLayout(directory).clone_orders():
+    layout = TaskLayout(directory)
+    for path in layout.clone_orders():
         try:
-            found.append(CloneOrder.from_json(read_capped(path, CONTROL_CAP, "clone order")))
-        except (OSError, ValueError, KeyError):
+            found.append(CloneOrder.from_dict(layout.read_clone_order(path)))
+        except (OSError, ValueError, KeyError, TypeError):
             continue  # being written, or oversized: no order
     return sorted(found, key=lambda o: o.requested_at)
 

@@ -15,7 +15,6 @@ out, the clone adopts the source's newest committed checkpoint instead and says 
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import socket
@@ -25,12 +24,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from resilient_flows.capped import CONTROL_CAP, read_capped, read_json_capped
 from resilient_flows.checkpoint import Checkpointer, TrainState
 from resilient_flows.checkpoint.tiers import Tier
-from resilient_flows.durable import write_durably
 from resilient_flows.rundir import TaskLayout, member_layout
-from resilient_flows.training.control import CloneOrder, clone_order_path, member_dir, read_spec
+from resilient_flows.training.control import CloneOrder, member_dir, read_spec
 from resilient_flows.training.spec import OPTIMIZER_KEYS, MemberSpec, ParentSpec
 
 __all__ = ["SEED_TIMEOUT_S", "CloneStart", "Handoff", "Seed", "apply_overrides", "mark_forking", "wait_for_seed"]
@@ -42,18 +39,13 @@ SEED_TIMEOUT_S = float(os.environ.get("RESILIENT_FLOWS_CLONE_TIMEOUT", "300"))
 _POLL_S = 0.02
 
 
-def _forking_marker(run_dir: Path, source: str, request: str) -> Path:
-    return clone_order_path(member_dir(run_dir, source), request, ".forking")
-
-
 def mark_forking(run_dir: Path, source: str, order: CloneOrder, step: int, attempt: int) -> None:
-    """Turn a pending order into one being served, so that a restarted source does not serve it twice.
-
-    Not fsynced: it is advice to the clones waiting for the hand-off, on the source's critical path.
-    """
-    marker = _forking_marker(run_dir, source, order.request)
-    marker.write_text(json.dumps({"step": step, "attempt": attempt, "pid": os.getpid(), "host": socket.gethostname()}))
-    clone_order_path(marker.parent, order.request).unlink(missing_ok=True)
+    """Turn a pending order into one being served, so that a restarted source does not serve it twice."""
+    layout = member_layout(run_dir, source)
+    layout.write_fork_marker(
+        order.request, {"step": step, "attempt": attempt, "pid": os.getpid(), "host": socket.gethostname()}
+    )
+    layout.clone_order(order.request).unlink(missing_ok=True)
 
 
 class Handoff:
@@ -72,8 +64,7 @@ class Handoff:
             if clone is None:
                 continue
             if self.rank == 0:  # when the source served the order: a clone's clock starts there at the earliest
-                handoff = member_layout(self.run_dir, clone.name).handoff
-                handoff.write_text(json.dumps({"step": step, "forked_at": self.forked_at}))
+                member_layout(self.run_dir, clone.name).write_handoff({"step": step, "forked_at": self.forked_at})
             if tier.name == "local":
                 if self.world_size == 1 and clone.checkpoint.local_dir is not None:
                     Tier(clone.checkpoint.local_dir, "local").adopt(tier.step_dir(step), step)
@@ -81,7 +72,7 @@ class Handoff:
                 Tier(member_layout(self.run_dir, clone.name).checkpoints, "shared").adopt(tier.step_dir(step), step)
         if tier.name == "shared" and self.rank == 0:
             for order in self.orders:
-                _forking_marker(self.run_dir, self.source, order.request).unlink(missing_ok=True)
+                member_layout(self.run_dir, self.source).remove_fork_marker(order.request)
 
 
 @dataclass(frozen=True)
@@ -117,20 +108,19 @@ def wait_for_seed(run_dir: Path, spec: MemberSpec, checkpointer: Checkpointer, t
 
 def _handoff_problem(run_dir: Path, parent: ParentSpec) -> str | None:
     """Why the source's hand-off for this request will never arrive, or None while it still may."""
-    source_dir = member_dir(run_dir, parent.member)
-    marker = _forking_marker(run_dir, parent.member, parent.request)
+    source = member_layout(run_dir, parent.member)
     try:
-        forking = read_json_capped(marker, CONTROL_CAP, "fork marker")
+        forking = source.read_fork_marker(parent.request)
     except FileNotFoundError:
         forking = None
     except ValueError:
         return None  # being written (an oversized one never ends: the deadline does)
     if forking is None:
-        pending = clone_order_path(source_dir, parent.request).exists()
-        if pending and TaskLayout(source_dir).result.exists():
+        pending = source.clone_order(parent.request).exists()
+        if pending and source.has_result():
             return f"{parent.member} finished before it could fork"
         return None
-    attempts = _read_int(TaskLayout(source_dir).attempts)
+    attempts = _read_attempts(source)
     lost = f"before its checkpoint of step {forking['step']} committed"
     if attempts is not None and attempts > forking["attempt"]:
         return f"{parent.member} was restarted (attempt {attempts}) {lost}"
@@ -191,7 +181,7 @@ class CloneStart:
         start = max(parent.requested_at, seed.forked_at or 0.0)
         record = {"step": seed.step, "transport": seed.transport, "fallback": seed.fallback}
         if self.rank == 0:
-            write_durably(self.layout.seed, json.dumps({"parent": parent.member, **record}))
+            self.layout.write_seed({"parent": parent.member, **record})
         self._emit(
             "cloned",
             parent=parent.member,
@@ -205,7 +195,7 @@ class CloneStart:
 
 def _read_seed_step(layout: TaskLayout) -> int | None:
     try:
-        return int(read_json_capped(layout.seed, CONTROL_CAP, "clone seed")["step"])
+        return int(layout.read_seed()["step"])
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
@@ -241,14 +231,14 @@ def _read_spec(run_dir: Path, name: str) -> MemberSpec | None:
 
 def _forked_at(directory: Path) -> float | None:
     try:
-        return float(read_json_capped(TaskLayout(directory).handoff, CONTROL_CAP, "fork hand-off")["forked_at"])
+        return float(TaskLayout(directory).read_handoff()["forked_at"])
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
 
-def _read_int(path: Path) -> int | None:
+def _read_attempts(layout: TaskLayout) -> int | None:
     try:
-        return int(read_capped(path, CONTROL_CAP, "attempt counter"))
+        return layout.read_attempts()
     except (OSError, ValueError):
         return None
 

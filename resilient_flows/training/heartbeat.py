@@ -30,8 +30,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from resilient_flows.capped import CONTROL_CAP, read_json_capped
+from resilient_flows.capped import CONTROL_CAP
 from resilient_flows.rundir import run_layout
+from resilient_flows.rundir.files import read_json
 from resilient_flows.training.lease import orphaned
 
 __all__ = ["BEAT_S", "RECORD_BYTES", "Heartbeat", "analytics_task", "heartbeat_path", "read_heartbeat"]
@@ -51,13 +52,13 @@ def analytics_task(request: str) -> str:
 
 
 def heartbeat_path(run_dir: str | os.PathLike, task: str) -> Path:
-    return run_layout(run_dir).heartbeats / task
+    return run_layout(run_dir).heartbeat(task)
 
 
 def read_heartbeat(path: Path) -> dict[str, Any] | None:
     """The record in a heartbeat file, or None when it is absent, being rewritten or oversized."""
     try:
-        record = read_json_capped(path, CONTROL_CAP, "heartbeat")
+        record = read_json(path, CONTROL_CAP, "heartbeat")
     except (OSError, ValueError):
         return None
     return record if isinstance(record, dict) else None

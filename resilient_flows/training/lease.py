@@ -19,7 +19,6 @@ read only once the file looks stale. A ``resume`` takes the lease over by writin
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import socket
@@ -28,7 +27,6 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from resilient_flows.capped import CONTROL_CAP, read_json_capped
 from resilient_flows.rundir import run_layout
 
 __all__ = [
@@ -91,10 +89,10 @@ def process_start_time(pid: int) -> int | None:
 
 def read_lease(run_dir: str | os.PathLike) -> RunnerLease | None:
     """The run's lease, or None when no runner ever held it or its record is unreadable."""
-    path = run_layout(run_dir).lease
+    layout = run_layout(run_dir)
     try:
-        age = time.time() - path.stat().st_mtime
-        record = read_json_capped(path, CONTROL_CAP, "runner lease")
+        age = time.time() - layout.lease.stat().st_mtime
+        record = layout.read_lease()
     except (OSError, ValueError):
         return None
     if not isinstance(record, dict):
@@ -141,8 +139,6 @@ def end_lease(run_dir: str | os.PathLike) -> None:
     lease = read_lease(run_dir)
     if lease is None or (lease.pid, lease.host) != (os.getpid(), socket.gethostname()):
         return
-    path = run_layout(run_dir).lease
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
     record = {
         "pid": lease.pid,
         "host": lease.host,
@@ -151,8 +147,7 @@ def end_lease(run_dir: str | os.PathLike) -> None:
         "ended": round(time.time(), 3),
     }
     with contextlib.suppress(OSError):  # a full file system: the lease then merely expires
-        tmp.write_text(json.dumps(record))
-        os.replace(tmp, path)
+        run_layout(run_dir).write_lease(record)
 
 
 class LeaseRenewer:

@@ -15,10 +15,11 @@ import contextlib
 import logging
 import os
 import sys
+from pathlib import Path
 from typing import Any, NoReturn
 
-from resilient_flows.capped import DOCUMENT_CAP, read_json_capped
 from resilient_flows.errors import LaunchError, Preempted
+from resilient_flows.rundir import TaskLayout
 from resilient_flows.training.contract import EXIT_PREEMPTED
 
 
@@ -26,7 +27,7 @@ def main(argv: list[str] | None = None) -> int:
     spec_path, run_dir = argv if argv is not None else sys.argv[1:]
     from resilient_flows.training.run import run_member
 
-    spec = read_json_capped(spec_path, DOCUMENT_CAP, "member spec")
+    spec = TaskLayout(Path(spec_path).parent).read_spec()
     try:
         run_member(spec, run_dir, comm=_world())
     except Preempted as exc:
@@ -44,7 +45,7 @@ def _report(run_dir: str, spec: dict[str, Any], exc: LaunchError) -> None:
     worker log on whichever node ran it."""
     import socket
 
-    from resilient_flows.training.events import EventLog
+    from resilient_flows.rundir.events import EventLog
 
     with contextlib.suppress(OSError):  # the launch error is what must come through
         EventLog(run_dir).emit("warning", spec.get("name"), host=socket.gethostname(), reason=str(exc))

@@ -6,15 +6,13 @@ a plain process, under ``mpiexec``, or in a test.
 
 from __future__ import annotations
 
-import json
 import os
 from typing import Any
 
 from resilient_flows.checkpoint import read_checkpoint
-from resilient_flows.durable import write_durably
 from resilient_flows.rundir import member_layout
+from resilient_flows.rundir.events import EventLog
 from resilient_flows.training.context import TrainContext
-from resilient_flows.training.events import EventLog
 from resilient_flows.training.heartbeat import Heartbeat, analytics_task
 from resilient_flows.training.spec import MemberSpec
 from resilient_flows.training.workloads import resolve_workload
@@ -40,7 +38,7 @@ def run_member(spec: dict[str, Any], run_dir: str, comm: Any = None) -> dict[str
     if not isinstance(result, dict):
         result = {"member": member.name, "value": result}
     if ctx.checkpointer.rank == 0:
-        write_durably(ctx.layout.result, json.dumps(result, indent=2, default=str))
+        ctx.layout.write_result(result)
         ctx.events.emit("finished", member.name, attempt=ctx.attempt, **_scalars(result))
     return result
 

@@ -20,14 +20,12 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import json
 import logging
 import sys
 from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
-from resilient_flows.durable import write_durably
 from resilient_flows.errors import Preempted, ResilientFlowsError
 from resilient_flows.training.context import TrainContext
 from resilient_flows.training.contract import EXIT_PREEMPTED, RunContract
@@ -122,7 +120,7 @@ class ScriptRun:
                 ctx.runtime.commit(self._last_step)
             report = ctx.result(model, **values)
             if ctx.rank == 0:
-                write_durably(ctx.layout.command_report, json.dumps(report, indent=2, default=str))
+                ctx.layout.write_command_report(report)
         finally:
             self._closed = True
             self._signals.close()

@@ -14,15 +14,13 @@ its newest committed iteration.
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
-from resilient_flows.durable import write_durably
 from resilient_flows.rundir import stage_layout
-from resilient_flows.training.control import count_attempt, newest_committed
-from resilient_flows.training.events import EventLog
+from resilient_flows.rundir.events import EventLog
+from resilient_flows.training.control import newest_committed
 from resilient_flows.training.heartbeat import Heartbeat
 from resilient_flows.training.spec import StageSpec
 
@@ -62,7 +60,7 @@ def run_stage(spec: dict[str, Any], run_dir: str) -> Any:
     output = layout.output
     output.mkdir(parents=True, exist_ok=True)
     events = EventLog(run_dir)
-    attempt = count_attempt(layout.root)
+    attempt = layout.count_attempt()
     restart = newest_iteration(run_dir, stage.name)
     events.emit(
         "stage_started", stage.name, attempt=attempt, pid=os.getpid(), iteration=None if restart < 0 else restart
@@ -77,7 +75,7 @@ def run_stage(spec: dict[str, Any], run_dir: str) -> Any:
     ):
         value = loop(ctx, output=output, inputs=inputs, **stage.params)
     result = {"stage": stage.name, "attempts": attempt, "value": value}
-    write_durably(layout.result, json.dumps(result, indent=2, default=str))
+    layout.write_result(result)
     events.emit("stage_finished", stage.name, attempt=attempt)
     return value
 

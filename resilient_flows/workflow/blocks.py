@@ -14,7 +14,6 @@ recorded process is ever signalled.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import signal
@@ -31,10 +30,10 @@ from parsl.executors.status_handling import BlockProviderExecutor
 from parsl.jobs.states import JobState, JobStatus
 from parsl.providers import LocalProvider
 
-from resilient_flows.capped import CONTROL_CAP, LINE_CAP, CappedLines, read_json_capped
 from resilient_flows.errors import WorkflowError, is_storage_full
 from resilient_flows.rundir import run_layout
-from resilient_flows.training.events import FULL_WAIT_S
+from resilient_flows.rundir.events import FULL_WAIT_S
+from resilient_flows.rundir.ledger import append_record, read_records
 from resilient_flows.training.lease import (
     DEFAULT_ORPHAN_TIMEOUT_S,
     RENEW_S,
@@ -109,15 +108,7 @@ class BlockLedger:
 
     def previous(self) -> list[dict[str, Any]]:
         """The records of the runners before this one."""
-        records = []
-        for line in CappedLines(run_layout(self.run_dir).blocks, LINE_CAP, "runner ledger"):
-            try:
-                record = json.loads(line)
-            except ValueError:
-                continue  # a runner killed mid-write
-            if isinstance(record, dict) and record.get("runner") != self.runner:
-                records.append(record)
-        return records
+        return [r for r in read_records(run_layout(self.run_dir)) if r.get("runner") != self.runner]
 
     def cancel_previous(self, executors: Iterable[Any]) -> list[str]:
         """Cancel the blocks and interchanges earlier runners left; what was cancelled, in words.
@@ -132,15 +123,7 @@ class BlockLedger:
         return _cancel([r for r in self.previous() if r.get("runner") == runner], executors)
 
     def _append(self, record: dict[str, Any]) -> None:
-        line = json.dumps({"time": round(time.time(), 3), "runner": self.runner, **record}) + "\n"
-        fd = os.open(run_layout(self.run_dir).blocks, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
-        try:
-            size = os.fstat(fd).st_size
-            if size and os.pread(fd, 1, size - 1) != b"\n":  # an earlier runner killed mid-line
-                line = "\n" + line
-            os.write(fd, line.encode())
-        finally:
-            os.close(fd)
+        append_record(run_layout(self.run_dir), {"time": round(time.time(), 3), "runner": self.runner, **record})
 
 
 def _cancel(records: list[dict[str, Any]], executors: Iterable[Any]) -> list[str]:
@@ -313,9 +296,9 @@ class RunnerLock:
 
     def acquire(self) -> None:
         """Claim the run for this process; an error naming the runner that still holds it."""
-        path = run_layout(self.run_dir).lease
+        layout = run_layout(self.run_dir)
         try:
-            holder = read_json_capped(path, CONTROL_CAP, "runner lock")
+            holder = layout.read_lease()
         except (OSError, ValueError):
             holder = None
         if (
@@ -340,14 +323,12 @@ class RunnerLock:
             "started": process_start_time(os.getpid()),
             "orphan_timeout_s": self.orphan_timeout_s,
         }
-        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
         deadline = time.monotonic() + FULL_WAIT_S
         while True:
             try:
-                tmp.write_text(json.dumps(me))
+                layout.write_lease(me)
                 break
             except OSError as exc:  # a full file system is waited out, as for events
                 if not is_storage_full(exc) or time.monotonic() > deadline:
                     raise
                 time.sleep(0.5)
-        os.replace(tmp, path)

@@ -22,8 +22,8 @@ import random
 from typing import Any
 
 from resilient_flows.clone import request_clone
+from resilient_flows.rundir.events import EventLog
 from resilient_flows.training.control import request_retirement
-from resilient_flows.training.events import EventLog
 from resilient_flows.training.spec import MemberSpec
 from resilient_flows.workflow.status import MemberStatus
 

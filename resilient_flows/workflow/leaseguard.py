@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 from resilient_flows.rundir import run_layout
-from resilient_flows.training.events import EventLog
+from resilient_flows.rundir.events import EventLog
 from resilient_flows.training.heartbeat import BEAT_S
 from resilient_flows.training.lease import RunnerLease, process_start_time, read_lease
 

@@ -29,8 +29,8 @@ from parsl.executors import HighThroughputExecutor, ThreadPoolExecutor
 
 from resilient_flows.cosched import OnDemandRequest, RunningJob, decide
 from resilient_flows.errors import WorkflowError
+from resilient_flows.rundir.events import EventLog, read_events
 from resilient_flows.training.control import latest_committed_step, request_preemption
-from resilient_flows.training.events import EventLog, read_events
 from resilient_flows.training.spec import MemberSpec
 from resilient_flows.workflow.schema import AnalyticsConfig, CoschedConfig
 from resilient_flows.workflow.status import MemberStatus

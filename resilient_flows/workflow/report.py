@@ -13,7 +13,7 @@ from typing import Any
 from rich.console import Console, Group, RenderableType
 from rich.table import Table
 
-from resilient_flows.training.events import read_events
+from resilient_flows.rundir.events import read_events
 from resilient_flows.training.spec import MemberSpec, StageSpec
 from resilient_flows.training.stage import newest_iteration
 from resilient_flows.workflow.families import (

@@ -6,15 +6,14 @@ where it and the rest of the run lie is :mod:`resilient_flows.rundir`'s.
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from resilient_flows.capped import PLAN_CAP, read_json_capped
 from resilient_flows.errors import WorkflowError
 from resilient_flows.rundir import run_layout
+from resilient_flows.rundir.plan import encode_plan, read_plan_document, refuse_occupied, write_plan
 from resilient_flows.sites.site import SiteFile
 from resilient_flows.training.control import register_member, registered_members
 from resilient_flows.training.spec import MemberSpec
@@ -45,26 +44,19 @@ def default_run_dir(workflow: Workflow) -> Path:
 def create_run_dir(path: Path, plan: Plan, source_text: str) -> Path:
     """Create ``path`` for a new run; refuses one that already holds a run, which ``resume`` continues."""
     layout = run_layout(path)
-    if layout.plan.exists():
-        raise WorkflowError(f"{path} already holds a run; continue it with `resilient-flows resume {path}`")
-    if path.exists() and any(path.iterdir()):
-        raise WorkflowError(f"run directory {path} exists and is not empty; choose another with --run-dir")
+    refuse_occupied(layout)
     document = {
         "site": plan.site,
         # every field, defaults included: a resume keeps the settings the run started with
         "workflow": plan.workflow.model_dump(mode="json"),
         "members": [m.to_dict() for m in plan.members],
     }
-    text = json.dumps(document, indent=2)
-    if len(text.encode()) > PLAN_CAP:  # refused now rather than by the resume that reads it back
-        raise WorkflowError(f"the plan of {len(plan.members)} members is over the {PLAN_CAP >> 20} MiB a run may have")
+    text = encode_plan(document)
     layout.members.mkdir(parents=True, exist_ok=True)
-    layout.workflow.write_text(source_text)
+    layout.write_workflow(source_text)
     for member in plan.members:
         register_member(path, member)
-    tmp = layout.plan.with_name(f"{layout.plan.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, layout.plan)
+    write_plan(layout, text)
     return path.resolve()
 
 
@@ -111,18 +103,11 @@ class MemberIndex:
 
 def read_plan(path: Path) -> Plan:
     """The plan of the run in ``path``."""
-    plan_path = run_layout(path).plan
-    try:
-        document = read_json_capped(plan_path, PLAN_CAP, "run plan")
-    except FileNotFoundError:
-        raise WorkflowError(
-            f"{path} is not a run directory (no {plan_path.name}); start one with `resilient-flows run`"
-        ) from None
-    except (OSError, ValueError) as exc:
-        raise WorkflowError(f"{plan_path}: unreadable ({exc})") from None
+    layout = run_layout(path)
+    document = read_plan_document(layout)
     try:
         workflow = Workflow.model_validate(document["workflow"])
         members = tuple(MemberSpec.from_dict(m) for m in document["members"])
         return Plan(workflow, str(document["site"]), members)
     except (KeyError, TypeError, ValueError) as exc:
-        raise WorkflowError(f"{plan_path}: not a plan this version understands ({exc})") from None
+        raise WorkflowError(f"{layout.plan}: not a plan this version understands ({exc})") from None

@@ -43,10 +43,10 @@ from resilient_flows.apps import (
 from resilient_flows.clone import request_clone
 from resilient_flows.errors import WorkflowError, is_storage_full
 from resilient_flows.rundir import run_layout
+from resilient_flows.rundir.events import FULL_WAIT_S, EventLog
 from resilient_flows.sites import SiteFile
 from resilient_flows.sites.facts import SiteFacts
 from resilient_flows.training.control import clone_order_path, has_result, member_dir
-from resilient_flows.training.events import FULL_WAIT_S, EventLog
 from resilient_flows.training.lease import LeaseRenewer, end_lease
 from resilient_flows.training.spec import MemberSpec, StageSpec
 from resilient_flows.training.stage import stage_finished

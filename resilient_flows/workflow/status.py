@@ -12,19 +12,18 @@ whole loss curve is read only when a view asks for it (:meth:`MemberStatus.histo
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from resilient_flows.capped import DOCUMENT_CAP, LINE_CAP, CappedLines, read_json_capped
 from resilient_flows.rundir import TaskLayout, member_layout
+from resilient_flows.rundir.events import EventTail
+from resilient_flows.rundir.metrics import MetricsReader
 from resilient_flows.training.control import member_dir
-from resilient_flows.training.events import EventTail
 
-__all__ = ["TIMELINE_KINDS", "MemberStatus", "MetricsReader", "StatusTracker", "loss_curve", "member_statuses"]
+__all__ = ["TIMELINE_KINDS", "MemberStatus", "StatusTracker", "loss_curve", "member_statuses"]
 
 #: The state a member is in after each kind of event.
 _STATE_AFTER = {
@@ -40,113 +39,6 @@ _STATE_AFTER = {
 
 #: Events a member keeps with their times, for the failure timeline of the report.
 TIMELINE_KINDS = ("failed", "lost", "preempted", "resumed")
-
-#: Bytes read from the end of a metrics file to find its newest line; doubled until one fits,
-#: or until a line that long would be over the line cap.
-_TAIL_BYTES = 4096
-
-
-class MetricsReader:
-    """Follows a member's metrics log: the loss curve with later attempts replacing redone steps.
-
-    ``curve`` maps step -> loss as the final model saw it; ``attempt_spans`` maps each attempt to
-    the (first, last) step it logged, which is where the report marks failures and resumes;
-    ``attempt_times`` to the (first, last) times it logged, from which its pace follows. ``last``
-    is the newest line.
-
-    A runner follows every running member twice a second while each logs a line per step: it
-    cannot afford to parse them all. :meth:`update` parses the first and last of the lines that
-    arrived (all of them only when those two belong to different attempts), which keeps ``last``,
-    the spans and the times exact while one attempt writes at a time; the curve is read when a
-    view asks (:meth:`read_curve`), or sampled for a plot (:meth:`sampled_curve`).
-    """
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.curve: dict[int, float] = {}
-        self.attempt_spans: dict[int, tuple[int, int]] = {}
-        self.attempt_times: dict[int, tuple[float, float]] = {}
-        self.last: dict[str, Any] | None = None
-        self._followed = 0  # bytes :meth:`update` has seen
-        self._curved = 0  # bytes :meth:`read_curve` has seen
-
-    def update(self) -> None:
-        """Take in the complete lines appended since the last update (the curve excepted)."""
-        lines, self._followed = self._lines_after(self._followed)
-        if not lines:
-            return
-        ends = [_record(lines[0]), _record(lines[-1])]
-        records = ends
-        if ends[0] is None or ends[1] is None or _attempt(ends[0]) != _attempt(ends[1]):
-            records = [record for raw in lines if (record := _record(raw)) is not None]
-        for record in records:
-            self._note(record)
-        if records:
-            self.last = records[-1]
-
-    def read_curve(self) -> None:
-        """Take in the loss of every line not read for the curve yet."""
-        lines, self._curved = self._lines_after(self._curved)
-        for raw in lines:
-            record = _record(raw)
-            if record is None:
-                continue
-            if "loss" in record:
-                self.curve[int(record["step"])] = float(record["loss"])
-            self._note(record)
-            if self._curved >= self._followed:
-                self.last = record
-        self._followed = max(self._followed, self._curved)
-
-    def sampled_curve(self, points: int) -> dict[int, float]:
-        """About ``points`` (step, loss) of the curve, evenly spread over the file's lines and
-        including its newest, parsed without the rest: enough for a band over many members."""
-        lines, _ = self._lines_after(0)
-        stride = max(1, len(lines) // max(1, points))
-        curve: dict[int, float] = {}
-        for raw in [*lines[::stride], *lines[-1:]]:
-            record = _record(raw)
-            if record is not None and "loss" in record:
-                curve[int(record["step"])] = float(record["loss"])
-        return curve
-
-    def _lines_after(self, offset: int) -> tuple[list[bytes], int]:
-        """The complete lines from byte ``offset`` on (each within the line cap), and where they end."""
-        lines = CappedLines(self.path, LINE_CAP, "metrics log", offset)
-        return list(lines), lines.offset
-
-    def _note(self, record: dict[str, Any]) -> None:
-        step, attempt = int(record["step"]), _attempt(record)
-        first, last = self.attempt_spans.get(attempt, (step, step))
-        self.attempt_spans[attempt] = (min(first, step), max(last, step))
-        if "time" in record:
-            when = float(record["time"])
-            began, latest = self.attempt_times.get(attempt, (when, when))
-            self.attempt_times[attempt] = (min(began, when), max(latest, when))
-
-    def peek(self) -> None:
-        """Set ``last`` to the newest complete line, reading the file's end only; the curve stays
-        as it was (:meth:`read_curve` continues where it stopped)."""
-        try:
-            with self.path.open("rb") as f:
-                size = f.seek(0, os.SEEK_END)
-                want = _TAIL_BYTES
-                while True:
-                    start = max(0, size - want)
-                    f.seek(start)
-                    chunk = f.read(size - start)
-                    lines = chunk[: chunk.rfind(b"\n") + 1].splitlines()
-                    if len(lines) > 1 or start == 0 or want > LINE_CAP:  # the first may be cut short
-                        break
-                    want *= 2
-        except FileNotFoundError:
-            return
-        for raw in reversed(lines if start == 0 else lines[1:]):
-            try:
-                self.last = json.loads(raw)
-                return
-            except json.JSONDecodeError:
-                continue
 
 
 @dataclass
@@ -223,7 +115,7 @@ class MemberStatus:
         else:
             self.metrics.peek()
         if self._result_due:
-            self.result = _read_result(TaskLayout(directory).result)
+            self.result = TaskLayout(directory).read_result()
             self._result_due = self.result is None and self.state in ("finished", "retired")
         if self.result is not None:
             self.state = "retired" if "retired" in self.result else "finished"
@@ -233,26 +125,6 @@ class MemberStatus:
         if self.metrics is not None:
             self.metrics.read_curve()
         return self.metrics
-
-
-def _record(raw: bytes) -> dict[str, Any] | None:
-    """One metrics line, or None for a line that does not parse (torn by a crash)."""
-    try:
-        return json.loads(raw)
-    except json.JSONDecodeError:
-        return None
-
-
-def _attempt(record: dict[str, Any]) -> int:
-    return int(record.get("attempt", 1))
-
-
-def _read_result(path: Path) -> dict[str, Any] | None:
-    """A member's result, or None while it has none (its result file is renamed into place whole)."""
-    try:
-        return read_json_capped(path, DOCUMENT_CAP, "member result")
-    except FileNotFoundError:
-        return None
 
 
 class StatusTracker:

@@ -10,10 +10,10 @@ import torch
 
 from resilient_flows.integrations.lightning.package import ModelCheckpoint
 from resilient_flows.rundir import TaskLayout
+from resilient_flows.rundir.metrics import MetricsLog
 from resilient_flows.training.boundary import Request, StepRuntime, member_events
 from resilient_flows.training.contract import RunContract
 from resilient_flows.training.control import member_dir
-from resilient_flows.training.events import MetricsLog
 from resilient_flows.training.spec import MemberSpec
 
 

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import torch
 
-from resilient_flows.durable import write_durably
 from resilient_flows.errors import ResilientFlowsError
 from resilient_flows.integrations.lightning.boundary import lightning_runtime, step_metrics
 from resilient_flows.integrations.lightning.checkpoint_io import ResilientCheckpointIO
@@ -115,8 +113,7 @@ class ResilientCallback(Callback):
             return
         if self.stopped is not None:
             self._report["stopped"] = self.stopped
-        layout = TaskLayout(member_dir(self.contract.run_dir, self.contract.member))
-        write_durably(layout.command_report, json.dumps(self._report, indent=2))
+        TaskLayout(member_dir(self.contract.run_dir, self.contract.member)).write_command_report(self._report)
 
     def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
         if self._runtime is not None:

@@ -13,8 +13,8 @@ import torch
 from resilient_flows.errors import CheckpointError
 from resilient_flows.integrations.lightning.package import CheckpointIO, ModelCheckpoint, run_contract
 from resilient_flows.integrations.pathstore import PathStore, load
+from resilient_flows.rundir.events import EventLog
 from resilient_flows.training.control import read_spec
-from resilient_flows.training.events import EventLog
 
 logger = logging.getLogger(__name__)
 

@@ -19,6 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from resilient_flows.errors import StorageFullError
+from resilient_flows.rundir.events import EventLog
+from resilient_flows.rundir.metrics import MetricsLog
 from resilient_flows.training.boundary.cadence import Cadence
 from resilient_flows.training.boundary.ranks import Ranks
 from resilient_flows.training.boundary.requests import Request, consume_request, fire_faults, pending_request
@@ -26,7 +28,6 @@ from resilient_flows.training.boundary.saver import OnCommit, Saver
 from resilient_flows.training.boundary.signals import StopSignals
 from resilient_flows.training.contract import EXIT_PREEMPTED
 from resilient_flows.training.control import CloneOrder, RequestWatch, read_clone_orders
-from resilient_flows.training.events import EventLog, MetricsLog
 from resilient_flows.training.fork import Handoff, mark_forking
 from resilient_flows.training.heartbeat import Heartbeat
 from resilient_flows.training.spec import FaultSpec
