@@ -25,9 +25,7 @@ import torch
 from mpi4py import MPI
 from trainkit import Problem, replicated_digest
 
-from resilient_flows.checkpoint.boxes import held_boxes
-from resilient_flows.checkpoint.planner import ArraySpec, plan_writes
-from resilient_flows.checkpoint.tree import flatten
+from resilient_flows.checkpoint import plan_send
 from resilient_flows.clone.mpi import CloneTransferStats, StagingBuffer, recv_state, send_state, start_send_state
 from resilient_flows.errors import ResilientFlowsError
 
@@ -91,13 +89,8 @@ def dp_step(problem: Problem, dp: MPI.Comm, step: int, sliced: bool) -> float:
 def split_arrays(problem: Problem, ranks: int) -> int:
     """How many arrays of the replicated state the plan cuts into pieces (to show it is exercised)."""
     state = problem.state.state_dict()
-    state.pop("rank_local")
-    leaves = {n: leaf if torch.is_tensor(leaf) else torch.from_numpy(leaf) for n, leaf in flatten(state)[1].items()}
-    specs = [
-        ArraySpec(n, leaf.dtype, tuple(leaf.shape), tuple(held_boxes(leaf, list(range(ranks)))))
-        for n, leaf in leaves.items()
-    ]
-    return len({p.name for pieces in plan_writes(specs, ranks) for p in pieces if not p.whole})
+    plans = [plan_send(state, range(ranks), index) for index in range(ranks)]
+    return len({item.name for plan in plans for item in plan.items if not item.whole})
 
 
 def error(exc: Exception) -> str:

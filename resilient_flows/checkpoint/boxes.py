@@ -17,9 +17,12 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
-__all__ = ["Box", "HeldBox", "dtensor_local", "held_boxes", "is_dtensor", "local_box"]
+from resilient_flows.checkpoint.tree import Leaf
+
+__all__ = ["Box", "HeldBox", "dtensor_local", "held_boxes", "is_dtensor", "local_box", "piece_of"]
 
 
 @dataclass(frozen=True)
@@ -92,6 +95,20 @@ def local_box(leaf: torch.Tensor) -> Box:
     if coordinate is None:
         raise ValueError("this rank is not part of the DTensor's device mesh")
     return _box_at(tuple(leaf.shape), tuple(mesh.shape), coordinate, leaf.placements)
+
+
+def piece_of(leaf: Leaf, box: Box, held: Box | None = None) -> torch.Tensor:
+    """The part ``box`` of the global array as a view of this rank's ``leaf``, which holds ``held``
+    (default: its :func:`local_box`); a copy only for numpy arrays with negative strides, which
+    torch cannot view. Writing a checkpoint and sending a state both copy pieces out of these views.
+    """
+    if isinstance(leaf, np.ndarray):
+        local = torch.from_numpy(leaf if all(stride >= 0 for stride in leaf.strides) else leaf.copy())
+        held = Box.whole(tuple(leaf.shape)) if held is None else held
+    else:
+        local = (dtensor_local(leaf) if is_dtensor(leaf) else leaf).detach()
+        held = local_box(leaf) if held is None else held
+    return local if box == held else local[box.within(held)]
 
 
 def held_boxes(leaf: torch.Tensor, group_ranks: list[int]) -> list[HeldBox]:

@@ -36,14 +36,15 @@ import xxhash
 
 from resilient_flows.checkpoint.boxes import Box, HeldBox, held_boxes, is_dtensor, local_box
 from resilient_flows.checkpoint.comm import as_comm, first_problem
+from resilient_flows.checkpoint.flat import flatten_state
 from resilient_flows.checkpoint.heartbeat import HeartbeatWriter
-from resilient_flows.checkpoint.planner import ArraySpec, WriteItem, plan_writes, shard_order
+from resilient_flows.checkpoint.planner import ArraySpec, WriteItem, array_specs, plan_writes, shard_order, whole_items
 from resilient_flows.checkpoint.reader import Restored, SkippedCheckpoint, read_agreed
 from resilient_flows.checkpoint.shardfile import ShardEntry
 from resilient_flows.checkpoint.snapshot import CopyTask, CopyWorker, HostArena, Snapshot
 from resilient_flows.checkpoint.state import RANK_LOCAL, Stateful, TrainState
 from resilient_flows.checkpoint.tiers import Tier
-from resilient_flows.checkpoint.tree import Leaf, dtype_of, flatten
+from resilient_flows.checkpoint.tree import Leaf, dtype_of
 from resilient_flows.checkpoint.writer import CheckpointStats, WriteJob, WritePipeline
 from resilient_flows.errors import STORAGE_FULL, CheckpointError, Failure, StorageFullError
 
@@ -356,26 +357,17 @@ class Checkpointer:
 
     def _layout(self, stateful: Stateful) -> _Layout:
         """What this rank stages for ``stateful``: flattened arrays, the plan, its own pieces in order."""
-        full = dict(stateful.state_dict())
-        local_state = full.pop(RANK_LOCAL, None)
-        skeleton, arrays = flatten(full)
-        local_skeleton, local_arrays = (
-            ({}, {}) if local_state is None else flatten(local_state, f"{RANK_LOCAL}/{self.rank}")
-        )
-        specs = tuple(
-            ArraySpec(name, dtype_of(name, leaf), tuple(leaf.shape), self._held_boxes(name, leaf))
-            for name, leaf in arrays.items()
-        )
+        flat = flatten_state(stateful.state_dict(), f"{RANK_LOCAL}/{self.rank}")
+        specs = array_specs(flat.arrays, self._held_boxes)
         plan, digest = self._plan(specs)
-        mine = list(plan[self.rank])
-        held = {spec.name: self._local_box(spec, arrays[spec.name]) for spec in specs}
-        for name, leaf in local_arrays.items():
-            shape = tuple(leaf.shape)
-            mine.append(WriteItem(name, dtype_of(name, leaf), Box.whole(shape), True))
-            held[name] = Box.whole(shape)
-        mine = shard_order(mine)
+        local = whole_items(flat.local_arrays)
+        held = {spec.name: self._local_box(spec, flat.arrays[spec.name]) for spec in specs}
+        held.update((item.name, item.box) for item in local)
+        mine = shard_order([*plan[self.rank], *local])
         entries = [ShardEntry(item.key, item.dtype, item.box.lengths) for item in mine]
-        return _Layout(skeleton, arrays, local_skeleton, local_arrays, specs, digest, plan, mine, held, entries)
+        return _Layout(
+            flat.skeleton, flat.arrays, flat.local_skeleton, flat.local_arrays, specs, digest, plan, mine, held, entries
+        )
 
     def _held_boxes(self, name: str, leaf: Leaf) -> tuple[HeldBox, ...]:
         """Who holds which box of ``leaf``; cached per shape, mesh and placements."""

@@ -17,14 +17,24 @@ piece aligned); the pieces of all ranks tile every array's global shape exactly 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
 
 from resilient_flows.checkpoint.boxes import Box, HeldBox
+from resilient_flows.checkpoint.tree import Leaf, dtype_of
 
-__all__ = ["MIN_PIECE_BYTES", "PIECE_FRACTION", "ArraySpec", "WriteItem", "plan_writes", "shard_order"]
+__all__ = [
+    "MIN_PIECE_BYTES",
+    "PIECE_FRACTION",
+    "ArraySpec",
+    "WriteItem",
+    "array_specs",
+    "plan_writes",
+    "shard_order",
+    "whole_items",
+]
 
 #: Boxes shared by several ranks are cut so that no piece exceeds this fraction of one rank's share.
 PIECE_FRACTION = 0.25
@@ -62,6 +72,20 @@ class WriteItem:
     @property
     def nbytes(self) -> int:
         return self.box.numel * self.dtype.itemsize
+
+
+def array_specs(arrays: Mapping[str, Leaf], held: Callable[[str, Leaf], Sequence[HeldBox]]) -> tuple[ArraySpec, ...]:
+    """The planner's view of ``arrays``; ``held(name, leaf)`` says who holds which box of each
+    (:func:`~resilient_flows.checkpoint.boxes.held_boxes`, which a caller may cache)."""
+    return tuple(
+        ArraySpec(name, dtype_of(name, leaf), tuple(leaf.shape), tuple(held(name, leaf)))
+        for name, leaf in arrays.items()
+    )
+
+
+def whole_items(arrays: Mapping[str, Leaf]) -> list[WriteItem]:
+    """Arrays that one rank alone holds and writes whole (its per-rank values), as plan items."""
+    return [WriteItem(name, dtype_of(name, leaf), Box.whole(tuple(leaf.shape)), True) for name, leaf in arrays.items()]
 
 
 def plan_writes(specs: Sequence[ArraySpec], world_size: int) -> list[list[WriteItem]]:

@@ -44,6 +44,7 @@ import torch
 
 from resilient_flows.checkpoint.boxes import Box, dtensor_local, is_dtensor, local_box
 from resilient_flows.checkpoint.comm import Comm, SingleProcess, first_problem
+from resilient_flows.checkpoint.flat import unflatten_state
 from resilient_flows.checkpoint.manifest import ArrayRecord, Manifest, PieceRecord, read_manifest
 from resilient_flows.checkpoint.shardfile import MappedShard
 from resilient_flows.checkpoint.state import RANK_LOCAL, Stateful, TrainState
@@ -76,6 +77,15 @@ class Target:
     result: Leaf
     into: np.ndarray | None = None  # a live numpy array ``dst`` is copied into at the end
     replicated: bool = False  # every rank needs all of it: read once, broadcast
+
+    def landing(self, common: Box) -> tuple[torch.Tensor, torch.Tensor]:
+        """The region of ``dst`` that holds ``common``, and where raw bytes of it can be written:
+        the region itself when it lies contiguous in host memory, else a fresh buffer to copy in
+        afterwards (a device tensor, a slice across rows, a lazily negated view)."""
+        region = self.dst[common.within(self.box)]
+        if region.device.type == "cpu" and region.is_contiguous() and not (region.is_conj() or region.is_neg()):
+            return region, region
+        return region, torch.empty(common.lengths, dtype=self.dst.dtype)
 
     def finish(self) -> None:
         """Hand the filled values to a live array that could not be filled in place."""
@@ -230,28 +240,23 @@ class OpenCheckpoint:
         with torch.no_grad():
             for name, target in targets.items():
                 for piece, common in self._overlaps(name, target.box):
-                    region = target.dst[common.within(target.box)]
                     reader = readers.get((name, piece.key))
                     if reader is None:
-                        region.copy_(self._piece(name, piece)[common.within(piece.box)])
+                        target.dst[common.within(target.box)].copy_(self._piece(name, piece)[common.within(piece.box)])
                         continue
-                    usable = region.device.type == "cpu" and region.is_contiguous()
-                    buffer = region if usable else torch.empty(piece.box.lengths, dtype=region.dtype)
+                    region, buffer = target.landing(common)  # replicated: the whole piece
                     if reader == self.comm.rank:
                         buffer.copy_(self._piece(name, piece))
                     self.comm.bcast_buffer(buffer.reshape(-1), reader)
-                    if not usable:
+                    if buffer is not region:
                         region.copy_(buffer)
                 target.finish()
         return {name: target.result for name, target in targets.items()}
 
     def state(self, arrays: Mapping[str, Leaf]) -> dict[str, Any]:
         """The nested state from the filled arrays, with this rank's per-rank values."""
-        state = unflatten(self.manifest.skeleton, arrays)
         local = self.manifest.rank_local[source_rank(self.manifest, self.comm.rank)]
-        if local:
-            state[RANK_LOCAL] = unflatten(local, arrays)
-        return state
+        return unflatten_state(self.manifest.skeleton, local, arrays)
 
     def release(self, name: str) -> None:
         """Drop the mapped pages of ``name``'s pieces from this process (done with them)."""

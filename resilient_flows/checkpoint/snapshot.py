@@ -29,10 +29,9 @@ import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
-from resilient_flows.checkpoint.boxes import Box, dtensor_local, is_dtensor
+from resilient_flows.checkpoint.boxes import Box, piece_of
 from resilient_flows.checkpoint.planner import WriteItem
 from resilient_flows.checkpoint.shardfile import ShardEntry
 from resilient_flows.checkpoint.tree import Leaf
@@ -146,12 +145,7 @@ class CopyTask:
     eager: bool
 
     def source(self) -> torch.Tensor:
-        leaf = self.leaf
-        if isinstance(leaf, np.ndarray):
-            local = torch.from_numpy(leaf if leaf.flags.c_contiguous else leaf.copy(order="C"))
-        else:
-            local = (dtensor_local(leaf) if is_dtensor(leaf) else leaf).detach()
-        return local if self.item.box == self.held else local[self.item.box.within(self.held)]
+        return piece_of(self.leaf, self.item.box, self.held)
 
 
 class CopyWorker:

@@ -2,12 +2,15 @@
 
 When the source and its clones are ranks of one MPI job there is no need to go through a file
 system. The source ranks split the state's bytes between them exactly as a checkpoint would
-(:func:`~resilient_flows.checkpoint.planner.plan_writes` over the ``N`` source ranks): each
+(:func:`~resilient_flows.checkpoint.transfer.plan_send` over the ``N`` source ranks): each
 distinct box once, replicated arrays shared by bytes, each rank its own shards of sharded
 (``DTensor``) arrays. Each clone rank works out which of those boxes overlap what it holds in its
 own layout (all of an array when replicated, its local shard when sharded, on any number of
 ranks) and asks each source rank for exactly those; so a clone of another rank count or another
-parallelism receives only what it needs, and reshards it as a restore would.
+parallelism receives only what it needs, and reshards it as a restore would
+(:class:`~resilient_flows.checkpoint.transfer.Destination`). This module owns the wire (messages,
+tags, the metadata's JSON); everything it knows of the state comes through
+:mod:`resilient_flows.checkpoint.transfer`.
 
 Protocol, per (source rank, clone rank) pair, on three tags of the given communicator:
 
@@ -62,12 +65,16 @@ from typing import Any
 import numpy as np
 import torch
 
-from resilient_flows.checkpoint.boxes import Box, dtensor_local, held_boxes, is_dtensor, local_box
-from resilient_flows.checkpoint.manifest import ArrayRecord, PieceRecord, check_cover
-from resilient_flows.checkpoint.planner import ArraySpec, plan_writes
-from resilient_flows.checkpoint.reader import Target, live_arrays
-from resilient_flows.checkpoint.state import RANK_LOCAL, Stateful, TrainState
-from resilient_flows.checkpoint.tree import Leaf, dtype_of, flatten, unflatten
+from resilient_flows.checkpoint import (
+    Box,
+    Destination,
+    SendPlan,
+    Stateful,
+    check_pieces,
+    discard_target,
+    plan_send,
+    unflatten_state,
+)
 from resilient_flows.errors import CloneError, ResilientFlowsError
 
 __all__ = [
@@ -432,32 +439,12 @@ def _prepare(
         stats=stats,
     )
     try:
-        full = dict(_state_dict(state))
-        local_state = full.pop(RANK_LOCAL, None)
-        skeleton, arrays = flatten(full)
-        local_skeleton, local_arrays = ({}, {}) if local_state is None else flatten(local_state, RANK_LOCAL)
-        specs = [
-            ArraySpec(name, dtype_of(name, leaf), tuple(leaf.shape), tuple(held_boxes(leaf, sources)))
-            for name, leaf in arrays.items()
-        ]
-        mine = plan_writes(specs, world)[index]
-        pieces = [(arrays[item.name], item.box) for item in mine]
-        if transfer.local_to:  # this rank's per-rank values go to clones j with j % N == its index
-            pieces += [(leaf, Box.whole(tuple(leaf.shape))) for leaf in local_arrays.values()]
-        views = _views(pieces, transfer) if staging is None else _stage(pieces, transfer, staging)
-        transfer.pieces = [(view, item.box) for view, item in zip(views, mine, strict=False)]
-        transfer.local = [_bytes_of(view.reshape(-1)) for view in views[len(mine) :]]
-        body = {
-            **header,
-            "layout": [_layout_entry(name, spec.dtype, spec.shape) for name, spec in zip(arrays, specs, strict=True)],
-            "skeleton": skeleton,
-            "pieces": [[item.name, list(item.box.offsets), list(item.box.lengths)] for item in mine],
-        }
-        local = {"skeleton": local_skeleton if local_state is not None else None}
-        local["layout"] = [_layout_entry(n, dtype_of(n, leaf), tuple(leaf.shape)) for n, leaf in local_arrays.items()]
-        for j, c in enumerate(clones):
-            text = json.dumps({**body, "local": local if j % world == index else None})
-            transfer.meta[c] = text.encode()
+        plan = plan_send(_state_dict(state), sources, index)
+        views = plan.views(local=bool(transfer.local_to))
+        views = _host(views, transfer) if staging is None else _stage(views, transfer, staging)
+        transfer.pieces = [(view, item.box) for view, item in zip(views, plan.items, strict=False)]
+        transfer.local = [_bytes_of(view.reshape(-1)) for view in views[len(plan.items) :]]
+        transfer.meta = _metadata(header, plan, clones, transfer.local_to)
     except (ResilientFlowsError, TypeError, ValueError) as exc:
         transfer.failure = f"source rank {rank} cannot send its state: {exc}"
         failed = json.dumps({**header, "error": transfer.failure}).encode()
@@ -468,11 +455,25 @@ def _prepare(
     return transfer
 
 
-def _views(pieces: list[tuple[Leaf, Box]], transfer: _SourceTransfer) -> list[torch.Tensor]:
-    """Host views of the live boxes: no copy where a box lies contiguous in host memory, a copy otherwise."""
+def _metadata(header: dict[str, Any], plan: SendPlan, clones: list[int], serves: set[int]) -> dict[int, bytes]:
+    """The metadata document for every clone; this rank's per-rank values for those it ``serves``."""
+    body = {
+        **header,
+        "layout": [_layout_entry(spec.name, spec.dtype, spec.shape) for spec in plan.specs],
+        "skeleton": plan.flat.skeleton,
+        "pieces": [[item.name, list(item.box.offsets), list(item.box.lengths)] for item in plan.items],
+    }
+    local = {
+        "skeleton": plan.flat.local_skeleton or None,
+        "layout": [_layout_entry(item.name, item.dtype, item.box.lengths) for item in plan.local_items],
+    }
+    return {c: json.dumps({**body, "local": local if c in serves else None}).encode() for c in clones}
+
+
+def _host(views: list[torch.Tensor], transfer: _SourceTransfer) -> list[torch.Tensor]:
+    """The live views where they lie contiguous in host memory, host copies of the others."""
     out = []
-    for leaf, box in pieces:
-        piece = _piece(leaf, box)
+    for piece in views:
         if piece.device.type == "cpu" and piece.is_contiguous() and not (piece.is_conj() or piece.is_neg()):
             out.append(piece)
             continue
@@ -483,20 +484,8 @@ def _views(pieces: list[tuple[Leaf, Box]], transfer: _SourceTransfer) -> list[to
     return out
 
 
-def _piece(leaf: Leaf, box: Box) -> torch.Tensor:
-    """The part ``box`` of the global array of which this rank holds ``leaf``, as a tensor view."""
-    if isinstance(leaf, np.ndarray):
-        local = torch.from_numpy(leaf if all(stride >= 0 for stride in leaf.strides) else leaf.copy())
-        held = Box.whole(tuple(leaf.shape))
-    else:
-        local = (dtensor_local(leaf) if is_dtensor(leaf) else leaf).detach()
-        held = local_box(leaf)
-    return local if box == held else local[box.within(held)]
-
-
-def _stage(pieces: list[tuple[Leaf, Box]], transfer: _SourceTransfer, staging: StagingBuffer) -> list[torch.Tensor]:
-    """Copy every box into the staging buffer; typed views of it, in the same order."""
-    parts = [_piece(leaf, box) for leaf, box in pieces]
+def _stage(parts: list[torch.Tensor], transfer: _SourceTransfer, staging: StagingBuffer) -> list[torch.Tensor]:
+    """Copy every piece into the staging buffer; typed views of it, in the same order."""
     sizes = [part.numel() * part.element_size() for part in parts]
     starts = []
     total = 0
@@ -585,8 +574,7 @@ def recv_state(
     except Exception as exc:  # every source must hear the verdict, whatever went wrong
         problem = exc if isinstance(exc, ResilientFlowsError) else CloneError(f"cannot receive the state: {exc!r}")
         incoming = None
-        if isinstance(into, TrainState):
-            into.discard_restore_target()
+        discard_target(into)
     replies = _send_verdicts(raw, sources, problem, incoming)
     if incoming is None:
         MPI.Request.Waitall(replies)  # small: sent eagerly, whether or not the source still listens
@@ -651,25 +639,18 @@ class _Incoming:
 
     skeleton: Any
     local: dict[str, Any]
-    targets: dict[str, Target]
+    destination: Destination
     local_arrays: dict[str, torch.Tensor]
     receiving: float
     wants: list[list[list]] = field(default_factory=list)
     requests: list[Any] = field(default_factory=list)
-    relays: list[tuple[torch.Tensor, Target, Box]] = field(default_factory=list)
 
     def deliver(self, into: Stateful | None) -> tuple[dict[str, Any], float]:
         """Once every receive completed: the pieces received apart copied into place, the state
         (loaded into ``into``), and the seconds from the first receive to the last piece in place."""
-        with torch.no_grad():
-            for buffer, target, common in self.relays:
-                target.dst[common.within(target.box)].copy_(buffer)
-        for target in self.targets.values():
-            target.finish()
+        arrays = self.destination.arrays()
         transfer_s = time.perf_counter() - self.receiving
-        state = unflatten(self.skeleton, {name: target.result for name, target in self.targets.items()})
-        if self.local["skeleton"] is not None:
-            state[RANK_LOCAL] = unflatten(self.local["skeleton"], self.local_arrays)
+        state = unflatten_state(self.skeleton, self.local["skeleton"], {**arrays, **self.local_arrays})
         if into is not None:
             into.load_state_dict(state)
         return state, transfer_s
@@ -682,20 +663,19 @@ def _post_receives(
     needs, straight into its destination where it can; which pieces, per source, in ``wants``."""
     metas = [json.loads(t) for t in texts]
     layout, skeleton, local = _agree(metas, sources, rank)
-    records = _records(layout, metas)
-    live = live_arrays(into, records, skeleton, "the source's state", "the clone's state")
-    targets = {name: Target.of(record, live.get(name)) for name, record in records.items()}
+    announced = [[(name, Box(tuple(map(int, o)), tuple(map(int, n)))) for name, o, n in m["pieces"]] for m in metas]
+    records = _records(layout, announced)
+    destination = Destination(records, skeleton, into, "the source's state", "the clone's state")
     local_arrays = {name: torch.empty(shape, dtype=dtype) for name, dtype, shape in map(_spec, local["layout"])}
-    incoming = _Incoming(skeleton, local, targets, local_arrays, time.perf_counter())
+    incoming = _Incoming(skeleton, local, destination, local_arrays, time.perf_counter())
     for i, s in enumerate(sources):
         want, buffers = [], []
-        for j, (name, offsets, lengths) in enumerate(metas[i]["pieces"]):
-            target, box = targets[name], Box(tuple(offsets), tuple(lengths))
-            common = box.intersect(target.box)
+        for j, (name, box) in enumerate(announced[i]):
+            common = destination.needs(name, box)
             if common is None:
                 continue
             want.append([j, list(common.offsets), list(common.lengths)])
-            buffers.append(_receive_buffer(target, common, records[name].dtype, incoming.relays))
+            buffers.append(destination.landing(name, common))
         if metas[i]["local"] is not None:
             buffers += [local_arrays[name] for name, _, _ in map(_spec, local["layout"])]
         incoming.wants.append(want)
@@ -704,18 +684,6 @@ def _post_receives(
                 incoming.requests.append(raw.Irecv(chunk, source=s, tag=TAG_DATA))
                 stats.payload_bytes += chunk.nbytes
     return incoming
-
-
-def _receive_buffer(
-    target: Target, common: Box, dtype: torch.dtype, relays: list[tuple[torch.Tensor, Target, Box]]
-) -> torch.Tensor:
-    """Where the part ``common`` goes: straight into the destination when it lies there contiguous."""
-    dst = target.dst[common.within(target.box)]
-    if dst.device.type == "cpu" and dst.is_contiguous() and not (dst.is_conj() or dst.is_neg()):
-        return dst
-    buffer = torch.empty(common.lengths, dtype=dtype)
-    relays.append((buffer, target, common))
-    return buffer
 
 
 def _agree(metas: list[dict], sources: list[int], rank: int) -> tuple[list, dict, dict]:
@@ -748,21 +716,13 @@ def _agree(metas: list[dict], sources: list[int], rank: int) -> tuple[list, dict
     return first["layout"], first["skeleton"], local
 
 
-def _records(layout: list, metas: list[dict]) -> dict[str, ArrayRecord]:
+def _records(layout: list, announced: list[list[tuple[str, Box]]]) -> dict[str, Any]:
     """Every array and the boxes the source ranks send of it; they must tile it exactly once."""
-    records = {name: ArrayRecord(dtype, shape, []) for name, dtype, shape in map(_spec, layout)}
-    for i, meta in enumerate(metas):
-        for j, (name, offsets, lengths) in enumerate(meta["pieces"]):
-            if name not in records:
-                raise CloneError(f"source rank index {i} sends a piece of {name!r}, which its layout lacks")
-            box = Box(tuple(int(o) for o in offsets), tuple(int(n) for n in lengths))
-            records[name].pieces.append(PieceRecord(i, str(j), box, ""))
-    for name, record in records.items():
-        try:
-            check_cover(name, record, len(metas))
-        except ValueError as exc:
-            raise CloneError(f"the source ranks' pieces are inconsistent: {exc}") from None
-    return records
+    arrays = {name: (dtype, shape) for name, dtype, shape in map(_spec, layout)}
+    try:
+        return check_pieces(arrays, announced)
+    except ValueError as exc:
+        raise CloneError(f"the source ranks' pieces are inconsistent: {exc}") from None
 
 
 # ------------------------------------------------------------------------------------------ plumbing
