@@ -126,6 +126,7 @@ from rich.table import Table
 REPO = Path(__file__).resolve().parents[1]
 BENCH_DIR = Path(__file__).resolve().parent
 sys.path.append(str(BENCH_DIR))  # clusterenv, also when the tests import this file
+import harness  # noqa: E402
 from clusterenv import read_env_file  # noqa: E402
 
 CLI = Path(sys.executable).with_name("resilient-flows")
@@ -1944,15 +1945,13 @@ def write_json(path: Path, meta: dict[str, Any], found: list[Figure], faults: li
         "faults": [{**asdict(f), "doomed": sorted(f.doomed)} for f in faults],
         "notes": remarks,
     }
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(document, indent=1) + "\n")
+    harness.write_json(path, document)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    mode = parser.add_mutually_exclusive_group()
-    mode.add_argument("--quick", action="store_true", help="6 members, one fault of every kind: about two minutes")
-    mode.add_argument("--full", action="store_true", help="1,000 members of tiny steps")
+    parser, _ = harness.options(
+        __doc__, quick="6 members, one fault of every kind: about two minutes", full="1,000 members of tiny steps"
+    )
     parser.add_argument(
         "--slurm", action="store_true", help="on the local-slurm site (starts a cluster if none answers)"
     )
@@ -1982,12 +1981,12 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--slurm-nodes needs at least 3 nodes: blocks of 2, and one to spare when a node is lost")
     if sum((args.slurm, args.nodes, args.slurm_nodes is not None)) > 1:
         parser.error("choose one of --slurm, --nodes and --slurm-nodes")
-    size = "quick" if args.quick else "full" if args.full else "default"
+    size = harness.size_of(args)
     config = MODES[size]
     site = "local-slurm" if args.slurm else "local-nodes" if args.nodes else "local"
     if args.slurm_nodes is not None:
         site = "local-slurm-nodes"
-    console = Console(width=None if sys.stdout.isatty() else 120, highlight=False)
+    console = harness.console()
     # SIGTERM (a CI timeout) unwinds like Ctrl-C: processes, mounts and clusters are cleaned up.
     signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
     work = Path(tempfile.mkdtemp(prefix="chaos-", dir=args.dir))

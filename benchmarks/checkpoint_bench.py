@@ -53,7 +53,6 @@ import json
 import math
 import mmap
 import os
-import re
 import shutil
 import statistics
 import subprocess
@@ -61,13 +60,13 @@ import sys
 import tempfile
 import time
 import warnings
-from collections.abc import Callable
 from pathlib import Path
 
+import harness
 import torch
 import torch.distributed.checkpoint as dcp
+from harness import Clock, medians, options, parse_size, rounds, scratch, size_of, timed, with_units, write_json
 from report import judge, print_checks, print_figures
-from rich.console import Console
 
 from resilient_flows.checkpoint import Checkpointer, TrainState
 
@@ -80,7 +79,7 @@ SIZES = {"quick": 128 * MiB, "default": 512 * MiB, "full": GiB}
 REPS = {"quick": 5, "default": 7}
 KEEP = 2  # committed checkpoints kept per tier
 MPI_MAX = 256 * MiB  # each of the two ranks holds a whole state on one small machine
-console = Console()
+console = harness.console()
 
 #: key: (section, unit, label), in print order.
 FIGURES = {
@@ -224,17 +223,6 @@ class Limits:
         return elapsed
 
 
-def timed(fn: Callable[[], object]) -> float:
-    start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
-
-
-def medians(rows: list[dict[str, float]], warmup: int = 1) -> dict[str, float]:
-    """Median of each figure over the rounds after the first ``warmup`` ones."""
-    return {key: statistics.median(row[key] for row in rows[warmup:]) for key in rows[0]}
-
-
 def measure_engine(work: Workload, limits: Limits, root: Path, reps: int) -> dict[str, float]:
     """Stalls in both modes, commit latency and throughput of one Checkpointer, and the copy limit."""
     steps = itertools.count()
@@ -260,7 +248,7 @@ def measure_engine(work: Workload, limits: Limits, root: Path, reps: int) -> dic
         rows.append(row)
     for hook in hooks:
         hook.remove()
-    fig = medians(rows)  # two saves a round: from the second round on, each save prunes one
+    fig = medians(rows, warmup=1)  # two saves a round: from the second round on, each save prunes one
     fig["stall_first"] = rows[0]["stall_plain_median"]
     fig["copy_bandwidth"] = work.nbytes / fig["copy_time"] / GiB
     fig["stall_overlap_median"] = fig["overlap_save_block"] + fig["overlap_hook_wait"]
@@ -325,7 +313,7 @@ def measure_saves(work: Workload, root: Path, reps: int) -> dict[str, float]:
         row["dcp_async_total"] = time.perf_counter() - start
         shutil.rmtree(target)
         rows.append(row)
-    return medians(rows)
+    return medians(rows, warmup=1)
 
 
 def measure_loads(work: Workload, root: Path, reps: int) -> dict[str, float]:
@@ -354,12 +342,13 @@ def measure_loads(work: Workload, root: Path, reps: int) -> dict[str, float]:
         fresh.optimizer.load_state_dict(loaded["optimizer"])
         return time.perf_counter() - start
 
-    rows = []
-    for _ in range(reps + 1):
+    def one_round() -> dict[str, float]:
         load = timed(lambda: torch.load(path, weights_only=True))
-        rows.append({"restore_time": restore(), "torch_load_time": load, "torch_load_sd_time": load_into_state()})
+        return {"restore_time": restore(), "torch_load_time": load, "torch_load_sd_time": load_into_state()}
+
+    fig = rounds(reps, one_round, warmup=1)
     ck.close()
-    return medians(rows)
+    return fig
 
 
 def measure_mpi(nbytes: int, root: Path, reps: int) -> dict[str, float]:
@@ -429,24 +418,13 @@ def ratios(figures: dict[str, float]) -> dict[str, dict]:
     return result
 
 
-def print_report(figures: dict[str, float], checks: dict[str, dict]) -> None:
-    print_figures(console, figures, FIGURES)
-    print_checks(console, checks, heading="ratio", value_format=".3f")
-
-
-def parse_size(text: str) -> int:
-    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(MiB|GiB)\s*", text, re.IGNORECASE)
-    if match is None:
-        raise argparse.ArgumentTypeError(f"size must look like 256MiB or 1GiB, got {text!r}")
-    return int(float(match.group(1)) * (GiB if match.group(2).lower() == "gib" else MiB))
-
-
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    mode = parser.add_mutually_exclusive_group()
-    mode.add_argument("--quick", action="store_true", help=f"{SIZES['quick'] // MiB} MiB state, under a minute")
-    mode.add_argument("--full", action="store_true", help=f"{SIZES['full'] // GiB} GiB state")
-    mode.add_argument("--size", type=parse_size, help=f"state size, e.g. 256MiB (default {SIZES['default'] // MiB}MiB)")
+    parser, sizes = options(
+        __doc__, quick=f"{SIZES['quick'] // MiB} MiB state, under a minute", full=f"{SIZES['full'] // GiB} GiB state"
+    )
+    sizes.add_argument(
+        "--size", type=parse_size, help=f"state size, e.g. 256MiB (default {SIZES['default'] // MiB}MiB)"
+    )
     parser.add_argument("--dir", type=Path, help="target directory (default: a temporary one in ./bench-results)")
     parser.add_argument("--json", type=Path, help="write every figure, ratio and the configuration here")
     parser.add_argument(
@@ -456,7 +434,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--reps", type=int, help=f"rounds per median, >= 5 (default {REPS['default']}, quick 5)")
     parser.add_argument("--mpi-worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    size = args.size or SIZES["quick" if args.quick else "full" if args.full else "default"]
+    size = args.size or SIZES[size_of(args)]
     reps = args.reps or REPS["quick" if args.quick else "default"]
     if reps < 5:
         parser.error("--reps must be at least 5")
@@ -464,48 +442,39 @@ def main(argv: list[str] | None = None) -> None:
         mpi_worker(size, args.dir, reps, args.json)
         return
 
-    started = time.perf_counter()
+    clock = Clock(console)
     threads = max(1, len(os.sched_getaffinity(0)) - 1)
     torch.set_num_threads(threads)
-    base = args.dir or Path.cwd() / "bench-results"
-    made_base = not base.exists()
-    base.mkdir(parents=True, exist_ok=True)
-    root = Path(tempfile.mkdtemp(prefix="checkpoint-bench-", dir=base))
-    local = Path(tempfile.mkdtemp(prefix="checkpoint-bench-local-", dir=args.local_dir))
     figures: dict[str, float] = {}
-
-    def phase(name: str) -> None:
-        console.print(f"[dim]{time.perf_counter() - started:5.0f} s: {name}")
-
-    try:
+    local_tier = tempfile.TemporaryDirectory(
+        prefix="checkpoint-bench-local-", dir=args.local_dir, ignore_cleanup_errors=True
+    )
+    with scratch("checkpoint-bench-", args.dir) as root, local_tier as local_name:
+        local = Path(local_name)
         work = Workload(size)
         limits = Limits(work)
         figures["state_bytes"] = work.nbytes / MiB
-        phase("engine stalls, commit, throughput")
+        clock.phase("engine stalls, commit, throughput")
         figures |= measure_engine(work, limits, root, reps)
-        phase("flush")
+        clock.phase("flush")
         figures |= measure_flush(work, limits, root, local, reps)
         del limits
-        phase("torch.save and DCP")
+        clock.phase("torch.save and DCP")
         figures |= measure_saves(work, root, reps)
         interval = figures["interval_k"] * figures["step_time"]
         figures["torch_save_slowdown"] = (
             100 * figures["torch_save_fsync_time"] / (interval + figures["torch_save_fsync_time"])
         )
-        phase("restore and torch.load")
+        clock.phase("restore and torch.load")
         figures |= measure_loads(work, root, reps)
         if not args.skip_mpi:
-            phase("mpiexec -n 2")
+            clock.phase("mpiexec -n 2")
             figures |= measure_mpi(min(size, MPI_MAX), root, reps)
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
-        shutil.rmtree(local, ignore_errors=True)
-        if made_base:
-            with contextlib.suppress(OSError):  # another run may be using it
-                base.rmdir()
+    base = root.parent
     checks = ratios(figures)
-    print_report(figures, checks)
-    wall = time.perf_counter() - started
+    print_figures(console, figures, FIGURES)
+    print_checks(console, checks, heading="ratio", value_format=".3f")
+    wall = clock.elapsed()
     console.print(
         f"wall time {wall:.1f} s, torch threads {threads}, {reps} rounds per median, target {base}, "
         f"node-local tier {local.parent}"
@@ -514,8 +483,7 @@ def main(argv: list[str] | None = None) -> None:
         config = {"state_bytes": work.nbytes, "width": work.width, "depth": DEPTH, "batch": BATCH, "reps": reps}
         config |= {"torch_threads": threads, "target_dir": str(base), "local_dir": str(local.parent)}
         config |= {"wall_s": wall, "torch": torch.__version__}
-        units = {key: {"value": v, "unit": FIGURES[key][1], "label": FIGURES[key][2]} for key, v in figures.items()}
-        args.json.write_text(json.dumps({"figures": units, "ratios": checks, "config": config}, indent=1))
+        write_json(args.json, {"figures": with_units(figures, FIGURES), "ratios": checks, "config": config})
 
 
 if __name__ == "__main__":

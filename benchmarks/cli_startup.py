@@ -30,7 +30,6 @@ Members: 1,000 in every mode (``--members N`` to change).
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import random
@@ -43,7 +42,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
+import harness
+from harness import Clock, median_time, options, size_of, spread, with_units, write_json
+from report import print_figures
 from rich.table import Table
 
 from resilient_flows.training.spec import MemberSpec
@@ -63,7 +64,7 @@ MEMBERS = 1000
 CHECKPOINT_EVERY = 20
 #: Share of members in each state, in the order they are assigned (the rest: finished).
 MIX = {"running": 0.20, "queued": 0.04, "retrying": 0.03, "failed": 0.03}
-console = Console()
+console = harness.console()
 
 #: key: (section, unit, label), in print order.
 FIGURES = {
@@ -204,7 +205,7 @@ def timings(run_dir: Path, reps: int) -> dict[str, float]:
             runs[key].append(wall(command() + args, ok=(0, 1) if key.startswith("status") else (0,)))
     figures = {key: statistics.median(values) for key, values in runs.items()}
     for key in ("help", "validate", "status"):
-        figures[f"{key}_spread"] = statistics.median(abs(v - figures[key]) for v in runs[key])
+        figures[f"{key}_spread"] = spread(runs[key], figures[key])
     return figures
 
 
@@ -237,15 +238,10 @@ def tracker_costs(run_dir: Path) -> dict[str, float]:
     start = time.perf_counter()
     statuses = tracker.update(members)
     first = time.perf_counter() - start
-    quiet = []
-    for _ in range(5):
-        start = time.perf_counter()
-        tracker.update(members)
-        quiet.append(time.perf_counter() - start)
     active = sum(1 for s in statuses.values() if s.active)
     return {
         "tracker_first": 1000 * first,
-        "tracker_quiet": 1000 * statistics.median(quiet),
+        "tracker_quiet": 1000 * median_time(lambda: tracker.update(members), 5),
         "tracker_refreshed": active,
     }
 
@@ -266,16 +262,16 @@ def checks(figures: dict[str, float]) -> dict[str, dict[str, Any]]:
     return result
 
 
+def labelled(members: int) -> dict[str, tuple[str, str, str]]:
+    """FIGURES with the run's number of members in the labels that name it."""
+    return {key: (section, unit, label.format(members=members)) for key, (section, unit, label) in FIGURES.items()}
+
+
 def print_report(
     figures: dict[str, float], verdicts: dict[str, dict[str, Any]], imported: dict[str, list[str]], members: int
 ) -> None:
-    table = Table(title="Figures (medians of wall time, Python's start-up included)")
-    for column in ("section", "quantity", "value", "unit"):
-        table.add_column(column, justify="right" if column == "value" else "left")
-    for key, (section, unit, label) in FIGURES.items():
-        if key in figures:
-            table.add_row(section, label.format(members=members), f"{figures[key]:.4g}", unit)
-    console.print(table)
+    title = "Figures (medians of wall time, Python's start-up included)"
+    print_figures(console, figures, labelled(members), title)
     table = Table(title="Targets")
     for column in ("command", "wall", "target", "result", "imports torch or Parsl"):
         table.add_column(column, justify="right" if column == "wall" else "left")
@@ -293,25 +289,22 @@ def print_report(
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    mode = parser.add_mutually_exclusive_group()
-    mode.add_argument("--quick", action="store_true", help="members of 50 steps, 3 rounds")
-    mode.add_argument("--full", action="store_true", help="members of 1,000 steps, 15 rounds")
+    parser, _ = options(__doc__, quick="members of 50 steps, 3 rounds", full="members of 1,000 steps, 15 rounds")
     parser.add_argument("--members", type=int, default=MEMBERS, help=f"members of the run (default {MEMBERS})")
     parser.add_argument("--json", type=Path, help="write every figure with its unit, and the verdicts")
     args = parser.parse_args(argv)
-    name = "quick" if args.quick else "full" if args.full else "default"
+    name = size_of(args)
     steps, reps = MODES[name]["steps"], MODES[name]["reps"]
     if args.members < 50:
         parser.error("--members must be at least 50: the run mixes states by share")
 
-    started = time.perf_counter()
+    clock = Clock(console)
     root = Path(tempfile.mkdtemp(prefix="cli-startup-"))
     try:
         console.print(f"[dim]building a run of {args.members} members of {steps} steps in {root}")
         run_dir = build_run(root, args.members, steps)
         figures: dict[str, float] = {"run_bytes": directory_bytes(run_dir) / (1 << 20)}
-        console.print(f"[dim]{time.perf_counter() - started:5.0f} s: timing the commands, {reps} rounds")
+        clock.phase(f"timing the commands, {reps} rounds")
         figures |= timings(run_dir, reps)
         imported = heavy_imports(run_dir)
         figures |= tracker_costs(run_dir)
@@ -319,19 +312,15 @@ def main(argv: list[str] | None = None) -> None:
         shutil.rmtree(root, ignore_errors=True)
     verdicts = checks(figures)
     print_report(figures, verdicts, imported, args.members)
-    console.print(f"wall time {time.perf_counter() - started:.1f} s; {os.cpu_count()} cores")
+    console.print(f"wall time {clock.elapsed():.1f} s; {os.cpu_count()} cores")
     if args.json:
         out = {
-            "figures": {
-                key: {"value": value, "unit": FIGURES[key][1], "label": FIGURES[key][2].format(members=args.members)}
-                for key, value in figures.items()
-            },
+            "figures": with_units(figures, labelled(args.members)),
             "checks": verdicts,
             "imports": imported,
             "config": {"mode": name, "members": args.members, "steps": steps, "reps": reps, "mix": MIX},
         }
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(out, indent=1))
+        write_json(args.json, out)
 
 
 if __name__ == "__main__":

@@ -78,7 +78,6 @@ import json
 import math
 import multiprocessing
 import os
-import re
 import select
 import shutil
 import statistics
@@ -90,8 +89,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import harness
 import torch
-from report import judge
+from harness import Clock, options, parse_size, scratch, size_of, timed, write_json
+from report import judge, print_checks
 
 # Only torch and the standard library at module level: the baseline's processes import this module
 # and nothing of ours. The driver and our members import resilient_flows and rich where they use them.
@@ -276,7 +277,7 @@ def plain_checkpoints(task: dict[str, Any]) -> dict[str, float]:
 
     torch.set_num_threads(1)
     model, optimizer, x, y = build(task["width"], task["depth"], task["batch"], SEED, task["lr"])
-    steps = [_timed(lambda: train_step(model, optimizer, x, y)) for _ in range(START_STEPS)]
+    steps = [timed(lambda: train_step(model, optimizer, x, y)) for _ in range(START_STEPS)]
     out = {"step_time": statistics.median(steps[1:])}
     state = TrainState(model, optimizer)  # what TrainContext.track holds
     for tier, local in (("shared", None), ("local", task["local_dir"])):
@@ -379,12 +380,6 @@ def role_main(role: str, task_file: Path | None) -> None:
     result = ROLES[role](task)
     if result is not None:
         print(json.dumps(result), flush=True)
-
-
-def _timed(fn: Callable[[], object]) -> float:
-    start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
 
 
 def _fsync_dir(path: Path) -> None:
@@ -743,10 +738,6 @@ def summarize(
     return figures
 
 
-def ratios(figures: dict[str, float]) -> dict[str, dict[str, Any]]:
-    return judge(figures, RATIOS)
-
-
 def transport_problems(measured: dict[str, dict[str, Any]]) -> list[str]:
     """Clones that came by another path than their transport's (a fallback, or the other tier)."""
     expected = {"shared": "shared tier (hard link)", "local": "node-local tier (hard link)"}
@@ -782,13 +773,7 @@ def print_report(console: Any, figures: dict[str, float], checks: dict[str, dict
         if key in figures:
             table.add_row(label, f"{figures[key]:.4g}", unit)
     console.print(table)
-    table = Table(title="Ratios against targets")
-    for column in ("ratio", "value", "target", "result"):
-        table.add_column(column, justify="right" if column == "value" else "left")
-    for check in checks.values():
-        style = {"PASS": "green", "FAIL": "red"}.get(check["result"], "dim")
-        table.add_row(check["label"], f"{check['value']:.3f}", check["target"], f"[{style}]{check['result']}")
-    console.print(table)
+    print_checks(console, checks, heading="ratio", value_format=".3f")
 
 
 def figure_units(figures: dict[str, float]) -> dict[str, dict[str, Any]]:
@@ -801,13 +786,6 @@ def figure_units(figures: dict[str, float]) -> dict[str, dict[str, Any]]:
             unit, label = "s", f"{VARIANTS[variant][1]}: {QUANTITIES[quantity]}"
         out[key] = {"value": value, "unit": unit, "label": label}
     return out
-
-
-def parse_size(text: str) -> int:
-    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(MiB|GiB)\s*", text, re.IGNORECASE)
-    if match is None:
-        raise argparse.ArgumentTypeError(f"size must look like 256MiB or 1GiB, got {text!r}")
-    return int(float(match.group(1)) * (GiB if match.group(2).lower() == "gib" else MiB))
 
 
 def default_local_root() -> Path:
@@ -825,15 +803,12 @@ def mpi_missing() -> str | None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    mode = parser.add_mutually_exclusive_group()
-    mode.add_argument(
-        "--quick",
-        action="store_true",
-        help=f"{SIZES['quick'] // MiB} MiB state, our clones pre-started only: under a minute",
+    parser, sizes = options(
+        __doc__,
+        quick=f"{SIZES['quick'] // MiB} MiB state, our clones pre-started only: under a minute",
+        full=f"{SIZES['full'] // GiB} GiB state, {REPS['full']} clones",
     )
-    mode.add_argument("--full", action="store_true", help=f"{SIZES['full'] // GiB} GiB state, {REPS['full']} clones")
-    mode.add_argument("--size", type=parse_size, help="state size, e.g. 256MiB (default 1GiB)")
+    sizes.add_argument("--size", type=parse_size, help="state size, e.g. 256MiB (default 1GiB)")
     parser.add_argument("--reps", type=int, help=f"clones per median, >= 5 (default {REPS['default']})")
     parser.add_argument("--dir", type=Path, help="the shared directory (default: a temporary one in ./bench-results)")
     parser.add_argument("--local-dir", type=Path, help="where node-local tiers go (default /dev/shm)")
@@ -845,19 +820,17 @@ def main(argv: list[str] | None = None) -> None:
     if args.role:
         role_main(args.role, args.task)
         return
-    size = args.size or SIZES["quick" if args.quick else "full" if args.full else "default"]
-    reps = args.reps or REPS["quick" if args.quick else "full" if args.full else "default"]
+    size = args.size or SIZES[size_of(args)]
+    reps = args.reps or REPS[size_of(args)]
     if reps < 5:
         parser.error("--reps must be at least 5")
     cold = not args.quick  # our clones in processes started at the request: 3 s of imports each
 
-    from rich.console import Console
-
     import resilient_flows.clone
     import resilient_flows.training  # noqa: F401  (imported before pre-started clones fork from here)
 
-    console = Console()
-    started = time.perf_counter()
+    console = harness.console()
+    clock = Clock(console)
     torch.set_num_threads(1)
     if str(HERE) not in sys.path:
         sys.path.insert(0, str(HERE))
@@ -865,21 +838,14 @@ def main(argv: list[str] | None = None) -> None:
     torch.optim.Adam([torch.nn.Parameter(torch.zeros(1))])  # the first optimizer imports torch._dynamo (1.5 s)
     width = width_for(size)
     work = {"width": width, "depth": DEPTH, "batch": BATCH, "lr": LR}
-    base = args.dir or Path.cwd() / "bench-results"
-    made_base = not base.exists()
-    base.mkdir(parents=True, exist_ok=True)
-    root = Path(tempfile.mkdtemp(prefix="clone-bench-", dir=base))
-    local_root = Path(tempfile.mkdtemp(prefix="clone-bench-", dir=args.local_dir or default_local_root()))
+    local_tier = tempfile.TemporaryDirectory(
+        prefix="clone-bench-", dir=args.local_dir or default_local_root(), ignore_cleanup_errors=True
+    )
     mpi = "left out (--skip-mpi)" if args.skip_mpi else mpi_missing()
-    walls: dict[str, float] = {}
     measured: dict[str, dict[str, Any]] = {}
-
-    def phase(name: str) -> None:
-        walls[name] = time.perf_counter()
-        console.print(f"[dim]{time.perf_counter() - started:5.0f} s: {name}")
-
-    try:
-        phase("one checkpoint's stall")
+    with scratch("clone-bench-", args.dir) as root, local_tier as local_name:
+        local_root = Path(local_name)
+        clock.phase("one checkpoint's stall")
         plain_worker = Spawned("plain", root / "plain.log")
         plain_worker.send({**work, "dir": str(root / "plain"), "local_dir": str(local_root / "plain"), "reps": reps})
         try:
@@ -889,24 +855,19 @@ def main(argv: list[str] | None = None) -> None:
         shutil.rmtree(root / "plain", ignore_errors=True)
         shutil.rmtree(local_root / "plain", ignore_errors=True)
         for transport, where in (("shared", "shared tier"), ("local", f"node-local tier ({local_root.parent})")):
-            phase(f"clones over the {where}")
+            clock.phase(f"clones over the {where}")
             measured[transport] = measure_ours(transport, work, reps, root, local_root, cold)
             shutil.rmtree(root / f"ours-{transport}", ignore_errors=True)
         if mpi is None:
-            phase("clones over MPI")
+            clock.phase("clones over MPI")
             measured["mpi"] = measure_mpi(work, reps, root)
-        phase("baseline")
+        clock.phase("baseline")
         measured["baseline"] = measure_baseline(work, reps, root)
-        phase("done")
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
-        shutil.rmtree(local_root, ignore_errors=True)
-        if made_base:
-            with contextlib.suppress(OSError):  # another run may be using it
-                base.rmdir()
-    durations = {a: walls[b] - walls[a] for a, b in itertools.pairwise(walls)}
+        clock.phase("done")
+    base = root.parent
+    durations = clock.durations()
     figures = summarize(measured, plain, state_bytes(width), width)
-    checks = ratios(figures)
+    checks = judge(figures, RATIOS)
     print_report(console, figures, checks, reps)
     if mpi is not None:
         console.print(f"[yellow]no MPI transport row: {mpi}")
@@ -914,7 +875,7 @@ def main(argv: list[str] | None = None) -> None:
         console.print("[yellow]--quick: our clones ran in pre-started processes only")
     for problem in transport_problems(measured):
         console.print(f"[red]clone did not come by its transport: {problem}")
-    wall = time.perf_counter() - started
+    wall = clock.elapsed()
     console.print(
         f"wall time {wall:.0f} s ("
         + ", ".join(f"{name} {seconds:.0f} s" for name, seconds in durations.items())
@@ -926,7 +887,7 @@ def main(argv: list[str] | None = None) -> None:
         config |= {"wall_s": wall, "phase_wall_s": durations, "torch": torch.__version__, "mpi": mpi or "measured"}
         samples = {source: m["rows"] for source, m in measured.items()}
         report = {"figures": figure_units(figures), "ratios": checks, "config": config, "clones": samples}
-        args.json.write_text(json.dumps(report, indent=1))
+        write_json(args.json, report)
 
 
 if __name__ == "__main__":

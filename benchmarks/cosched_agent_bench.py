@@ -31,7 +31,6 @@ first (its default), then not (``--no-prioritize``), when the freed CPU goes to 
 
 from __future__ import annotations
 
-import argparse
 import copy
 import json
 import os
@@ -41,18 +40,43 @@ import tempfile
 import time
 from pathlib import Path
 
+import harness
 import numpy as np
+from harness import failed, median_time, options, write_json
 from report import judge, print_checks, print_figures
-from rich.console import Console
 
 from resilient_flows.checkpoint.heartbeat import FILENAME, CheckpointHeartbeat
 from resilient_flows.cosched.agent import Agent, AgentConfig
 from resilient_flows.cosched.slurm import SlurmBatch, parse_squeue_json
 
-console = Console()
+console = harness.console()
 TEMPLATE = Path(__file__).parent / "data" / "squeue_job_22.05.json"
 TARGET_MS = 100.0
 REQUESTS = 3
+
+#: The poll's target, and what the cluster runs compare (for information).
+RATIOS = [
+    ("dp_target", "dp poll at 1,000 jobs / 100 ms", "dp_1000_ms", "<=", "target_ms", 1.0),
+    ("dp_vs_youngest", "dp poll / youngest poll, 1,000 jobs", "dp_1000_ms", "<=", "youngest_1000_ms", None),
+    ("parse_share", "parse / dp poll, 1,000 jobs", "parse_1000_ms", "<=", "dp_1000_ms", None),
+    ("cluster_lost", "cluster: work lost, dp / youngest", "cluster_dp_lost_s", "<=", "cluster_youngest_lost_s", None),
+    (
+        "cluster_prioritized",
+        "cluster: latency behind a batch job ranked higher, put first / not",
+        "cluster_prioritized_latency_s",
+        "<=",
+        "cluster_unprioritized_latency_s",
+        None,
+    ),
+    (
+        "cluster_latency",
+        "cluster: on-demand latency, dp / youngest",
+        "cluster_dp_latency_s",
+        "<=",
+        "cluster_youngest_latency_s",
+        None,
+    ),
+]
 
 
 def machine(jobs: int, directory: Path, seed: int = 0) -> tuple[str, str]:
@@ -114,12 +138,7 @@ def timed_polls(squeue: str, sinfo: str, policy: str, polls: int) -> tuple[float
 
 
 def parse_ms(squeue: str, polls: int) -> float:
-    times = []
-    for _ in range(polls):
-        began = time.perf_counter()
-        parse_squeue_json(squeue)
-        times.append(1000 * (time.perf_counter() - began))
-    return statistics.median(times)
+    return 1000 * median_time(lambda: parse_squeue_json(squeue), polls)
 
 
 STEP_S = 0.1
@@ -202,10 +221,7 @@ def cluster_run(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    size = parser.add_mutually_exclusive_group()
-    size.add_argument("--quick", action="store_true", help="1,000 jobs, 15 polls")
-    size.add_argument("--full", action="store_true", help="also 50,000 jobs")
+    parser, _ = options(__doc__, quick="1,000 jobs, 15 polls", full="also 50,000 jobs")
     parser.add_argument("--json", type=Path, help="write every figure printed, with units, to this file")
     parser.add_argument("--cluster", action="store_true", help="also preempt for real on the Slurm cluster")
     parser.add_argument("--age", type=float, default=8.0, help="--cluster: seconds the stale job's checkpoint ages")
@@ -251,44 +267,13 @@ def main(argv: list[str] | None = None) -> int:
             )
     figures["target_ms"] = TARGET_MS
     labels["target_ms"] = ("target", "ms", "a dp poll at 1,000 jobs")
-    checks = judge(
-        figures,
-        [
-            ("dp_target", "dp poll at 1,000 jobs / 100 ms", "dp_1000_ms", "<=", "target_ms", 1.0),
-            ("dp_vs_youngest", "dp poll / youngest poll, 1,000 jobs", "dp_1000_ms", "<=", "youngest_1000_ms", None),
-            ("parse_share", "parse / dp poll, 1,000 jobs", "parse_1000_ms", "<=", "dp_1000_ms", None),
-            (
-                "cluster_lost",
-                "cluster: work lost, dp / youngest",
-                "cluster_dp_lost_s",
-                "<=",
-                "cluster_youngest_lost_s",
-                None,
-            ),
-            (
-                "cluster_prioritized",
-                "cluster: latency behind a batch job ranked higher, put first / not",
-                "cluster_prioritized_latency_s",
-                "<=",
-                "cluster_unprioritized_latency_s",
-                None,
-            ),
-            (
-                "cluster_latency",
-                "cluster: on-demand latency, dp / youngest",
-                "cluster_dp_latency_s",
-                "<=",
-                "cluster_youngest_latency_s",
-                None,
-            ),
-        ],
-    )
+    checks = judge(figures, RATIOS)
     print_figures(console, figures, labels)
     print_checks(console, checks)
     if args.json:
         units = {key: unit for key, (_, unit, _) in labels.items()}
-        args.json.write_text(json.dumps({"figures": figures, "units": units, "checks": checks}, indent=1))
-    return 0 if all(c["result"] != "FAIL" for c in checks.values()) else 1
+        write_json(args.json, {"figures": figures, "units": units, "checks": checks})
+    return int(failed(checks))
 
 
 if __name__ == "__main__":

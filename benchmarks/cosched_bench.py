@@ -34,8 +34,6 @@ per ``m`` and all of the month's five siblings in ``../shared/traces`` (January 
 
 from __future__ import annotations
 
-import argparse
-import json
 import random
 import statistics
 import sys
@@ -44,8 +42,10 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import harness
 import numpy as np
-from rich.console import Console
+from harness import failed, options, size_of, write_json
+from report import print_verdicts
 from rich.table import Table
 
 from resilient_flows.cosched import (
@@ -202,17 +202,16 @@ def unit_of(key: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    mode = parser.add_mutually_exclusive_group()
-    mode.add_argument("--quick", action="store_true", help="under a minute: 20 instances, one week")
-    mode.add_argument("--full", action="store_true", help="300 instances per m, all five months")
+    parser, _ = options(
+        __doc__, quick="under a minute: 20 instances, one week", full="300 instances per m, all five months"
+    )
     parser.add_argument("--trace", type=Path, help="an SWF trace (default: Theta, January 2022)")
     parser.add_argument("--json", type=Path, help="write every figure with its unit")
     args = parser.parse_args(argv)
-    size = "quick" if args.quick else "full" if args.full else "default"
+    size = size_of(args)
     count, until, sweep = SIZES[size]
     sweep = sweep or SWEEP
-    console = Console(width=None if sys.stdout.isatty() else 140, highlight=False)
+    console = harness.console(140)
 
     figures, problems = measure_decisions(count)
     table = Table(title=f"decide: median ms per call, {count} random instances per m on {MACHINE} nodes")
@@ -262,8 +261,7 @@ def main(argv: list[str] | None = None) -> int:
             r.metrics.jobs_finished == r.metrics.jobs_total for r in results
         )
 
-    for check, ok in verdicts.items():
-        console.print(f"{'PASS' if ok else 'FAIL'}  {check}")
+    print_verdicts(console, verdicts)
     if args.json:
         document = {
             "size": size,
@@ -271,10 +269,9 @@ def main(argv: list[str] | None = None) -> int:
             "verdicts": verdicts,
             "problems": problems,
         }
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(document, indent=2, allow_nan=False) + "\n")
+        write_json(args.json, document, indent=2, allow_nan=False)
         console.print(f"figures written to {args.json}")
-    return 0 if all(verdicts.values()) else 1
+    return int(failed(verdicts))
 
 
 def _ms(value: float | None) -> str:

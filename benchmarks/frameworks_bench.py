@@ -76,17 +76,13 @@ Run ``python benchmarks/frameworks_bench.py [--quick | --full] [--skip-hf | --sk
 
 from __future__ import annotations
 
-import argparse
-import contextlib
 import dataclasses
 import hashlib
-import json
 import logging
 import math
 import os
 import shutil
 import statistics
-import tempfile
 import time
 import warnings
 from collections.abc import Callable
@@ -97,11 +93,12 @@ from typing import Any
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the GPT-2 is built from a config: never reach the Hub
 
 # Lightning before our integration: its classes derive from the Lightning already imported
+import harness
 import pytorch_lightning as pl
 import torch
+from harness import Clock, options, rotated, scratch, size_of, with_units, write_json
 from pytorch_lightning.plugins.io import AsyncCheckpointIO, TorchCheckpointIO
 from report import judge, print_checks, print_figures
-from rich.console import Console
 
 from resilient_flows.integrations.lightning import ResilientCallback, ResilientCheckpointIO
 from resilient_flows.integrations.pathstore import load as load_ref
@@ -112,7 +109,7 @@ BATCH = 32  # MLP batch
 WARMUP = 2  # steps before anything is measured: Adam allocates its moments in the first
 HF_BATCH, HF_SEQ, HF_VOCAB = 4, 32, 1024
 CALIBRATION_STEPS = 8
-console = Console()
+console = harness.console()
 
 
 @dataclass(frozen=True)
@@ -562,12 +559,6 @@ def hf_bench(plan: Plan, fit: Fit, drain: Callable[[], None]) -> Any:
 # ------------------------------------------------------------------------------------------ measuring
 
 
-def rotated(variants: tuple[str, ...], round_: int) -> list[str]:
-    """The variants in a different order each round, so that drift on a shared machine spreads evenly."""
-    shift = round_ % len(variants)
-    return list(variants[shift:] + variants[:shift])
-
-
 def measure(
     section: str, runner: Any, variants: tuple[str, ...], mode: Mode, phase: Callable[[str], None]
 ) -> dict[str, float]:
@@ -701,11 +692,6 @@ def checks(figures: dict[str, float], mode: Mode) -> dict[str, dict[str, Any]]:
     return result
 
 
-def print_report(figures: dict[str, float], verdicts: dict[str, dict[str, Any]]) -> None:
-    print_figures(console, figures, FIGURES)
-    print_checks(console, verdicts)
-
-
 def quiet() -> None:
     """Lightning's and Trainer's per-run banners and advice would bury the tables."""
     for name in ("pytorch_lightning", "lightning.pytorch", "lightning_fabric", "lightning.fabric"):
@@ -718,39 +704,32 @@ def quiet() -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    group = parser.add_mutually_exclusive_group()
-    group.add_argument("--quick", action="store_true", help="64 MiB, interval scaled to 2 s: about a minute")
-    group.add_argument("--full", action="store_true", help="512 MiB, bigger GPT-2, more rounds: about 20 minutes")
+    parser, _ = options(
+        __doc__,
+        quick="64 MiB, interval scaled to 2 s: about a minute",
+        full="512 MiB, bigger GPT-2, more rounds: about 20 minutes",
+    )
     parser.add_argument("--skip-lightning", action="store_true", help="leave out the Lightning section")
     parser.add_argument("--skip-hf", action="store_true", help="leave out the Hugging Face Trainer section")
     parser.add_argument("--dir", type=Path, help="where checkpoints go (default: a temporary one in ./bench-results)")
     parser.add_argument("--json", type=Path, help="write every figure with its unit, the checks and the configuration")
     args = parser.parse_args(argv)
-    name = "quick" if args.quick else "full" if args.full else "default"
+    name = size_of(args)
     mode = MODES[name]
 
-    started = time.perf_counter()
+    clock = Clock(console)
     quiet()
     threads = max(1, len(os.sched_getaffinity(0)) - 1)
     torch.set_num_threads(threads)
-    base = args.dir or Path.cwd() / "bench-results"
-    made_base = not base.exists()
-    base.mkdir(parents=True, exist_ok=True)
-    root = Path(tempfile.mkdtemp(prefix="frameworks-bench-", dir=base))
     figures: dict[str, float] = {}
     config: dict[str, Any] = {"mode": name, "torch_threads": threads, "torch": torch.__version__, "pl": pl.__version__}
-
-    def phase(text: str) -> None:
-        console.print(f"[dim]{time.perf_counter() - started:5.0f} s: {text}")
-
     failed: dict[str, str] = {}
-    try:
+    with scratch("frameworks-bench-", args.dir) as root:
         if not args.skip_lightning:
             try:
                 lit = Lightning(mode.lit_bytes, root)
                 config["lightning"] = {"width": lit.width, "depth": DEPTH, "batch": BATCH, "state_bytes": lit.nbytes}
-                figures |= measure("lit", lit, LIT_VARIANTS, mode, phase)
+                figures |= measure("lit", lit, LIT_VARIANTS, mode, clock.phase)
                 del lit
             except Exception as exc:  # the other section's figures are still worth printing
                 console.print_exception()
@@ -760,18 +739,15 @@ def main(argv: list[str] | None = None) -> None:
                 hf = HF(mode.hf_width, mode.hf_layers, root)
                 config["hf"] = {"n_embd": mode.hf_width, "n_layer": mode.hf_layers, "batch": HF_BATCH, "seq": HF_SEQ}
                 config["hf"]["state_bytes"] = hf.nbytes
-                figures |= measure("hf", hf, HF_VARIANTS, mode, phase)
+                figures |= measure("hf", hf, HF_VARIANTS, mode, clock.phase)
             except Exception as exc:
                 console.print_exception()
                 failed["hf"] = repr(exc)
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
-        if made_base:
-            with contextlib.suppress(OSError):  # another run may be using it
-                base.rmdir()
+    base = root.parent
     verdicts = checks(figures, mode)
-    print_report(figures, verdicts)
-    wall = time.perf_counter() - started
+    print_figures(console, figures, FIGURES)
+    print_checks(console, verdicts)
+    wall = clock.elapsed()
     if mode.interval_s != 30.0:
         console.print(f"[yellow]--{name}: throughput runs checkpoint every {mode.interval_s:g} s, not every 30 s")
     console.print(f"wall time {wall:.1f} s, torch threads {threads}, mode {name}, target {base}")
@@ -779,8 +755,7 @@ def main(argv: list[str] | None = None) -> None:
         console.print(f"[red]section {section} failed: {error}")
     if args.json:
         config |= {"mode_settings": dataclasses.asdict(mode), "wall_s": wall, "target_dir": str(base), "failed": failed}
-        units = {k: {"value": v, "unit": FIGURES[k][1], "label": FIGURES[k][2]} for k, v in figures.items()}
-        args.json.write_text(json.dumps({"figures": units, "checks": verdicts, "config": config}, indent=1))
+        write_json(args.json, {"figures": with_units(figures, FIGURES), "checks": verdicts, "config": config})
     if failed:
         raise SystemExit(1)
 

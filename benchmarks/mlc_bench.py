@@ -20,8 +20,6 @@ on 2 cores: flushes that block and slow compute made the search slower). ``--ful
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import statistics
 import sys
@@ -30,8 +28,10 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import harness
 import numpy as np
-from rich.console import Console
+from harness import failed, options, size_of, write_json
+from report import print_verdicts
 from rich.table import Table
 
 from resilient_flows.mlc import MLCConfig, MLCParams, search, simulate
@@ -52,17 +52,14 @@ def optimum(task: tuple[MLCParams, int]) -> tuple[MLCConfig, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    mode = parser.add_mutually_exclusive_group()
-    mode.add_argument("--quick", action="store_true", help="24 held-out sets, 150 trials")
-    mode.add_argument("--full", action="store_true", help="500 held-out sets, 1000 trials")
+    parser, _ = options(__doc__, quick="24 held-out sets, 150 trials", full="500 held-out sets, 1000 trials")
     parser.add_argument("--seed", type=int, default=1, help="draws the held-out sets (training used 0)")
     parser.add_argument("--model", type=Path, help="a model from 'resilient-flows mlc train' (default: shipped)")
     parser.add_argument("--json", type=Path, help="write every figure with its unit")
     args = parser.parse_args(argv)
-    size = "quick" if args.quick else "full" if args.full else "default"
+    size = size_of(args)
     count, trials = SIZES[size]
-    console = Console(width=None if sys.stdout.isatty() else 120, highlight=False)
+    console = harness.console()
     recommender = Recommender.load(args.model) if args.model else Recommender.default()
 
     params = sample_params(count, seed=args.seed)
@@ -114,12 +111,10 @@ def main(argv: list[str] | None = None) -> int:
         "learned p95 below every formula's": all(learned[1] < figures[f"regret_{m}_p95"]["value"] for m in METHODS[1:]),
         "recommendation >= 1000x faster than search": speedup >= 1000,
     }
-    for check, ok in verdicts.items():
-        console.print(f"{'PASS' if ok else 'FAIL'}  {check}")
+    print_verdicts(console, verdicts)
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({"size": size, "figures": figures, "verdicts": verdicts}, indent=2) + "\n")
-    return 0 if all(verdicts.values()) else 1
+        write_json(args.json, {"size": size, "figures": figures, "verdicts": verdicts}, indent=2)
+    return int(failed(verdicts))
 
 
 if __name__ == "__main__":

@@ -72,10 +72,12 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
+import harness
+from harness import options, size_of, write_json
+from report import print_verdicts
 from rich.table import Table
 
-console = Console()
+console = harness.console()
 
 
 @dataclass(frozen=True)
@@ -412,11 +414,10 @@ def t_interval(values: list[float]) -> tuple[float, float]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    group = parser.add_mutually_exclusive_group()
-    group.add_argument("--quick", action="store_true", help="a 4 s job, one trial each: about a minute")
-    group.add_argument("--full", action="store_true", help="a 60 s job, 10 trials each: about 1.5 hours")
-    group.add_argument("--worker", help=argparse.SUPPRESS)
+    parser, sizes = options(
+        __doc__, quick="a 4 s job, one trial each: about a minute", full="a 60 s job, 10 trials each: about 1.5 hours"
+    )
+    sizes.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--json", type=Path, help="write every figure printed, with units, to this file")
     parser.add_argument("--dir", type=Path, help="where the tiers go (default: a temporary directory)")
     parser.add_argument("--seed", type=int, default=0, help="seeds the failure times")
@@ -424,7 +425,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.worker:
         worker(json.loads(args.worker))
         return
-    mode = "quick" if args.quick else "full" if args.full else "default"
+    mode = size_of(args)
     size = SIZES[mode]
     root = Path(tempfile.mkdtemp(prefix="mlc-validate-", dir=args.dir))
     try:
@@ -508,7 +509,7 @@ def report(root: Path, size: Size, mode: str, args: argparse.Namespace) -> None:
             "configurations": rows,
             "verdicts": verdicts,
         }
-        args.json.write_text(json.dumps(figures, indent=1))
+        write_json(args.json, figures)
 
 
 def print_report(rows: list[dict[str, Any]], verdicts: dict[str, bool]) -> None:
@@ -532,8 +533,7 @@ def print_report(rows: list[dict[str, Any]], verdicts: dict[str, bool]) -> None:
             f"{r['crashes_per_trial']:.1f} crash, {r['node_losses_per_trial']:.1f} node",
         )
     console.print(table)
-    for claim, holds in verdicts.items():
-        console.print(f"{claim}: {'PASS' if holds else 'FAIL'}")
+    print_verdicts(console, verdicts)
 
 
 if __name__ == "__main__":

@@ -35,21 +35,19 @@ node-local tier saves a restart from.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-from rich.console import Console
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import harness
 from clusterenv import read_env_file
-from ranks import run_ranks, torchrun_env
+from harness import options, rounds_of, scratch, size_of, write_json
+from ranks import launch_ranks, rank_options, torchrun_env
 from report import judge, print_checks, print_figures
 
 MiB = 1 << 20
@@ -196,38 +194,30 @@ def launch(ranks: int, spec: dict, cluster: dict[str, str] | None, timeout: floa
     env = torchrun_env(ranks, master)
     if cluster is not None:
         env["GLOO_SOCKET_IFNAME"] = cluster["RESILIENT_FLOWS_TEST_IFNAME"]
-    command = [sys.executable, __file__, "--rank-of", json.dumps(spec)]
     namespaces = [["nsenter", f"--net=/var/run/netns/{nodes[r]}"] if cluster is not None else [] for r in range(ranks)]
-    run_ranks(
-        [[*namespaces[r], *command] for r in range(ranks)], [{**env, "RANK": str(r)} for r in range(ranks)], timeout
-    )
-    return [json.loads((Path(spec["dir"]) / f"rank-{r}.json").read_text()) for r in range(ranks)]
+    envs = [{**env, "RANK": str(r)} for r in range(ranks)]
+    reports = [Path(spec["dir"]) / f"rank-{r}.json" for r in range(ranks)]
+    return launch_ranks(__file__, spec, envs, reports, timeout, namespaces)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    group = parser.add_mutually_exclusive_group()
-    group.add_argument("--quick", action="store_true", help="32 MiB of state, 3 rounds (under a minute)")
-    group.add_argument("--full", action="store_true", help="1 GiB of state, 5 rounds")
+    parser, _ = options(__doc__, quick="32 MiB of state, 3 rounds (under a minute)", full="1 GiB of state, 5 rounds")
     parser.add_argument("--ranks", type=int, default=3, help="ranks, one per node when spread (default 3)")
     parser.add_argument("--rounds", type=int, help="rounds per median after a warm-up (default 5; --quick 3)")
     parser.add_argument(
         "--cluster", type=Path, help="DIR/env of .ci/slurm-up --nodes N: ranks in its nodes' namespaces"
     )
     parser.add_argument("--json", type=Path, help="write the figures and ratios")
-    parser.add_argument("--dir", type=Path, help="where the checkpoints go (default: a temporary directory in /tmp)")
-    parser.add_argument("--rank-of", help=argparse.SUPPRESS)
+    rank_options(parser)
     args = parser.parse_args(argv)
     if args.rank_of:
-        rank_main(json.loads(args.rank_of))
+        rank_main(args.rank_of)
         return 0
     if args.ranks < 2:
         parser.error("--ranks must be at least 2: one node is lost, another survives")
-    size = "quick" if args.quick else "full" if args.full else "default"
+    size = size_of(args)
     state_mib, width, rounds = SIZES[size]
-    rounds = args.rounds or rounds
-    if rounds < 1:
-        parser.error("--rounds must be at least 1")
+    rounds = rounds_of(parser, args.rounds, rounds)
     cluster = None
     if args.cluster is not None:
         if not args.cluster.is_file():
@@ -237,33 +227,24 @@ def main(argv: list[str] | None = None) -> int:
         if missing:
             parser.error(f"--cluster {args.cluster}: no {', '.join(missing)} (a one-node cluster?)")
     depth = max(1, round(state_mib * MiB / 2 / 4 / (width * width + width)))
-    if args.dir:
-        args.dir.mkdir(parents=True, exist_ok=True)
-    directory = Path(tempfile.mkdtemp(prefix="multinode-bench-", dir=args.dir))
-    spec = {"width": width, "depth": depth, "rounds": rounds, "dir": str(directory)}
     started = time.perf_counter()
-    try:
+    with scratch("multinode-bench-", args.dir, fallback=None) as directory:
+        spec = {"width": width, "depth": depth, "rounds": rounds, "dir": str(directory)}
         reports = launch(args.ranks, spec, cluster, TIMEOUT_S[size])
-    finally:
-        shutil.rmtree(directory, ignore_errors=True)
     figures: dict[str, float] = {"state_mib": 2 * 4 * depth * (width * width + width) / MiB}
     for key in ("save_spread_s", "save_packed_s", "restore_local_shared_s", "restore_shared_s"):
         # a collective operation ends when its slowest rank does: the slowest rank's median
         figures[key] = max(statistics.median(r[key]) for r in reports)
     figures["restore_local_shards"] = float(reports[0]["restore_local_shards"])
     checks = judge(figures, RATIOS)
-    console = Console()
+    console = harness.console()
     where = "network namespaces of " + str(args.cluster) if cluster else "one host, nodes emulated by directories"
     console.print(f"{args.ranks} ranks ({where}), {size} size, {rounds} rounds, {time.perf_counter() - started:.0f} s")
     print_figures(console, figures, LABELS)
     print_checks(console, checks)
     if args.json:
-        args.json.write_text(
-            json.dumps(
-                {"size": size, "ranks": args.ranks, "cluster": bool(cluster), "figures": figures, "ratios": checks},
-                indent=2,
-            )
-        )
+        document = {"size": size, "ranks": args.ranks, "cluster": bool(cluster), "figures": figures, "ratios": checks}
+        write_json(args.json, document, indent=2)
     return 0
 
 

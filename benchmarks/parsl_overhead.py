@@ -85,26 +85,23 @@ rounds and 5 kills (a few minutes); ``--full``: 15 rounds and 11 kills. Starting
 
 from __future__ import annotations
 
-import argparse
-import contextlib
 import importlib
 import json
 import os
-import shutil
 import statistics
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import harness
 import parsl
 import torch
+from harness import Clock, options, rounds, scratch, size_of, spread, with_units, write_json
 from parsl import python_app
 from report import print_figures
-from rich.console import Console
 from rich.table import Table
 from torch import nn
 
@@ -129,7 +126,7 @@ MODES = {  # length of the long tasks, rounds of them; rounds of kill and except
 }
 ZERO_FACTOR = 3  # zero-step rounds per round of the long tasks: they are short and noisy
 RETRIES = 2
-console = Console()
+console = harness.console()
 
 #: key: (section, unit, label), in print order.
 FIGURES = {
@@ -310,7 +307,7 @@ def side_by_side(root: Path, label: str, params: dict[str, Any], steps: int, rep
         "bare": statistics.median(bare),
         "added_s": statistics.median(added),
         "added": middle,
-        "spread": statistics.median(abs(p - middle) for p in pct),
+        "spread": spread(pct, middle),
     }
     return figures, same
 
@@ -461,20 +458,18 @@ def measure_local_loads(directory: Path, reps: int) -> dict[str, float]:
         model, optimizer = fresh_member(WIDE)
         ck.restore(TrainState(model, optimizer))
 
-    rows = []
+    def one_round() -> dict[str, float]:
+        return {
+            "local_read": timed(lambda: read_checkpoint(directory))[0],
+            "local_build": timed(lambda: fresh_member(WIDE))[0],
+            "local_load": timed(lambda: load_alone(directory, WIDE))[0],
+            "local_engine": timed(engine)[0],
+        }
+
     try:
-        for _ in range(reps + 1):
-            rows.append(
-                {
-                    "local_read": timed(lambda: read_checkpoint(directory))[0],
-                    "local_build": timed(lambda: fresh_member(WIDE))[0],
-                    "local_load": timed(lambda: load_alone(directory, WIDE))[0],
-                    "local_engine": timed(engine)[0],
-                }
-            )
+        figures = {k: 1000 * v for k, v in rounds(reps, one_round, warmup=1).items()}
     finally:
         ck.close()
-    figures = {k: 1000 * statistics.median(row[k] for row in rows[1:]) for k in rows[0]}
     _, state = read_checkpoint(directory)
     tensors = [*state["model"].values(), *(v for s in state["optimizer"]["state"].values() for v in s.values())]
     figures["checkpoint_bytes"] = sum(t.numel() * t.element_size() for t in tensors) / MiB
@@ -534,44 +529,35 @@ def print_report(figures: dict[str, float], verdicts: dict[str, dict[str, Any]],
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    mode = parser.add_mutually_exclusive_group()
-    mode.add_argument("--quick", action="store_true", help="1-second tasks, 3 rounds, 2 kills: under a minute")
-    mode.add_argument("--full", action="store_true", help="5-second tasks, 15 rounds, 11 kills")
+    parser, _ = options(
+        __doc__, quick="1-second tasks, 3 rounds, 2 kills: under a minute", full="5-second tasks, 15 rounds, 11 kills"
+    )
     parser.add_argument("--reps", type=int, help="rounds per median, kills too, >= 3 (default 7, 5 kills)")
     parser.add_argument("--dir", type=Path, help="working directory (default: a temporary one in ./bench-results)")
     parser.add_argument(
         "--json", type=Path, help="write every figure with its unit, the verdicts and the kill timelines"
     )
     args = parser.parse_args(argv)
-    settings = MODES["quick" if args.quick else "full" if args.full else "default"]
+    settings = MODES[size_of(args)]
     task_s, reps, resumes = settings["task_s"], args.reps or settings["reps"], settings["resumes"]
     if args.reps:
         resumes = args.reps
     if reps < 3:
         parser.error("--reps must be at least 3")
 
-    started = time.perf_counter()
+    clock = Clock(console)
     # Workers import bare_train from this module, by name: they inherit this environment.
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(BENCH_DIR), os.environ.get("PYTHONPATH")]))
-    base = args.dir or Path.cwd() / "bench-results"
-    made_base = not base.exists()
-    base.mkdir(parents=True, exist_ok=True)
-    root = Path(tempfile.mkdtemp(prefix="parsl-overhead-", dir=base))
-    config = load_site(
-        "local", run_dir=str(root / "parsl"), retries=RETRIES, retry_handler=ResumingRetryHandler(RETRIES)
-    )
-    figures: dict[str, float] = {"heartbeat_period": float(config.executors[0].heartbeat_period)}
     same: dict[str, bool] = {}
     timelines: list[dict[str, Any]] = []
-
-    def phase(name: str) -> None:
-        console.print(f"[dim]{time.perf_counter() - started:5.0f} s: {name}")
-
-    try:
+    with scratch("parsl-overhead-", args.dir) as root:
+        config = load_site(
+            "local", run_dir=str(root / "parsl"), retries=RETRIES, retry_handler=ResumingRetryHandler(RETRIES)
+        )
+        figures: dict[str, float] = {"heartbeat_period": float(config.executors[0].heartbeat_period)}
         with parsl.load(config) as dfk:
             workers = int(dfk.executors[config.executors[0].label].workers_per_node)
-            phase(f"warming {workers} workers, calibrating steps for {task_s:g}-second tasks")
+            clock.phase(f"warming {workers} workers, calibrating steps for {task_s:g}-second tasks")
             warm_workers(workers)
             steps = {}
             for label, params, probe in (("wide", WIDE, 50), ("narrow", NARROW, 800)):
@@ -580,12 +566,12 @@ def main(argv: list[str] | None = None) -> None:
                 steps[label] = max(CHECKPOINTS_PER_TASK, round(task_s / per_step / CHECKPOINTS_PER_TASK))
                 steps[label] *= CHECKPOINTS_PER_TASK
                 figures[f"{label}_steps"] = steps[label]
-            phase(f"zero-step tasks, {ZERO_FACTOR * reps} rounds")
+            clock.phase(f"zero-step tasks, {ZERO_FACTOR * reps} rounds")
             zero, same["zero-step"] = side_by_side(root / "tasks", "zero", WIDE, 0, ZERO_FACTOR * reps)
             figures |= {"zero_ours": 1000 * zero["ours"], "zero_bare": 1000 * zero["bare"]}
             figures["zero_added"] = 1000 * zero["added_s"]
             for label, params in (("wide", WIDE), ("narrow", NARROW)):
-                phase(f"{task_s:g}-second tasks, {label} MLP ({steps[label]} steps), {reps} rounds")
+                clock.phase(f"{task_s:g}-second tasks, {label} MLP ({steps[label]} steps), {reps} rounds")
                 long, same[label] = side_by_side(root / "tasks", label, params, steps[label], reps)
                 figures |= {f"{label}_{k}": v for k, v in long.items()}
                 costs = member_costs(root / "tasks", label)
@@ -597,19 +583,14 @@ def main(argv: list[str] | None = None) -> None:
                     figures["wide_per_checkpoint"] = 1000 * beyond / CHECKPOINTS_PER_TASK
                 else:  # checkpoints of 70 KiB: what is left is a cost per step
                     figures["narrow_per_step"] = 1e6 * beyond / steps[label]
-            phase(f"kill -> resume and exception -> resume, {resumes} of each")
+            clock.phase(f"kill -> resume and exception -> resume, {resumes} of each")
             found, timelines = measure_resumes(root / "resumes", resumes, workers)
             figures |= found
-        phase("loading the checkpoint in this process")
+        clock.phase("loading the checkpoint in this process")
         figures |= measure_local_loads(member_dir(root / "resumes" / "kill-0", "kill") / "checkpoints", 3 * reps)
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
-        if made_base:
-            with contextlib.suppress(OSError):  # another run may be using it
-                base.rmdir()
     verdicts = checks(figures, f"{task_s:g}-s")
     print_report(figures, verdicts, f"{task_s:g}-s")
-    wall = time.perf_counter() - started
+    wall = clock.elapsed()
     resumed = {kind: sum(t["fault"] == kind for t in timelines) for kind in ("kill", "error")}
     console.print(
         f"wall time {wall:.1f} s; {reps} rounds ({ZERO_FACTOR * reps} zero-step); resumed after {resumed['kill']}"
@@ -618,7 +599,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     if args.json:
         config_out = {
-            "mode": "quick" if args.quick else "full" if args.full else "default",
+            "mode": size_of(args),
             "task_s": task_s,
             "reps": reps,
             "zero_reps": ZERO_FACTOR * reps,
@@ -635,11 +616,7 @@ def main(argv: list[str] | None = None) -> None:
             "torch": torch.__version__,
             "cpus": len(os.sched_getaffinity(0)),
         }
-        units = {
-            key: {"value": v, "unit": FIGURES[key][1], "label": FIGURES[key][2]}
-            for key, v in figures.items()
-            if key in FIGURES
-        }
+        units = with_units(figures, FIGURES)
         if "restore_ratio" in figures:
             units["restore_ratio"] = {
                 "value": figures["restore_ratio"],
@@ -647,8 +624,7 @@ def main(argv: list[str] | None = None) -> None:
                 "label": "restore / load alone",
             }
         out = {"figures": units, "checks": verdicts, "resumes": timelines, "config": config_out}
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(out, indent=1))
+        write_json(args.json, out)
 
 
 if __name__ == "__main__":

@@ -4,16 +4,19 @@ go too) and ends the benchmark with the exit codes, never a hang."""
 
 from __future__ import annotations
 
+import argparse
 import contextlib
+import json
 import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-__all__ = ["free_port", "run_ranks", "torchrun_env"]
+__all__ = ["free_port", "launch_ranks", "rank_options", "run_ranks", "torchrun_env"]
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -57,3 +60,27 @@ def run_ranks(commands: Sequence[Sequence[str]], envs: Sequence[Mapping[str, str
                 p.wait()
     if any(p.returncode for p in procs):
         raise SystemExit(f"the {world}-rank run failed: exit codes {[p.returncode for p in procs]}")
+
+
+def rank_options(parser: argparse.ArgumentParser) -> None:
+    """``--dir`` for the ranks' checkpoints, and the hidden ``--rank-of SPEC`` (parsed) by which
+    :func:`launch_ranks` starts the script again as one rank."""
+    parser.add_argument("--dir", type=Path, help="where the checkpoints go (default: a temporary directory in /tmp)")
+    parser.add_argument("--rank-of", type=json.loads, help=argparse.SUPPRESS)
+
+
+def launch_ranks(
+    script: str,
+    spec: Mapping[str, object],
+    envs: Sequence[Mapping[str, str]],
+    reports: Sequence[Path],
+    timeout: float,
+    prefixes: Sequence[Sequence[str]] = (),
+) -> list[dict]:
+    """Run ``script --rank-of SPEC`` once per rank (behind ``prefixes[r]``, such as ``nsenter``, if
+    given) and read back the report each rank wrote to ``reports[r]``: a benchmark's rank keeps its
+    figures in a file, since its output is its own and interleaves with the others'."""
+    command = [sys.executable, script, "--rank-of", json.dumps(spec)]
+    wrapped = [[*(prefixes[r] if prefixes else ()), *command] for r in range(len(envs))]
+    run_ranks(wrapped, envs, timeout)
+    return [json.loads(path.read_text()) for path in reports]

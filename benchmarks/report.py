@@ -1,4 +1,5 @@
-"""What the benchmarks judge and print alike: ratios against their targets, and the figures table.
+"""What the benchmarks judge and print alike: ratios against their targets, the figures table,
+and claims judged one by one. The options, rounds and JSON file are :mod:`harness`'s.
 
 A benchmark lists its ratios as ``(key, label, numerator, op, denominator, target)``, the figures
 being keys of its measured figures, ``op`` ``"<="`` or ``">="`` and ``target`` None for a ratio
@@ -13,7 +14,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-__all__ = ["judge", "print_checks", "print_figures"]
+__all__ = ["judge", "print_checks", "print_figures", "print_verdicts"]
 
 Ratio = tuple[str, str, str, str, str, float | None]
 
@@ -34,9 +35,14 @@ def judge(figures: Mapping[str, float], ratios: Iterable[Ratio]) -> dict[str, di
     return result
 
 
-def print_figures(console: Console, figures: Mapping[str, float], labels: Mapping[str, tuple[str, str, str]]) -> None:
+def print_figures(
+    console: Console,
+    figures: Mapping[str, float],
+    labels: Mapping[str, tuple[str, str, str]],
+    title: str = "Figures (medians)",
+) -> None:
     """The measured figures, in ``labels``' order."""
-    table = Table(title="Figures (medians)")
+    table = Table(title=title)
     for column in ("section", "quantity", "value", "unit"):
         table.add_column(column, justify="right" if column == "value" else "left")
     for key, (section, unit, label) in labels.items():
@@ -57,3 +63,9 @@ def print_checks(
         value = format(check["value"], value_format)
         table.add_row(check["label"], value, check["target"], f"[{style}]{check['result']}")
     console.print(table)
+
+
+def print_verdicts(console: Console, verdicts: Mapping[str, bool]) -> None:
+    """Claims judged PASS or FAIL one by one, for benchmarks whose targets are not ratios of two figures."""
+    for claim, holds in verdicts.items():
+        console.print(f"{'PASS' if holds else 'FAIL'}  {claim}")

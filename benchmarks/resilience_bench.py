@@ -28,8 +28,6 @@ starts from the same initial arrays and must end with bitwise equal arrays (chec
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import shutil
 import statistics
@@ -38,8 +36,10 @@ import tempfile
 import time
 from pathlib import Path
 
+import harness
 import numpy as np
-from rich.console import Console
+from harness import failed, median_time, options, size_of, spread, write_json
+from report import print_verdicts
 from rich.table import Table
 
 from resilient_flows.resilience import Context, every
@@ -104,26 +104,17 @@ def memory_copy(n: int, reps: int = 5) -> float:
     out_u, out_v = np.empty_like(u), np.empty_like(v)
     np.copyto(out_u, u)
     np.copyto(out_v, v)  # first touch of the destination, as a reused buffer has had
-    times = []
-    for _ in range(reps):
-        started = time.perf_counter()
-        np.copyto(out_u, u)
-        np.copyto(out_v, v)
-        times.append(time.perf_counter() - started)
-    return statistics.median(times)
+    return median_time(lambda: (np.copyto(out_u, u), np.copyto(out_v, v)), reps)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    mode = parser.add_mutually_exclusive_group()
-    mode.add_argument("--quick", action="store_true", help="64 MiB of state, under a minute")
-    mode.add_argument("--full", action="store_true", help="1 GiB of state")
+    parser, _ = options(__doc__, quick="64 MiB of state, under a minute", full="1 GiB of state")
     parser.add_argument("--dir", type=Path, help="where checkpoints go (default: a temporary directory here)")
     parser.add_argument("--json", type=Path, help="write every figure with its unit")
     args = parser.parse_args(argv)
-    size = "quick" if args.quick else "full" if args.full else "default"
+    size = size_of(args)
     n, iterations, rounds = SIZES[size]
-    console = Console(width=None if sys.stdout.isatty() else 120, highlight=False)
+    console = harness.console()
     root = Path(tempfile.mkdtemp(prefix="resilience-bench-", dir=args.dir or Path.cwd()))
     checkpoints = iterations // EVERY
     runners = {"none": run_none, "ours": run_ours, "baseline": run_baseline}
@@ -148,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
         for k in ("ours", "baseline")
     }
     per_ckpt = {k: statistics.median(v) for k, v in paired.items()}
-    spread = {k: statistics.median(abs(x - per_ckpt[k]) for x in v) for k, v in paired.items()}
+    spreads = {k: spread(v, per_ckpt[k]) for k, v in paired.items()}
     first_stall = statistics.median(STALLS[::checkpoints])
     later_stall = statistics.median(x for j, x in enumerate(STALLS) if j % checkpoints)
     steady = per_ckpt["ours"] - (first_stall - later_stall) / checkpoints
@@ -162,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
             name,
             f"{statistics.median(times[name]):.3f}",
             f"{per_ckpt[name]:.4f} s",
-            f"{spread[name]:.4f} s",
+            f"{spreads[name]:.4f} s",
             f"{per_ckpt[name] / copy:.2f}x",
         )
     table.add_row("memory copy of the arrays", "-", f"{copy:.4f} s", "-", "1.00x")
@@ -180,15 +171,14 @@ def main(argv: list[str] | None = None) -> int:
         "every run ends with the same arrays": same,
     }
     console.print(f"baseline overhead / ours: {ratio:.1f}x")
-    for check, ok in verdicts.items():
-        console.print(f"{'PASS' if ok else 'FAIL'}  {check}")
+    print_verdicts(console, verdicts)
     if args.json:
         figures = {
             "none_loop_s": {"value": base, "unit": "s"},
             "ours_overhead_per_checkpoint_s": {"value": per_ckpt["ours"], "unit": "s"},
             "baseline_overhead_per_checkpoint_s": {"value": per_ckpt["baseline"], "unit": "s"},
-            "ours_overhead_spread_s": {"value": spread["ours"], "unit": "s"},
-            "baseline_overhead_spread_s": {"value": spread["baseline"], "unit": "s"},
+            "ours_overhead_spread_s": {"value": spreads["ours"], "unit": "s"},
+            "baseline_overhead_spread_s": {"value": spreads["baseline"], "unit": "s"},
             "memory_copy_s": {"value": copy, "unit": "s"},
             "ours_first_stall_s": {"value": first_stall, "unit": "s"},
             "ours_later_stall_s": {"value": later_stall, "unit": "s"},
@@ -198,9 +188,8 @@ def main(argv: list[str] | None = None) -> int:
             "baseline_over_ours": {"value": ratio, "unit": "ratio"},
             "state_mib": {"value": state_mib, "unit": "MiB"},
         }
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({"size": size, "figures": figures, "verdicts": verdicts}, indent=2) + "\n")
-    return 0 if all(verdicts.values()) else 1
+        write_json(args.json, {"size": size, "figures": figures, "verdicts": verdicts}, indent=2)
+    return int(failed(verdicts))
 
 
 if __name__ == "__main__":

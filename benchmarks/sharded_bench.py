@@ -57,19 +57,19 @@ roughly 4-5 GiB per rank, 18 GiB for 4 ranks: run it on an otherwise idle 24 GiB
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import shutil
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from ranks import run_ranks, torchrun_env
+import harness
+from harness import options, rounds_of, scratch, size_of, write_json
+from ranks import launch_ranks, rank_options, torchrun_env
 
 MiB = 1 << 20
 #: state MiB (parameters + Adam's two moments), layer width, rounds
@@ -570,44 +570,35 @@ def launch(world: int, spec: dict, timeout: float) -> list[dict]:
     """Start ``world`` ranks as torchrun would; their reports. A failed rank stops the others
     (and the writer process DCP's process mode started in its group)."""
     env = torchrun_env(world)
-    command = [sys.executable, __file__, "--rank-of", json.dumps(spec)]
-    run_ranks([command] * world, [{**env, "RANK": str(r), "LOCAL_RANK": str(r)} for r in range(world)], timeout)
-    return [json.loads((Path(spec["dir"]) / f"rank-{world}-{r}.json").read_text()) for r in range(world)]
+    envs = [{**env, "RANK": str(r), "LOCAL_RANK": str(r)} for r in range(world)]
+    reports = [Path(spec["dir"]) / f"rank-{world}-{r}.json" for r in range(world)]
+    return launch_ranks(__file__, spec, envs, reports, timeout)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    group = parser.add_mutually_exclusive_group()
-    group.add_argument("--quick", action="store_true", help="about 64 MiB of state, 3 rounds (under a minute)")
-    group.add_argument("--full", action="store_true", help="2 GiB of state, 3 rounds")
+    parser, _ = options(
+        __doc__, quick="about 64 MiB of state, 3 rounds (under a minute)", full="2 GiB of state, 3 rounds"
+    )
     parser.add_argument("--rounds", type=int, help="rounds per median after the warm-up (default 5; quick, full 3)")
     parser.add_argument("--json", type=Path, help="write every printed figure with its unit")
-    parser.add_argument("--dir", type=Path, help="where the checkpoints go (default: a temporary directory in /tmp)")
-    parser.add_argument("--rank-of", help=argparse.SUPPRESS)
+    rank_options(parser)
     args = parser.parse_args(argv)
     if args.rank_of:
-        rank_main(json.loads(args.rank_of))
+        rank_main(args.rank_of)
         return 0
-    size = "quick" if args.quick else "full" if args.full else "default"
+    size = size_of(args)
     state_mib, width, rounds = SIZES[size]
-    rounds = args.rounds or rounds
-    if rounds < 1:
-        parser.error("--rounds must be at least 1")
+    rounds = rounds_of(parser, args.rounds, rounds)
     depth = max(1, round(state_mib * MiB / 3 / 4 / (width * width + width)))
-    if args.dir:
-        args.dir.mkdir(parents=True, exist_ok=True)
-    directory = Path(tempfile.mkdtemp(prefix="sharded-bench-", dir=args.dir))
-    spec = {"width": width, "depth": depth, "rounds": rounds, "dir": str(directory)}
     started = time.perf_counter()
     runs: dict[int, list[dict]] = {}
-    try:
+    with scratch("sharded-bench-", args.dir, fallback=None) as directory:
+        spec = {"width": width, "depth": depth, "rounds": rounds, "dir": str(directory)}
         for world in WORLDS:
             print(f"{time.perf_counter() - started:5.0f} s: {world} ranks", flush=True)
             runs[world] = launch(world, spec, TIMEOUT[size])
             if world == 4:  # the 2-rank run restores DCP's last 4-rank checkpoint
                 spec["dcp_source"] = runs[world][0]["dcp_source"]
-    finally:
-        shutil.rmtree(directory, ignore_errors=True)
     wall = time.perf_counter() - started
     return report(size, spec, runs, wall, args.json)
 
@@ -682,9 +673,8 @@ class _Report:
 
 
 def report(size: str, spec: dict, runs: dict[int, list[dict]], wall: float, json_path: Path | None) -> int:
-    from rich.console import Console
 
-    console = Console(width=None if sys.stdout.isatty() else 150, highlight=False)
+    console = harness.console(150)
     first = runs[WORLDS[0]][0]
     state_bytes = first["state_bytes"]
     title = (
@@ -845,9 +835,8 @@ def report(size: str, spec: dict, runs: dict[int, list[dict]], wall: float, json
     for check in failed:
         console.print(f"FAIL {check}")
     if json_path:
-        json_path.parent.mkdir(parents=True, exist_ok=True)
         payload = {"size": size, "config": spec | {"batch": BATCH}, "figures": out.figures, "verdicts": out.verdicts}
-        json_path.write_text(json.dumps(payload, indent=1) + "\n")
+        write_json(json_path, payload)
     return 0
 
 
