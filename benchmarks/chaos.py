@@ -162,7 +162,7 @@ HANGS = ("worker-stop", "manager-process-kill")
 #: Faults that last a while and may end no attempt: their recovery counts from the fault to the
 #: first step after it ended.
 WINDOWED = ("storage-full", "worker-stop")
-#: How often the runner's watchdog looks (``resilient_flows.workflow.watchdog.WATCH_S``).
+#: How often the runner's watchdog looks (``resilient_flows.workflow._watchdog.WATCH_S``).
 WATCHDOG_LOOK_S = 2.0
 #: How long a fault waits for a target (a busy worker, a pool, a runner back from a restart).
 TARGET_WAIT_S = 90.0
@@ -281,7 +281,7 @@ def paced(ctx: Any) -> dict[str, Any]:
     recoveries take minutes, members would otherwise finish before the last faults found a
     target. The wait changes no weight either.
     """
-    from resilient_flows.training.workloads import resolve_workload
+    from resilient_flows.training._workloads import resolve_workload
 
     pause_s = float(ctx.params.get("pause_ms", 0)) / 1000
     gate = os.environ.get(GATE_ENV)
@@ -1739,8 +1739,8 @@ def logged_events(path: Path) -> list[str]:
 def agent_killed(work: Path, state: Path, engine: Any) -> dict[str, float]:
     """The agent (the real command) requeues a victim held, and is SIGKILLed before it releases it;
     the request starts on the freed node; a restarted agent must release the victim."""
-    from resilient_flows.cosched.agent import Agent, AgentConfig
-    from resilient_flows.cosched.pbspro import PBSProBatch
+    from resilient_flows.cosched._agent import Agent, AgentConfig
+    from resilient_flows.cosched._pbspro import PBSProBatch
 
     batch = PBSProBatch(timeout=30)
     victim = qsub(work, "-N", "victim")
@@ -1773,9 +1773,9 @@ def agent_killed(work: Path, state: Path, engine: Any) -> dict[str, float]:
 def agent_heartbeats(work: Path) -> dict[str, float]:
     """Jobs name a FIFO and a 1 GiB (sparse) file as their heartbeats, beside one that is sound: the
     poll's reads end within the deadline, and only the sound one is believed."""
-    from resilient_flows.checkpoint.heartbeat import FILENAME, CheckpointHeartbeat
-    from resilient_flows.cosched.agent import Agent, AgentConfig
-    from resilient_flows.cosched.pbspro import HEARTBEAT_VARIABLE, PBSProBatch
+    from resilient_flows.checkpoint._heartbeat import FILENAME, CheckpointHeartbeat
+    from resilient_flows.cosched._agent import Agent, AgentConfig
+    from resilient_flows.cosched._pbspro import HEARTBEAT_VARIABLE, PBSProBatch
 
     paths = {name: work / name / FILENAME for name in ("sound", "fifo", "huge")}
     for path in paths.values():
@@ -1819,9 +1819,9 @@ def agent_heartbeats(work: Path) -> dict[str, float]:
 def agent_forged(work: Path) -> dict[str, float]:
     """Markers forged where users write: in Slurm comments (a path, another word) and in a PBS
     job's environment. None may make a request, none may shield a running job."""
-    from resilient_flows.cosched.agent import Agent, AgentConfig
-    from resilient_flows.cosched.pbspro import HEARTBEAT_VARIABLE, PBSProBatch
-    from resilient_flows.cosched.slurm import SlurmBatch
+    from resilient_flows.cosched._agent import Agent, AgentConfig
+    from resilient_flows.cosched._pbspro import HEARTBEAT_VARIABLE, PBSProBatch
+    from resilient_flows.cosched._slurm import SlurmBatch
 
     now = int(time.time())
 

@@ -10,16 +10,16 @@ deviation). Targets (issue 13):
   ``--help`` measures).
 
 The run directory is synthetic, made here the way a run makes it: ``plan.json`` and each member's
-``spec.json`` through :func:`~resilient_flows.workflow.rundir.create_run_dir` (a ``count: N``
+``spec.json`` through :func:`~resilient_flows.workflow._rundir.create_run_dir` (a ``count: N``
 workflow on the local site), then ``events.jsonl``, ``metrics.jsonl`` and ``result.json`` in the
-shapes that :mod:`resilient_flows.rundir.events` and ``run_member`` write. Its members are caught
+shapes that :mod:`resilient_flows.rundir._events` and ``run_member`` write. Its members are caught
 mid-run: 70 % finished, 20 % running, 4 % queued, 3 % retrying after a lost worker, 3 % failed
 for good; events hold a ``checkpointed`` line every 20 steps.
 
 For information: a bare ``python -c pass`` (the floor under every command), ``status --all`` (a
 row per member), whether each command imported torch or Parsl (a separate run that lists
 ``sys.modules`` at exit), and the runner's view of the same run: one
-:class:`~resilient_flows.workflow.status.StatusTracker` update when nothing was appended (the
+:class:`~resilient_flows.workflow._status.StatusTracker` update when nothing was appended (the
 runner's poll in a quiet moment: it refreshes only the running members), against the first one
 that read the whole run.
 
@@ -47,11 +47,11 @@ from harness import Clock, median_time, options, size_of, spread, with_units, wr
 from report import print_figures
 from rich.table import Table
 
-from resilient_flows.training.spec import MemberSpec
-from resilient_flows.workflow.plan import plan_workflow
-from resilient_flows.workflow.rundir import create_run_dir
+from resilient_flows.training._spec import MemberSpec
+from resilient_flows.workflow._plan import plan_workflow
+from resilient_flows.workflow._rundir import create_run_dir
+from resilient_flows.workflow._status import StatusTracker
 from resilient_flows.workflow.schema import load_workflow
-from resilient_flows.workflow.status import StatusTracker
 
 REPO = Path(__file__).resolve().parents[1]
 QUICKSTART = REPO / "workflows" / "quickstart.yaml"
@@ -231,7 +231,7 @@ def heavy_imports(run_dir: Path) -> dict[str, list[str]]:
 
 def tracker_costs(run_dir: Path) -> dict[str, float]:
     """The runner's StatusTracker on this run: its first update, then one with nothing appended."""
-    from resilient_flows.workflow.rundir import read_plan
+    from resilient_flows.workflow._rundir import read_plan
 
     members = [(m.name, m.steps) for m in read_plan(run_dir).members]
     tracker = StatusTracker(run_dir)

@@ -28,7 +28,7 @@ Ours (``request_clone``; sections ``shared`` and ``node-local``)
     they include the wait for the source's next step boundary (half a step on average) and the
     fsyncs ``request_clone`` makes. A clone is killed once it has logged its first step.
 
-Ours over MPI (section ``mpi``; left out if ``resilient_flows.clone.mpi``, mpi4py or ``mpiexec``
+Ours over MPI (section ``mpi``; left out if ``resilient_flows.clone._mpi``, mpi4py or ``mpiexec``
 is missing, or with ``--skip-mpi``)
     One ``mpiexec -n 2`` job: rank 0 trains the same state and, at a request seen at a step
     boundary (a request file, as above), calls ``start_send_state`` (its stall: until that
@@ -227,7 +227,7 @@ def train(ctx: Any) -> dict[str, Any]:
 def run_ours(task: dict[str, Any]) -> None:
     """A member of ours (a source or a clone): ``run_member`` on its registered spec."""
     from resilient_flows.training import run_member
-    from resilient_flows.training.control import read_spec
+    from resilient_flows.training._control import read_spec
 
     spec = read_spec(task["run_dir"], task["name"])
     run_member(spec.to_dict(), task["run_dir"])
@@ -307,7 +307,7 @@ def mpi_pair(task: dict[str, Any]) -> None:
     from mpi4py import MPI
 
     from resilient_flows.checkpoint import TrainState
-    from resilient_flows.clone.mpi import CloneTransferStats, StagingBuffer, recv_state, start_send_state
+    from resilient_flows.clone._mpi import CloneTransferStats, StagingBuffer, recv_state, start_send_state
 
     comm = MPI.COMM_WORLD
     torch.set_num_threads(1)
@@ -557,7 +557,7 @@ def measure_ours(
     """Clones of one source over one transport: per-clone rows by how the clone started, source steps."""
     from resilient_flows.clone import request_clone
     from resilient_flows.training import CheckpointSpec, MemberSpec, read_events
-    from resilient_flows.training.control import member_dir, read_spec, register_member
+    from resilient_flows.training._control import member_dir, read_spec, register_member
 
     run_dir = root / f"ours-{transport}"
     local_dir = str(local_root / "src") if transport == "local" else None
@@ -795,8 +795,8 @@ def default_local_root() -> Path:
 
 def mpi_missing() -> str | None:
     """Why the MPI transport cannot be measured here, or None."""
-    if importlib.util.find_spec("resilient_flows.clone.mpi") is None:
-        return "resilient_flows/clone/mpi.py does not exist"
+    if importlib.util.find_spec("resilient_flows.clone._mpi") is None:
+        return "resilient_flows/clone/_mpi.py does not exist"
     if importlib.util.find_spec("mpi4py") is None or shutil.which("mpiexec") is None:
         return "mpi4py or mpiexec is missing (pip install mpich mpi4py)"
     return None

@@ -1,7 +1,7 @@
 """The preemption agent's overhead: one poll (read the queue, read every heartbeat, decide) at scale.
 
 A machine with ``--jobs`` running batch jobs (1,000 by default) and a few pending on-demand
-requests is served to :class:`~resilient_flows.cosched.slurm.SlurmBatch` as the ``squeue --json``
+requests is served to :class:`~resilient_flows.cosched._slurm.SlurmBatch` as the ``squeue --json``
 and ``sinfo --json`` text a Slurm 22.05 controller prints (each job record is a real one,
 ``data/squeue_job_22.05.json``, varied). 70 % of the jobs publish a heartbeat file, as our
 Checkpointer writes it. The agent runs with ``--dry-run``, so a poll is all its own work: parsing,
@@ -45,9 +45,9 @@ import numpy as np
 from harness import failed, median_time, options, write_json
 from report import judge, print_checks, print_figures
 
-from resilient_flows.checkpoint.heartbeat import FILENAME, CheckpointHeartbeat
-from resilient_flows.cosched.agent import Agent, AgentConfig
-from resilient_flows.cosched.slurm import SlurmBatch, parse_squeue_json
+from resilient_flows.checkpoint._heartbeat import FILENAME, CheckpointHeartbeat
+from resilient_flows.cosched._agent import Agent, AgentConfig
+from resilient_flows.cosched._slurm import SlurmBatch, parse_squeue_json
 
 console = harness.console()
 TEMPLATE = Path(__file__).parent / "data" / "squeue_job_22.05.json"
@@ -151,7 +151,7 @@ def cluster_run(
     that length waits too, ranked above the on-demand job (submitted before it)."""
     import subprocess
 
-    from resilient_flows.checkpoint.heartbeat import read_heartbeat
+    from resilient_flows.checkpoint._heartbeat import read_heartbeat
 
     def sbatch(*args: str) -> str:
         out = subprocess.run(["sbatch", "--parsable", *args], capture_output=True, text=True, check=True, timeout=30)

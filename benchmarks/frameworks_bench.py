@@ -461,7 +461,7 @@ class HF:
         """Train with ``variant``'s checkpointing; verify its checkpoints if the plan digests."""
         from transformers import PrinterCallback, Trainer, TrainingArguments
 
-        from resilient_flows.checkpoint.reader import read_checkpoint
+        from resilient_flows.checkpoint._reader import read_checkpoint
         from resilient_flows.integrations.transformers import resilient_trainer
 
         self.runs += 1

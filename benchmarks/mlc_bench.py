@@ -1,11 +1,11 @@
 """Checkpoint interval tuning: the learned recommender against the formulas, measured by the simulator.
 
-Held-out parameter sets are drawn from the training range (:mod:`resilient_flows.mlc.dataset`)
+Held-out parameter sets are drawn from the training range (:mod:`resilient_flows.mlc._dataset`)
 with a seed the shipped model never saw (``--seed``, default 1; training used 0). For each, the
 simulator's search gives the optimum; then the optimum, the learned recommendation, Young's and
 Daly's intervals (for all failures together, every checkpoint flushed, as the engine's default
 ``persist_every: 1``), Benoit's first-order two-level optimum and the first-order interval with
-flush interference (:func:`~resilient_flows.mlc.analytic.async_interval`) are simulated on the same failures
+flush interference (:func:`~resilient_flows.mlc._analytic.async_interval`) are simulated on the same failures
 (common random numbers, ``--trials`` runs each). Regret is the optimum's simulated efficiency minus
 a method's, in percentage points. Targets: learned median regret <= 0.5 pp and 95th percentile
 <= 2 pp, below every formula's at the p95; a recommendation >= 1000x faster than a search. The
@@ -35,9 +35,9 @@ from report import print_verdicts
 from rich.table import Table
 
 from resilient_flows.mlc import MLCConfig, MLCParams, search, simulate
-from resilient_flows.mlc.dataset import sample_params
-from resilient_flows.mlc.recommender import Recommender
-from resilient_flows.mlc.tune import candidates
+from resilient_flows.mlc._dataset import sample_params
+from resilient_flows.mlc._recommender import Recommender
+from resilient_flows.mlc._tune import candidates
 
 SIZES = {"quick": (24, 150), "default": (200, 400), "full": (500, 1000)}
 METHODS = ("learned", "Young", "Daly", "two-level (Benoit)", "async (interference)")

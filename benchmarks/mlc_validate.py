@@ -1,6 +1,6 @@
 """The checkpoint-tuning simulator against our engine running under real, injected failures.
 
-The tuner's figures come from :mod:`resilient_flows.mlc.simulator`. This benchmark checks them
+The tuner's figures come from :mod:`resilient_flows.mlc._simulator`. This benchmark checks them
 against reality on this machine: a training process checkpoints through the engine (a node-local
 tier, flushed to a shared tier every ``l2_every``-th checkpoint), and failures strike it from two
 seeded Poisson processes in wall-clock time:
@@ -14,7 +14,7 @@ A failure during a restart strikes the new process, as the simulator assumes. Th
 when its last step's checkpoint is committed to the node-local tier, the simulator's definition.
 
 Trial ``i`` meets the failure times that the simulator's trial ``i`` meets with the same seed
-(:class:`~resilient_flows.mlc.simulator.FailureArrivals`), whatever the configuration. So every
+(:class:`~resilient_flows.mlc._simulator.FailureArrivals`), whatever the configuration. So every
 measured trial has a simulated twin, and the comparison is paired: with 4 trials the measured mean
 is far from the expectation (a 95% interval 0.4 wide), and every configuration is off in the same
 direction, because all meet the same few failures; the twins meet them too. The table shows the
@@ -120,7 +120,7 @@ def train(job: dict[str, Any], emit: Any) -> None:
     import torch
 
     from resilient_flows.checkpoint import Checkpointer
-    from resilient_flows.training.autotune import AutoTuner
+    from resilient_flows.training._autotune import AutoTuner
 
     torch.set_num_threads(1)
     emit("started")
@@ -297,7 +297,7 @@ def trial(job: Job, k: int, l2_every: int, size: Size, seed: int, index: int) ->
     """One run of the job under failures drawn for trial ``index`` (the same for every configuration)."""
     import numpy as np
 
-    from resilient_flows.mlc.simulator import FailureArrivals
+    from resilient_flows.mlc._simulator import FailureArrivals
 
     # the simulator's own arrivals for trial ``index``: simulate(trials=size.trials, seed=seed)
     # meets the same failures, so each measured trial has a simulated twin
@@ -376,7 +376,7 @@ def configurations(p: Any, step_s: float, steps: int) -> dict[tuple[int, int], s
     """Distinct ``(k steps, l2_every)``, each named by every rule that picks it ("Daly = learned");
     intervals are rounded to whole steps."""
     from resilient_flows.mlc import Recommender, search
-    from resilient_flows.mlc.tune import candidates
+    from resilient_flows.mlc._tune import candidates
 
     formulas = candidates(p, Recommender.default())
     daly, best = formulas["Daly"], search(p, trials=400)

@@ -23,15 +23,21 @@ from parsl.app.errors import BashExitFailure
 from parsl.executors.high_throughput.errors import ManagerLost, WorkerLost
 
 from resilient_flows.errors import STORAGE_FULL, Failure, LaunchError, Preempted
-from resilient_flows.rundir import TaskLayout
-from resilient_flows.rundir.events import EventLog
-from resilient_flows.training.command import CommandKilled
-from resilient_flows.training.contract import EXIT_PREEMPTED
-from resilient_flows.training.control import has_result, latest_committed_step, member_dir
-from resilient_flows.training.heartbeat import analytics_task, heartbeat_path, read_heartbeat
-from resilient_flows.training.nodefile import pbs_hosts
-from resilient_flows.training.spec import MemberSpec, StageSpec
-from resilient_flows.training.stage import newest_iteration
+from resilient_flows.rundir import EventLog, TaskLayout
+from resilient_flows.training import (
+    EXIT_PREEMPTED,
+    CommandKilled,
+    MemberSpec,
+    StageSpec,
+    analytics_task,
+    has_result,
+    heartbeat_path,
+    latest_committed_step,
+    member_dir,
+    newest_iteration,
+    pbs_hosts,
+    read_heartbeat,
+)
 
 __all__ = [
     "ResumingRetryHandler",
@@ -75,7 +81,7 @@ def train_app(
     ``parsl_resource_specification``, which an executor in MPI mode requires of every task (see
     :func:`mpi_resources`).
     """
-    from resilient_flows.training.run import run_member
+    from resilient_flows.training import run_member
 
     _wait(backoff_s)
 
@@ -92,10 +98,10 @@ def command_app(
 ) -> dict[str, Any]:
     """Run a command member (a :class:`MemberSpec` with ``command``) in a worker: its own
     process group, its run contract in the environment, stop signals forwarded with a grace
-    period (see :mod:`resilient_flows.training.command`). A retry runs the command again; a
+    period (see :mod:`resilient_flows.training._command`). A retry runs the command again; a
     script that uses ``from_env()`` resumes from its checkpoint. ``backoff_s``: the retry's backoff.
     """
-    from resilient_flows.training.command import run_command
+    from resilient_flows.training import run_command
 
     _wait(backoff_s)
 
@@ -113,7 +119,7 @@ def stage_app(
     """Run one workflow stage (a :class:`StageSpec` as a dict): a checkpointed array loop that
     resumes after its newest committed iteration. ``inputs``: futures of the stages it reads;
     ``backoff_s``: the retry's backoff."""
-    from resilient_flows.training.stage import run_stage
+    from resilient_flows.training import run_stage
 
     _wait(backoff_s)
 
@@ -132,7 +138,7 @@ def analytics_app(
     On-demand requests pass ``parsl_resource_specification={"priority": 0}``: HTEX then runs them
     before every queued member.
     """
-    from resilient_flows.training.run import evaluate_members
+    from resilient_flows.training import evaluate_members
 
     return evaluate_members(specs, run_dir, request)
 
@@ -147,7 +153,7 @@ def mpi_train_app(
     backoff_s: float = 0.0,
 ) -> str:
     """Train one data-parallel member on ``ranks`` MPI ranks: one torch.distributed process group
-    (formed over MPI, see :mod:`resilient_flows.training.distributed`) for its DDP or FSDP and its
+    (formed over MPI, see :mod:`resilient_flows.training._distributed`) for its DDP or FSDP and its
     sharded checkpointer.
 
     Under Parsl's ``MPIExecutor`` the launch prefix comes from ``$PARSL_MPI_PREFIX`` (pass
@@ -364,8 +370,7 @@ def _resumable_task(task_record: dict[str, Any]) -> tuple[str, str, int] | None:
 @python_app
 def mlc_label_app(params: list[dict[str, Any]], trials: int, seed: int) -> list[dict[str, Any]]:
     """Label parameter sets with the simulator's optimum: one chunk of a recommender's training set."""
-    from resilient_flows.mlc.dataset import label
-    from resilient_flows.mlc.params import MLCParams
+    from resilient_flows.mlc import MLCParams, label
 
     return [label(MLCParams(**p), trials=trials, seed=seed) for p in params]
 
@@ -380,7 +385,7 @@ def loop_app(function: str, directory: str, params: dict[str, Any] | None = None
     calls it again with the same directory, so the loop resumes after its newest checkpoint.
     """
     from resilient_flows.resilience import Context, every
-    from resilient_flows.training.workloads import import_function
+    from resilient_flows.training import import_function
 
     module, _, name = function.partition(":")
     if not module or not name:

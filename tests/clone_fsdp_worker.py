@@ -23,8 +23,8 @@ from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
 
 from resilient_flows.checkpoint import TrainState
-from resilient_flows.clone.mpi import CloneTransferStats, recv_state, send_state
-from resilient_flows.training.distributed import init_process_group
+from resilient_flows.clone._mpi import CloneTransferStats, recv_state, send_state
+from resilient_flows.training._distributed import init_process_group
 
 SOURCES, CLONES = [0, 1], [2, 3, 4]
 WIDTHS = (11, 29, 23, 3)  # uneven on 2 and on 3 ranks

@@ -2,7 +2,7 @@
 
 The first ranks are a data-parallel source, the last ones its clone(s). The source trains
 ``FORK_AT`` steps, hands its TrainState (model, optimizer, scheduler, RNG, extra values of awkward
-dtypes and layouts) to the clone ranks with :mod:`resilient_flows.clone.mpi`, then trains ``STEPS``
+dtypes and layouts) to the clone ranks with :mod:`resilient_flows.clone._mpi`, then trains ``STEPS``
 more; the clones receive into freshly built (differently initialised) models and train the same
 steps. Gradients are averaged over each side's own ranks with MPI.
 
@@ -26,7 +26,7 @@ from mpi4py import MPI
 from trainkit import Problem, replicated_digest
 
 from resilient_flows.checkpoint import plan_send
-from resilient_flows.clone.mpi import CloneTransferStats, StagingBuffer, recv_state, send_state, start_send_state
+from resilient_flows.clone._mpi import CloneTransferStats, StagingBuffer, recv_state, send_state, start_send_state
 from resilient_flows.errors import ResilientFlowsError
 
 #: At width 640 the largest arrays (1.6 MB) exceed a piece, so two ranks split them.

@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from resilient_flows.checkpoint.tiers import Tier
+from resilient_flows.checkpoint._tiers import Tier
 from resilient_flows.training import run_member
 
 original_adopt = Tier.adopt

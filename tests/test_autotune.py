@@ -9,8 +9,8 @@ import pytest
 
 from resilient_flows.mlc import MLCParams, Recommender
 from resilient_flows.training import MemberSpec, read_events, run_member
-from resilient_flows.training.autotune import WARMUP_CHECKPOINTS
-from resilient_flows.training.spec import CheckpointSpec
+from resilient_flows.training._autotune import WARMUP_CHECKPOINTS
+from resilient_flows.training._spec import CheckpointSpec
 from resilient_flows.workflow import load_workflow
 
 AUTO = CheckpointSpec(interval_steps=10, auto=True, process_mtbf_s=600.0, node_mtbf_s=7200.0)

@@ -11,7 +11,7 @@ from parsl.jobs.errors import TooManyJobFailuresError
 from parsl.jobs.states import JobState, JobStatus
 from parsl.providers import LocalProvider
 
-from resilient_flows.sites.blockerrors import PatientBlockErrorHandler
+from resilient_flows.sites._blockerrors import PatientBlockErrorHandler
 
 ENOSPC = "Failed to start block {}: Unable to write submit script: [Errno 28] No space left on device"
 

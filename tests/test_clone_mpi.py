@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from conftest import run_worker
 
-from resilient_flows.clone.mpi import StagingBuffer
+from resilient_flows.clone._mpi import StagingBuffer
 
 pytestmark = [pytest.mark.mpi, pytest.mark.slow]
 WORKER = Path(__file__).with_name("clone_mpi_worker.py")

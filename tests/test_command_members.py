@@ -20,11 +20,11 @@ from resilient_flows.cli import main
 from resilient_flows.clone import request_clone
 from resilient_flows.errors import Preempted, SiteConfigError, WorkflowError
 from resilient_flows.training import MemberSpec, RunContract, read_events
-from resilient_flows.training.command import CommandFailed, CommandKilled, run_command
-from resilient_flows.training.control import read_spec, register_member
-from resilient_flows.training.spec import CheckpointSpec
+from resilient_flows.training._command import CommandFailed, CommandKilled, run_command
+from resilient_flows.training._control import read_spec, register_member
+from resilient_flows.training._spec import CheckpointSpec
 from resilient_flows.workflow import load_workflow, plan_workflow
-from resilient_flows.workflow.status import loss_curve, member_statuses
+from resilient_flows.workflow._status import loss_curve, member_statuses
 
 HERE = Path(__file__).resolve().parent
 SCRIPT = HERE / "command_script.py"
@@ -413,7 +413,7 @@ def test_a_killed_launcher_takes_its_command_along(tmp_path: Path) -> None:
         [
             PYTHON,
             "-c",
-            "import json, sys\nfrom resilient_flows.training.command import run_command\n"
+            "import json, sys\nfrom resilient_flows.training._command import run_command\n"
             "run_command(json.loads(sys.argv[1]), sys.argv[2])",
             json.dumps(spec.to_dict()),
             str(tmp_path),

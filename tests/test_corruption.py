@@ -171,7 +171,7 @@ def test_a_member_whose_newest_checkpoints_are_damaged_trains_on_and_saves_them_
     steps afresh (it used to refuse: an older step than one already committed) and ends bitwise
     like a run that never broke."""
     from resilient_flows.training import MemberSpec, run_member
-    from resilient_flows.training.spec import CheckpointSpec
+    from resilient_flows.training._spec import CheckpointSpec
 
     spec = MemberSpec(
         name="m", workload="userworkload:train", params={}, steps=30, checkpoint=CheckpointSpec(interval_steps=10)

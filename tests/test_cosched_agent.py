@@ -20,12 +20,12 @@ import pytest
 from slurm import cancel, require_slurm
 
 from resilient_flows.checkpoint import Checkpointer
-from resilient_flows.checkpoint.heartbeat import FILENAME, CheckpointHeartbeat, HeartbeatWriter, read_heartbeat
+from resilient_flows.checkpoint._heartbeat import FILENAME, CheckpointHeartbeat, HeartbeatWriter, read_heartbeat
 from resilient_flows.cli import main as cli_main
 from resilient_flows.cosched import OnDemandRequest, RunningJob, decide, decision_cost
-from resilient_flows.cosched.agent import Agent, AgentConfig, AgentStateError, is_marked, running_job
-from resilient_flows.cosched.batch import BatchCommandError, BatchJob, clean
-from resilient_flows.cosched.slurm import (
+from resilient_flows.cosched._agent import Agent, AgentConfig, AgentStateError, is_marked, running_job
+from resilient_flows.cosched._batch import BatchCommandError, BatchJob, clean
+from resilient_flows.cosched._slurm import (
     TEXT_FORMAT,
     SlurmBatch,
     _timestamp,
@@ -762,7 +762,7 @@ def test_a_fifo_heartbeat_costs_a_poll_at_most_its_deadline(tmp_path: Path) -> N
 def test_reads_that_hang_count_as_no_heartbeat_after_the_deadline(tmp_path: Path, monkeypatch) -> None:
     """A hung file server: the read of one heartbeat never returns. The poll goes on at its deadline
     with the others read, and the next poll does not start a second read of the same file."""
-    import resilient_flows.checkpoint.heartbeat as heartbeat
+    import resilient_flows.checkpoint._heartbeat as heartbeat
 
     hung, fine = _beat(tmp_path, "hung", NOW - 5), _beat(tmp_path, "fine", NOW - 7)
     release, calls = threading.Event(), []

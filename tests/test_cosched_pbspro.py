@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 from fakesched import PBSPRO, engine
 
-from resilient_flows.cosched.agent import ONDEMAND_MARKER, Agent, AgentConfig, is_marked
-from resilient_flows.cosched.batch import BatchCommandError, BatchJob, uid_of
-from resilient_flows.cosched.pbspro import HEARTBEAT_VARIABLE, PBSProBatch, parse_pbsnodes_json, parse_qstat_json
+from resilient_flows.cosched._agent import ONDEMAND_MARKER, Agent, AgentConfig, is_marked
+from resilient_flows.cosched._batch import BatchCommandError, BatchJob, uid_of
+from resilient_flows.cosched._pbspro import HEARTBEAT_VARIABLE, PBSProBatch, parse_pbsnodes_json, parse_qstat_json
 
 # Recorded in the format of PBS Pro 2022.1 (Polaris): four-space indents, one attribute a line,
 # numbers bare, times as ctime(3) prints them.

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from resilient_flows.cosched import OnDemandRequest, RunningJob, decide
-from resilient_flows.cosched.jobs import decision_cost, nodes_free_at
-from resilient_flows.cosched.policies import covering_knapsack
+from resilient_flows.cosched._jobs import decision_cost, nodes_free_at
+from resilient_flows.cosched._policies import covering_knapsack
 from resilient_flows.errors import InvalidJobError
 
 

@@ -13,8 +13,8 @@ from resilient_flows.cosched import OnDemandRequest, decide
 from resilient_flows.errors import WorkflowError
 from resilient_flows.training import read_events, run_member
 from resilient_flows.workflow import load_workflow, read_plan
-from resilient_flows.workflow.ondemand import job_from_record
-from resilient_flows.workflow.status import loss_curve
+from resilient_flows.workflow._ondemand import job_from_record
+from resilient_flows.workflow._status import loss_curve
 
 # Both worker slots of the local site are busy when "peek" needs one. max_delay 0: the request
 # cannot wait, so dp must pick the victim now; "steady" has a checkpoint a few steps old, "rare"

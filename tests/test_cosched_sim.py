@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from resilient_flows.cli.cosim import add_parsers, run_cosim
-from resilient_flows.cosched.jobs import OnDemandRequest
-from resilient_flows.cosched.policies import BASELINES
-from resilient_flows.cosched.simulator import OnDemandStream, SimConfig, SimResult, simulate, young_interval
-from resilient_flows.cosched.swf import read_swf
+from resilient_flows.cli._cosim import add_parsers, run_cosim
+from resilient_flows.cosched._jobs import OnDemandRequest
+from resilient_flows.cosched._policies import BASELINES
+from resilient_flows.cosched._simulator import OnDemandStream, SimConfig, SimResult, simulate, young_interval
+from resilient_flows.cosched._swf import read_swf
 from resilient_flows.errors import InvalidJobError
 
 TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "traces"

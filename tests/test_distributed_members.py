@@ -26,10 +26,10 @@ from resilient_flows.training import (
     read_launch_env,
     run_member,
 )
-from resilient_flows.training.contract import EXIT_PREEMPTED
-from resilient_flows.training.distributed import PORT_BASE, PORT_SPAN, parse_first_host
-from resilient_flows.workflow.runner import resize_members
-from resilient_flows.workflow.status import loss_curve
+from resilient_flows.training._contract import EXIT_PREEMPTED
+from resilient_flows.training._distributed import PORT_BASE, PORT_SPAN, parse_first_host
+from resilient_flows.workflow._runner import resize_members
+from resilient_flows.workflow._status import loss_curve
 
 WORKER = Path(__file__).with_name("distributed_worker.py")
 TOLERANCE = 1e-5
@@ -292,7 +292,7 @@ FAILING = (
 def two_ranks(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[dict]]:
     """One ``mpiexec -n 2`` launch for every check that needs ranks; each rank's report."""
     from resilient_flows.workflow import load_workflow, plan_workflow
-    from resilient_flows.workflow.rundir import create_run_dir
+    from resilient_flows.workflow._rundir import create_run_dir
 
     root = tmp_path_factory.mktemp("two-ranks")
     (root / "specs/run").mkdir(parents=True)

@@ -13,7 +13,7 @@ import torch
 from trainkit import Problem, digest, replicated_digest
 
 from resilient_flows.checkpoint import Checkpointer, CheckpointError, TrainState
-from resilient_flows.checkpoint.heartbeat import FILENAME
+from resilient_flows.checkpoint._heartbeat import FILENAME
 
 
 def run(problem: Problem, steps: range) -> list[float]:
@@ -285,7 +285,7 @@ def test_a_new_optimizer_at_a_recycled_address_is_still_guarded(tiers: tuple[Pat
 
 
 def test_prune_of_a_node_local_tier_shared_by_two_ranks_leaves_nothing_behind(tmp_path: Path) -> None:
-    from resilient_flows.checkpoint.tiers import Tier, shard_filename
+    from resilient_flows.checkpoint._tiers import Tier, shard_filename
 
     tier = Tier(tmp_path, "local")
     for step in range(1, 6):

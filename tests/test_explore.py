@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 
 from resilient_flows.cli import main
-from resilient_flows.rundir.metrics import MetricsReader
+from resilient_flows.rundir._metrics import MetricsReader
 from resilient_flows.training import MemberSpec, read_events
-from resilient_flows.training.control import read_spec, register_member
-from resilient_flows.workflow.explore import PBTController, campaign_points
+from resilient_flows.training._control import read_spec, register_member
+from resilient_flows.workflow._explore import PBTController, campaign_points
+from resilient_flows.workflow._status import MemberStatus
 from resilient_flows.workflow.schema import ExploreConfig, HyperparameterSpace
-from resilient_flows.workflow.status import MemberStatus
 
 SPACE = {"lr": {"range": [0.001, 0.3], "log": True}, "momentum": {"values": [0.0, 0.5, 0.9]}}
 

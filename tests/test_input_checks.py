@@ -27,16 +27,16 @@ from resilient_flows.capped import (
     read_capped,
 )
 from resilient_flows.checkpoint import Checkpointer, CheckpointError, scan
-from resilient_flows.checkpoint import manifest as manifest_module
-from resilient_flows.checkpoint.manifest import read_manifest, write_manifest
-from resilient_flows.clone.lineage import lineage_tree
+from resilient_flows.checkpoint import _manifest as manifest_module
+from resilient_flows.checkpoint._manifest import read_manifest, write_manifest
+from resilient_flows.clone._lineage import lineage_tree
 from resilient_flows.errors import FileTooLargeError, WorkflowError
 from resilient_flows.integrations.pathstore import REF_FORMAT, PathStore, read_ref
-from resilient_flows.rundir import plan as plan_file_module
-from resilient_flows.rundir.events import EventLog, EventTail, read_events
-from resilient_flows.rundir.metrics import MetricsReader
-from resilient_flows.training.command import _finish
-from resilient_flows.training.control import (
+from resilient_flows.rundir import _plan as plan_file_module
+from resilient_flows.rundir._events import EventLog, EventTail, read_events
+from resilient_flows.rundir._metrics import MetricsReader
+from resilient_flows.training._command import _finish
+from resilient_flows.training._control import (
     count_attempt,
     member_dir,
     read_clone_orders,
@@ -45,13 +45,13 @@ from resilient_flows.training.control import (
     register_member,
     registered_members,
 )
-from resilient_flows.training.heartbeat import read_heartbeat
-from resilient_flows.training.spec import MemberSpec, ParentSpec
+from resilient_flows.training._heartbeat import read_heartbeat
+from resilient_flows.training._spec import MemberSpec, ParentSpec
 from resilient_flows.workflow import load_workflow
-from resilient_flows.workflow.blocks import BlockLedger, RunnerLock
-from resilient_flows.workflow.plan import plan_workflow
-from resilient_flows.workflow.rundir import create_run_dir, read_plan
-from resilient_flows.workflow.status import MemberStatus
+from resilient_flows.workflow._blocks import BlockLedger, RunnerLock
+from resilient_flows.workflow._plan import plan_workflow
+from resilient_flows.workflow._rundir import create_run_dir, read_plan
+from resilient_flows.workflow._status import MemberStatus
 
 SHARD = "shard-00000-of-00001.safetensors"
 

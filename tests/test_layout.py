@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from resilient_flows.checkpoint import CheckpointError
-from resilient_flows.checkpoint.boxes import Box, HeldBox
-from resilient_flows.checkpoint.planner import MIN_PIECE_BYTES, WriteItem, plan_writes
-from resilient_flows.checkpoint.planner import ArraySpec as WriteSpec
-from resilient_flows.checkpoint.tree import flatten, unflatten
+from resilient_flows.checkpoint._boxes import Box, HeldBox
+from resilient_flows.checkpoint._planner import MIN_PIECE_BYTES, WriteItem, plan_writes
+from resilient_flows.checkpoint._planner import ArraySpec as WriteSpec
+from resilient_flows.checkpoint._tree import flatten, unflatten
 
 
 def test_skeleton_round_trips_types_json_would_lose() -> None:

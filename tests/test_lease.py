@@ -16,13 +16,13 @@ from pathlib import Path
 import pytest
 from slurm import cancel_all, require_slurm, slurm_jobs
 
-from resilient_flows.checkpoint.tiers import Tier
+from resilient_flows.checkpoint._tiers import Tier
 from resilient_flows.rundir import run_layout
 from resilient_flows.training import read_events
-from resilient_flows.training.heartbeat import Heartbeat
-from resilient_flows.training.lease import RENEW_S, LeaseRenewer, end_lease, orphaned, read_lease
-from resilient_flows.workflow.blocks import RunnerLock, process_start_time
-from resilient_flows.workflow.leaseguard import guard
+from resilient_flows.training._heartbeat import Heartbeat
+from resilient_flows.training._lease import RENEW_S, LeaseRenewer, end_lease, orphaned, read_lease
+from resilient_flows.workflow._blocks import RunnerLock, process_start_time
+from resilient_flows.workflow._leaseguard import guard
 
 REPO = Path(__file__).resolve().parent.parent
 CLI = str(Path(sys.executable).with_name("resilient-flows"))

@@ -24,14 +24,14 @@ from pytorch_lightning.plugins.io import async_plugin  # noqa: E402
 from pytorch_lightning.plugins.io.async_plugin import AsyncCheckpointIO  # noqa: E402
 from pytorch_lightning.plugins.io.torch_plugin import TorchCheckpointIO  # noqa: E402
 
-from resilient_flows.checkpoint.tiers import Tier  # noqa: E402
-from resilient_flows.checkpoint.tree import flatten  # noqa: E402
+from resilient_flows.checkpoint._tiers import Tier  # noqa: E402
+from resilient_flows.checkpoint._tree import flatten  # noqa: E402
 from resilient_flows.errors import CheckpointError  # noqa: E402
 from resilient_flows.integrations.lightning import ResilientCallback, ResilientCheckpointIO  # noqa: E402
 from resilient_flows.integrations.pathstore import load, read_ref  # noqa: E402
 from resilient_flows.training import MemberSpec, RunContract, read_events  # noqa: E402
-from resilient_flows.training.control import register_member  # noqa: E402
-from resilient_flows.training.spec import CheckpointSpec, FaultSpec  # noqa: E402
+from resilient_flows.training._control import register_member  # noqa: E402
+from resilient_flows.training._spec import CheckpointSpec, FaultSpec  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "workflows" / "lightning_digits.py"

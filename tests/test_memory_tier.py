@@ -7,13 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from resilient_flows.checkpoint.tiers import Tier
+from resilient_flows.checkpoint._tiers import Tier
 from resilient_flows.cli import main
 from resilient_flows.errors import WorkflowError
 from resilient_flows.training import run_member
-from resilient_flows.training.contract import RunContract
+from resilient_flows.training._contract import RunContract
 from resilient_flows.workflow import load_workflow
-from resilient_flows.workflow.plan import plan_workflow
+from resilient_flows.workflow._plan import plan_workflow
 
 THREE = """\
 name: tiers

@@ -29,7 +29,7 @@ from resilient_flows.mlc import (
     two_level_optimum,
     young_interval,
 )
-from resilient_flows.mlc.simulator import FailureArrivals
+from resilient_flows.mlc._simulator import FailureArrivals
 
 EXAMPLE = MLCParams(
     l1_cost=10,
@@ -468,7 +468,7 @@ def test_search_cap_on_hopeless_candidates_changes_nothing(monkeypatch: pytest.M
         l1_cost=30, l2_latency=600, l1_restart=60, l2_restart=600, l1_mtbf=2 * 3600, l2_mtbf=8 * 3600, solve_time=86_400
     )
     capped = search(p, trials=100)
-    module = sys.modules["resilient_flows.mlc.search"]  # the package's `search` is the function
+    module = sys.modules["resilient_flows.mlc._search"]  # the package's `search` is the function
     monkeypatch.setattr(module._Search, "CAP_MARGIN", 1e12)
     assert search(p, trials=100) == capped
 

@@ -12,9 +12,9 @@ import pytest
 
 from resilient_flows.cli import main
 from resilient_flows.mlc import MLCParams, optimal_interval, simulate
-from resilient_flows.mlc.dataset import label, read_rows, sample_params, write_rows
-from resilient_flows.mlc.params import InvalidParameterError
-from resilient_flows.mlc.recommender import KINDS, Recommender, features, train_model
+from resilient_flows.mlc._dataset import label, read_rows, sample_params, write_rows
+from resilient_flows.mlc._params import InvalidParameterError
+from resilient_flows.mlc._recommender import KINDS, Recommender, features, train_model
 
 EXAMPLE = MLCParams(
     l1_cost=10, l2_latency=300, l1_restart=10, l2_restart=300, l1_mtbf=6 * 3600, l2_mtbf=48 * 3600, solve_time=360000

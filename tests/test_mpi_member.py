@@ -13,8 +13,8 @@ from conftest import mpiexec, python_env
 
 from resilient_flows.cli import main
 from resilient_flows.training import CheckpointSpec, FaultSpec, MemberSpec, read_events
-from resilient_flows.training.contract import EXIT_PREEMPTED
-from resilient_flows.workflow.status import loss_curve
+from resilient_flows.training._contract import EXIT_PREEMPTED
+from resilient_flows.workflow._status import loss_curve
 
 pytestmark = [pytest.mark.mpi, pytest.mark.slow]
 

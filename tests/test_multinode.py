@@ -33,13 +33,13 @@ from slurm import cancel, cancel_all, slurm_problem
 from resilient_flows.apps import launch_prefix
 from resilient_flows.errors import LaunchError, SiteConfigError, WorkflowError
 from resilient_flows.examples.preemptible import train
-from resilient_flows.sites.facts import parse_facts
+from resilient_flows.sites._facts import parse_facts
 from resilient_flows.training import MemberSpec, read_events, run_member
-from resilient_flows.training import distributed as dist_module
-from resilient_flows.training.distributed import init_process_group, use_interface
+from resilient_flows.training import _distributed as dist_module
+from resilient_flows.training._distributed import init_process_group, use_interface
 from resilient_flows.workflow import load_workflow, plan_workflow
-from resilient_flows.workflow.runner import resize_members
-from resilient_flows.workflow.status import loss_curve
+from resilient_flows.workflow._runner import resize_members
+from resilient_flows.workflow._status import loss_curve
 
 sys.path.append(str(REPO / "benchmarks"))  # the cluster's env file, read as the benchmarks read it
 from clusterenv import read_env_file

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from test_sharded import launch as launch_ranks
 
-from resilient_flows.checkpoint.tiers import Tier
+from resilient_flows.checkpoint._tiers import Tier
 
 WORKER = Path(__file__).with_name("nodes_worker.py")
 

@@ -21,14 +21,15 @@ from pathlib import Path
 import pytest
 
 from resilient_flows.cli import main
-from resilient_flows.clone import request, request_clone
+from resilient_flows.clone import _request as request
+from resilient_flows.clone import request_clone
 from resilient_flows.errors import WorkflowError
 from resilient_flows.training import MemberSpec, read_events
-from resilient_flows.training.command import run_command
-from resilient_flows.training.control import member_dir, newest_committed, register_member
+from resilient_flows.training._command import run_command
+from resilient_flows.training._control import member_dir, newest_committed, register_member
 from resilient_flows.workflow import Plan, load_workflow, plan_workflow, read_plan
-from resilient_flows.workflow.rundir import create_run_dir, run_members
-from resilient_flows.workflow.status import loss_curve
+from resilient_flows.workflow._rundir import create_run_dir, run_members
+from resilient_flows.workflow._status import loss_curve
 
 HERE = Path(__file__).resolve().parent
 SCRIPT = HERE / "command_script.py"
@@ -121,7 +122,7 @@ def test_every_kind_of_member_reads_back_as_run_wrote_it(
 def test_status_lineage_clone_and_resume_read_every_kind(
     tmp_path: Path, kind: str, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from resilient_flows.workflow import runner
+    from resilient_flows.workflow import _runner as runner
 
     run_dir, plan = start_like_run(tmp_path, KINDS[kind])
     source = plan.members[0].name
@@ -199,7 +200,7 @@ def leave_nothing_behind(run_dir: Path) -> None:
     """Cancel the blocks and interchanges recorded by the killed runner, as ``resume`` would have."""
     from parsl.providers import LocalProvider
 
-    from resilient_flows.workflow.blocks import BlockLedger, cancel_block, process_start_time
+    from resilient_flows.workflow._blocks import BlockLedger, cancel_block, process_start_time
 
     for record in BlockLedger(run_dir, runner=-1).previous():
         if "interchange" not in record:

@@ -24,7 +24,7 @@ from parsl.providers.errors import SubmitException
 
 from resilient_flows.errors import SiteConfigError
 from resilient_flows.sites import CobaltProvider, load_site
-from resilient_flows.sites.cobalt.cobalt import parse_job_id, parse_qstat, translate_table, walltime_to_minutes
+from resilient_flows.sites.cobalt._cobalt import parse_job_id, parse_qstat, translate_table, walltime_to_minutes
 from resilient_flows.units import parse_size
 
 

@@ -14,7 +14,7 @@ import torch
 from conftest import python_env
 
 from resilient_flows.checkpoint import read_checkpoint
-from resilient_flows.checkpoint.comm import SingleProcess
+from resilient_flows.checkpoint._comm import SingleProcess
 from resilient_flows.cli import main as cli_main
 from resilient_flows.errors import ResilientFlowsError, StateMismatchError
 from resilient_flows.resilience import Context, every, find_arrays
@@ -284,7 +284,7 @@ def test_every() -> None:
 
 def test_every_seconds_is_per_label(monkeypatch: pytest.MonkeyPatch) -> None:
     now = [100.0]
-    monkeypatch.setattr("resilient_flows.resilience.context.time.monotonic", lambda: now[0])
+    monkeypatch.setattr("resilient_flows.resilience._context.time.monotonic", lambda: now[0])
     f = every(seconds=60)
     assert not f("a", 0)
     now[0] = 130.0

@@ -15,7 +15,7 @@ from parsl.executors.high_throughput.errors import WorkerLost
 from resilient_flows.apps import BACKOFF_S, MAX_BACKOFF_S, ResumingRetryHandler
 from resilient_flows.errors import Preempted
 from resilient_flows.training import MemberSpec, read_events
-from resilient_flows.training.command import run_command
+from resilient_flows.training._command import run_command
 
 LAUNCHED = datetime.datetime(2026, 12, 5, 12, 0, 0)
 
@@ -133,7 +133,7 @@ def test_a_command_that_aborts_after_reporting_its_result_finished_with_a_warnin
 
 def test_a_command_that_fails_after_reporting_its_result_failed(tmp_path: Path) -> None:
     """Only a signal at exit is forgiven: a script that reports, then fails in its own code, failed."""
-    from resilient_flows.training.command import CommandFailed
+    from resilient_flows.training._command import CommandFailed
 
     report = '"$RESILIENT_FLOWS_RUN_DIR/members/$RESILIENT_FLOWS_MEMBER/command-result.json"'
     spec = member(command=("sh", "-c", f"echo '{{}}' > {report}; exit 1"))
@@ -143,7 +143,7 @@ def test_a_command_that_fails_after_reporting_its_result_failed(tmp_path: Path) 
 
 
 def test_a_command_that_aborts_before_reporting_is_killed_not_finished(tmp_path: Path) -> None:
-    from resilient_flows.training.command import CommandKilled
+    from resilient_flows.training._command import CommandKilled
 
     spec = member(command=("sh", "-c", "kill -ABRT $$"))
     with pytest.raises(CommandKilled, match="SIGABRT"):
@@ -190,7 +190,7 @@ def test_a_script_that_only_exits_75_ends_and_one_that_aborts_after_its_result_f
     assert aborts[-2:] == ["warning", "finished"] and "failed" not in aborts and "retried" not in aborts
 
     assert main(["status", str(run_dir)]) == 1
-    from resilient_flows.workflow.status import member_statuses
+    from resilient_flows.workflow._status import member_statuses
 
     states = {name: s.state for name, s in member_statuses(run_dir, [("stuck", 1), ("aborts", 1)]).items()}
     assert states == {"stuck": "failed", "aborts": "finished"}

@@ -12,7 +12,7 @@ from parsl.providers import LocalProvider
 
 from resilient_flows.errors import SiteConfigError
 from resilient_flows.sites import SiteFacts, load_site, site_facts, site_names
-from resilient_flows.sites.blockerrors import PatientBlockErrorHandler
+from resilient_flows.sites._blockerrors import PatientBlockErrorHandler
 from resilient_flows.units import parse_size
 
 
@@ -287,7 +287,7 @@ def test_a_bad_block_error_handler_in_a_site_file_is_named(tmp_path: Path, setti
 def test_a_run_reads_its_site_file_once_and_a_resume_once_more(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Planning, the Parsl configuration and the facts the runner needs all come from one reading."""
     from resilient_flows.cli import main
-    from resilient_flows.sites.sitefile import site_path
+    from resilient_flows.sites._sitefile import site_path
 
     site = site_path("local").resolve()
     reads: list[Path] = []

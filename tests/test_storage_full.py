@@ -17,10 +17,10 @@ import pytest
 from test_faults import small_filesystem  # noqa: F401 (a fixture)
 
 from resilient_flows.errors import STORAGE_FULL, Failure, StorageFullError, is_storage_full
-from resilient_flows.rundir.events import EventLog, read_events
-from resilient_flows.rundir.metrics import MetricsLog
+from resilient_flows.rundir._events import EventLog, read_events
+from resilient_flows.rundir._metrics import MetricsLog
 from resilient_flows.training import MemberSpec, run_member
-from resilient_flows.training.boundary import runtime as boundary_runtime
+from resilient_flows.training.boundary import _runtime as boundary_runtime
 
 
 def fill(directory: Path) -> Path:
@@ -68,7 +68,7 @@ def test_an_event_writer_killed_while_the_file_system_is_full_leaves_no_torn_lin
     assert log.stat().st_size == 4096 - 10  # the last page has 10 bytes left: a line would be split there
     ballast = fill(small_filesystem)
     victim = f"EventLog({str(small_filesystem)!r}).emit('started', 'victim', attempt=1, note='y' * 100)"
-    writer = subprocess.Popen([sys.executable, "-c", f"from resilient_flows.rundir.events import EventLog\n{victim}"])
+    writer = subprocess.Popen([sys.executable, "-c", f"from resilient_flows.rundir._events import EventLog\n{victim}"])
     time.sleep(1.5)  # it waits for room
     writer.kill()
     writer.wait()
@@ -86,7 +86,7 @@ def test_a_runner_starts_parsl_once_the_full_run_directory_has_room(small_filesy
     from rich.console import Console
 
     from resilient_flows.sites import SiteFile
-    from resilient_flows.workflow.runner import _close_logs, _file_logs, _load_parsl, _site_config
+    from resilient_flows.workflow._runner import _close_logs, _file_logs, _load_parsl, _site_config
 
     run_dir = small_filesystem / "run"
     run_dir.mkdir()

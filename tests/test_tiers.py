@@ -20,11 +20,12 @@ import torch
 from conftest import python_env
 from trainkit import Problem
 
-from resilient_flows.checkpoint import Checkpointer, CheckpointStats, TierSpec, scan, shardfile
-from resilient_flows.checkpoint.shardfile import ShardEntry, header_bytes, send_shard, write_shard
-from resilient_flows.checkpoint.snapshot import HostArena
+from resilient_flows.checkpoint import Checkpointer, CheckpointStats, TierSpec, scan
+from resilient_flows.checkpoint import _shardfile as shardfile
+from resilient_flows.checkpoint._shardfile import ShardEntry, header_bytes, send_shard, write_shard
+from resilient_flows.checkpoint._snapshot import HostArena
 from resilient_flows.errors import CorruptCheckpointError
-from resilient_flows.training import autotune
+from resilient_flows.training import _autotune as autotune
 
 KIB = 1 << 10
 

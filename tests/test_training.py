@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from resilient_flows.errors import ResilientFlowsError
-from resilient_flows.rundir.metrics import MetricsLog
+from resilient_flows.rundir._metrics import MetricsLog
 from resilient_flows.training import (
     CheckpointSpec,
     FaultSpec,
@@ -22,8 +22,8 @@ from resilient_flows.training import (
     request_preemption,
     run_member,
 )
-from resilient_flows.training.workloads import resolve_workload
-from resilient_flows.workflow.status import loss_curve
+from resilient_flows.training._workloads import resolve_workload
+from resilient_flows.workflow._status import loss_curve
 
 
 def spec(name: str = "m", workload: str = "mlp-digits", steps: int = 60, **changes) -> MemberSpec:

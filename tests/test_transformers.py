@@ -28,11 +28,11 @@ import torch  # noqa: E402
 from conftest import REPO, python_env  # noqa: E402
 
 from resilient_flows.checkpoint import Checkpointer  # noqa: E402
-from resilient_flows.checkpoint.tiers import Tier  # noqa: E402
+from resilient_flows.checkpoint._tiers import Tier  # noqa: E402
 from resilient_flows.errors import CheckpointError, ResilientFlowsError  # noqa: E402
 from resilient_flows.integrations.transformers import resilient_trainer  # noqa: E402
 from resilient_flows.training import RunContract, read_events, state_digest  # noqa: E402
-from resilient_flows.training.contract import EXIT_PREEMPTED  # noqa: E402
+from resilient_flows.training._contract import EXIT_PREEMPTED  # noqa: E402
 
 EXAMPLE = REPO / "examples" / "hf_finetune.py"
 SEED, LR, EXAMPLES = 3, 2e-3, 16  # 16 sequences in batches of 4: an epoch is 4 steps

@@ -23,10 +23,10 @@ from parsl.executors.high_throughput.errors import ManagerLost
 from resilient_flows.apps import ResumingRetryHandler
 from resilient_flows.errors import WorkflowError
 from resilient_flows.training import CheckpointSpec, MemberSpec, TrainContext, read_events, run_member
-from resilient_flows.training.heartbeat import BEAT_S, Heartbeat, heartbeat_path, read_heartbeat
+from resilient_flows.training._heartbeat import BEAT_S, Heartbeat, heartbeat_path, read_heartbeat
 from resilient_flows.workflow import read_plan
-from resilient_flows.workflow.blocks import BlockLedger, RunnerLock, cancel_block, kill_stragglers, process_start_time
-from resilient_flows.workflow.watchdog import WATCH_S, Watchdog, clear_heartbeats, stall_timeout
+from resilient_flows.workflow._blocks import BlockLedger, RunnerLock, cancel_block, kill_stragglers, process_start_time
+from resilient_flows.workflow._watchdog import WATCH_S, Watchdog, clear_heartbeats, stall_timeout
 
 REPO = Path(__file__).resolve().parents[1]
 CLI = Path(sys.executable).with_name("resilient-flows")

@@ -12,7 +12,7 @@ import pytest
 from resilient_flows.cli import main
 from resilient_flows.training import read_events, run_member
 from resilient_flows.workflow import load_workflow, read_plan
-from resilient_flows.workflow.status import loss_curve
+from resilient_flows.workflow._status import loss_curve
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -121,7 +121,7 @@ def test_status_and_resume_of_a_directory_that_is_not_a_run(tmp_path: Path, caps
 
 def test_preempt_writes_the_control_request_of_a_known_member(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     from resilient_flows.workflow import plan_workflow
-    from resilient_flows.workflow.rundir import create_run_dir
+    from resilient_flows.workflow._rundir import create_run_dir
 
     workflow = load_workflow(write(tmp_path, GOOD))
     run_dir = create_run_dir(tmp_path / "run", plan_workflow(workflow), GOOD)
@@ -230,7 +230,7 @@ def test_every_example_workflow_validates(path: Path, capsys: pytest.CaptureFixt
 
 def test_the_status_tracker_reads_only_new_events_and_agrees_with_a_fresh_read(tmp_path: Path) -> None:
     from resilient_flows.training import EventLog
-    from resilient_flows.workflow.status import StatusTracker, member_statuses
+    from resilient_flows.workflow._status import StatusTracker, member_statuses
 
     log, tracker = EventLog(tmp_path), StatusTracker(tmp_path)
     members = [("a", 10)]

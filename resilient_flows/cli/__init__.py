@@ -7,19 +7,16 @@ Each command imports what it needs when it runs: torch and Parsl take seconds to
 ``--help``, ``validate`` and ``status`` need neither.
 
 One module per command group adds its parsers (``add_parsers``) and holds their handlers;
-:mod:`~resilient_flows.cli.app` puts them together behind :func:`main`, imported on first use so
+:mod:`~resilient_flows.cli._app` puts them together behind :func:`main`, imported on first use so
 that the runner's guard (``python -m resilient_flows.cli.leaseguard``) starts without them.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from resilient_flows.lazy import lazy_exports
 
-if TYPE_CHECKING:
-    from resilient_flows.cli.app import main
+_SOURCES = {
+    "resilient_flows.cli._app": ("main",),
+}
 
-__all__ = ["main"]
-
-__getattr__, __dir__ = lazy_exports(__name__, {"resilient_flows.cli.app": ("main",)})
+__getattr__, __dir__, __all__ = lazy_exports(__name__, _SOURCES)

@@ -11,39 +11,11 @@ Names are imported on first use (PEP 562): importing one light submodule does no
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from resilient_flows.lazy import lazy_exports
 
-if TYPE_CHECKING:
-    from resilient_flows.clone.lineage import lineage_tree
-    from resilient_flows.clone.mpi import (
-        CloneSend,
-        CloneTransferStats,
-        StagingBuffer,
-        recv_state,
-        send_state,
-        start_send_state,
-    )
-    from resilient_flows.clone.request import allowed_overrides, check_overrides, request_clone
-
-__all__ = [
-    "CloneSend",
-    "CloneTransferStats",
-    "StagingBuffer",
-    "allowed_overrides",
-    "check_overrides",
-    "lineage_tree",
-    "recv_state",
-    "request_clone",
-    "send_state",
-    "start_send_state",
-]
-
-
 _SOURCES = {
-    "resilient_flows.clone.lineage": ("lineage_tree",),
-    "resilient_flows.clone.mpi": (
+    "resilient_flows.clone._lineage": ("lineage_tree",),
+    "resilient_flows.clone._mpi": (
         "CloneSend",
         "CloneTransferStats",
         "StagingBuffer",
@@ -51,7 +23,11 @@ _SOURCES = {
         "send_state",
         "start_send_state",
     ),
-    "resilient_flows.clone.request": ("allowed_overrides", "check_overrides", "request_clone"),
+    "resilient_flows.clone._request": (
+        "allowed_overrides",
+        "check_overrides",
+        "request_clone",
+    ),
 }
 
-__getattr__, __dir__ = lazy_exports(__name__, _SOURCES)
+__getattr__, __dir__, __all__ = lazy_exports(__name__, _SOURCES)

@@ -5,27 +5,58 @@
 here imports Parsl: the workflow runner and the simulator are two users of the same decision.
 """
 
-from resilient_flows.cosched.jobs import Decision, OnDemandRequest, RunningJob, decision_cost
-from resilient_flows.cosched.policies import BASELINES, POLICIES, covering_knapsack, decide
-from resilient_flows.cosched.simulator import OnDemandStream, SimConfig, SimMetrics, SimResult, simulate, young_interval
-from resilient_flows.cosched.swf import SwfJob, SwfTrace, read_swf
+from __future__ import annotations
 
-__all__ = [
-    "BASELINES",
-    "POLICIES",
-    "Decision",
-    "OnDemandRequest",
-    "OnDemandStream",
-    "RunningJob",
-    "SimConfig",
-    "SimMetrics",
-    "SimResult",
-    "SwfJob",
-    "SwfTrace",
-    "covering_knapsack",
-    "decide",
-    "decision_cost",
-    "read_swf",
-    "simulate",
-    "young_interval",
-]
+from resilient_flows.lazy import lazy_exports
+
+_SOURCES = {
+    "resilient_flows.cosched._agent": (
+        "Agent",
+        "AgentConfig",
+        "ONDEMAND_MARKER",
+    ),
+    "resilient_flows.cosched._batch": (
+        "BatchSystem",
+        "UNITS",
+    ),
+    "resilient_flows.cosched._cosim": (
+        "DEFAULT_POLICIES",
+        "DEFAULT_SWEEP",
+        "comparison_caption",
+        "comparison_document",
+        "comparison_table",
+        "plot_tradeoff",
+        "run_policies",
+    ),
+    "resilient_flows.cosched._jobs": (
+        "Decision",
+        "OnDemandRequest",
+        "RunningJob",
+        "decision_cost",
+    ),
+    "resilient_flows.cosched._pbspro": ("PBSProBatch",),
+    "resilient_flows.cosched._policies": (
+        "BASELINES",
+        "POLICIES",
+        "covering_knapsack",
+        "decide",
+    ),
+    "resilient_flows.cosched._simulator": (
+        "DEFAULT_CHECKPOINT_INTERVAL",
+        "DEFAULT_RESTART_COST",
+        "OnDemandStream",
+        "SimConfig",
+        "SimMetrics",
+        "SimResult",
+        "simulate",
+        "young_interval",
+    ),
+    "resilient_flows.cosched._slurm": ("SlurmBatch",),
+    "resilient_flows.cosched._swf": (
+        "SwfJob",
+        "SwfTrace",
+        "read_swf",
+    ),
+}
+
+__getattr__, __dir__, __all__ = lazy_exports(__name__, _SOURCES)

@@ -23,8 +23,7 @@ from torch import nn
 
 from resilient_flows.errors import ResilientFlowsError
 from resilient_flows.resilience import Context
-from resilient_flows.training.context import TrainContext
-from resilient_flows.training.workloads import batch_indices
+from resilient_flows.training import TrainContext, batch_indices
 
 __all__ = ["digest", "load_snapshots", "simulate", "train_surrogate"]
 

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from resilient_flows.training.contract import EXIT_PREEMPTED
+from resilient_flows.training import EXIT_PREEMPTED
 
 __all__ = ["PREEMPTED", "STATE", "main", "step_weights", "train"]
 

@@ -41,10 +41,7 @@ from typing import Any
 import torch
 
 from resilient_flows.capped import CONTROL_CAP, DOCUMENT_CAP, read_capped
-from resilient_flows.checkpoint.engine import Checkpointer
-from resilient_flows.checkpoint.reader import read_checkpoint
-from resilient_flows.checkpoint.tiers import MANIFEST, Tier
-from resilient_flows.checkpoint.tree import flatten, unflatten
+from resilient_flows.checkpoint import MANIFEST, Checkpointer, Tier, flatten, read_checkpoint, unflatten
 from resilient_flows.durable import fsync_dir, write_durably
 from resilient_flows.errors import CheckpointError, FileTooLargeError
 

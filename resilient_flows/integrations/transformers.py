@@ -42,13 +42,10 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
         "resilient_flows.integrations.transformers needs transformers: pip install 'resilient-flows[transformers]'"
     ) from exc
 
-from resilient_flows.checkpoint import Checkpointer, TrainState
-from resilient_flows.checkpoint.manifest import read_manifest
-from resilient_flows.checkpoint.state import capture_rng, restore_rng
-from resilient_flows.checkpoint.tree import unflatten
+from resilient_flows.checkpoint import Checkpointer, TrainState, capture_rng, read_manifest, restore_rng, unflatten
 from resilient_flows.errors import CheckpointError, CorruptCheckpointError, ResilientFlowsError
+from resilient_flows.training import ENV_NAMES
 from resilient_flows.training.boundary import CheckpointSaver, CommRanks, StepRuntime, member_events
-from resilient_flows.training.contract import ENV_NAMES
 
 __all__ = ["ResilientTrainerCallback", "resilient_trainer"]
 

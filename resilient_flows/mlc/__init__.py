@@ -13,41 +13,46 @@ trained on search results, predicts that configuration in microseconds.
 Nothing here imports Parsl or torch.
 """
 
-from resilient_flows.mlc.analytic import (
-    MultilevelOptimum,
-    async_interval,
-    async_optimum,
-    daly_interval,
-    daly_wall_time,
-    multilevel_optimum,
-    optimal_interval,
-    three_level_optimum,
-    two_level_optimum,
-    young_interval,
-)
-from resilient_flows.mlc.params import InvalidParameterError, MLCConfig, MLCParams, Objective
-from resilient_flows.mlc.recommender import Recommender
-from resilient_flows.mlc.search import search
-from resilient_flows.mlc.simulator import SimResult, simulate, simulate_many
+from __future__ import annotations
 
-__all__ = [
-    "InvalidParameterError",
-    "MLCConfig",
-    "MLCParams",
-    "MultilevelOptimum",
-    "Objective",
-    "Recommender",
-    "SimResult",
-    "async_interval",
-    "async_optimum",
-    "daly_interval",
-    "daly_wall_time",
-    "multilevel_optimum",
-    "optimal_interval",
-    "search",
-    "simulate",
-    "simulate_many",
-    "three_level_optimum",
-    "two_level_optimum",
-    "young_interval",
-]
+from resilient_flows.lazy import lazy_exports
+
+_SOURCES = {
+    "resilient_flows.mlc._analytic": (
+        "MultilevelOptimum",
+        "async_interval",
+        "async_optimum",
+        "daly_interval",
+        "daly_wall_time",
+        "multilevel_optimum",
+        "optimal_interval",
+        "three_level_optimum",
+        "two_level_optimum",
+        "young_interval",
+    ),
+    "resilient_flows.mlc._dataset": (
+        "label",
+        "read_rows",
+        "sample_params",
+        "write_rows",
+    ),
+    "resilient_flows.mlc._params": (
+        "InvalidParameterError",
+        "MLCConfig",
+        "MLCParams",
+        "Objective",
+    ),
+    "resilient_flows.mlc._recommender": (
+        "Recommender",
+        "fit",
+    ),
+    "resilient_flows.mlc._search": ("search",),
+    "resilient_flows.mlc._simulator": (
+        "SimResult",
+        "simulate",
+        "simulate_many",
+    ),
+    "resilient_flows.mlc._tune": ("candidates",),
+}
+
+__getattr__, __dir__, __all__ = lazy_exports(__name__, _SOURCES)

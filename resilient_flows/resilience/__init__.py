@@ -5,7 +5,21 @@ checkpoint engine, and restores them in place after a restart, so that a simulat
 ``state_dict`` of its own. Nothing here imports Parsl.
 """
 
-from resilient_flows.resilience.capture import Array, find_arrays
-from resilient_flows.resilience.context import Context, Every, Filter, every
+from __future__ import annotations
 
-__all__ = ["Array", "Context", "Every", "Filter", "every", "find_arrays"]
+from resilient_flows.lazy import lazy_exports
+
+_SOURCES = {
+    "resilient_flows.resilience._capture": (
+        "Array",
+        "find_arrays",
+    ),
+    "resilient_flows.resilience._context": (
+        "Context",
+        "Every",
+        "Filter",
+        "every",
+    ),
+}
+
+__getattr__, __dir__, __all__ = lazy_exports(__name__, _SOURCES)

@@ -1,15 +1,48 @@
 """The run directory: the protocol between the runner, its members, the views and cloning.
 
-Every name a run directory holds is spelled in :mod:`resilient_flows.rundir.layout` and nowhere
+Every name a run directory holds is spelled in :mod:`resilient_flows.rundir._layout` and nowhere
 else; the rest of the code asks a :class:`RunLayout` or a :class:`TaskLayout` where things are,
 and reads and writes its files through them. The append-only logs and the plan have modules of
-their own: :mod:`~resilient_flows.rundir.events` (the event log), :mod:`~resilient_flows.rundir.metrics`
-(a member's metrics), :mod:`~resilient_flows.rundir.ledger` (the runners' blocks) and
-:mod:`~resilient_flows.rundir.plan`.
+their own: :mod:`~resilient_flows.rundir._events` (the event log), :mod:`~resilient_flows.rundir._metrics`
+(a member's metrics), :mod:`~resilient_flows.rundir._ledger` (the runners' blocks) and
+:mod:`~resilient_flows.rundir._plan`.
 
 This package is below the runner, the members and the views: it imports none of them.
 """
 
-from resilient_flows.rundir.layout import RunLayout, TaskLayout, member_layout, run_layout, stage_layout
+from __future__ import annotations
 
-__all__ = ["RunLayout", "TaskLayout", "member_layout", "run_layout", "stage_layout"]
+from resilient_flows.lazy import lazy_exports
+
+_SOURCES = {
+    "resilient_flows.rundir._events": (
+        "EventLog",
+        "EventTail",
+        "FULL_WAIT_S",
+        "read_events",
+    ),
+    "resilient_flows.rundir._files": ("read_json",),
+    "resilient_flows.rundir._layout": (
+        "RunLayout",
+        "TaskLayout",
+        "member_layout",
+        "run_layout",
+        "stage_layout",
+    ),
+    "resilient_flows.rundir._ledger": (
+        "append_record",
+        "read_records",
+    ),
+    "resilient_flows.rundir._metrics": (
+        "MetricsLog",
+        "MetricsReader",
+    ),
+    "resilient_flows.rundir._plan": (
+        "encode_plan",
+        "read_plan_document",
+        "refuse_occupied",
+        "write_plan",
+    ),
+}
+
+__getattr__, __dir__, __all__ = lazy_exports(__name__, _SOURCES)

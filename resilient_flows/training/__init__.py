@@ -9,73 +9,49 @@ Names are imported on first use (PEP 562): importing one light submodule does no
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from resilient_flows.lazy import lazy_exports
-
-if TYPE_CHECKING:
-    from resilient_flows.errors import Preempted
-    from resilient_flows.rundir.events import EventLog, read_events
-    from resilient_flows.training.builtins import BUILTIN_WORKLOADS
-    from resilient_flows.training.context import TrainContext
-    from resilient_flows.training.contract import RunContract
-    from resilient_flows.training.control import member_dir, request_preemption, request_retirement
-    from resilient_flows.training.digest import state_digest
-    from resilient_flows.training.distributed import (
-        DistributedInfo,
-        LaunchEnv,
-        init_process_group,
-        local_slice,
-        read_launch_env,
-        shutdown_process_group,
-    )
-    from resilient_flows.training.run import evaluate_members, run_member
-    from resilient_flows.training.script import ScriptRun, from_env
-    from resilient_flows.training.spec import CheckpointSpec, FaultSpec, MemberSpec, ParentSpec, StageSpec
-    from resilient_flows.training.stage import run_stage, stage_dir
-    from resilient_flows.training.workloads import Workload, load_dataset, resolve_workload
-
-__all__ = [
-    "BUILTIN_WORKLOADS",
-    "CheckpointSpec",
-    "DistributedInfo",
-    "EventLog",
-    "FaultSpec",
-    "LaunchEnv",
-    "MemberSpec",
-    "ParentSpec",
-    "Preempted",
-    "RunContract",
-    "ScriptRun",
-    "StageSpec",
-    "TrainContext",
-    "Workload",
-    "evaluate_members",
-    "from_env",
-    "init_process_group",
-    "load_dataset",
-    "local_slice",
-    "member_dir",
-    "read_events",
-    "read_launch_env",
-    "request_preemption",
-    "request_retirement",
-    "resolve_workload",
-    "run_member",
-    "run_stage",
-    "shutdown_process_group",
-    "stage_dir",
-    "state_digest",
-]
-
 
 _SOURCES = {
     "resilient_flows.errors": ("Preempted",),
-    "resilient_flows.training.context": ("TrainContext",),
-    "resilient_flows.training.digest": ("state_digest",),
-    "resilient_flows.training.contract": ("RunContract",),
-    "resilient_flows.training.control": ("member_dir", "request_preemption", "request_retirement"),
-    "resilient_flows.training.distributed": (
+    "resilient_flows.rundir": (
+        "EventLog",
+        "read_events",
+    ),
+    "resilient_flows.training._builtins": (
+        "BUILTIN_WORKLOADS",
+        "DEFAULTS",
+        "STRUCTURAL",
+    ),
+    "resilient_flows.training._command": (
+        "CommandKilled",
+        "DEFAULT_GRACE_S",
+        "run_command",
+    ),
+    "resilient_flows.training._command_line": (
+        "check_command",
+        "fill_command",
+    ),
+    "resilient_flows.training._context": ("TrainContext",),
+    "resilient_flows.training._contract": (
+        "ENV_NAMES",
+        "EXIT_PREEMPTED",
+        "RunContract",
+    ),
+    "resilient_flows.training._control": (
+        "CloneOrder",
+        "clone_order_path",
+        "has_result",
+        "latest_committed_step",
+        "member_dir",
+        "read_spec",
+        "register_member",
+        "registered_members",
+        "request_preemption",
+        "request_retirement",
+        "write_clone_order",
+    ),
+    "resilient_flows.training._digest": ("state_digest",),
+    "resilient_flows.training._distributed": (
         "DistributedInfo",
         "LaunchEnv",
         "init_process_group",
@@ -83,13 +59,55 @@ _SOURCES = {
         "read_launch_env",
         "shutdown_process_group",
     ),
-    "resilient_flows.rundir.events": ("EventLog", "read_events"),
-    "resilient_flows.training.run": ("evaluate_members", "run_member"),
-    "resilient_flows.training.script": ("ScriptRun", "from_env"),
-    "resilient_flows.training.spec": ("CheckpointSpec", "FaultSpec", "MemberSpec", "ParentSpec", "StageSpec"),
-    "resilient_flows.training.stage": ("run_stage", "stage_dir"),
-    "resilient_flows.training.builtins": ("BUILTIN_WORKLOADS",),
-    "resilient_flows.training.workloads": ("Workload", "load_dataset", "resolve_workload"),
+    "resilient_flows.training._heartbeat": (
+        "BEAT_S",
+        "analytics_task",
+        "heartbeat_path",
+        "read_heartbeat",
+    ),
+    "resilient_flows.training._lease": (
+        "DEFAULT_ORPHAN_TIMEOUT_S",
+        "LeaseRenewer",
+        "MIN_ORPHAN_TIMEOUT_S",
+        "RENEW_S",
+        "RunnerLease",
+        "end_lease",
+        "process_start_time",
+        "read_lease",
+        "stat_fields",
+    ),
+    "resilient_flows.training._nodefile": ("pbs_hosts",),
+    "resilient_flows.training._run": (
+        "evaluate_members",
+        "run_member",
+    ),
+    "resilient_flows.training._script": (
+        "ScriptRun",
+        "from_env",
+    ),
+    "resilient_flows.training._spec": (
+        "CheckpointSpec",
+        "FaultSpec",
+        "MemberSpec",
+        "OPTIMIZER_KEYS",
+        "PARALLEL_MODES",
+        "ParentSpec",
+        "StageSpec",
+    ),
+    "resilient_flows.training._stage": (
+        "newest_iteration",
+        "run_stage",
+        "stage_dir",
+        "stage_finished",
+        "stage_output",
+    ),
+    "resilient_flows.training._workloads": (
+        "Workload",
+        "batch_indices",
+        "import_function",
+        "load_dataset",
+        "resolve_workload",
+    ),
 }
 
-__getattr__, __dir__ = lazy_exports(__name__, _SOURCES)
+__getattr__, __dir__, __all__ = lazy_exports(__name__, _SOURCES)

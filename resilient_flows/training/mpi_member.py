@@ -1,7 +1,7 @@
 """``python -m resilient_flows.training.mpi_member SPEC.json RUN_DIR``: one rank of a data-parallel member.
 
 Launched by ``mpiexec`` (or Parsl's ``$PARSL_MPI_PREFIX``); the ranks agree over ``MPI.COMM_WORLD``
-on a torch.distributed process group (see :mod:`resilient_flows.training.distributed`), which the
+on a torch.distributed process group (see :mod:`resilient_flows.training._distributed`), which the
 workload's DDP or FSDP and the shared checkpointer use. Launched by ``srun`` (a member spanning
 the nodes of a Slurm block), the ranks form the group from Slurm's variables instead and never
 initialise MPI: a Slurm without an MPI plugin would make each rank an MPI world of its own. Exit
@@ -20,12 +20,12 @@ from typing import Any, NoReturn
 
 from resilient_flows.errors import LaunchError, Preempted
 from resilient_flows.rundir import TaskLayout
-from resilient_flows.training.contract import EXIT_PREEMPTED
+from resilient_flows.training._contract import EXIT_PREEMPTED
 
 
 def main(argv: list[str] | None = None) -> int:
     spec_path, run_dir = argv if argv is not None else sys.argv[1:]
-    from resilient_flows.training.run import run_member
+    from resilient_flows.training._run import run_member
 
     spec = TaskLayout(Path(spec_path).parent).read_spec()
     try:
@@ -45,7 +45,7 @@ def _report(run_dir: str, spec: dict[str, Any], exc: LaunchError) -> None:
     worker log on whichever node ran it."""
     import socket
 
-    from resilient_flows.rundir.events import EventLog
+    from resilient_flows.rundir import EventLog
 
     with contextlib.suppress(OSError):  # the launch error is what must come through
         EventLog(run_dir).emit("warning", spec.get("name"), host=socket.gethostname(), reason=str(exc))
@@ -54,7 +54,7 @@ def _report(run_dir: str, spec: dict[str, Any], exc: LaunchError) -> None:
 def _world() -> Any:
     """``MPI.COMM_WORLD``, unless a launcher that is not MPI's (``srun``, ``torchrun``) started
     this process: then None, and the process group forms from that launcher's variables."""
-    from resilient_flows.training.distributed import read_launch_env
+    from resilient_flows.training._distributed import read_launch_env
 
     try:
         launch = read_launch_env()

@@ -10,35 +10,37 @@ statuses, and must not pay for the runner's Parsl import.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from resilient_flows.lazy import lazy_exports
 
-if TYPE_CHECKING:
-    from resilient_flows.workflow.plan import plan_workflow
-    from resilient_flows.workflow.rundir import Plan, read_plan
-    from resilient_flows.workflow.runner import resume_run, start_run
-    from resilient_flows.workflow.schema import Workflow, load_workflow
-    from resilient_flows.workflow.status import MemberStatus, member_statuses
-
-__all__ = [
-    "MemberStatus",
-    "Plan",
-    "Workflow",
-    "load_workflow",
-    "member_statuses",
-    "plan_workflow",
-    "read_plan",
-    "resume_run",
-    "start_run",
-]
-
 _SOURCES = {
-    "resilient_flows.workflow.plan": ("plan_workflow",),
-    "resilient_flows.workflow.rundir": ("Plan", "read_plan"),
-    "resilient_flows.workflow.runner": ("resume_run", "start_run"),
-    "resilient_flows.workflow.schema": ("Workflow", "load_workflow"),
-    "resilient_flows.workflow.status": ("MemberStatus", "member_statuses"),
+    "resilient_flows.workflow._families": (
+        "GROUP_ABOVE",
+        "describe_families",
+    ),
+    "resilient_flows.workflow._leaseguard": ("guard",),
+    "resilient_flows.workflow._mlcgen": ("generate",),
+    "resilient_flows.workflow._plan": ("plan_workflow",),
+    "resilient_flows.workflow._report": (
+        "stage_table",
+        "status_table",
+    ),
+    "resilient_flows.workflow._rundir": (
+        "Plan",
+        "read_plan",
+        "run_members",
+    ),
+    "resilient_flows.workflow._runner": (
+        "resume_run",
+        "start_run",
+    ),
+    "resilient_flows.workflow.schema": (
+        "Workflow",
+        "load_workflow",
+    ),
+    "resilient_flows.workflow._status": (
+        "MemberStatus",
+        "member_statuses",
+    ),
 }
 
-__getattr__, __dir__ = lazy_exports(__name__, _SOURCES)
+__getattr__, __dir__, __all__ = lazy_exports(__name__, _SOURCES)

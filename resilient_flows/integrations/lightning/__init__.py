@@ -31,9 +31,15 @@ as :class:`~resilient_flows.checkpoint.Checkpointer` does under ``TrainContext``
 for Lightning yet.
 """
 
-from resilient_flows.integrations.lightning.callback import ResilientCallback
-from resilient_flows.integrations.lightning.checkpoint_io import ResilientCheckpointIO
-from resilient_flows.integrations.lightning.package import LIGHTNING
-from resilient_flows.integrations.lightning.strategy import ResilientModelParallelStrategy
+from __future__ import annotations
 
-__all__ = ["LIGHTNING", "ResilientCallback", "ResilientCheckpointIO", "ResilientModelParallelStrategy"]
+from resilient_flows.lazy import lazy_exports
+
+_SOURCES = {
+    "resilient_flows.integrations.lightning._callback": ("ResilientCallback",),
+    "resilient_flows.integrations.lightning._checkpoint_io": ("ResilientCheckpointIO",),
+    "resilient_flows.integrations.lightning._package": ("LIGHTNING",),
+    "resilient_flows.integrations.lightning._strategy": ("ResilientModelParallelStrategy",),
+}
+
+__getattr__, __dir__, __all__ = lazy_exports(__name__, _SOURCES)

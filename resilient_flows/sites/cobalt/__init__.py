@@ -1,5 +1,11 @@
 """Cobalt, the batch scheduler of ALCF's Theta: Parsl dropped its provider, this is ours."""
 
-from resilient_flows.sites.cobalt.cobalt import CobaltProvider
+from __future__ import annotations
 
-__all__ = ["CobaltProvider"]
+from resilient_flows.lazy import lazy_exports
+
+_SOURCES = {
+    "resilient_flows.sites.cobalt._cobalt": ("CobaltProvider",),
+}
+
+__getattr__, __dir__, __all__ = lazy_exports(__name__, _SOURCES)

@@ -8,22 +8,27 @@
 - :mod:`.runtime`: :class:`StepRuntime`, which runs a boundary, and the :class:`Stop` it ends in.
 """
 
-from resilient_flows.training.boundary.cadence import Cadence
-from resilient_flows.training.boundary.ranks import CommRanks, Ranks
-from resilient_flows.training.boundary.requests import Request
-from resilient_flows.training.boundary.runtime import StepRuntime, Stop, member_events
-from resilient_flows.training.boundary.saver import CheckpointSaver, Saver
-from resilient_flows.training.boundary.signals import StopSignals
+from __future__ import annotations
 
-__all__ = [
-    "Cadence",
-    "CheckpointSaver",
-    "CommRanks",
-    "Ranks",
-    "Request",
-    "Saver",
-    "StepRuntime",
-    "Stop",
-    "StopSignals",
-    "member_events",
-]
+from resilient_flows.lazy import lazy_exports
+
+_SOURCES = {
+    "resilient_flows.training.boundary._cadence": ("Cadence",),
+    "resilient_flows.training.boundary._ranks": (
+        "CommRanks",
+        "Ranks",
+    ),
+    "resilient_flows.training.boundary._requests": ("Request",),
+    "resilient_flows.training.boundary._runtime": (
+        "StepRuntime",
+        "Stop",
+        "member_events",
+    ),
+    "resilient_flows.training.boundary._saver": (
+        "CheckpointSaver",
+        "Saver",
+    ),
+    "resilient_flows.training.boundary._signals": ("StopSignals",),
+}
+
+__getattr__, __dir__, __all__ = lazy_exports(__name__, _SOURCES)

@@ -10,52 +10,41 @@ durations, confined paths), ``models`` (the sections), ``expansion`` (entries to
 errors out).
 """
 
-from resilient_flows.workflow.schema.expansion import AUTO_WARMUP_STEPS, DEFAULT_NODE_MTBF_S
-from resilient_flows.workflow.schema.fields import (
-    FAULT_KINDS,
-    TIERS,
-    check_one_way_to_run,
-    check_workload,
-    confined,
-    run_path,
-)
-from resilient_flows.workflow.schema.loading import load_workflow, parse_workflow
-from resilient_flows.workflow.schema.models import (
-    AnalyticsConfig,
-    AnalyticsWhen,
-    CheckpointConfig,
-    CloneConfig,
-    CoschedConfig,
-    ExploreConfig,
-    FaultConfig,
-    HyperparameterSpace,
-    MemberConfig,
-    ReportConfig,
-    StageConfig,
-)
-from resilient_flows.workflow.schema.workflow import Workflow
+from __future__ import annotations
 
-__all__ = [
-    "AUTO_WARMUP_STEPS",
-    "DEFAULT_NODE_MTBF_S",
-    "FAULT_KINDS",
-    "TIERS",
-    "AnalyticsConfig",
-    "AnalyticsWhen",
-    "CheckpointConfig",
-    "CloneConfig",
-    "CoschedConfig",
-    "ExploreConfig",
-    "FaultConfig",
-    "HyperparameterSpace",
-    "MemberConfig",
-    "ReportConfig",
-    "StageConfig",
-    "Workflow",
-    "check_one_way_to_run",
-    "check_workload",
-    "confined",
-    "load_workflow",
-    "parse_workflow",
-    "run_path",
-]
+from resilient_flows.lazy import lazy_exports
+
+_SOURCES = {
+    "resilient_flows.workflow.schema._expansion": (
+        "AUTO_WARMUP_STEPS",
+        "DEFAULT_NODE_MTBF_S",
+    ),
+    "resilient_flows.workflow.schema._fields": (
+        "FAULT_KINDS",
+        "TIERS",
+        "check_one_way_to_run",
+        "check_workload",
+        "confined",
+        "run_path",
+    ),
+    "resilient_flows.workflow.schema._loading": (
+        "load_workflow",
+        "parse_workflow",
+    ),
+    "resilient_flows.workflow.schema._models": (
+        "AnalyticsConfig",
+        "AnalyticsWhen",
+        "CheckpointConfig",
+        "CloneConfig",
+        "CoschedConfig",
+        "ExploreConfig",
+        "FaultConfig",
+        "HyperparameterSpace",
+        "MemberConfig",
+        "ReportConfig",
+        "StageConfig",
+    ),
+    "resilient_flows.workflow.schema._workflow": ("Workflow",),
+}
+
+__getattr__, __dir__, __all__ = lazy_exports(__name__, _SOURCES)

@@ -1,0 +1,185 @@
+"""A storage tier: one directory of step checkpoints, its debris, its retention, its ``latest``.
+
+Nothing here imports torch: the runner reads tiers to judge a member's progress.
+
+A job writes to an ordered list of tiers: node-local ones (fast, lost with the node: ``/dev/shm``,
+a local SSD) and, last, a shared one (slow, survives the job). The engine commits in the first and
+flushes on from tier to tier in the background; this module only knows what lies in one directory.
+
+Several ranks of one node share a node-local directory, and a rank's background flush may still
+read a shard there while a sibling rank prunes; so pruning a local tier removes only this rank's
+own shards, and the last rank out removes the directory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import re
+import shutil
+from pathlib import Path
+
+from resilient_flows.durable import fsync_dir
+from resilient_flows.errors import CorruptCheckpointError
+
+#: A step directory's manifest, renamed into place last: its presence commits the step.
+MANIFEST = "manifest.json"
+
+logger = logging.getLogger(__name__)
+
+_STEP_DIR = re.compile(r"^step-(\d{8,})$")
+
+
+def step_dirname(step: int) -> str:
+    return f"step-{step:08d}"
+
+
+def shard_filename(rank: int, world_size: int) -> str:
+    return f"shard-{rank:05d}-of-{world_size:05d}.safetensors"
+
+
+def shard_path(step_dir: Path, name: str) -> Path:
+    """Where the shard file ``name`` (a name a parsed manifest holds) of ``step_dir`` is.
+
+    A parsed manifest's names have no directory part, so the one way left out of the step
+    directory is a symbolic link: one that leads out is refused with CorruptCheckpointError, as
+    it may lead to any file on the machine, which restore and export must not read as a shard.
+    """
+    path = step_dir / name
+    if path.is_symlink():
+        target = path.resolve()
+        if not target.is_relative_to(step_dir.resolve()):
+            raise CorruptCheckpointError(
+                f"{step_dir.name}/{name} is a symbolic link out of its step directory, to {target}"
+            )
+    return path
+
+
+class Tier:
+    """One checkpoint directory. ``name`` is how users see it: ``"local"`` (the first node-local
+    tier), ``"local-<index>"`` (later ones), ``"shared"``, or what a :class:`TierSpec` named it."""
+
+    def __init__(self, path: str | os.PathLike, name: str) -> None:
+        self.path = Path(path)
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"Tier({self.name}: {self.path})"
+
+    def step_dir(self, step: int) -> Path:
+        return self.path / step_dirname(step)
+
+    def step_dirs(self) -> dict[int, Path]:
+        """Every step directory, committed or not."""
+        if not self.path.is_dir():
+            return {}
+        found = {}
+        for entry in self.path.iterdir():
+            match = _STEP_DIR.match(entry.name)
+            if match and entry.is_dir():
+                found[int(match.group(1))] = entry
+        return found
+
+    def committed_steps(self) -> list[int]:
+        """Steps whose manifest is in place, newest first. Says nothing of their validity."""
+        return sorted((s for s, d in self.step_dirs().items() if (d / MANIFEST).is_file()), reverse=True)
+
+    def clean_debris(self) -> list[str]:
+        """Remove what interrupted writes left behind; returns what was removed.
+
+        Only call this while no writer of this directory runs (the Checkpointer's constructor,
+        which all ranks leave through a barrier).
+        """
+        removed = []
+        for _step, path in self.step_dirs().items():
+            if not (path / MANIFEST).is_file():
+                shutil.rmtree(path, ignore_errors=True)
+                removed.append(path.name)
+                continue
+            for tmp in path.glob("*.tmp"):
+                tmp.unlink(missing_ok=True)
+                removed.append(f"{path.name}/{tmp.name}")
+        for tmp in self.path.glob("*.tmp") if self.path.is_dir() else ():
+            tmp.unlink(missing_ok=True)
+            removed.append(tmp.name)
+        for staging in self.path.glob(".adopt-*") if self.path.is_dir() else ():
+            shutil.rmtree(staging, ignore_errors=True)
+            removed.append(staging.name)
+        if removed:
+            logger.info("%s tier %s: removed debris of interrupted writes: %s", self.name, self.path, removed)
+        return removed
+
+    def write_latest(self, step: int) -> None:
+        tmp = self.path / f"latest.{os.getpid()}.tmp"
+        with open(tmp, "w") as out:
+            out.write(f"{step}\n")
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(tmp, self.path / "latest")
+        fsync_dir(self.path)
+
+    def prune(self, keep: int, protect: set[int], own_files: list[str] | None = None) -> list[int]:
+        """Drop checkpoints older than the newest ``keep`` committed ones, except ``protect``.
+
+        With ``own_files`` only those files are removed (node-local tier shared by ranks), and the
+        directory once it is empty.
+        """
+        committed = self.committed_steps()
+        if not committed:
+            return []
+        oldest_kept = committed[: max(keep, 1)][-1]
+        # older directories, committed or already uncommitted by a sibling rank
+        doomed = [s for s in self.step_dirs() if s < oldest_kept and s not in protect]
+        return self._remove(doomed, own_files)
+
+    def adopt(self, source: Path, step: int) -> Path:
+        """Make the committed checkpoint in ``source`` a committed checkpoint of this tier.
+
+        Files are hard-linked (copied across file systems), so the two tiers then own the data
+        independently: either may prune its copy. The step directory appears with its manifest
+        in one rename, so a reader sees all of it or nothing.
+        """
+        target = self.step_dir(step)
+        if (target / MANIFEST).is_file():
+            return target
+        staging = self.path / f".adopt-{step}-{os.getpid()}"
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir(parents=True)
+        for item in sorted(source.iterdir(), key=lambda p: p.name == MANIFEST):  # the manifest last
+            if item.suffix == ".tmp" or item.is_symlink() or not item.is_file():  # a link's target is not ours
+                continue
+            try:
+                os.link(item, staging / item.name)
+            except OSError:
+                shutil.copy2(item, staging / item.name)
+        fsync_dir(staging)
+        shutil.rmtree(target, ignore_errors=True)  # debris of an interrupted write, never committed
+        os.replace(staging, target)
+        fsync_dir(self.path)
+        self.write_latest(max(self.committed_steps()))
+        return target
+
+    def discard_after(self, step: int, own_files: list[str] | None = None) -> list[int]:
+        """Drop every checkpoint newer than ``step`` (a branch abandoned by a rollback)."""
+        dropped = self._remove([s for s in self.step_dirs() if s > step], own_files)
+        remaining = self.committed_steps()
+        if remaining:
+            self.write_latest(remaining[0])
+        else:
+            (self.path / "latest").unlink(missing_ok=True)
+        return dropped
+
+    def _remove(self, steps: list[int], own_files: list[str] | None) -> list[int]:
+        """The manifest goes first, so a crash midway leaves debris, never a partial checkpoint."""
+        for step in sorted(steps):
+            path = self.step_dir(step)
+            (path / MANIFEST).unlink(missing_ok=True)
+            if own_files is None:
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                for name in own_files:
+                    (path / name).unlink(missing_ok=True)
+                with contextlib.suppress(OSError):  # a sibling rank's shard is left: it removes the dir
+                    path.rmdir()
+        return sorted(steps)

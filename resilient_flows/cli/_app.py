@@ -1,0 +1,37 @@
+"""The top-level parser, and :func:`main`: the ``resilient-flows`` console script.
+
+Each command group's module adds its own subcommands; the order here is the order of ``--help``.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+
+from rich.markup import escape
+
+from resilient_flows.cli import _checkpoints, _cosched, _cosim, _mlc, _tune, _workflow
+from resilient_flows.cli._console import console
+from resilient_flows.errors import ResilientFlowsError
+
+#: The first line of the package's docstring: the description ``--help`` shows.
+DESCRIPTION = "The ``resilient-flows`` command line."
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command in ``argv``; a user's mistake is one line on stderr and exit status 2."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.handler(args)
+    except (ResilientFlowsError, FileNotFoundError, NotADirectoryError, PermissionError) as exc:
+        console(stderr=True).print(f"[bold red]error:[/] {escape(str(exc))}", soft_wrap=True)
+        return 2
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="resilient-flows", description=DESCRIPTION)
+    commands = parser.add_subparsers(required=True, metavar="COMMAND")
+    for group in (_checkpoints, _workflow, _cosim, _cosched, _mlc, _tune):
+        group.add_parsers(commands)
+    return parser

@@ -1,0 +1,175 @@
+"""The commands on a workflow and its runs: ``validate``, ``run``, ``status``, ``resume``, ``preempt``,
+``clone`` and ``lineage``.
+
+``validate`` and ``status`` are what a user types while waiting, so they import neither torch nor
+Parsl; ``run`` and ``resume`` pay for Parsl when they are called.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from rich.markup import escape
+
+from resilient_flows.cli._console import console
+from resilient_flows.errors import WorkflowError
+from resilient_flows.workflow import GROUP_ABOVE
+
+
+def add_parsers(commands: argparse._SubParsersAction) -> None:
+    validate = commands.add_parser("validate", help="check a workflow file and the site it names")
+    validate.add_argument("file", metavar="FILE", help="a workflow YAML file")
+    validate.add_argument("--site", help="check against this site instead of the workflow's")
+    validate.set_defaults(handler=_validate)
+    run = commands.add_parser("run", help="run a workflow through Parsl")
+    run.add_argument("file", metavar="FILE", help="a workflow YAML file")
+    run.add_argument("--site", help="a site name (see site-configs/) or site YAML file; default: the workflow's")
+    run.add_argument("--run-dir", help="where the run's files go; default: runs/<name>-<time>")
+    run.set_defaults(handler=_run)
+    status = commands.add_parser("status", help="show what each member of a run is doing")
+    status.add_argument("run_dir", metavar="RUN_DIR")
+    status.add_argument(
+        "--all", action="store_true", help=f"a row per member even above {GROUP_ABOVE} members (default: per family)"
+    )
+    status.set_defaults(handler=_status)
+    resume = commands.add_parser("resume", help="continue a run: finished members are skipped")
+    resume.add_argument("run_dir", metavar="RUN_DIR")
+    resume.add_argument(
+        "--ranks",
+        action="append",
+        default=[],
+        metavar="[MEMBER=]N",
+        help="run resumed members on N ranks (all of them, or MEMBER=N, repeatable); checkpoints are resharded",
+    )
+    resume.set_defaults(handler=_resume)
+    _add_member_parsers(commands)
+
+
+def _add_member_parsers(commands: argparse._SubParsersAction) -> None:
+    """The commands that act on one member of a running workflow, or show how its members were cloned."""
+    preempt = commands.add_parser("preempt", help="ask a running member to checkpoint and stop; Parsl requeues it")
+    preempt.add_argument("run_dir", metavar="RUN_DIR")
+    preempt.add_argument("member", metavar="MEMBER")
+    preempt.add_argument("--reason", default="requested from the command line")
+    preempt.set_defaults(handler=_preempt)
+    clone = commands.add_parser("clone", help="fork a running member into variants without stopping it")
+    clone.add_argument("run_dir", metavar="RUN_DIR")
+    clone.add_argument("member", metavar="MEMBER")
+    clone.add_argument("-n", type=int, default=1, help="how many clones (default 1)")
+    clone.add_argument("--ranks", type=int, help="run the clones on this many ranks (resharded); default: the source's")
+    clone.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="override for every clone, e.g. lr=0.01"
+    )
+    clone.set_defaults(handler=_clone)
+    lineage = commands.add_parser("lineage", help="show which member was cloned from which, and how")
+    lineage.add_argument("run_dir", metavar="RUN_DIR")
+    lineage.set_defaults(handler=_lineage)
+
+
+def _validate(args: argparse.Namespace) -> int:
+    """Check the workflow and its site's facts; the site's Parsl configuration is built by ``run``."""
+    from resilient_flows.workflow import describe_families, plan_workflow
+    from resilient_flows.workflow.schema import load_workflow
+
+    plan = plan_workflow(load_workflow(args.file), args.site, build_site=False)
+    stages = [stage.name for stage in plan.workflow.stages]
+    before = f"{len(stages)} stage(s) ({', '.join(stages)}), then " if stages else ""
+    out = console()
+    out.print(f"{escape(args.file)}: valid; {before}{len(plan.members)} member(s) on site {plan.site}")
+    for line in describe_families((m.name, m.family) for m in plan.members):
+        out.print(f"  {escape(line)}")
+    return 0
+
+
+def _run(args: argparse.Namespace) -> int:
+    from resilient_flows.workflow import start_run
+
+    return start_run(args.file, site=args.site, run_dir=args.run_dir, console=console())
+
+
+def _resume(args: argparse.Namespace) -> int:
+    from resilient_flows.workflow import resume_run
+
+    return resume_run(args.run_dir, console=console(), ranks=_rank_counts(args.ranks))
+
+
+def _rank_counts(items: list[str]) -> int | dict[str, int] | None:
+    """``--ranks N`` (every resumed member) or ``--ranks MEMBER=N`` pairs."""
+    counts: dict[str, int] = {}
+    every = None
+    for item in items:
+        name, sep, text = item.rpartition("=")
+        try:
+            count = int(text)
+        except ValueError:
+            count = 0
+        if count < 1 or (sep and not name):
+            raise WorkflowError(f"--ranks {item!r}: expected a count of at least 1 (N) or MEMBER=N, e.g. --ranks 4")
+        if sep:
+            counts[name] = count
+        else:
+            every = count
+    if every is not None and (counts or len(items) > 1):
+        raise WorkflowError(
+            f"--ranks {' '.join(items)}: give a single N for every resumed member, or only MEMBER=N pairs"
+        )
+    return every if every is not None else counts or None
+
+
+def _status(args: argparse.Namespace) -> int:
+    from resilient_flows.training import stage_finished
+    from resilient_flows.workflow import member_statuses, read_plan, run_members, stage_table, status_table
+
+    plan = read_plan(Path(args.run_dir))
+    stages = plan.workflow.stage_specs()
+    if stages:
+        console().print(stage_table(Path(args.run_dir), stages))
+    members = run_members(Path(args.run_dir), plan)
+    families = {m.name: m.family for m in members}
+    statuses = member_statuses(args.run_dir, [(m.name, m.steps) for m in members], families)
+    title = f"{plan.workflow.name} on {plan.site}: {args.run_dir}"
+    console().print(status_table(statuses, title, all_members=args.all))
+    stages_done = all(stage_finished(args.run_dir, s.name) for s in stages)
+    return 0 if stages_done and all(s.state in ("finished", "retired") for s in statuses.values()) else 1
+
+
+def _preempt(args: argparse.Namespace) -> int:
+    from resilient_flows.training import request_preemption
+    from resilient_flows.workflow import read_plan
+
+    names = [m.name for m in read_plan(Path(args.run_dir)).members]
+    if args.member not in names:
+        raise WorkflowError(f"{args.run_dir} has no member {args.member!r}; its members: {', '.join(names)}")
+    request_preemption(args.run_dir, args.member, args.reason)
+    console().print(f"{args.member} will commit a checkpoint and stop after its current step, then be requeued")
+    return 0
+
+
+def _clone(args: argparse.Namespace) -> int:
+    import yaml
+
+    from resilient_flows.clone import request_clone
+    from resilient_flows.workflow import read_plan
+
+    read_plan(Path(args.run_dir))  # a run directory, or a clear error
+    overrides = {}
+    for item in args.set:
+        key, sep, text = item.partition("=")
+        if not sep or not key:
+            raise WorkflowError(f"--set {item!r}: expected KEY=VALUE, e.g. --set lr=0.01")
+        overrides[key.strip()] = yaml.safe_load(text)
+    names = request_clone(args.run_dir, args.member, args.n, overrides, ranks=args.ranks)
+    console().print(f"cloning {args.member} into {', '.join(names)} at its next step; the runner starts them")
+    return 0
+
+
+def _lineage(args: argparse.Namespace) -> int:
+    from resilient_flows.clone import lineage_tree
+    from resilient_flows.workflow import member_statuses, read_plan, run_members
+
+    members = run_members(Path(args.run_dir), read_plan(Path(args.run_dir)))
+    statuses = member_statuses(args.run_dir, [(m.name, m.steps) for m in members])
+    states = {n: f"{s.state}, step {'-' if s.step is None else s.step + 1}/{s.steps}" for n, s in statuses.items()}
+    console().print(lineage_tree(args.run_dir, states))
+    return 0

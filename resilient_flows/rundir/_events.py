@@ -1,0 +1,124 @@
+"""The event log: the one record of what happened in a run, appended by the runner and by members.
+
+Every line is one JSON object written with a single ``write`` on an ``O_APPEND`` descriptor, so
+lines from concurrent writers (workers on several nodes, the runner) interleave but never tear on
+POSIX and Lustre file systems. ``status``, ``resume`` and the report are computed from it alone.
+
+A full file system (or quota) is waited out for a while, not turned into a crash: it passes (a
+purge, another job ending), and a member or runner that dies of it loses more than it waits. A
+writer waits for room *before* it writes: a file system that fills up mid-line takes part of the
+line, and a writer killed before it could add the rest would leave a torn line that the next
+writer's line is glued to. Only writers racing for the last free block can still split a line;
+the rest follows once there is room.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from resilient_flows.capped import LINE_CAP, CappedLines
+from resilient_flows.errors import is_storage_full
+from resilient_flows.rundir._layout import run_layout
+
+#: How long an event waits for space on a full file system before the error is raised.
+FULL_WAIT_S = 60.0
+
+#: What a line's ``kind`` may be, in the order a member usually goes through them.
+EVENT_KINDS = (
+    "submitted",
+    "started",
+    "resumed",
+    "checkpointed",
+    "tuned",
+    "failed",
+    "lost",
+    "retried",
+    "preempted",
+    "finished",
+    "warning",
+    "analytics_started",
+    "analytics",
+    "ondemand",
+    "clone_requested",
+    "forked",
+    "cloned",
+    "retired",
+    "exploited",
+    "stage_started",
+    "stage_finished",
+)
+
+
+class EventLog:
+    """Appends events to the run's event log; cheap to construct in every worker."""
+
+    def __init__(self, run_dir: str | os.PathLike) -> None:
+        self.path = run_layout(run_dir).events
+
+    def emit(self, kind: str, member: str | None = None, **fields: Any) -> None:
+        if kind not in EVENT_KINDS:
+            raise ValueError(f"unknown event kind {kind!r}; one of {', '.join(EVENT_KINDS)}")
+        record = {"time": round(time.time(), 6), "kind": kind, "member": member, **fields}
+        line = (json.dumps(record, separators=(",", ":"), default=str) + "\n").encode()
+        deadline = time.monotonic() + FULL_WAIT_S
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            while not _has_room(fd, len(line)) and time.monotonic() < deadline:
+                time.sleep(0.5)
+            while line:
+                try:
+                    line = line[os.write(fd, line) :]  # a full file system may take part of it
+                except OSError as exc:
+                    if not is_storage_full(exc) or time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.5)
+        finally:
+            os.close(fd)
+
+
+def _has_room(fd: int, size: int) -> bool:
+    """Whether the file system of ``fd`` has room for ``size`` more bytes and a block to spare
+    (the line may start a block, the directory may need one). Quotas do not show here."""
+    try:
+        found = os.fstatvfs(fd)
+    except OSError:
+        return True  # cannot tell: let the write find out
+    return found.f_bavail * found.f_frsize >= size + found.f_frsize
+
+
+def read_events(run_dir: str | os.PathLike) -> Iterator[dict[str, Any]]:
+    """The events of a run in file order; a torn last line (a writer killed mid-write) is skipped,
+    and so is a line over :data:`~resilient_flows.capped.LINE_CAP`, with a warning."""
+    for raw in CappedLines(run_layout(run_dir).events, LINE_CAP, "event log"):
+        record = _parse(raw)
+        if record is not None:
+            yield record
+
+
+class EventTail:
+    """Follows the event log: each :meth:`new` returns only the complete lines appended since the
+    last, so that a runner polling a long run does not parse its whole history every time."""
+
+    def __init__(self, run_dir: str | os.PathLike) -> None:
+        self.path = run_layout(run_dir).events
+        self._offset = 0
+
+    def new(self) -> list[dict[str, Any]]:
+        """The events of the complete lines appended since the last call; a line still being
+        written waits for the next call."""
+        lines = CappedLines(self.path, LINE_CAP, "event log", self._offset)
+        found = [record for raw in lines if (record := _parse(raw)) is not None]
+        self._offset = lines.offset
+        return found
+
+
+def _parse(raw: bytes) -> dict[str, Any] | None:
+    try:
+        record = json.loads(raw)
+    except json.JSONDecodeError:
+        return None
+    return record if isinstance(record, dict) and "kind" in record else None

@@ -1,0 +1,120 @@
+"""Turn a site YAML, in Globus Compute's endpoint style, into a ``parsl.Config``.
+
+Each mapping with a ``type:`` key names a Parsl class (an executor, provider or launcher); its
+other keys are that class's constructor arguments, checked against its signature so that a typo
+is reported with the file, the key and the allowed names instead of surfacing as a TypeError
+deep inside Parsl. Only the public classes (``__all__``) of Parsl's executor, provider and
+launcher packages, the providers of :mod:`resilient_flows.sites.cobalt` and the block error
+handler of :mod:`resilient_flows.sites._blockerrors` (``block_error_handler: {type:
+PatientBlockErrorHandler, patience_s: 300}``) can be named: a site file selects configuration,
+it does not import arbitrary code.
+
+String values may use the environment (``${NAME}``, ``${NAME:-default}``, ``${NAME:?hint}``,
+``$${`` for a literal ``${``; see :mod:`resilient_flows.envvars`), so that one site file serves
+every user of a machine. The top-level ``facts:`` mapping describes the
+machine for resilient-flows (see :mod:`resilient_flows.sites._facts`) and never reaches Parsl.
+"""
+
+from __future__ import annotations
+
+import difflib
+import inspect
+import os
+from typing import Any
+
+import parsl.executors
+import parsl.launchers
+import parsl.providers
+import typeguard
+from parsl.config import Config
+from parsl.executors.status_handling import BlockProviderExecutor
+from parsl.jobs.error_handlers import simple_error_handler
+
+from resilient_flows.envvars import expand_env
+from resilient_flows.errors import SiteConfigError
+from resilient_flows.sites import cobalt
+from resilient_flows.sites._blockerrors import PatientBlockErrorHandler
+
+_NAMESPACES = (parsl.executors, parsl.providers, parsl.launchers, cobalt)
+#: Our classes a site file names beside Parsl's (``block_error_handler: {type: ...}``).
+_OURS = (PatientBlockErrorHandler,)
+
+
+def _classes() -> dict[str, type]:
+    found: dict[str, type] = {}
+    for module in _NAMESPACES:
+        for name in module.__all__:
+            obj = getattr(module, name)
+            if inspect.isclass(obj):
+                found.setdefault(name, obj)
+    for cls in _OURS:
+        found.setdefault(cls.__name__, cls)
+    return found
+
+
+def build_config(data: dict[str, Any], where: str, **overrides: Any) -> Config:
+    """A ``parsl.Config`` from a site mapping; ``overrides`` replace top-level Config arguments.
+
+    The ``facts`` mapping is left out, and ``${...}`` references are expanded in everything else
+    (not in ``overrides``, which are Python values already).
+    """
+    data = expand_env({k: v for k, v in data.items() if k != "facts"}, where)
+    data.update(overrides)
+    executors = data.pop("executors", None)
+    if not isinstance(executors, list) or not executors:
+        raise SiteConfigError(f"{where}: 'executors' must be a non-empty list of executor mappings")
+    classes = _classes()
+    built = [_build(spec, f"{where}: executors[{i}]", classes) for i, spec in enumerate(executors)]
+    for executor in built:
+        _tolerate_lost_blocks(executor)
+    _check_keys(Config, data, where, exclude={"executors"})
+    return Config(executors=built, **data)
+
+
+def _tolerate_lost_blocks(executor: Any) -> None:
+    """A block that exits (a killed pool, a cancelled or preempted pilot job) or cannot start for a
+    moment is replaced; the executor is given up only when blocks keep failing (see
+    :mod:`resilient_flows.sites._blockerrors`). A handler the caller chose is kept."""
+    if isinstance(executor, BlockProviderExecutor) and executor.block_error_handler is simple_error_handler:
+        executor.block_error_handler = PatientBlockErrorHandler()
+
+
+def _build(spec: Any, where: str, classes: dict[str, type]) -> Any:
+    if not isinstance(spec, dict) or "type" not in spec:
+        raise SiteConfigError(f"{where}: expected a mapping with a 'type' key naming a Parsl class")
+    spec = dict(spec)
+    name = spec.pop("type")
+    cls = classes.get(name)
+    if cls is None:
+        close = difflib.get_close_matches(str(name), classes, n=3)
+        hint = f"; did you mean {', '.join(close)}?" if close else ""
+        raise SiteConfigError(
+            f"{where}: unknown type {name!r}{hint} (Parsl executors, providers and launchers, "
+            "CobaltProvider and PatientBlockErrorHandler)"
+        )
+    _check_keys(cls, spec, f"{where} ({name})")
+    args = {key: _value(key, value, f"{where}.{key}", classes) for key, value in spec.items()}
+    try:
+        return cls(**args)
+    except (TypeError, ValueError, typeguard.TypeCheckError) as exc:
+        raise SiteConfigError(f"{where} ({name}): {exc}") from None
+
+
+def _value(key: str, value: Any, where: str, classes: dict[str, type]) -> Any:
+    if isinstance(value, dict) and "type" in value:
+        return _build(value, where, classes)
+    if key == "max_workers_per_node" and value == "auto":
+        return os.cpu_count() or 1
+    return value
+
+
+def _check_keys(cls: type, spec: dict[str, Any], where: str, exclude: frozenset[str] | set[str] = frozenset()) -> None:
+    params = inspect.signature(cls).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return
+    allowed = sorted(n for n in params if n not in exclude and n != "self")
+    for key in spec:
+        if key not in allowed:
+            close = difflib.get_close_matches(key, allowed, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise SiteConfigError(f"{where}: unknown key {key!r}{hint}; allowed: {', '.join(allowed)}")

@@ -1,0 +1,66 @@
+"""A site file read once: its facts, its providers and its Parsl configuration from one reading.
+
+``run`` plans with a site and then builds its Parsl configuration, again after a failed start:
+all from the one :class:`SiteFile` the plan carries, so a run sees one version of the file and
+opens it once. Building the configuration imports Parsl; the rest does not.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from resilient_flows.sites._facts import SiteFacts, parse_facts
+from resilient_flows.sites._sitefile import read_site, site_path
+
+if TYPE_CHECKING:
+    from parsl.config import Config
+
+
+@dataclass(frozen=True)
+class SiteFile:
+    """The site ``name`` (a name in ``site-configs/`` or a YAML path), read from ``path``."""
+
+    name: str
+    path: Path
+    document: dict[str, Any]
+
+    @classmethod
+    def open(cls, name_or_path: str | os.PathLike) -> SiteFile:
+        path = site_path(name_or_path)
+        return cls(os.fspath(name_or_path), path, read_site(path))
+
+    def facts(self) -> SiteFacts:
+        return parse_facts(self.document.get("facts"), name=self.path.stem, where=str(self.path))
+
+    def provider_types(self) -> set[str]:
+        """The ``type`` of each executor's provider (no Parsl object is built)."""
+        executors = self.document.get("executors") or []
+        return {
+            str(e["provider"].get("type"))
+            for e in executors
+            if isinstance(e, dict) and isinstance(e.get("provider"), dict)
+        }
+
+    def config(self, **overrides: Any) -> Config:
+        """A new ``parsl.Config``; ``overrides`` replace top-level ``parsl.Config`` arguments."""
+        from resilient_flows.sites._build import build_config
+
+        return build_config(copy.deepcopy(self.document), str(self.path), **overrides)
+
+
+def site_facts(name_or_path: str | os.PathLike = "local") -> SiteFacts:
+    """The facts of a named site (``local``, ``polaris``, ...) or of a site YAML file."""
+    return SiteFile.open(name_or_path).facts()
+
+
+def load_site(name_or_path: str | os.PathLike = "local", **overrides: Any) -> Config:
+    """The ``parsl.Config`` of a named site (``local``, ``polaris``, ...) or of a YAML file.
+
+    ``overrides`` replace top-level ``parsl.Config`` arguments (``run_dir``, ``retries``, ...).
+    The file's ``facts`` are not part of it: see :func:`site_facts`.
+    """
+    return SiteFile.open(name_or_path).config(**overrides)

@@ -1,0 +1,238 @@
+"""The training loop contract: a user function receives a :class:`TrainContext` and gets
+checkpointing, resume, preemption handling and metrics without writing any of them.
+
+A member's files (its :class:`~resilient_flows.rundir.TaskLayout`): the shared checkpoint tier,
+a metrics line per logged step (a resumed attempt logs the redone steps again), the runner's
+requests (preempt, retire), which the member consumes, the attempt counter, and its result,
+written once it finished.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from resilient_flows.checkpoint import Checkpointer, TrainState
+from resilient_flows.errors import Preempted, ResilientFlowsError
+from resilient_flows.rundir import EventLog, MetricsLog, member_layout
+from resilient_flows.training._contract import member_tiers, node_local_dir, node_memory_dir
+from resilient_flows.training._control import count_attempt
+from resilient_flows.training._digest import state_digest
+from resilient_flows.training._distributed import shutdown_process_group
+from resilient_flows.training._fork import CloneStart
+from resilient_flows.training._heartbeat import Heartbeat
+from resilient_flows.training._parallel import join_member_ranks, wrap_model
+from resilient_flows.training._spec import MemberSpec
+from resilient_flows.training.boundary import Cadence, CheckpointSaver, CommRanks, StepRuntime
+
+
+class TrainContext:
+    """What a training function sees of its member: parameters, checkpointing, metrics, stop requests.
+
+    Attributes
+    ----------
+    params:
+        The member's parameters from the workflow (``steps`` included).
+    seed, name, attempt:
+        The member's seed, its name, and which attempt this is (1 for the first).
+    restored_step:
+        The step restored by :meth:`track`, or None on a fresh start.
+    directory:
+        The member's directory in the run directory.
+    inputs:
+        The output directory of each workflow stage the member reads (``after:`` in YAML), by name.
+    rank, world_size, group, device:
+        This process's rank among the member's ranks, how many there are, their
+        ``torch.distributed`` process group (None on one rank) and where this rank computes.
+
+    A member with several ranks (``ranks`` in its spec, or a ``comm`` of several) forms its
+    process group here (:func:`~resilient_flows.training._distributed.init_process_group`), shares
+    it with its checkpointer, and destroys it on :meth:`close`. ``comm``: an mpi4py communicator
+    to carry the rendezvous (what ``mpiexec`` members pass), or a torch ProcessGroup to use.
+
+    ``attempt`` is given when another process runs the attempt (a command member's launcher, see
+    :func:`~resilient_flows.training.from_env`): it counted the attempt, announces it and beats
+    for it, so this context does none of the three. Without it, the context does them itself.
+    """
+
+    def __init__(
+        self, spec: MemberSpec, run_dir: str | os.PathLike, comm: Any = None, *, attempt: int | None = None
+    ) -> None:
+        self.spec = spec
+        self.name, self.seed = spec.name, spec.seed
+        self.params = {**spec.params, "steps": spec.steps}
+        self.run_dir = Path(run_dir)
+        self.inputs = {name: self.run_dir / path for name, path in spec.inputs.items()}
+        self.layout = member_layout(run_dir, spec.name)
+        self.directory = self.layout.root
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.events = EventLog(run_dir)
+        self.restored_step: int | None = None
+        self.state: TrainState | None = None
+        self.retired: str | None = None
+        self.distributed = join_member_ranks(spec, comm)
+        self.group = None if self.distributed is None else self.distributed.group
+        self.device = torch.device("cpu") if self.distributed is None else self.distributed.device
+        try:
+            self.checkpointer = self._checkpointer(comm)
+        except BaseException:
+            self._leave_ranks()
+            raise
+        self.rank, self.world_size = self.checkpointer.rank, self.checkpointer.world_size
+        torch.set_num_threads(spec.threads)
+        ranks = CommRanks(self.checkpointer.comm)
+        counted = attempt is None  # else the process that launched this one counted, announces and beats
+        if counted:
+            attempt = ranks.broadcast(count_attempt(self.directory) if self.rank == 0 else None)
+        self.attempt: int = attempt
+        self.runtime = StepRuntime(
+            self.name,
+            attempt,
+            ranks,
+            CheckpointSaver(self.checkpointer, overlap=spec.checkpoint.overlap),
+            self._emit,
+            directory=self.directory,
+            run_dir=self.run_dir,
+            faults=spec.faults,
+            metrics=MetricsLog(self.layout.metrics) if self.rank == 0 else None,
+            cadence=Cadence(spec.checkpoint, spec.steps, self.checkpointer),
+        )
+        self._clone = CloneStart(self.run_dir, spec, self.rank, ranks.broadcast, self._emit)
+        if counted and self.rank == 0:
+            heartbeat = Heartbeat(run_dir, self.name, attempt, on_orphaned=self.runtime.stop_orphaned)
+            self.runtime.beat(heartbeat.start())
+        if counted:
+            self._emit("started", attempt=attempt, host=socket.gethostname(), pid=os.getpid(), **self._hosts())
+
+    # ------------------------------------------------------------------ the contract
+
+    def wrap(self, model: Any) -> Any:
+        """``model`` made to train across the member's ranks, per the member's ``parallel``.
+
+        ``ddp``: a ``DistributedDataParallel`` around it, averaging gradients; ``fsdp``: FSDP2
+        (``fully_shard`` on each child with parameters, then on the root), sharding parameters,
+        gradients and optimizer state. On one rank the model comes back unchanged. The model is
+        moved to :attr:`device` first. Call it before :meth:`track`, build the optimizer from the
+        returned module's parameters (FSDP replaces them by sharded ones), and ``track`` the
+        unwrapped ``model``: its ``state_dict`` keys do not depend on the rank count, so a
+        checkpoint restores on any.
+        A model that cannot be wrapped is refused before anything is changed, on any rank count.
+        """
+        return wrap_model(model, self.spec, self.distributed)
+
+    def track(
+        self,
+        model: Any = None,
+        optimizer: torch.optim.Optimizer | None = None,
+        scheduler: Any = None,
+        extra: dict[str, Any] | None = None,
+    ) -> int | None:
+        """Declare what a checkpoint holds and restore it from the latest checkpoint; the step restored."""
+        self.state = TrainState(model, optimizer, scheduler, extra=extra)
+        self._clone.wait(self.checkpointer)
+        self.restored_step = self.checkpointer.restore(self.state)
+        if self.checkpointer.skipped:  # newer ones it could not read: training goes on from here
+            self.checkpointer.discard_newer_than(-1 if self.restored_step is None else self.restored_step)
+        saver = self.runtime.saver
+        saver.state, saver.last_saved = self.state, self.restored_step
+        if not self._clone.restored(self.state, self.restored_step) and self.restored_step is not None:
+            read_from = self.checkpointer.restored.shards_by_source()
+            self._emit("resumed", attempt=self.attempt, step=self.restored_step, read_from=read_from)
+        return self.restored_step
+
+    def steps(self, total: int) -> Iterator[int]:
+        """Steps ``0 .. total-1``, after the restored one; checkpoints and honours stop requests between them."""
+        if self.state is None:
+            raise ResilientFlowsError("call ctx.track(model=..., optimizer=...) before ctx.steps()")
+        start = 0 if self.restored_step is None else self.restored_step + 1
+        self.report_if_cloned()
+        with self.runtime.signals:
+            for step in range(start, total):
+                yield step
+                if self.after_step(step):
+                    return
+            if total > 0:
+                self.runtime.commit(total - 1)
+            else:
+                self.checkpointer.wait()
+
+    def log(self, step: int, **metrics: float) -> None:
+        """Record metrics of ``step`` (floats, or 0-d tensors) in the member's metrics log."""
+        values = {k: float(v.detach()) if isinstance(v, torch.Tensor) else float(v) for k, v in metrics.items()}
+        self.runtime.log(step, values)
+
+    def result(self, model: Any = None, **values: Any) -> dict[str, Any]:
+        """The member's result: its last metrics, the weights' digest, and ``values``.
+
+        ``step`` is the last step this attempt logged, or the restored one when it had none left
+        to run (a clone served at its source's final step, a resume of a finished member).
+        """
+        restored = {} if self.restored_step is None else {"step": self.restored_step}
+        out: dict[str, Any] = {
+            "member": self.name,
+            "attempts": self.attempt,
+            **restored,
+            **self.runtime.last_metrics,
+            **values,
+        }
+        if self.retired is not None:
+            out["retired"] = self.retired
+        if model is not None:
+            out["digest"] = state_digest(model)
+        return out
+
+    def close(self) -> None:
+        """Flush metrics, finish and stop the checkpointer, then leave the process group and stop
+        beating. Idempotent."""
+        try:
+            self.checkpointer.close()
+        finally:
+            self._leave_ranks()
+            self.runtime.close()
+
+    # ------------------------------------------------------------------ for the loops built on it
+
+    def after_step(self, step: int) -> bool:
+        """The step boundary after ``step``: True when the member retires; raises
+        :class:`Preempted` once a checkpoint of ``step`` is committed when it must stop."""
+        stop = self.runtime.after_step(step)
+        if stop is None:
+            return False
+        if stop.action == "retire":
+            self.retired = stop.reason
+            return True
+        raise Preempted(self.name, stop.step, stop.reason)
+
+    def report_if_cloned(self) -> None:
+        """A clone about to take its first step from its source's state says so."""
+        self._clone.report(self.restored_step)
+
+    # ------------------------------------------------------------------ internals
+
+    def _checkpointer(self, comm: Any) -> Checkpointer:
+        ck, spec = self.spec.checkpoint, self.spec
+        tiers = member_tiers(
+            self.layout.checkpoints, node_local_dir(spec), node_memory_dir(spec), ck.local_every, ck.persist_every
+        )
+        return Checkpointer(tiers=tiers, keep=ck.keep, comm=comm if self.group is None else self.group)
+
+    def _hosts(self) -> dict[str, list[str]]:
+        """Every rank's host, in rank order, for a member of several ranks: where it really ran
+        (which nodes a multi-node member spanned) is then in its ``started`` event."""
+        if self.distributed is None:
+            return {}
+        return {"hosts": self.checkpointer.comm.allgather(socket.gethostname())}
+
+    def _leave_ranks(self) -> None:
+        if self.distributed is not None:
+            self.distributed = None
+            shutdown_process_group()
+
+    def _emit(self, kind: str, **fields: Any) -> None:
+        if self.rank == 0:
+            self.events.emit(kind, self.name, **fields)

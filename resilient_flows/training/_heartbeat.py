@@ -1,0 +1,168 @@
+"""Heartbeats: how the runner tells a running attempt from a dead, frozen or orphaned one.
+
+A task that dies loudly (an exception, a worker Parsl sees exit) is handled by Parsl's retries. The
+worst failures are silent: a worker stopped by a hung node, a worker pool whose main thread died
+while its heartbeat thread still answers the interchange, a pilot job whose tasks never start.
+Each running attempt therefore rewrites one small file in the run's heartbeat folder, named after its task, from a
+background thread (a long step, a slow collective or a checkpoint flush still beats); the runner's
+watchdog (:mod:`resilient_flows.workflow._watchdog`) declares the attempt lost when the file stops
+changing for longer than its stall timeout.
+
+Each beat is one ``pwrite`` of a fixed-size record at offset 0: no rename, no extra metadata
+operation on the shared file system, and the record says who beats (attempt, pid, host, Parsl
+block), how fast the task progresses (its step and seconds per step), from which the runner
+derives the stall timeout, and the newest checkpoint this attempt committed in any tier: the
+retry handler counts a lost attempt that committed one as progress even when that checkpoint was
+node-local and went with its node. A reader may rarely see a record being rewritten; it keeps the last one
+it could parse.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from resilient_flows.capped import CONTROL_CAP
+from resilient_flows.rundir import read_json, run_layout
+from resilient_flows.training._lease import orphaned
+
+logger = logging.getLogger(__name__)
+
+#: Seconds between beats. A stall timeout must be several of these.
+BEAT_S = 2.0
+
+#: Least size of every record: space-padded JSON, so that a rewrite never leaves a longer old tail.
+RECORD_BYTES = 512
+
+
+def analytics_task(request: str) -> str:
+    """The heartbeat name of an analytics request's task: ``@`` keeps it apart from member names."""
+    return f"analytics@{request}"
+
+
+def heartbeat_path(run_dir: str | os.PathLike, task: str) -> Path:
+    return run_layout(run_dir).heartbeat(task)
+
+
+def read_heartbeat(path: Path) -> dict[str, Any] | None:
+    """The record in a heartbeat file, or None when it is absent, being rewritten or oversized."""
+    try:
+        record = read_json(path, CONTROL_CAP, "heartbeat")
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) else None
+
+
+class Heartbeat:
+    """Beats for one attempt of one task while it runs; a context manager.
+
+    :meth:`progress` is called by the task at each step (an attribute store, nothing else); the
+    beating thread turns it into a step rate. On a clean exit, any exception included, the file
+    is removed, so that a finished or failed attempt is never mistaken for a silent one; a killed
+    process leaves its file to go stale, which is the point.
+
+    Each beat also looks at the runner's lease (:mod:`~resilient_flows.training._lease`): once the
+    runner has been gone longer than its orphan timeout, ``on_orphaned(reason)`` is called, once,
+    from the beating thread; the attempt then commits a checkpoint and stops.
+    """
+
+    def __init__(
+        self,
+        run_dir: str | os.PathLike,
+        task: str,
+        attempt: int,
+        beat_s: float = BEAT_S,
+        on_orphaned: Callable[[str], None] | None = None,
+    ) -> None:
+        self.path = heartbeat_path(run_dir, task)
+        self.run_dir = Path(run_dir)
+        self.beat_s = beat_s
+        self.on_orphaned = on_orphaned
+        self._fixed = {
+            "task": task,
+            "attempt": attempt,
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "block": os.environ.get("PARSL_WORKER_BLOCK_ID"),
+            "started": round(time.time(), 3),
+        }
+        self._step: int | None = None
+        self._committed: int | None = None
+        self._first: tuple[int, float] | None = None  # (step, time) of the first progress seen
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._fd: int | None = None
+        self._size = RECORD_BYTES
+
+    def progress(self, step: int) -> None:
+        self._step = step
+
+    def committed(self, step: int) -> None:
+        """This attempt committed a checkpoint of ``step`` in some tier (from the writer's thread)."""
+        self._committed = step if self._committed is None else max(self._committed, step)
+
+    def __enter__(self) -> Heartbeat:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def start(self) -> Heartbeat:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        self._beat()
+        self._thread = threading.Thread(target=self._run, name=f"heartbeat-{self._fixed['task']}", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop beating and remove the file. Idempotent."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+        self.path.unlink(missing_ok=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.beat_s):
+            with contextlib.suppress(OSError):  # a full or stalled file system: the runner will see the silence
+                self._beat()
+            if self.on_orphaned is not None:
+                reason = orphaned(self.run_dir)
+                if reason is not None:
+                    tell, self.on_orphaned = self.on_orphaned, None
+                    try:
+                        tell(reason)
+                    except Exception:  # the beats must go on: a silent attempt would be declared lost
+                        logger.exception("task %s: could not stop for the runner gone", self._fixed["task"])
+
+    def _beat(self) -> None:
+        now = time.monotonic()
+        step = self._step
+        step_s = None
+        if step is not None:
+            if self._first is None:
+                self._first = (step, now)
+            elif step > self._first[0]:
+                step_s = round((now - self._first[1]) / (step - self._first[0]), 6)
+        record = {
+            **self._fixed,
+            "time": round(time.time(), 3),
+            "step": step,
+            "step_s": step_s,
+            "committed": self._committed,
+        }
+        data = json.dumps(record, separators=(",", ":")).encode()
+        self._size = max(self._size, len(data))
+        assert self._fd is not None
+        os.pwrite(self._fd, data.ljust(self._size), 0)

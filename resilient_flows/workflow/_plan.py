@@ -1,0 +1,67 @@
+"""Binding a workflow to a site: what ``validate`` checks and ``run`` starts from.
+
+Planning needs the site's facts (node-local scratch, node MTBF), read from its YAML file; only
+building the site's ``parsl.Config`` needs Parsl, so ``validate`` plans without it and leaves the
+build to ``run``.
+"""
+
+from __future__ import annotations
+
+from resilient_flows.errors import WorkflowError
+from resilient_flows.sites import SiteFile
+from resilient_flows.training import MemberSpec
+from resilient_flows.workflow._rundir import Plan
+from resilient_flows.workflow.schema import Workflow
+
+
+def plan_workflow(
+    workflow: Workflow, site: str | None = None, run_name: str | None = None, build_site: bool = True
+) -> Plan:
+    """Bind a workflow to a site (the workflow's own unless ``site`` is given), whose facts are
+    checked; with ``build_site`` also its Parsl configuration, which imports Parsl."""
+    site_name = site or workflow.site
+    site_file = SiteFile.open(site_name)
+    facts = site_file.facts()
+    run = run_name or workflow.name
+    local_root = f"{facts.local_scratch}/resilient-flows/{run}" if facts.local_scratch else None
+    memory_root = f"{facts.memory_scratch}/resilient-flows/{run}" if facts.memory_scratch else None
+    if memory_root is None and workflow.names_tier("memory"):
+        raise WorkflowError(
+            f"checkpoint tiers name 'memory', but site {site_name!r} has no memory_scratch: add "
+            "'memory_scratch: /dev/shm' (node memory as a file system) to its facts, or drop the tier"
+        )
+    if build_site:
+        site_file.config()
+    specs = workflow.member_specs(
+        local_root, facts.node_mtbf_s, facts.stop_grace_s, memory_root, network_interface=facts.network_interface
+    )
+    _check_nodes(specs, site_file, facts.nodes)
+    return Plan(workflow, site_name, tuple(specs), site_file)
+
+
+#: Providers whose blocks can start a member's ranks across their nodes (see ``apps.launch_prefix``).
+SPANNING_PROVIDERS = frozenset({"SlurmProvider", "PBSProProvider"})
+
+
+def _check_nodes(specs: list[MemberSpec], site_file: SiteFile, per_block: int) -> None:
+    """A member's ranks start inside one block (an ``srun`` step, or PALS's ``mpiexec`` on the
+    block's nodes): one spanning more nodes than a block holds would wait for them forever, and on
+    a site of neither Slurm nor PBS Pro fail at every attempt."""
+    spanning = [spec for spec in specs if spec.nodes > 1]
+    if not spanning:
+        return
+    site = site_file.name
+    for spec in spanning:
+        if spec.nodes > per_block:
+            raise WorkflowError(
+                f"member {spec.name!r} spans {spec.nodes} nodes, but a block of site {site!r} holds {per_block} "
+                "(its facts.nodes): choose a site whose blocks hold as many, such as local-slurm-nodes"
+            )
+    providers = site_file.provider_types()
+    if not providers or not providers <= SPANNING_PROVIDERS:
+        raise WorkflowError(
+            f"member {spanning[0].name!r} spans {spanning[0].nodes} nodes, which starts its ranks inside a Slurm "
+            f"or PBS Pro block (srun, or PALS's mpiexec), but site {site!r} has "
+            f"{', '.join(sorted(providers)) or 'no'} provider(s): use a site whose blocks hold several nodes, "
+            "such as local-slurm-nodes"
+        )

@@ -1,0 +1,109 @@
+"""A run's plan in its run directory: created with the run, read back by every later command.
+
+The plan holds the validated workflow, the site and every member's spec, as JSON (no pickle);
+where it and the rest of the run lie is :mod:`resilient_flows.rundir`'s.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from resilient_flows.errors import WorkflowError
+from resilient_flows.rundir import encode_plan, read_plan_document, refuse_occupied, run_layout, write_plan
+from resilient_flows.sites import SiteFile
+from resilient_flows.training import MemberSpec, register_member, registered_members
+from resilient_flows.workflow.schema import Workflow
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A validated workflow bound to a site: what ``run`` starts and ``resume`` continues.
+
+    ``site_file``: the site as planning read it, so that the run builds its Parsl configuration
+    from the same reading; None in a plan read back from the run directory (a resume reads the
+    site anew, once).
+    """
+
+    workflow: Workflow
+    site: str
+    members: tuple[MemberSpec, ...]
+    site_file: SiteFile | None = field(default=None, compare=False, repr=False)
+
+
+def default_run_dir(workflow: Workflow) -> Path:
+    return Path("runs") / f"{workflow.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def create_run_dir(path: Path, plan: Plan, source_text: str) -> Path:
+    """Create ``path`` for a new run; refuses one that already holds a run, which ``resume`` continues."""
+    layout = run_layout(path)
+    refuse_occupied(layout)
+    document = {
+        "site": plan.site,
+        # every field, defaults included: a resume keeps the settings the run started with
+        "workflow": plan.workflow.model_dump(mode="json"),
+        "members": [m.to_dict() for m in plan.members],
+    }
+    text = encode_plan(document)
+    layout.members.mkdir(parents=True, exist_ok=True)
+    layout.write_workflow(source_text)
+    for member in plan.members:
+        register_member(path, member)
+    write_plan(layout, text)
+    return path.resolve()
+
+
+def run_members(path: Path, plan: Plan, known: dict[Path, MemberSpec] | None = None) -> list[MemberSpec]:
+    """The plan's members in plan order, then the clones requested since, oldest request first
+    (``known``: specs already read, see :func:`registered_members`)."""
+    planned = {m.name for m in plan.members}
+    return [*plan.members, *(m for m in registered_members(path, known) if m.name not in planned)]
+
+
+class MemberIndex:
+    """:func:`run_members` for a polling loop: the member directories are listed again only when
+    the members' directory changed (a clone registered), not on every poll of a run of thousands
+    of members.
+
+    A clone's directory appears before its spec file; directories seen without one are looked at
+    again on every call until it is there.
+    """
+
+    def __init__(self, path: Path, plan: Plan) -> None:
+        self.path = path
+        self.plan = plan
+        self._known: dict[Path, MemberSpec] = {}
+        self._mtime: int | None = None
+        self._members: list[MemberSpec] = []
+        self._clones: list[MemberSpec] = []
+        self._incomplete = False
+
+    def members(self) -> list[MemberSpec]:
+        root = run_layout(self.path).members
+        mtime = root.stat().st_mtime_ns if root.is_dir() else None
+        if mtime != self._mtime or self._incomplete:
+            self._mtime = mtime
+            self._members = run_members(self.path, self.plan, self._known)
+            self._clones = [m for m in self._members if m.parent is not None]
+            directories = sum(1 for entry in os.scandir(root) if entry.is_dir()) if mtime is not None else 0
+            self._incomplete = directories > len(self._known)
+        return self._members
+
+    def clones(self) -> list[MemberSpec]:
+        """The members that are clones, as of the last :meth:`members`."""
+        return self._clones
+
+
+def read_plan(path: Path) -> Plan:
+    """The plan of the run in ``path``."""
+    layout = run_layout(path)
+    document = read_plan_document(layout)
+    try:
+        workflow = Workflow.model_validate(document["workflow"])
+        members = tuple(MemberSpec.from_dict(m) for m in document["members"])
+        return Plan(workflow, str(document["site"]), members)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise WorkflowError(f"{layout.plan}: not a plan this version understands ({exc})") from None

@@ -1,0 +1,519 @@
+"""Run a workflow's members as Parsl apps, show their progress, and report.
+
+Parsl does the scheduling, the retries and the order (members start after the stages they read);
+a retry is a resume because the member or stage restores its latest checkpoint (see
+:mod:`resilient_flows.apps`). The runner submits, watches the run
+directory, fires analytics requests (making room for on-demand ones, see
+:mod:`resilient_flows.workflow._ondemand`), and writes the report.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import hashlib
+import logging
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any
+
+import parsl
+from parsl.config import Config
+from parsl.executors import HighThroughputExecutor
+from parsl.executors.status_handling import BlockProviderExecutor
+from rich.console import Console, Group
+from rich.live import Live
+
+from resilient_flows.apps import (
+    ResumingRetryHandler,
+    analytics_app,
+    command_app,
+    mpi_resources,
+    mpi_train_app,
+    stage_app,
+    train_app,
+)
+from resilient_flows.clone import request_clone
+from resilient_flows.errors import WorkflowError, is_storage_full
+from resilient_flows.rundir import FULL_WAIT_S, EventLog, run_layout
+from resilient_flows.sites import SiteFacts, SiteFile
+from resilient_flows.training import (
+    LeaseRenewer,
+    MemberSpec,
+    StageSpec,
+    clone_order_path,
+    end_lease,
+    has_result,
+    member_dir,
+    stage_finished,
+)
+from resilient_flows.workflow._blocks import BlockLedger, RunnerLock, process_start_time, retire_block
+from resilient_flows.workflow._explore import PBTController
+from resilient_flows.workflow._ondemand import OnDemandAnalytics, worker_slots
+from resilient_flows.workflow._plan import plan_workflow
+from resilient_flows.workflow._report import campaign_table, ondemand_table, stage_table, status_table, write_report
+from resilient_flows.workflow._rundir import MemberIndex, Plan, create_run_dir, default_run_dir, read_plan, run_members
+from resilient_flows.workflow._status import StatusTracker
+from resilient_flows.workflow._watchdog import Lost, Watchdog, clear_heartbeats
+from resilient_flows.workflow.schema import load_workflow, run_path
+
+POLL_SECONDS = 0.5
+
+#: Seconds Parsl has to shut down an instance whose interchange was lost: its own work (the dead
+#: interchange reaped, blocks cancelled) takes well under a second; what takes longer is a thread
+#: stuck in a request to the lost interchange, which never returns, while members wait to resume.
+ABANDON_S = 5.0
+
+#: Seconds between two tries to start Parsl on a full file system.
+STORAGE_WAIT_S = 2.0
+
+#: Seconds the guard has to exit when the runner ends.
+GUARD_EXIT_S = 5.0
+
+
+def start_run(
+    path: str | Path, site: str | None = None, run_dir: str | Path | None = None, console: Console | None = None
+) -> int:
+    """Run a workflow file from the start; 0 when every member finished."""
+    workflow = load_workflow(path)
+    target = Path(run_dir) if run_dir is not None else default_run_dir(workflow)
+    plan = plan_workflow(workflow, site, run_name=_run_key(target))
+    directory = create_run_dir(target, plan, Path(path).read_text())
+    for clone in workflow.clones:  # registered now: the sources fork when they reach the step
+        request_clone(directory, clone.member, clone.n, clone.overrides, at_step=clone.at_step, ranks=clone.ranks)
+    return _execute(directory, plan, list(plan.members), console or Console())
+
+
+def _run_key(run_dir: Path) -> str:
+    """The run's name on node-local scratch: its directory's name, made unique by its absolute path,
+    so that two runs in directories of the same name never share (and restore) node-local checkpoints."""
+    digest = hashlib.sha256(str(run_dir.resolve()).encode()).hexdigest()[:8]
+    return f"{run_dir.name}-{digest}"
+
+
+def resume_run(
+    run_dir: str | Path, console: Console | None = None, ranks: int | Mapping[str, int] | None = None
+) -> int:
+    """Continue a run: finished members are skipped, the others resume from their checkpoints.
+
+    ``ranks`` runs resumed members on another number of ranks (one count for all of them, or
+    counts by member name), for this resume only; their checkpoints are resharded on restore.
+    """
+    directory = Path(run_dir).resolve()
+    plan = read_plan(directory)
+    console = console or Console()
+    members = run_members(directory, plan)
+    pending = [m for m in members if not has_result(directory, m.name)]
+    if len(pending) < len(members):
+        console.print(f"{len(members) - len(pending)} member(s) already finished; resuming {len(pending)}")
+    resized = resize_members(pending, ranks, [m.name for m in members])
+    for old, new in zip(pending, resized, strict=True):
+        if new.ranks != old.ranks:
+            console.print(f"{new.name}: {new.ranks} rank(s) instead of {old.ranks}; its checkpoint is resharded")
+    return _execute(directory, plan, resized, console)
+
+
+def resize_members(
+    pending: list[MemberSpec], ranks: int | Mapping[str, int] | None, known: list[str] | None = None
+) -> list[MemberSpec]:
+    """``pending`` with their rank counts replaced: ``ranks`` for all, or by name.
+
+    A member spanning nodes keeps as many of them as share the new count evenly
+    (:meth:`MemberSpec.with_ranks`). A name that is not pending is an error: unknown (``known``
+    lists the run's members), or a member that already finished.
+    """
+    if ranks is None:
+        return list(pending)
+    if isinstance(ranks, int):
+        return [m.with_ranks(ranks) for m in pending]
+    names = {m.name for m in pending}
+    for name in ranks:
+        if name not in names:
+            state = "already finished" if known is not None and name in known else "is not a member of this run"
+            raise WorkflowError(f"--ranks {name}={ranks[name]}: {name!r} {state}; pending: {', '.join(sorted(names))}")
+    return [m.with_ranks(ranks[m.name]) if m.name in ranks else m for m in pending]
+
+
+def _put_interpreter_on_path() -> None:
+    """Parsl starts its interchange and workers by command name; find them beside this Python even
+    when its environment was not activated (``.venv/bin/resilient-flows run ...``)."""
+    bin_dir = os.path.dirname(sys.executable)
+    if bin_dir not in os.environ.get("PATH", "").split(os.pathsep):
+        os.environ["PATH"] = os.pathsep.join([bin_dir, os.environ.get("PATH", "")])
+
+
+class _Submitter:
+    """Submits stages and members as Parsl apps, once each: the unfinished stages, the planned
+    members, then clones as they are requested. Parsl starts each after the stages it reads.
+
+    Futures leave the pending set by callback, so that asking whether all are done costs the same
+    at 10 members and at 10,000.
+    """
+
+    def __init__(self, run_dir: Path, mpi_mode: bool = False) -> None:
+        self.run_dir = run_dir
+        self.mpi_mode = mpi_mode  # an executor in MPI mode: every task says its nodes and ranks
+        self.events = EventLog(run_dir)
+        self.futures: dict[str, Future] = {}
+        self.stages: dict[str, Future] = {}
+        self.specs: dict[str, MemberSpec] = {}
+        self._pending: set[Future] = set()
+
+    def submit_stages(self, stages: list[StageSpec]) -> None:
+        for stage in stages:
+            if stage.name in self.stages or stage_finished(self.run_dir, stage.name):
+                continue
+            after = self._after(stage.inputs)
+            future = stage_app(stage.to_dict(), str(self.run_dir), inputs=after, **self._resources())
+            self.stages[stage.name] = self._watch(future)
+            self.events.emit("submitted", stage.name, stage=True)
+
+    def submit(self, member: MemberSpec) -> None:
+        after = self._after(member.inputs)
+        if member.command:
+            future = command_app(member.to_dict(), str(self.run_dir), inputs=after, **self._resources())
+        elif member.ranks > 1:
+            resources = self._resources(member.ranks, member.nodes)
+            future = mpi_train_app(member.to_dict(), str(self.run_dir), ranks=member.ranks, inputs=after, **resources)
+        else:
+            future = train_app(member.to_dict(), str(self.run_dir), inputs=after, **self._resources())
+        self.futures[member.name] = self._watch(future)
+        self.specs[member.name] = member
+        self.events.emit("submitted", member.name, ranks=member.ranks, parent=member.parent and member.parent.member)
+
+    def _resources(self, ranks: int = 1, nodes: int = 1) -> dict[str, Any]:
+        """The task's nodes and ranks, for an executor in MPI mode; nothing for any other."""
+        return {"parsl_resource_specification": mpi_resources(ranks, nodes)} if self.mpi_mode else {}
+
+    def submit_new_clones(self, clones: list[MemberSpec]) -> None:
+        """Submit each clone once its source serves the order (or can no longer): a clone submitted
+        earlier would hold a worker while it waits, possibly the one its source needs to start."""
+        for member in clones:
+            parent = member.parent
+            if parent is None or member.name in self.futures or has_result(self.run_dir, member.name):
+                continue
+            source = member_dir(self.run_dir, parent.member)
+            source_done = has_result(self.run_dir, parent.member) or self._failed(parent.member)
+            if source_done or not clone_order_path(source, parent.request).exists():
+                self.submit(member)
+
+    def all_done(self) -> bool:
+        return not self._pending
+
+    def restart(self) -> list[MemberSpec]:
+        """Forget the futures of a Parsl instance that was given up; the members to submit again
+        (stages are submitted again by :meth:`submit_stages`)."""
+        self.stages = {name: f for name, f in self.stages.items() if f.done()}
+        unfinished = [name for name, f in self.futures.items() if not f.done()]
+        for name in unfinished:
+            del self.futures[name]
+        self._pending.clear()  # all of them were given up
+        return [self.specs[name] for name in unfinished]
+
+    def _watch(self, future: Future) -> Future:
+        self._pending.add(future)
+        future.add_done_callback(self._pending.discard)
+        return future
+
+    def _after(self, inputs: dict[str, str]) -> list[Future]:
+        """The futures of the unfinished stages among ``inputs``."""
+        return [self.stages[name] for name in inputs if name in self.stages]
+
+    def _failed(self, name: str) -> bool:
+        future = self.futures.get(name)
+        return future is not None and future.done() and future.exception() is not None
+
+
+#: What a poll of the run returns once every task is done (else: None, or why Parsl was lost).
+_DONE = "done"
+
+
+def _site_config(site: SiteFile, run_dir: Path, retries: int, free_stops: int) -> Config:
+    """The site's Parsl configuration for this run, with our retry handler (its blocks' error
+    handler tolerates lost blocks: see :func:`~resilient_flows.sites._build.build_config`)."""
+    handler = ResumingRetryHandler(retries, free_without_progress=free_stops)
+    return site.config(run_dir=str(run_layout(run_dir).parsl), retries=retries, retry_handler=handler)
+
+
+def _handle_lost(
+    found: list[Lost], executors: list[Any], submitter: _Submitter, watchdog: Watchdog, console: Console
+) -> str | None:
+    """Record what the watchdog found and cancel the blocks concerned; Parsl then fails their tasks
+    (``ManagerLost``), retries them, and starts new blocks. The reason when an interchange exited:
+    then only a new Parsl instance helps."""
+    for lost in found:
+        submitter.events.emit(
+            "lost",
+            lost.task,
+            attempt=lost.attempt,
+            block=lost.block,
+            executor=lost.executor,
+            reason=lost.reason,
+            silent_s=lost.silent_s,
+        )
+        what = f"{lost.task} (attempt {lost.attempt})" if lost.task else f"executor {lost.executor}"
+        console.print(f"[bold yellow]lost {what}:[/] {lost.reason}")
+        if lost.task is None and lost.block is None:
+            return lost.reason
+        for executor in executors:
+            if lost.executor not in (None, executor.label) or not isinstance(executor, BlockProviderExecutor):
+                continue
+            if retire_block(executor, lost.block):
+                watchdog.forget_block(executor.label, lost.block)
+                console.print(f"cancelled block {lost.block} of {executor.label}; its tasks are retried")
+    return None
+
+
+def _load_parsl(config: Config, fresh: Callable[[], Config], console: Console) -> tuple[Any, Config]:
+    """``parsl.load(config)``, waiting out a full file system under the run directory (Parsl
+    writes its keys and scripts there first: a runner resumed while the shared tier is full would
+    die of it), with a ``fresh`` config for each new try; the DFK and the config it runs."""
+    deadline = time.monotonic() + FULL_WAIT_S
+    while True:
+        try:
+            return parsl.load(config), config
+        except OSError as exc:
+            if not is_storage_full(exc) or time.monotonic() > deadline:
+                raise
+            console.print(f"[yellow]cannot start Parsl ({exc}): waiting for space[/]")
+            _close_logs(_file_logs(config.run_dir))
+            parsl.clear()
+            time.sleep(STORAGE_WAIT_S)
+            config = fresh()
+
+
+def _file_logs(directory: str) -> list[logging.FileHandler]:
+    """The log files Parsl keeps open under ``directory``. Its shutdown detaches them but leaves
+    them open, and an instance that failed to start keeps them attached: one more open file, and
+    one more copy of every later log line, per Parsl instance of a run."""
+    root = str(Path(directory).resolve())
+    handlers = logging.getLogger("parsl").handlers
+    return [h for h in handlers if isinstance(h, logging.FileHandler) and h.baseFilename.startswith(root)]
+
+
+def _close_logs(handlers: list[logging.FileHandler]) -> None:
+    for handler in handlers:
+        for name in ("parsl", "concurrent.futures"):  # where Parsl attaches them
+            logging.getLogger(name).removeHandler(handler)
+        with contextlib.suppress(OSError):  # its last lines cannot be flushed to a full disk
+            handler.close()
+
+
+def _abandon(dfk: Any, executors: list[Any]) -> None:
+    """Shut a Parsl instance whose interchange exited or hung: its blocks are cancelled through
+    their providers, and nothing waits for the lost interchange's answers.
+
+    Parsl's shutdown joins its status poller, which may be stuck for good in a request to a hung
+    interchange; it runs in a thread of its own, and past :data:`ABANDON_S` the blocks are
+    cancelled here instead.
+    """
+    for executor in executors:
+        proc = getattr(executor, "interchange_proc", None)
+        if proc is not None and (proc.poll() is not None or not executor.command_client.ok):
+            proc.kill()
+            executor.connected_managers = list  # the interchange would never answer
+            executor.connected_blocks = list
+    shutdown = threading.Thread(target=dfk.cleanup, name="abandon-parsl", daemon=True)
+    shutdown.start()
+    shutdown.join(ABANDON_S)
+    if shutdown.is_alive():
+        for executor in executors:
+            jobs = list(getattr(executor, "blocks_to_job_id", {}).values())
+            if jobs and executor.provider is not None:
+                executor.provider.cancel(jobs)
+
+
+@contextlib.contextmanager
+def _holding(run_dir: Path, orphan_timeout_s: float) -> Iterator[None]:
+    """Hold the run while the block runs: its lock, its lease (renewed from a thread), and the
+    guard that cancels this runner's blocks if it dies and stays away (see
+    :mod:`resilient_flows.workflow._leaseguard`)."""
+    RunnerLock(run_dir, orphan_timeout_s).acquire()
+    me = os.getpid()
+    command = [sys.executable, "-m", "resilient_flows.cli.leaseguard", str(run_dir), "--runner", str(me)]
+    started = process_start_time(me)
+    with run_layout(run_dir).guard_log.open("ab") as log:
+        guard = subprocess.Popen(
+            [*command, *([] if started is None else ["--started", str(started)])],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+            start_new_session=True,  # the signal that ends this runner, or its terminal's hang-up, spares it
+        )
+    try:
+        with LeaseRenewer(run_dir):
+            yield
+    finally:
+        end_lease(run_dir)
+        guard.terminate()
+        try:
+            guard.wait(timeout=GUARD_EXIT_S)
+        except subprocess.TimeoutExpired:  # stuck in a read of a hung file system
+            guard.kill()
+            guard.wait()
+
+
+def _execute(run_dir: Path, plan: Plan, members: list[MemberSpec], console: Console) -> int:
+    _put_interpreter_on_path()
+    if plan.site_file is None:  # read back from the run directory: the site is read once, here
+        plan = dataclasses.replace(plan, site_file=SiteFile.open(plan.site))
+    facts = plan.site_file.facts()
+    with _holding(run_dir, facts.orphan_timeout_s):
+        return _run_held(run_dir, plan, members, console, facts)
+
+
+def _run_held(run_dir: Path, plan: Plan, members: list[MemberSpec], console: Console, facts: SiteFacts) -> int:
+    console.print(f"run [bold]{plan.workflow.name}[/] on site [bold]{plan.site}[/]: {run_dir}")
+    return _RunLoop(run_dir, plan, members, facts).run(console)
+
+
+class _RunLoop:
+    """One run from a held lease to its report, in phases: set up what the run submits and
+    watches; per Parsl instance, start Parsl, submit, poll until everything is done (or the
+    interchange is lost, which needs a new instance), stop Parsl; then report."""
+
+    def __init__(self, run_dir: Path, plan: Plan, members: list[MemberSpec], facts: SiteFacts) -> None:
+        workflow = self.workflow = plan.workflow
+        self.run_dir, self.plan, self.facts = run_dir, plan, facts
+        self.tracker = StatusTracker(run_dir)
+        self.index = MemberIndex(run_dir, plan)
+        self.started = time.monotonic()
+        self.ledger = BlockLedger(run_dir)
+        self.controllers = [
+            PBTController(campaign, run_dir, [m for m in plan.members if m.name.startswith(f"{campaign.name}-")])
+            for campaign in workflow.explore
+            if campaign.strategy == "pbt"
+        ]
+        self.stages = workflow.stage_specs()
+        self.site_config = functools.partial(
+            _site_config, plan.site_file, run_dir, workflow.retries, workflow.free_stops
+        )
+        self.config = self.site_config()
+        executors = self.config.executors
+        self.mpi_mode = any(getattr(e, "enable_mpi_mode", False) for e in executors)
+        self.prioritized = all(isinstance(e, HighThroughputExecutor) for e in executors) and not self.mpi_mode
+        self.submitter = _Submitter(run_dir, self.mpi_mode)
+        slots = worker_slots(self.config)
+        self.ondemand = OnDemandAnalytics(workflow.analytics, workflow.cosched, run_dir, slots, self._submit_analytics)
+        self.pending = [m for m in members if m.parent is None]  # clones wait until their source serves them
+        self._listed: list[MemberSpec] | None = None
+        self._names: list[tuple[str, int]] = []
+        self._families: dict[str, str] = {}
+
+    def run(self, console: Console) -> int:
+        with Live(console=console, refresh_per_second=4, transient=True) as live:
+            while True:  # one pass per Parsl instance: a lost interchange needs a new one
+                lost_parsl = self._one_parsl(console, live)
+                if lost_parsl is None:
+                    break
+                console.print(f"[bold yellow]{lost_parsl}[/]: starting Parsl again; unfinished tasks resume")
+                self.pending = self.submitter.restart()
+                self.ondemand.drop_unfinished()
+                self.config = self.site_config()
+        return self._report(console)
+
+    def _submit_analytics(self, specs: list[dict], part: str, priority: int | None) -> Future:
+        run_dir = str(self.run_dir)
+        if self.mpi_mode:
+            return analytics_app(specs, run_dir, part, parsl_resource_specification=mpi_resources())
+        if priority is None or not self.prioritized:
+            return analytics_app(specs, run_dir, part)
+        return analytics_app(specs, run_dir, part, parsl_resource_specification={"priority": priority})
+
+    def _one_parsl(self, console: Console, live: Live) -> str | None:
+        """Start Parsl, submit what is pending, poll until done; why Parsl was lost, or None."""
+        for what in self.ledger.cancel_previous(self.config.executors):
+            console.print(f"cancelled {what}, left by an earlier runner")
+        clear_heartbeats(self.run_dir)
+        dfk, self.config = _load_parsl(self.config, self.site_config, console)
+        watchdog = Watchdog(self.run_dir, self.facts.stall_timeout_s, {})
+        lost_parsl = None
+        try:
+            self.submitter.submit_stages(self.stages)
+            for member in self.pending:
+                self.submitter.submit(member)
+            while (lost_parsl := self._poll(watchdog, console, live)) is None:
+                time.sleep(POLL_SECONDS)
+        finally:
+            logs = _file_logs(self.config.run_dir)
+            if lost_parsl not in (None, _DONE):
+                _abandon(dfk, self.config.executors)
+            else:
+                dfk.cleanup()
+            parsl.clear()
+            _close_logs(logs)
+            self.ledger.reap(self.config.executors, everything=True)
+        return None if lost_parsl == _DONE else lost_parsl
+
+    def _poll(self, watchdog: Watchdog, console: Console, live: Live) -> str | None:
+        """One look at the run: :data:`_DONE` when everything is done, why Parsl was lost, or None."""
+        everyone = self.index.members()
+        self.submitter.submit_new_clones(self.index.clones())
+        elapsed = time.monotonic() - self.started
+        if everyone is not self._listed:  # the index gives the same list until a member is added
+            self._listed, self._names = everyone, [(m.name, m.steps) for m in everyone]
+            self._families = {m.name: m.family for m in everyone}
+        statuses = self.tracker.update(self._names, self._families)
+        self.ondemand.update(elapsed, everyone, statuses)
+        if self.submitter.all_done() and all(f.done() for f in self.ondemand.futures):
+            return _DONE
+        for controller in self.controllers:
+            controller.update(everyone, statuses)
+        executors = self.config.executors
+        self.ledger.record(executors)
+        self.ledger.reap(executors)
+        if len(watchdog.timeouts) != len(everyone):  # members are only ever added
+            watchdog.timeouts = {m.name: m.stall_timeout_s for m in everyone}
+        lost_parsl = _handle_lost(watchdog.check(executors), executors, self.submitter, watchdog, console)
+        if lost_parsl is not None:
+            return lost_parsl
+        table = status_table(statuses, f"{self.workflow.name} ({elapsed:.0f} s)")
+        if self.stages:
+            events = self.tracker.events_of([s.name for s in self.stages])
+            table = Group(stage_table(self.run_dir, self.stages, events), table)
+        live.update(table)
+        return None
+
+    def _report(self, console: Console) -> int:
+        """Write and print the report; 1 when a member or stage failed."""
+        workflow, run_dir, submitter = self.workflow, self.run_dir, self.submitter
+        futures = {**submitter.stages, **submitter.futures}
+        failed = {name: f.exception() for name, f in futures.items() if f.exception() is not None}
+        for name in submitter.futures:  # its process died after the result was written: a warning event says so
+            if name in failed and has_result(run_dir, name):
+                del failed[name]
+        reports = [f.result() for f in self.ondemand.futures if f.exception() is None]
+        everyone = self.index.members()
+        statuses = self.tracker.update([(m.name, m.steps) for m in everyone], {m.name: m.family for m in everyone})
+        title = f"{workflow.name}: {time.monotonic() - self.started:.0f} s on {self.plan.site}"
+        extra = []
+        if self.stages:
+            extra.append(stage_table(run_dir, self.stages))
+        if workflow.explore:
+            extra.append(campaign_table(workflow, everyone, statuses))
+        if any(request.slots for request in workflow.analytics):
+            extra.append(ondemand_table(run_dir))
+        summary, plot = run_path(run_dir, workflow.report.summary), run_path(run_dir, workflow.report.plot)
+        try:
+            table = write_report(statuses, summary, plot, title, tuple(extra))
+        except OSError as exc:  # a full or failing file system must not hide how the run ended
+            console.print(f"[bold red]could not write the report:[/] {exc}")
+            table = status_table(statuses, title)
+        for shown in (table, *extra):
+            console.print(shown)
+        for report in reports:
+            for name, values in report.items():
+                shown = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in values.items())
+                console.print(f"analytics {name}: {shown}")
+        for name, exc in failed.items():
+            what = "stage" if name in submitter.stages else "member"
+            console.print(f"[bold red]{what} {name} failed:[/] {type(exc).__name__}: {exc}")
+        console.print(f"report: {summary}, {plot}")
+        return 1 if failed else 0

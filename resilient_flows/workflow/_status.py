@@ -1,0 +1,200 @@
+"""What each member of a run is doing, computed from the event log and the metrics logs alone.
+
+The same computation serves the live display, ``resilient-flows status`` and the final report, so
+that all three always agree.
+
+A run of a thousand members is polled twice a second for hours, so an update reads only what
+changed: the events appended since the last one, the metric lines of members that are running
+(they log without sending events), and a member's result once, when it says it finished. A
+member that is not followed shows its newest metrics line, read from the end of its file; its
+whole loss curve is read only when a view asks for it (:meth:`MemberStatus.history`).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from resilient_flows.rundir import EventTail, MetricsReader, TaskLayout, member_layout
+from resilient_flows.training import member_dir
+
+#: The state a member is in after each kind of event.
+_STATE_AFTER = {
+    "submitted": "queued",
+    "started": "running",
+    "resumed": "running",
+    "failed": "failed",
+    "retried": "retrying",
+    "preempted": "preempted",
+    "finished": "finished",
+    "retired": "retired",
+}
+
+#: Events a member keeps with their times, for the failure timeline of the report.
+TIMELINE_KINDS = ("failed", "lost", "preempted", "resumed")
+
+
+@dataclass
+class MemberStatus:
+    """One member as its events and files describe it.
+
+    ``family`` is the workflow entry it came from (see :func:`~resilient_flows.workflow._families.family_of`
+    for runs that did not record it); ``timeline`` holds its :data:`TIMELINE_KINDS` events as
+    (time, kind), ``since`` the time of its first event.
+    """
+
+    name: str
+    steps: int
+    state: str = "planned"
+    attempts: int = 0
+    checkpoint: int | None = None
+    failures: int = 0
+    preemptions: int = 0
+    errors: list[str] = field(default_factory=list)
+    result: dict[str, Any] | None = None
+    metrics: MetricsReader | None = None
+    family: str = ""
+    timeline: list[tuple[float, str]] = field(default_factory=list)
+    since: float | None = None
+    _result_due: bool = field(default=True, init=False, repr=False, compare=False)
+
+    @property
+    def step(self) -> int | None:
+        return None if self.metrics is None or self.metrics.last is None else int(self.metrics.last["step"])
+
+    @property
+    def loss(self) -> float | None:
+        last = None if self.metrics is None else self.metrics.last
+        return None if last is None or "loss" not in last else float(last["loss"])
+
+    @property
+    def active(self) -> bool:
+        """Whether it may be logging metrics without sending events: an attempt runs, or may."""
+        return self.state in ("running", "retrying") or (self.state == "queued" and self.attempts > 0)
+
+    @property
+    def awaiting_result(self) -> bool:
+        """Whether it said it finished or retired and its result is not read yet (a retiring member
+        writes it after the event)."""
+        return self._result_due and self.state in ("finished", "retired")
+
+    def apply(self, event: dict[str, Any]) -> None:
+        """Take one of this member's events into account, in file order."""
+        kind = event["kind"]
+        if self.since is None and "time" in event:
+            self.since = float(event["time"])
+        self.state = _STATE_AFTER.get(kind, self.state)
+        if kind == "started":
+            self.attempts = max(self.attempts, int(event.get("attempt", 1)))
+        elif kind in ("checkpointed", "resumed", "preempted"):
+            self.checkpoint = max(self.checkpoint or -1, int(event["step"]))
+        elif kind == "failed" and event.get("cause") != "preempted":  # a preemption is no failure
+            self.failures += 1
+            self.errors.append(str(event.get("error")))
+        if kind == "preempted":
+            self.preemptions += 1
+        if kind in ("finished", "retired"):
+            self._result_due = True
+        if kind in TIMELINE_KINDS and "time" in event and not (kind == "failed" and event.get("cause") == "preempted"):
+            self.timeline.append((float(event["time"]), kind))
+
+    def refresh(self, directory: Path, follow: bool) -> None:
+        """Read the member's new metric lines (``follow``) or only its newest one, and its result
+        once it is due: on first sight, and when the member said it finished or retired."""
+        if self.metrics is None:
+            self.metrics = MetricsReader(TaskLayout(directory).metrics)
+        if follow:
+            self.metrics.update()
+        else:
+            self.metrics.peek()
+        if self._result_due:
+            self.result = TaskLayout(directory).read_result()
+            self._result_due = self.result is None and self.state in ("finished", "retired")
+        if self.result is not None:
+            self.state = "retired" if "retired" in self.result else "finished"
+
+    def history(self) -> MetricsReader | None:
+        """The metrics with the whole loss curve, read up to now (once: later calls read what was added)."""
+        if self.metrics is not None:
+            self.metrics.read_curve()
+        return self.metrics
+
+
+class StatusTracker:
+    """The members' statuses over a run; each update costs in proportion to what changed.
+
+    An update reads the events appended since the last one, and refreshes only the members that
+    are new, had events, are :attr:`~MemberStatus.active` or :attr:`~MemberStatus.awaiting_result`;
+    with ``follow`` (the runner) the active ones' metric lines are all read as they come, which the
+    runner's controllers need, otherwise (``status`` of a run) only the newest line of each
+    refreshed member.
+
+    Events of names that are not (yet) members, such as stages and clones not yet registered,
+    are kept by name: a member that appears later gets its own, and :meth:`events_of` gives the rest.
+    """
+
+    def __init__(self, run_dir: str | os.PathLike, follow: bool = True) -> None:
+        self.run_dir = Path(run_dir)
+        self.follow = follow
+        self._tail = EventTail(run_dir)
+        self._statuses: dict[str, MemberStatus] = {}
+        self._others: dict[str, list[dict[str, Any]]] = {}
+        self._active: set[str] = set()  # active at the last update: followed
+        self._watched: set[str] = set()  # refreshed at every update
+
+    def update(
+        self, members: Sequence[tuple[str, int]], families: Mapping[str, str] | None = None
+    ) -> dict[str, MemberStatus]:
+        """Status of ``members`` ((name, steps) pairs), in their order; ``families`` names the
+        family of members by name (see :class:`MemberStatus`)."""
+        changed = set()
+        for name, steps in members:
+            if name not in self._statuses:
+                family = "" if families is None else families.get(name, "")
+                status = self._statuses[name] = MemberStatus(name, steps, family=family)
+                for event in self._others.pop(name, []):
+                    status.apply(event)
+                changed.add(name)
+        for event in self._tail.new():
+            name = event.get("member")
+            if name in self._statuses:
+                self._statuses[name].apply(event)
+                changed.add(name)
+            elif isinstance(name, str):
+                self._others.setdefault(name, []).append(event)
+        for name in changed | self._watched:
+            status = self._statuses[name]
+            followed = status.active or name in self._active  # a member that just stopped: its last lines
+            status.refresh(member_dir(self.run_dir, name), follow=self.follow and followed)
+            _mark(self._active, name, status.active)
+            _mark(self._watched, name, status.active or status.awaiting_result)
+        return {name: self._statuses[name] for name, _ in members}
+
+    def events_of(self, names: list[str]) -> list[dict[str, Any]]:
+        """The events seen so far of ``names`` that are not members (stages), each name's in file order."""
+        return [e for name in names for e in self._others.get(name, [])]
+
+
+def _mark(names: set[str], name: str, member: bool) -> None:
+    if member:
+        names.add(name)
+    else:
+        names.discard(name)
+
+
+def member_statuses(
+    run_dir: str | os.PathLike, members: Sequence[tuple[str, int]], families: Mapping[str, str] | None = None
+) -> dict[str, MemberStatus]:
+    """Status of ``members`` ((name, steps) pairs) now, from the run's files, each read once:
+    right for a run whose runner is gone as for a live one."""
+    return StatusTracker(run_dir, follow=False).update(members, families)
+
+
+def loss_curve(run_dir: str | os.PathLike, name: str) -> dict[int, float]:
+    """A member's loss per step as its final model saw it (a redone step keeps its last loss)."""
+    reader = MetricsReader(member_layout(run_dir, name).metrics)
+    reader.read_curve()
+    return reader.curve

@@ -1,0 +1,230 @@
+"""The runner's progress watchdog: finds attempts and blocks that stopped making progress silently.
+
+Parsl notices a worker or a manager that exits. It does not notice a worker that is frozen (a hung
+node, SIGSTOP), a worker pool whose main thread died while its heartbeat thread still answers the
+interchange (its tasks then never start and never fail), or an interchange that exited: a run in
+any of these states waits forever. The watchdog looks every :data:`WATCH_S` seconds at three things:
+
+- each running attempt's heartbeat (:mod:`resilient_flows.training._heartbeat`): an attempt whose
+  file has not changed for longer than its stall timeout is lost;
+- each block's managers, as the interchange reports them: a block that holds tasks of which none
+  beats for longer than the site's stall timeout is lost;
+- each executor's interchange process: once it exited, or stopped answering, the executor can run
+  nothing more.
+
+Silence is measured on the runner's own clock, from the moment it last saw a heartbeat file
+change, so that clock skew between nodes and the shared file system's times play no part.
+
+The stall timeout of an attempt is its member's ``stall_timeout`` when the workflow sets one, and
+otherwise the larger of ten times its observed seconds per step and the site's ``stall_timeout``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from parsl.executors import HighThroughputExecutor
+from parsl.executors.high_throughput.errors import CommandClientTimeoutError
+
+from resilient_flows.rundir import run_layout
+from resilient_flows.training import read_heartbeat
+
+logger = logging.getLogger(__name__)
+
+#: Seconds between two looks.
+WATCH_S = 2.0
+
+#: Seconds the interchange has to answer the watchdog; one that does not is given up.
+ANSWER_S = 10.0
+
+#: How many times its step time an attempt may stay silent, when its member sets no timeout.
+STEP_FACTOR = 10.0
+
+
+@dataclass(frozen=True)
+class Lost:
+    """What the watchdog found: a silent attempt (``task`` set), a block whose tasks never beat, or
+    an executor whose interchange exited (``block`` None, ``executor`` set). ``silent_s``: how
+    long a silent attempt had not beaten, on the runner's clock."""
+
+    reason: str
+    task: str | None = None
+    attempt: int | None = None
+    block: str | None = None
+    executor: str | None = None
+    silent_s: float | None = None
+
+
+@dataclass
+class _Beat:
+    mtime_ns: int
+    changed: float  # runner's monotonic clock when the file last changed
+    record: dict[str, Any] = field(default_factory=dict)
+
+
+def clear_heartbeats(run_dir: Path) -> None:
+    """Remove the heartbeats of attempts that cannot be running: those of an earlier runner, or of
+    a Parsl instance given up, whose blocks were cancelled. Left in place, they would be taken
+    for silent attempts of the new blocks."""
+    directory = run_layout(run_dir).heartbeats
+    if directory.is_dir():
+        for path in directory.iterdir():
+            path.unlink(missing_ok=True)
+
+
+def stall_timeout(member_s: float | None, step_s: float | None, site_s: float) -> float:
+    """Seconds of silence after which an attempt is lost (see the module's docstring)."""
+    if member_s is not None:
+        return member_s
+    return max(site_s, STEP_FACTOR * step_s) if step_s else site_s
+
+
+class Watchdog:
+    """Call :meth:`check` from the runner's loop; it looks at most every :data:`WATCH_S` seconds.
+
+    ``timeouts`` maps task names to their member's ``stall_timeout`` (None: derived); tasks not in it
+    (stages, analytics) take the site's. Each silent attempt, block and interchange is reported once.
+    """
+
+    def __init__(
+        self,
+        run_dir: Path,
+        site_stall_s: float,
+        timeouts: Mapping[str, float | None],
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.heartbeats = run_layout(run_dir).heartbeats
+        self.site_stall_s = site_stall_s
+        self.timeouts = timeouts
+        self.clock = clock
+        self._beats: dict[str, _Beat] = {}
+        self._quiet_since: dict[tuple[str, str], float] = {}  # (executor, block) holding tasks, none beating
+        self._reported: set[tuple[Any, ...]] = set()
+        self._looked = float("-inf")
+
+    def check(self, executors: Iterable[Any]) -> list[Lost]:
+        now = self.clock()
+        if now - self._looked < WATCH_S:
+            return []
+        self._looked = now
+        self._read_beats(now)
+        found = [*self._silent_attempts(now)]
+        for executor in executors:
+            if not isinstance(executor, HighThroughputExecutor):
+                continue
+            proc = executor.interchange_proc
+            if proc is not None and proc.poll() is not None:
+                reason = f"the interchange of executor {executor.label} exited (status {proc.returncode})"
+                found.append(Lost(reason, executor=executor.label))
+                continue
+            managers = _managers(executor)
+            if managers is None:
+                reason = f"the interchange of executor {executor.label} did not answer within {ANSWER_S:.0f} s"
+                found.append(Lost(reason, executor=executor.label))
+                continue
+            found.extend(self._quiet_blocks(executor.label, managers, now))
+        fresh = [lost for lost in found if _key(lost) not in self._reported]
+        self._reported.update(_key(lost) for lost in fresh)
+        return fresh
+
+    def forget_block(self, executor: str, block: str) -> None:
+        """The block was cancelled: its tasks' silence is no longer news."""
+        self._quiet_since.pop((executor, block), None)
+
+    def _read_beats(self, now: float) -> None:
+        try:
+            names = os.listdir(self.heartbeats)
+        except FileNotFoundError:
+            names = []
+        for name in set(self._beats) - set(names):
+            del self._beats[name]
+        for name in names:
+            path = self.heartbeats / name
+            try:
+                mtime = os.stat(path).st_mtime_ns
+            except FileNotFoundError:
+                self._beats.pop(name, None)
+                continue
+            beat = self._beats.get(name)
+            if beat is None or beat.mtime_ns != mtime:
+                record = read_heartbeat(path)
+                previous = {} if beat is None else beat.record
+                self._beats[name] = _Beat(mtime, now, record if record is not None else previous)
+
+    def _silent_attempts(self, now: float) -> Iterable[Lost]:
+        for name, beat in self._beats.items():
+            member_s = self.timeouts.get(name)
+            limit = stall_timeout(member_s, beat.record.get("step_s"), self.site_stall_s)
+            silent = now - beat.changed
+            if silent > limit:
+                yield Lost(
+                    f"no heartbeat for {silent:.0f} s (stall_timeout {limit:.0f} s) from pid "
+                    f"{beat.record.get('pid', '?')} on {beat.record.get('host', '?')}",
+                    task=name,
+                    attempt=beat.record.get("attempt"),
+                    block=beat.record.get("block"),
+                    silent_s=round(silent, 3),
+                )
+
+    def _quiet_blocks(self, label: str, managers: list[dict[str, Any]], now: float) -> Iterable[Lost]:
+        holding: dict[str, int] = {}
+        for manager in managers:
+            if manager.get("active", True) and manager.get("tasks", 0) > 0:
+                block = str(manager.get("block_id"))
+                holding[block] = holding.get(block, 0) + int(manager["tasks"])
+        beating = {
+            str(beat.record.get("block"))
+            for beat in self._beats.values()
+            if now - beat.changed <= self.site_stall_s and beat.record.get("block") is not None
+        }
+        for key in [k for k in self._quiet_since if k[0] == label and k[1] not in holding]:
+            del self._quiet_since[key]
+        for block, tasks in holding.items():
+            key = (label, block)
+            if block in beating:
+                self._quiet_since.pop(key, None)
+                continue
+            since = self._quiet_since.setdefault(key, now)
+            if now - since > self.site_stall_s:
+                yield Lost(
+                    f"block {block} holds {tasks} task(s) but none has beaten for {now - since:.0f} s "
+                    f"(stall_timeout {self.site_stall_s:.0f} s): its workers are gone or hung",
+                    block=block,
+                    executor=label,
+                )
+
+
+def _managers(executor: HighThroughputExecutor) -> list[dict[str, Any]] | None:
+    """The interchange's list of managers; None when it does not answer within :data:`ANSWER_S`.
+
+    Asked from a thread of its own: Parsl's command channel has one lock, which Parsl's own status
+    poller may hold forever while it waits for a hung interchange, and no timeout on taking it.
+    """
+    answer: list[Any] = []
+
+    def ask() -> None:
+        try:
+            answer.append(executor.command_client.run("MANAGERS", timeout_s=ANSWER_S))
+        except CommandClientTimeoutError:
+            pass
+        except Exception as exc:  # a closing channel: no news
+            logger.warning("watchdog: cannot list the managers of %s: %s", executor.label, exc)
+            answer.append([])
+
+    thread = threading.Thread(target=ask, name="watchdog-managers", daemon=True)
+    thread.start()
+    thread.join(ANSWER_S + 1)
+    return answer[0] if answer else None
+
+
+def _key(lost: Lost) -> tuple[Any, ...]:
+    if lost.task is not None:
+        return ("task", lost.task, lost.attempt)
+    return ("block", lost.executor, lost.block)

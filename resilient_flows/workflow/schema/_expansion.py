@@ -1,0 +1,165 @@
+"""From the workflow's entries to what runs: one :class:`MemberSpec` per member, one
+:class:`StageSpec` per stage.
+
+A member entry with ``seeds``, ``count`` or ``grid`` stands for several members, and a campaign
+for its initial population; each spec carries the family it came from, the checkpointing it
+inherits, the faults aimed at it and the site's places (node-local and node-memory roots).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from resilient_flows.training import CheckpointSpec, FaultSpec, MemberSpec, StageSpec, fill_command, stage_output
+from resilient_flows.workflow.schema._fields import to_seconds
+from resilient_flows.workflow.schema._models import (
+    CheckpointConfig,
+    ExploreConfig,
+    FaultConfig,
+    MemberConfig,
+    StageConfig,
+)
+
+#: Steps between checkpoints while ``interval: auto`` measures what a checkpoint costs.
+AUTO_WARMUP_STEPS = 10
+#: Node MTBF for ``interval: auto`` when neither the workflow nor the site gives one: a workstation's year.
+DEFAULT_NODE_MTBF_S = 365 * 86400.0
+
+
+def expand_member(member: MemberConfig) -> list[tuple[str, int, dict[str, Any]]]:
+    """(name, seed, params) per member: the grid's product times the seeds, in file order."""
+    seeds = member.seeds or ([member.seed + i for i in range(member.count)] if member.count else [member.seed])
+    keys = list(member.grid or {})
+    points = [dict(zip(keys, combo, strict=True)) for combo in itertools.product(*(member.grid or {}).values())]
+    variants = [(seed, {**member.params, **point}) for point in points for seed in seeds]
+    if len(variants) == 1:
+        return [(member.name, *variants[0])]
+    return [(f"{member.name}-{i}", seed, params) for i, (seed, params) in enumerate(variants)]
+
+
+def campaign_members(campaign: ExploreConfig) -> list[MemberConfig]:
+    """The campaign's initial population, as member entries of one member each."""
+    from resilient_flows.workflow._explore import campaign_points
+
+    return [
+        MemberConfig(
+            name=f"{campaign.name}-{i}",
+            workload=campaign.workload,
+            command=campaign.command,
+            grace=campaign.grace,
+            steps=campaign.steps,
+            params={**campaign.params, **point},
+            seed=campaign.seed + i,
+            threads=campaign.threads,
+        )
+        for i, point in enumerate(campaign_points(campaign))
+    ]
+
+
+def families(members: Sequence[MemberConfig], explore: Sequence[ExploreConfig]) -> list[tuple[str, MemberConfig]]:
+    """Each member entry with the family its members belong to: its own name, or its campaign's."""
+    return [
+        *((member.name, member) for member in members),
+        *((campaign.name, member) for campaign in explore for member in campaign_members(campaign)),
+    ]
+
+
+def checkpoint_spec(
+    config: CheckpointConfig,
+    local_dir: str | None,
+    site_node_mtbf_s: float | None = None,
+    memory_dir: str | None = None,
+) -> CheckpointSpec:
+    """The member's checkpointing; a tier named in ``config`` that the site lacks (``local_dir`` or
+    ``memory_dir`` None) is left out, and the tier after it counts the checkpoints of the one
+    before."""
+    auto = config.interval == "auto"
+    steps = AUTO_WARMUP_STEPS if auto else config.interval if isinstance(config.interval, int) else None
+    seconds = None if auto or isinstance(config.interval, int) else to_seconds(config.interval, "interval")
+    node = to_seconds(config.node_mtbf, "node_mtbf") if config.node_mtbf is not None else site_node_mtbf_s
+    every = config.persist_every if isinstance(config.persist_every, dict) else {"shared": config.persist_every}
+    memory = memory_dir if "memory" in config.tiers else None
+    return CheckpointSpec(
+        interval_steps=steps,
+        interval_s=seconds,
+        keep=config.keep,
+        overlap=config.overlap,
+        persist_every=every.get("shared", 1),
+        local_every=every.get("local", 1) if memory else 1,
+        local_dir=local_dir if "local" in config.tiers else None,
+        memory_dir=memory,
+        auto=auto,
+        process_mtbf_s=to_seconds(config.process_mtbf, "process_mtbf"),
+        node_mtbf_s=node if node is not None else DEFAULT_NODE_MTBF_S,
+    )
+
+
+@dataclass(frozen=True)
+class SpecBuilder:
+    """What a member's or a stage's spec draws on besides its own entry: the workflow's checkpoint
+    default, its faults and its file's directory (where command members run), and the site's facts.
+
+    ``local_root`` is this run's directory on node-local scratch (``memory_root`` in node memory),
+    ``node_mtbf_s`` the site's node MTBF (for ``interval: auto``), ``stop_grace_s`` the site's
+    grace for command members that name none, ``network_interface`` the site's interface between
+    nodes (members of several ranks).
+    """
+
+    checkpoint: CheckpointConfig
+    faults: Sequence[FaultConfig]
+    directory: Path | None
+    local_root: str | None = None
+    node_mtbf_s: float | None = None
+    stop_grace_s: float | None = None
+    memory_root: str | None = None
+    network_interface: str | None = None
+
+    def member_specs(self, family: str, member: MemberConfig) -> list[MemberSpec]:
+        """A spec per member the entry ``member`` of ``family`` stands for."""
+        return [self._member_spec(family, member, *expanded) for expanded in expand_member(member)]
+
+    def stage_spec(self, stage: StageConfig) -> StageSpec:
+        every_n = stage.every if isinstance(stage.every, int) else None
+        every_s = None if every_n is not None else to_seconds(stage.every, "every")
+        inputs = {name: stage_output(name) for name in stage.after}
+        spec = StageSpec(stage.name, stage.loop, stage.params, every_n, every_s, stage.keep, inputs)
+        return replace(spec, faults=self._faults(stage.name))
+
+    def _faults(self, name: str) -> tuple[FaultSpec, ...]:
+        return tuple(FaultSpec(f.kind, f.at_step) for f in self.faults if f.member == name)
+
+    def _member_spec(
+        self, family: str, member: MemberConfig, name: str, seed: int, params: dict[str, Any]
+    ) -> MemberSpec:
+        local = None if self.local_root is None else str(PurePosixPath(self.local_root) / name)
+        memory = None if self.memory_root is None else str(PurePosixPath(self.memory_root) / name)
+        command = None
+        if member.command is not None:
+            values = {**params, "name": name, "seed": seed, "steps": member.steps}
+            command = fill_command(list(member.command), values, self.directory)
+        return MemberSpec(
+            name=name,
+            workload=member.workload or "",
+            command=command,
+            command_template=None if command is None else list(member.command),
+            workdir=None if command is None or self.directory is None else str(self.directory),
+            grace_s=None if command is None else member.grace or self.stop_grace_s,
+            params=params,
+            seed=seed,
+            steps=member.steps,
+            checkpoint=checkpoint_spec(member.checkpoint or self.checkpoint, local, self.node_mtbf_s, memory),
+            faults=self._faults(name),
+            evaluate=member.evaluate,
+            threads=member.threads,
+            ranks=member.ranks,
+            nodes=member.nodes,
+            network_interface=self.network_interface,
+            parallel=member.parallel,
+            inputs={stage: stage_output(stage) for stage in member.after},
+            family=family,
+            stall_timeout_s=member.stall_timeout,
+        )
