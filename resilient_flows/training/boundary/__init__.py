@@ -1,11 +1,11 @@
-"""The step boundary, written once for every training loop (see :mod:`.runtime`).
+"""The step boundary, written once for every training loop (see :mod:`._runtime`).
 
-- :mod:`.signals`: SIGTERM and SIGUSR1 become a stop that waits for the next boundary.
-- :mod:`.requests`: what a rank asks for at a boundary, and the faults injected there.
-- :mod:`.ranks`: how the member's ranks agree, over whichever collectives the loop has.
-- :mod:`.cadence`: when a checkpoint is due, and ``interval: auto``'s tuning.
-- :mod:`.saver`: how the boundary saves, over our checkpointer or a framework's.
-- :mod:`.runtime`: :class:`StepRuntime`, which runs a boundary, and the :class:`Stop` it ends in.
+- :mod:`._signals`: SIGTERM and SIGUSR1 become a stop that waits for the next boundary.
+- :mod:`._requests`: what a rank asks for at a boundary, and the faults injected there.
+- :mod:`._ranks`: how the member's ranks agree, over whichever collectives the loop has.
+- :mod:`._cadence`: when a checkpoint is due, and ``interval: auto``'s tuning.
+- :mod:`._saver`: how the boundary saves, over our checkpointer or a framework's.
+- :mod:`._runtime`: :class:`StepRuntime`, which runs a boundary, and the :class:`Stop` it ends in.
 """
 
 from __future__ import annotations
