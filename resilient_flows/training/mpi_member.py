@@ -18,8 +18,9 @@ import sys
 from pathlib import Path
 from typing import Any, NoReturn
 
+from resilient_flows.capped import DOCUMENT_CAP
 from resilient_flows.errors import LaunchError, Preempted
-from resilient_flows.rundir import TaskLayout
+from resilient_flows.rundir import read_json
 from resilient_flows.training._contract import EXIT_PREEMPTED
 
 
@@ -27,7 +28,7 @@ def main(argv: list[str] | None = None) -> int:
     spec_path, run_dir = argv if argv is not None else sys.argv[1:]
     from resilient_flows.training._run import run_member
 
-    spec = TaskLayout(Path(spec_path).parent).read_spec()
+    spec = read_json(Path(spec_path), DOCUMENT_CAP, "member spec")  # any path: the launcher names it
     try:
         run_member(spec, run_dir, comm=_world())
     except Preempted as exc:
