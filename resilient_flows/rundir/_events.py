@@ -31,6 +31,7 @@ FULL_WAIT_S = 60.0
 EVENT_KINDS = (
     "submitted",
     "started",
+    "declined",
     "resumed",
     "checkpointed",
     "tuned",
@@ -50,6 +51,9 @@ EVENT_KINDS = (
     "exploited",
     "stage_started",
     "stage_finished",
+    "block_started",
+    "draining",
+    "drained",
 )
 
 

@@ -5,6 +5,7 @@
     <run>/events.jsonl         everything that happened (resilient_flows.rundir._events)
     <run>/blocks.jsonl         the pilot jobs and interchanges of every runner (the block ledger)
     <run>/runner.json          the runner's lease; <run>/guard.log its guard's output
+    <run>/block-times.json     when each running block started, ends and is drained (members read it)
     <run>/heartbeats/<task>    one file per running attempt (members, stages, analytics)
     <run>/parsl/               Parsl's run directory: submit scripts, interchange and worker logs
     <run>/report/              summary table and loss plot (where the workflow's report: says)
@@ -18,6 +19,7 @@ A member's or stage's directory::
     checkpoints/               its shared checkpoint tier
     metrics.jsonl              a line per step logged
     control.json               a request to stop or retire, from the runner or the CLI
+    pace.json                  its observed seconds per step and per checkpoint commit, kept across attempts
     clone-order.<request>.json (an order to clone it), seed.json (what a clone started from), handoff.json
     (a fork's hand-off), output.log (a command's output), command-result.json (a command's
     report), output/ (a stage's output), result.json (written last: the task finished)
@@ -64,6 +66,10 @@ class TaskLayout:
     @property
     def control(self) -> Path:
         return self.root / "control.json"
+
+    @property
+    def pace(self) -> Path:
+        return self.root / "pace.json"
 
     @property
     def seed(self) -> Path:
@@ -119,13 +125,22 @@ class TaskLayout:
         write_json(self.attempts, attempt)
         return attempt
 
-    def write_control(self, action: str, reason: str) -> Path:
+    def write_control(self, action: str, reason: str, block: str | None = None) -> Path:
+        """``block``: the request is meant for the attempt on that Parsl block only (a block's drain)."""
         self.root.mkdir(parents=True, exist_ok=True)
-        write_json(self.control, {"action": action, "reason": reason})
+        record = {"action": action, "reason": reason, **({} if block is None else {"block": block})}
+        write_json(self.control, record)
         return self.control
 
     def read_control(self) -> Any:
         return read_json(self.control, CONTROL_CAP, "control request")
+
+    def write_pace(self, record: dict[str, Any]) -> None:
+        """Not fsynced: advice for the next attempt, rewritten at every stop."""
+        write_json(self.pace, record, fsync=False)
+
+    def read_pace(self) -> Any:
+        return read_json(self.pace, CONTROL_CAP, "member pace")
 
     def write_clone_order(self, request: str, order: dict[str, Any]) -> Path:
         path = self.clone_order(request)
@@ -209,6 +224,10 @@ class RunLayout:
         return self.root / "runner.json"
 
     @property
+    def block_times(self) -> Path:
+        return self.root / "block-times.json"
+
+    @property
     def guard_log(self) -> Path:
         return self.root / "guard.log"
 
@@ -240,6 +259,13 @@ class RunLayout:
 
     def heartbeat(self, task: str) -> Path:
         return self.heartbeats / task
+
+    def write_block_times(self, record: dict[str, Any]) -> None:
+        """Not fsynced: rewritten by the runner whenever a block starts, ends or its drain moves."""
+        write_json(self.block_times, record, fsync=False)
+
+    def read_block_times(self) -> Any:
+        return read_json(self.block_times, DOCUMENT_CAP, "block times")
 
     def read_lease(self) -> Any:
         return read_json(self.lease, CONTROL_CAP, "runner lease")

@@ -10,7 +10,8 @@ Parsl::
       local_scratch: /local/scratch # node-local disk: the local checkpoint tier; null if none
       shared_fs: /eagle/${PROJECT}  # the parallel file system: the shared tier; null if none
       node_mtbf: 1825d              # mean time between failures of one node; null if unknown
-      walltime: "01:00:00"          # of one block: 6h, 90m or HH:MM:SS; null if unlimited
+      walltime: "01:00:00"          # of one block: 6h, 90m or HH:MM:SS; null if unlimited; the runner
+                                    # moves members to a fresh block before it (workflow._walltime)
       stall_timeout: 2m             # silence after which a running attempt is lost; default 60s
       stop_grace: 90s               # a command member's time to exit after a forwarded stop signal;
                                     # default 60s; a member's own grace: wins

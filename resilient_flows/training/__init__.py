@@ -101,6 +101,11 @@ _SOURCES = {
         "stage_finished",
         "stage_output",
     ),
+    "resilient_flows.training._walltime": (
+        "BlockTimes",
+        "Pace",
+        "drain_margin_s",
+    ),
     "resilient_flows.training._workloads": (
         "Workload",
         "batch_indices",

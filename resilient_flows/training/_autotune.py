@@ -16,6 +16,7 @@ go to the run's event log as a ``tuned`` event.
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from dataclasses import fields as dataclass_fields
@@ -105,9 +106,12 @@ class AutoTuner:
         return len(self.stalls) >= WARMUP_CHECKPOINTS and through > 0
 
     def recommend(
-        self, step: int, stats: CheckpointStats, two_tiers: bool, nodes: int = 1
+        self, step: int, stats: CheckpointStats, two_tiers: bool, nodes: int = 1, time_left_s: float | None = None
     ) -> tuple[MLCParams, MLCConfig]:
         """What the member measured, and the configuration for the rest of its run.
+
+        ``time_left_s``: seconds until its block is drained (None: no walltime). The drain commits a
+        checkpoint anyway, so the run the interval must protect ends there: its solve time is capped.
 
         The shared tier is given by its measured latency (from a save to the commit there: the
         first tier's write and the wait for the flusher included). :class:`MLCParams` takes that
@@ -129,7 +133,7 @@ class AutoTuner:
             l1_latency=l1_latency,
             l1_restart=startup,
             l1_mtbf=self.process_mtbf_s,
-            solve_time=max(1.0, (self.steps - step - 1) * pace),
+            solve_time=max(1.0, min((self.steps - step - 1) * pace, math.inf if time_left_s is None else time_left_s)),
             l2_latency=l2_latency,
             l2_restart=startup + l2_latency,
             l2_mtbf=self.node_mtbf_s,

@@ -9,6 +9,7 @@ written once it finished.
 
 from __future__ import annotations
 
+import functools
 import os
 import socket
 from collections.abc import Iterator
@@ -28,6 +29,7 @@ from resilient_flows.training._fork import CloneStart
 from resilient_flows.training._heartbeat import Heartbeat
 from resilient_flows.training._parallel import join_member_ranks, wrap_model
 from resilient_flows.training._spec import MemberSpec
+from resilient_flows.training._walltime import current_block, drain_in_s
 from resilient_flows.training.boundary import Cadence, CheckpointSaver, CommRanks, StepRuntime
 
 
@@ -100,14 +102,15 @@ class TrainContext:
             run_dir=self.run_dir,
             faults=spec.faults,
             metrics=MetricsLog(self.layout.metrics) if self.rank == 0 else None,
-            cadence=Cadence(spec.checkpoint, spec.steps, self.checkpointer),
+            cadence=Cadence(spec.checkpoint, spec.steps, self.checkpointer, functools.partial(drain_in_s, run_dir)),
         )
         self._clone = CloneStart(self.run_dir, spec, self.rank, ranks.broadcast, self._emit)
         if counted and self.rank == 0:
             heartbeat = Heartbeat(run_dir, self.name, attempt, on_orphaned=self.runtime.stop_orphaned)
             self.runtime.beat(heartbeat.start())
         if counted:
-            self._emit("started", attempt=attempt, host=socket.gethostname(), pid=os.getpid(), **self._hosts())
+            where = {"host": socket.gethostname(), "pid": os.getpid(), "block": current_block()}
+            self._emit("started", attempt=attempt, **where, **self._hosts())
 
     # ------------------------------------------------------------------ the contract
 
@@ -146,10 +149,16 @@ class TrainContext:
         return self.restored_step
 
     def steps(self, total: int) -> Iterator[int]:
-        """Steps ``0 .. total-1``, after the restored one; checkpoints and honours stop requests between them."""
+        """Steps ``0 .. total-1``, after the restored one; checkpoints and honours stop requests between them.
+
+        Raises :class:`Preempted` before the first step when the member's block is drained before
+        it could reach a checkpoint (see :mod:`resilient_flows.training._walltime`)."""
         if self.state is None:
             raise ResilientFlowsError("call ctx.track(model=..., optimizer=...) before ctx.steps()")
         start = 0 if self.restored_step is None else self.restored_step + 1
+        declined = self.runtime.decline_start(start) if start < total else None
+        if declined is not None:  # too close to its block's drain: requeued for free, elsewhere
+            raise Preempted(self.name, declined.step, declined.reason)
         self.report_if_cloned()
         with self.runtime.signals:
             for step in range(start, total):

@@ -29,6 +29,7 @@ from typing import Any
 
 from resilient_flows.rundir import TaskLayout, member_layout, run_layout
 from resilient_flows.training._spec import MemberSpec
+from resilient_flows.training._walltime import current_block
 
 
 def member_dir(run_dir: str | os.PathLike, name: str) -> Path:
@@ -100,13 +101,16 @@ def newest_committed(directories: list[Path]) -> int:
     )
 
 
-def request_preemption(run_dir: str | os.PathLike, name: str, reason: str = "preemption requested") -> Path:
+def request_preemption(
+    run_dir: str | os.PathLike, name: str, reason: str = "preemption requested", block: str | None = None
+) -> Path:
     """Ask a running member to commit a checkpoint and stop after its current step.
 
     The member consumes the request and raises ``Preempted``; the retry handler requeues it
-    without spending a retry.
+    without spending a retry. ``block``: only its attempt on that Parsl block is asked (the
+    block's drain), never a later one on a fresh block.
     """
-    return member_layout(run_dir, name).write_control("preempt", reason)
+    return member_layout(run_dir, name).write_control("preempt", reason, block)
 
 
 def request_retirement(run_dir: str | os.PathLike, name: str, reason: str) -> Path:
@@ -121,7 +125,9 @@ def read_stop_request(directory: Path) -> tuple[str, str] | None:
         request = TaskLayout(directory).read_control()
     except (OSError, ValueError):
         return None  # absent, being written (read again after the next step), or oversized: no request
-    if isinstance(request, dict) and request.get("action") in ("preempt", "retire"):
+    if not isinstance(request, dict) or request.get("block", current_block()) != current_block():
+        return None  # meant for its attempt on a block it is no longer on
+    if request.get("action") in ("preempt", "retire"):
         return str(request["action"]), str(request.get("reason", f"{request['action']} requested"))
     return None
 

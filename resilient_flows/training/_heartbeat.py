@@ -10,11 +10,11 @@ changing for longer than its stall timeout.
 
 Each beat is one ``pwrite`` of a fixed-size record at offset 0: no rename, no extra metadata
 operation on the shared file system, and the record says who beats (attempt, pid, host, Parsl
-block), how fast the task progresses (its step and seconds per step), from which the runner
-derives the stall timeout, and the newest checkpoint this attempt committed in any tier: the
-retry handler counts a lost attempt that committed one as progress even when that checkpoint was
-node-local and went with its node. A reader may rarely see a record being rewritten; it keeps the last one
-it could parse.
+block), how fast the task progresses (its step, seconds per step and per checkpoint commit), from
+which the runner derives the stall timeout and its block's drain margin, and the newest checkpoint
+this attempt committed in any tier: the retry handler counts a lost attempt that committed one as
+progress even when that checkpoint was node-local and went with its node. A reader may rarely see a
+record being rewritten; it keeps the last one it could parse.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from typing import Any
 from resilient_flows.capped import CONTROL_CAP
 from resilient_flows.rundir import read_json, run_layout
 from resilient_flows.training._lease import orphaned
+from resilient_flows.training._walltime import current_block
 
 logger = logging.getLogger(__name__)
 
@@ -91,11 +92,12 @@ class Heartbeat:
             "attempt": attempt,
             "pid": os.getpid(),
             "host": socket.gethostname(),
-            "block": os.environ.get("PARSL_WORKER_BLOCK_ID"),
+            "block": current_block(),
             "started": round(time.time(), 3),
         }
         self._step: int | None = None
         self._committed: int | None = None
+        self._commit_s: float | None = None
         self._first: tuple[int, float] | None = None  # (step, time) of the first progress seen
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -105,9 +107,12 @@ class Heartbeat:
     def progress(self, step: int) -> None:
         self._step = step
 
-    def committed(self, step: int) -> None:
-        """This attempt committed a checkpoint of ``step`` in some tier (from the writer's thread)."""
+    def committed(self, step: int, seconds: float | None = None) -> None:
+        """This attempt committed a checkpoint of ``step`` in some tier (from the writer's thread),
+        ``seconds`` after it was saved: the runner drains the member's block that long before its end."""
         self._committed = step if self._committed is None else max(self._committed, step)
+        if seconds is not None:
+            self._commit_s = seconds
 
     def __enter__(self) -> Heartbeat:
         return self.start()
@@ -161,6 +166,7 @@ class Heartbeat:
             "step": step,
             "step_s": step_s,
             "committed": self._committed,
+            "commit_s": None if self._commit_s is None else round(self._commit_s, 6),
         }
         data = json.dumps(record, separators=(",", ":")).encode()
         self._size = max(self._size, len(data))

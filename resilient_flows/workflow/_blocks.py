@@ -171,9 +171,7 @@ def retire_block(executor: BlockProviderExecutor, block: str | None) -> bool:
     status = executor.status_facade.get(str(block))
     if status is not None and status.terminal:
         return False
-    hold = getattr(executor, "_hold_block", None)
-    if hold is not None:
-        hold(str(block))
+    hold_block(executor, str(block))
     group = _local_group(executor.provider, job_id)
     executor.provider.cancel([job_id])
     if group is not None:  # LocalProvider sends SIGTERM, which a stopped (hung) worker never acts on
@@ -184,6 +182,14 @@ def retire_block(executor: BlockProviderExecutor, block: str | None) -> bool:
     executor._status[str(block)] = scaled_in  # what scale_in_facade records for the blocks it scales in
     executor._simulated_status[str(block)] = scaled_in
     return True
+
+
+def hold_block(executor: BlockProviderExecutor, block: str) -> None:
+    """Put the block's managers on hold: the interchange sends them no more tasks, while the ones
+    they run go on (Parsl's own ``_hold_block``, where the executor has one)."""
+    hold = getattr(executor, "_hold_block", None)
+    if hold is not None:
+        hold(str(block))
 
 
 def _local_group(provider: Any, job_id: str) -> int | None:

@@ -61,7 +61,8 @@ from resilient_flows.workflow._plan import plan_workflow
 from resilient_flows.workflow._report import campaign_table, ondemand_table, stage_table, status_table, write_report
 from resilient_flows.workflow._rundir import MemberIndex, Plan, create_run_dir, default_run_dir, read_plan, run_members
 from resilient_flows.workflow._status import StatusTracker
-from resilient_flows.workflow._watchdog import Lost, Watchdog, clear_heartbeats
+from resilient_flows.workflow._walltime import BlockClock
+from resilient_flows.workflow._watchdog import Lost, Watchdog, clear_heartbeats, interchange_managers
 from resilient_flows.workflow.schema import load_workflow, run_path
 
 POLL_SECONDS = 0.5
@@ -242,6 +243,11 @@ def _site_config(site: SiteFile, run_dir: Path, retries: int, free_stops: int) -
     return site.config(run_dir=str(run_layout(run_dir).parsl), retries=retries, retry_handler=handler)
 
 
+def _managers_of(executor: Any) -> list[dict[str, Any]] | None:
+    """The interchange's managers of an executor that has one; None for any other."""
+    return interchange_managers(executor) if isinstance(executor, HighThroughputExecutor) else None
+
+
 def _handle_lost(
     found: list[Lost], executors: list[Any], submitter: _Submitter, watchdog: Watchdog, console: Console
 ) -> str | None:
@@ -405,7 +411,9 @@ class _RunLoop:
         self.pending = [m for m in members if m.parent is None]  # clones wait until their source serves them
         self._listed: list[MemberSpec] | None = None
         self._names: list[tuple[str, int]] = []
+        self._members: set[str] = set()
         self._families: dict[str, str] = {}
+        self.block_clock: BlockClock | None = None
 
     def run(self, console: Console) -> int:
         with Live(console=console, refresh_per_second=4, transient=True) as live:
@@ -434,6 +442,8 @@ class _RunLoop:
         clear_heartbeats(self.run_dir)
         dfk, self.config = _load_parsl(self.config, self.site_config, console)
         watchdog = Watchdog(self.run_dir, self.facts.stall_timeout_s, {})
+        if self.facts.walltime_s is not None:  # blocks end on time: see resilient_flows.workflow._walltime
+            self.block_clock = BlockClock(self.run_dir, self.facts.walltime_s, _managers_of)
         lost_parsl = None
         try:
             self.submitter.submit_stages(self.stages)
@@ -459,6 +469,7 @@ class _RunLoop:
         elapsed = time.monotonic() - self.started
         if everyone is not self._listed:  # the index gives the same list until a member is added
             self._listed, self._names = everyone, [(m.name, m.steps) for m in everyone]
+            self._members = {m.name for m in everyone}
             self._families = {m.name: m.family for m in everyone}
         statuses = self.tracker.update(self._names, self._families)
         self.ondemand.update(elapsed, everyone, statuses)
@@ -474,6 +485,12 @@ class _RunLoop:
         lost_parsl = _handle_lost(watchdog.check(executors), executors, self.submitter, watchdog, console)
         if lost_parsl is not None:
             return lost_parsl
+        if self.block_clock is not None:
+            for label, block in self.block_clock.update(executors, watchdog.beats(), self._members):
+                watchdog.forget_block(label, block)
+                console.print(
+                    f"block {block} of {label} drained before its walltime; its members continue on a new one"
+                )
         table = status_table(statuses, f"{self.workflow.name} ({elapsed:.0f} s)")
         if self.stages:
             events = self.tracker.events_of([s.name for s in self.stages])

@@ -25,6 +25,7 @@ from resilient_flows.training import member_dir
 _STATE_AFTER = {
     "submitted": "queued",
     "started": "running",
+    "declined": "queued",
     "resumed": "running",
     "failed": "failed",
     "retried": "retrying",

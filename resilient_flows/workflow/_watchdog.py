@@ -124,7 +124,7 @@ class Watchdog:
                 reason = f"the interchange of executor {executor.label} exited (status {proc.returncode})"
                 found.append(Lost(reason, executor=executor.label))
                 continue
-            managers = _managers(executor)
+            managers = interchange_managers(executor)
             if managers is None:
                 reason = f"the interchange of executor {executor.label} did not answer within {ANSWER_S:.0f} s"
                 found.append(Lost(reason, executor=executor.label))
@@ -133,6 +133,10 @@ class Watchdog:
         fresh = [lost for lost in found if _key(lost) not in self._reported]
         self._reported.update(_key(lost) for lost in fresh)
         return fresh
+
+    def beats(self) -> dict[str, dict[str, Any]]:
+        """The latest heartbeat record of each running attempt, by task name, as last read."""
+        return {name: beat.record for name, beat in self._beats.items()}
 
     def forget_block(self, executor: str, block: str) -> None:
         """The block was cancelled: its tasks' silence is no longer news."""
@@ -201,7 +205,7 @@ class Watchdog:
                 )
 
 
-def _managers(executor: HighThroughputExecutor) -> list[dict[str, Any]] | None:
+def interchange_managers(executor: HighThroughputExecutor) -> list[dict[str, Any]] | None:
     """The interchange's list of managers; None when it does not answer within :data:`ANSWER_S`.
 
     Asked from a thread of its own: Parsl's command channel has one lock, which Parsl's own status

@@ -1,5 +1,6 @@
 """When a member checkpoints: every N steps or seconds, or (``interval: auto``) at the interval the
-recommender picks once the first checkpoints are measured."""
+recommender picks once the first checkpoints are measured, for a run that ends at the latest when
+its block is drained (a block's walltime: see :mod:`resilient_flows.training._walltime`)."""
 
 from __future__ import annotations
 
@@ -16,9 +17,17 @@ from resilient_flows.training.boundary._ranks import Ranks
 class Cadence:
     """A member's checkpoint interval, in steps or seconds since the last save, and its tuning."""
 
-    def __init__(self, spec: CheckpointSpec, steps: int, checkpointer: Checkpointer) -> None:
+    def __init__(
+        self,
+        spec: CheckpointSpec,
+        steps: int,
+        checkpointer: Checkpointer,
+        drain_in: Callable[[], float | None] = lambda: None,
+    ) -> None:
+        """``drain_in``: seconds until the member's block is drained, None when it never is."""
         self.interval_steps, self.interval_s = spec.interval_steps, spec.interval_s
         self._checkpointer = checkpointer
+        self._drain_in = drain_in
         self._last_save = time.monotonic()
         self._tuner = AutoTuner(spec.process_mtbf_s, spec.node_mtbf_s, steps) if spec.auto else None
 
@@ -27,6 +36,13 @@ class Cadence:
         if self.interval_steps is not None and (step + 1) % self.interval_steps == 0:
             return True
         return self.interval_s is not None and time.monotonic() - self._last_save >= self.interval_s
+
+    def steps_to_next(self, step: int) -> int | None:
+        """How many steps from ``step`` (the next to run) on, that one included, until a checkpoint
+        by the step interval is due; None without one."""
+        if self.interval_steps is None:
+            return None
+        return self.interval_steps - step % self.interval_steps
 
     def saved(self) -> None:
         self._last_save = time.monotonic()
@@ -44,7 +60,7 @@ class Cadence:
         two_tiers = ck.local is not None
         choice: tuple[float, int, dict[str, Any]] | None = None
         if ranks.rank == 0 and tuner.ready(ck.stats, two_tiers):
-            params, config = tuner.recommend(step, ck.stats, two_tiers, ck.nodes)
+            params, config = tuner.recommend(step, ck.stats, two_tiers, ck.nodes, self._drain_in())
             fields = tuned_fields(params, config, tuner.observed(ck.stats, ck.nodes))
             choice = (config.interval, config.l2_every or MAX_PERSIST_EVERY, fields)
         choice = ranks.broadcast(choice)

@@ -1,8 +1,10 @@
 """The step boundary: what a member does between two training steps, whichever loop it runs in.
 
 In this order: report progress, fire injected faults, take stop requests (a signal, the runner
-gone, the runner's preempt or retire) and clone orders, agree on them across ranks, retune the
-interval, save when due, asked or forking, and stop after committing. :class:`StepRuntime` does
+gone, the runner's preempt or retire, a block's drain before its walltime) and clone orders, agree
+on them across ranks, retune the interval, save when due, asked or forking, and stop after
+committing. Before the first step, a member declines to start on a block about to be drained
+(:meth:`StepRuntime.decline_start`, see :mod:`resilient_flows.training._walltime`). :class:`StepRuntime` does
 all of it once; :class:`~resilient_flows.training.TrainContext`, the Lightning callback and the
 Hugging Face Trainer integration only feed it their steps, their collectives (:class:`Ranks`) and
 their way of saving (:class:`Saver`).
@@ -25,6 +27,15 @@ from resilient_flows.training._control import CloneOrder, RequestWatch, read_clo
 from resilient_flows.training._fork import Handoff, mark_forking
 from resilient_flows.training._heartbeat import Heartbeat
 from resilient_flows.training._spec import FaultSpec
+from resilient_flows.training._walltime import (
+    Pace,
+    current_block,
+    read_block_times,
+    read_pace,
+    start_refusal,
+    time_to_checkpoint_s,
+    write_pace,
+)
 from resilient_flows.training.boundary._cadence import Cadence
 from resilient_flows.training.boundary._ranks import Ranks
 from resilient_flows.training.boundary._requests import Request, consume_request, fire_faults, pending_request
@@ -101,6 +112,10 @@ class StepRuntime:
         self._orders: list[CloneOrder] = []
         self._prepared = False
         self._full_failures = 0
+        self._first_step: tuple[int, float] | None = None  # (step, monotonic time) of this attempt's first boundary
+        self.step_s: float | None = None  # this attempt's seconds per step, once two boundaries were seen
+        self.commit_s: float | None = None  # seconds from the last save to its last commit
+        self._save_began = (-1, 0.0)  # (step, monotonic time) of the last save
 
     def beat(self, heartbeat: Heartbeat) -> None:
         """``heartbeat`` hears of every step and commit from now on."""
@@ -134,6 +149,7 @@ class StepRuntime:
         """Everything due after ``step``; the stop, once committed, when the member must stop."""
         if self.heartbeat is not None:
             self.heartbeat.progress(step)
+        self._time_step(step)
         fire_faults(self.faults, step, self.attempt, self.member, self.flush_metrics)
         request, orders = self._requests(step)
         if self.cadence is not None:
@@ -154,6 +170,7 @@ class StepRuntime:
         """Start a checkpoint of ``step``. A full file system fails only that checkpoint (training
         goes on from the last committed one) until it has lasted :data:`STORAGE_RETRIES` tries."""
         self.flush_metrics()  # every step up to a committed checkpoint is on disk
+        self._save_began = (step, time.monotonic())
         try:
             self.saver.save(step, persist=persist, on_commit=self._on_commit(handoff), cached=handoff is not None)
         except StorageFullError as exc:  # an earlier checkpoint's; this one is queued
@@ -184,12 +201,49 @@ class StepRuntime:
         self.commit(step)
         if self._watch is not None:
             consume_request(self._watch.directory)
+            write_pace(self._watch.directory, self.pace())  # the next attempt's start and its block's drain use it
         if action == "retire":
             self.emit("retired", step=step, reason=reason)
         else:
             self.emit("preempted", attempt=self.attempt, step=step, reason=reason)
         logger.warning("member %s: stopping after committing step %d: %s", self.member, step, reason)
         return Stop(action, reason, step)
+
+    def pace(self) -> Pace:
+        """This member's pace: what this attempt observed, else what earlier ones did."""
+        before = read_pace(self.directory) if self.directory is not None else Pace()
+        return Pace(
+            self.step_s if self.step_s is not None else before.step_s,
+            self.commit_s if self.commit_s is not None else before.commit_s,
+        )
+
+    def decline_start(self, step: int) -> Stop | None:
+        """Before the first step (``step``, the first to run): the stop, when the member's block is
+        drained before it could reach a checkpoint; it then trains nothing and is requeued for free
+        on another block. None when it may start (or its block's times are unknown)."""
+        reason = None
+        if self._watch is not None and self.run_dir is not None:
+            times = read_block_times(self.run_dir, current_block())
+            cadence = self.cadence
+            to_interval = None if cadence is None else cadence.steps_to_next(step)
+            needed = time_to_checkpoint_s(self.pace(), to_interval, None if cadence is None else cadence.interval_s)
+            reason = start_refusal(times, needed, time.time())
+            if reason is not None:
+                assert times is not None
+                left = round(times.drain_at - time.time(), 3)
+                self.emit("declined", attempt=self.attempt, step=step - 1, block=times.block, drain_in_s=left)
+        reason = self.ranks.broadcast(reason)
+        if reason is None:
+            return None
+        logger.warning("member %s: not starting: %s", self.member, reason)
+        return Stop("preempt", reason, step - 1)
+
+    def _time_step(self, step: int) -> None:
+        now = time.monotonic()
+        if self._first_step is None:
+            self._first_step = (step, now)
+        elif step > self._first_step[0]:
+            self.step_s = (now - self._first_step[1]) / (step - self._first_step[0])
 
     def _requests(self, step: int) -> tuple[Request | None, list[CloneOrder]]:
         """The stop request and the clone orders due at ``step``, the same on every rank."""
@@ -214,13 +268,16 @@ class StepRuntime:
 
     def _on_commit(self, handoff: Handoff | None) -> OnCommit | None:
         """The heartbeat records each commit (a lost attempt that committed one made progress,
-        even if its node took that checkpoint along), and a clone hand-off is served."""
+        even if its node took that checkpoint along) and how long it took (a block's drain margin
+        holds it), and a clone hand-off is served."""
         beat = self.heartbeat
-        if beat is None:
-            return handoff
 
         def committed(tier: Any, step: int) -> None:
-            beat.committed(step)
+            began_step, began = self._save_began
+            if began_step == step:
+                self.commit_s = time.monotonic() - began  # the last tier's commit is the last call
+            if beat is not None:
+                beat.committed(step, self.commit_s)
             if handoff is not None:
                 handoff(tier, step)
 
