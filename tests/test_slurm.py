@@ -20,8 +20,9 @@ from parsl.providers import SlurmProvider
 from rich.console import Console
 from slurm import cancel, cancel_all, require_slurm, slurm_jobs, worker_job_id
 
-from resilient_flows.sites import load_site
+from resilient_flows.sites import SITE_DIR, load_site
 from resilient_flows.training import read_events, run_member
+from resilient_flows.training._walltime import MIN_DRAIN_S, REACTION_S
 from resilient_flows.units import parse_size
 from resilient_flows.workflow import read_plan, start_run
 
@@ -122,3 +123,63 @@ def test_a_workflow_member_survives_scancel_of_its_pilot_job(tmp_path: Path, mon
     assert len(workers) == 2  # two attempts in two worker processes (two pilot jobs)
     reference = run_member(read_plan(run_dir).members[0].to_dict(), str(tmp_path / "ref"))
     assert json.loads((run_dir / "members/m/result.json").read_text())["digest"] == reference["digest"]
+
+
+@pytest.mark.timeout(480)
+def test_members_leave_each_block_before_its_walltime(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Blocks of Slurm's least walltime (1 minute) and members that need about three: each block is
+    drained before its end, its members commit and stop for free, and continue on a fresh block
+    from that checkpoint; none is started in a block's last margin, none is killed by the walltime."""
+    require_slurm()
+    monkeypatch.setattr(SlurmProvider, "status_polling_interval", property(lambda self: POLL_S))
+    tests_dir = str(Path(__file__).parent)  # workers import the `paced` workload from tests/
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (tests_dir, os.environ.get("PYTHONPATH")) if p))
+    site = tmp_path / "short-blocks.yaml"
+    text = (SITE_DIR / "local-slurm.yaml").read_text()
+    text = text.replace('walltime: "00:30:00"', 'walltime: "00:01:00"').replace("walltime: 30m", "walltime: 1m")
+    site.write_text(text)
+    workflow = tmp_path / "wf.yaml"
+    workflow.write_text(
+        f"name: walltime\nsite: {site}\nretries: 0\ncheckpoint: {{interval: 100}}\nmembers:\n"
+        "  - {name: m, workload: 'paced:train', steps: 400, params: {step_s: 0.2}, seeds: [0, 1]}\n"
+    )
+    run_dir = tmp_path / "run"
+    try:
+        outcome = start_run(workflow, run_dir=run_dir, console=Console(file=io.StringIO()))
+    finally:
+        cancel_all(name_prefix=f"parsl.{LABEL}.block-")
+    events = list(read_events(run_dir))
+    members = [m.name for m in read_plan(run_dir).members]
+    assert outcome == 0
+    assert all((run_dir / "members" / name / "result.json").is_file() for name in members)
+
+    failed = [e for e in events if e["kind"] == "failed"]
+    assert sum(e["cost"] for e in failed) == 0, failed  # no retry spent (the workflow allows none)
+    assert {e["cause"] for e in failed} <= {"preempted"}, failed
+    assert not [e for e in events if e["kind"] == "lost"]
+    jobs = {e["job_id"] for e in events if e["kind"] == "block_started"}
+    states = {job: state for job, state in slurm_jobs(name_prefix=f"parsl.{LABEL}.block-") if job in jobs}
+    assert "TIMEOUT" not in states.values(), states  # no block outlived its walltime
+
+    drains = [e for e in events if e["kind"] == "preempted" and "walltime" in e["reason"]]
+    assert len(drains) >= len(members), "every member moved to a fresh block at least once"
+    assert len([e for e in events if e["kind"] == "drained"]) >= 2
+    redone = {}
+    for name in members:
+        steps = [json.loads(line)["step"] for line in (run_dir / "members" / name / "metrics.jsonl").open()]
+        redone[name] = len(steps) - len(set(steps))
+        stops = len([e for e in drains if e["member"] == name])
+        assert redone[name] <= 3 * stops, (name, redone[name], stops)  # a few steps per block end, not an interval
+
+    ends = {e["block"]: e["end"] for e in events if e["kind"] == "block_started"}
+    declined = {(e["member"], e["attempt"]) for e in events if e["kind"] == "declined"}
+    margins = []
+    for e in events:
+        if e["kind"] == "started" and (e["member"], e["attempt"]) not in declined:
+            margins.append(ends[e["block"]] - e["time"])
+    assert min(margins) > MIN_DRAIN_S + REACTION_S, margins  # none started in its block's last margin
+    print(
+        f"\nwalltime run: {len(jobs)} blocks, {len(drains)} drain stops, retries spent "
+        f"{sum(e['cost'] for e in failed)}, declined {len(declined)}, redone steps {redone}, "
+        f"least time left at a start {min(margins):.1f} s, Slurm states {sorted(states.values())}"
+    )
