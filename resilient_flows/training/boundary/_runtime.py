@@ -3,15 +3,16 @@
 In this order: report progress, fire injected faults, take stop requests (a signal, the runner
 gone, the runner's preempt or retire, a block's drain before its walltime) and clone orders, agree
 on them across ranks, retune the interval, save when due, asked or forking, and stop after
-committing. Before the first step, a member declines to start on a block about to be drained
-(:meth:`StepRuntime.decline_start`, see :mod:`resilient_flows.training._walltime`). :class:`StepRuntime` does
-all of it once; :class:`~resilient_flows.training.TrainContext`, the Lightning callback and the
-Hugging Face Trainer integration only feed it their steps, their collectives (:class:`Ranks`) and
-their way of saving (:class:`Saver`).
+committing; before the first step, decline to start on a block about to be drained (see
+:mod:`resilient_flows.training._walltime`). :class:`StepRuntime` does all of it once;
+:class:`~resilient_flows.training.TrainContext`, the Lightning callback and the Hugging Face
+Trainer integration only feed it their steps, their collectives (:class:`Ranks`) and their way of
+saving (:class:`Saver`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
@@ -201,7 +202,8 @@ class StepRuntime:
         self.commit(step)
         if self._watch is not None:
             consume_request(self._watch.directory)
-            write_pace(self._watch.directory, self.pace())  # the next attempt's start and its block's drain use it
+            with contextlib.suppress(OSError):  # advice: a full file system must not fail a committed stop
+                write_pace(self._watch.directory, self.pace())  # the next attempt's start and drain use it
         if action == "retire":
             self.emit("retired", step=step, reason=reason)
         else:
