@@ -25,6 +25,7 @@ from resilient_flows.training import read_events, run_member
 from resilient_flows.training._walltime import MIN_DRAIN_S, REACTION_S
 from resilient_flows.units import parse_size
 from resilient_flows.workflow import read_plan, start_run
+from resilient_flows.workflow._walltime import FORCE_S
 
 pytestmark = [pytest.mark.slow, pytest.mark.slurm, pytest.mark.timeout(150)]
 
@@ -178,8 +179,11 @@ def test_members_leave_each_block_before_its_walltime(tmp_path: Path, monkeypatc
         if e["kind"] == "started" and (e["member"], e["attempt"]) not in declined:
             margins.append(ends[e["block"]] - e["time"])
     assert min(margins) > MIN_DRAIN_S + REACTION_S, margins  # none started in its block's last margin
+    emptied = [ends[e["block"]] - e["time"] for e in events if e["kind"] == "drained"]
+    assert min(emptied) > FORCE_S, emptied  # each block was cancelled once its members left, not at its end
     print(
         f"\nwalltime run: {len(jobs)} blocks, {len(drains)} drain stops, retries spent "
         f"{sum(e['cost'] for e in failed)}, declined {len(declined)}, redone steps {redone}, "
-        f"least time left at a start {min(margins):.1f} s, Slurm states {sorted(states.values())}"
+        f"least time left at a start {min(margins):.1f} s, at a block's cancel {min(emptied):.1f} s, "
+        f"Slurm states {sorted(states.values())}"
     )
