@@ -346,7 +346,7 @@ def live_arrays(
     check_compatible(records, live, lazy, where, ours)
     if not isinstance(stateful, TrainState):
         return live
-    saved = unflatten(skeleton, _Placeholders())
+    saved = unflatten(skeleton, _Placeholders(records))
     stateful.check_loadable(saved)
     live = _arrays_of(stateful.restore_target(saved))
     check_compatible(records, live, lazy, where, ours)
@@ -383,10 +383,18 @@ def _arrays_of(state: Mapping[str, Any]) -> dict[str, Leaf]:
 
 
 class _Placeholders(dict):
-    """Stands in for every array, to look at a saved state's structure without reading it."""
+    """Stands in for every array, to look at a saved state's structure without reading it: each
+    has the saved shape and dtype (what optimizer state is created from) and no storage."""
+
+    def __init__(self, records: Mapping[str, ArrayRecord]) -> None:
+        super().__init__()
+        self._records = records
 
     def __missing__(self, name: str) -> torch.Tensor:
-        return torch.zeros(())
+        record = self._records.get(name)
+        if record is None:
+            return torch.zeros(())
+        return torch.zeros((), dtype=record.dtype).expand(record.shape)
 
 
 @dataclass(frozen=True)
@@ -481,6 +489,8 @@ def read_agreed(
         finally:
             if opened is not None:
                 opened.close()
+        if isinstance(stateful, TrainState):
+            stateful.discard_restore_target()  # the next candidate creates the optimizer state it has
         reason = "; ".join(f"rank {r}: {p}" if comm.size > 1 else p for r, p in enumerate(problems) if p)
         held = ", ".join(copy.tier for copy in copies) or "no tier on this rank"
         logger.warning("skipping checkpoint step %d (%s): %s", s, held, reason)
