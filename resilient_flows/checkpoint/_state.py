@@ -114,6 +114,11 @@ class TrainState:
             if param is not None and isinstance(values, dict):
                 self.optimizer.state[param] = {key: _empty_like_saved(param, value) for key, value in values.items()}
 
+    def created_for_restore(self) -> tuple[str, ...]:
+        """Prefixes of the arrays :meth:`restore_target` created: nothing trains from them before
+        the restore succeeds, so they may be filled while they are verified."""
+        return ("optimizer/state/",) if self._created_for_restore else ()
+
     def discard_restore_target(self) -> None:
         """Undo :meth:`restore_target` when nothing was restored: the optimizer is left as it was."""
         if self._created_for_restore:
