@@ -23,10 +23,16 @@ Order of operations the caller guarantees (the contract of :class:`OpenCheckpoin
    with several ranks, :meth:`OpenCheckpoint.assign_readers` then picks who reads each replicated
    piece, from every rank's :meth:`OpenCheckpoint.visible_shards`;
 2. :meth:`OpenCheckpoint.verify` maps the shards that hold pieces overlapping the targets and
-   checks every such piece's checksum, before anything is copied: a bad checkpoint leaves the
-   state untouched (ranks agree on the verdict between 2 and 3);
-3. :meth:`OpenCheckpoint.fill` copies the overlaps into the targets, in place where the live
-   leaf allows it, and returns the arrays by name.
+   checks every such piece's checksum before anything is copied into the live state: a bad
+   checkpoint leaves the state untouched (ranks agree on the verdict between 2 and 3). Targets
+   made for this restore (optimizer state created for it, arrays the state lacks) are filled as
+   their pieces are hashed, since nothing uses them before the restore succeeds;
+3. :meth:`OpenCheckpoint.fill` copies the other overlaps into the targets, in place where the
+   live leaf allows it, and returns the arrays by name.
+
+Meanwhile (from :meth:`OpenCheckpoint.prefault` to :meth:`OpenCheckpoint.close`) a helper thread
+faults in the targets' host memory without changing it, so that the copies in 3 run at memory
+speed instead of taking a page fault every 4 KiB of a freshly allocated state.
 """
 
 from __future__ import annotations
