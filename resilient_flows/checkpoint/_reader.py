@@ -260,9 +260,9 @@ class OpenCheckpoint:
         with torch.no_grad():
             for name, target in targets.items():
                 for piece, common in self._overlaps(name, target.box):
-                    reader = readers.get((name, piece.key))
                     if (name, piece.key) in self._filled:
                         continue
+                    reader = readers.get((name, piece.key))
                     if reader is None:
                         target.dst[common.within(target.box)].copy_(self._piece(name, piece)[common.within(piece.box)])
                         continue
