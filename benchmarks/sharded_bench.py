@@ -37,8 +37,9 @@ write to the same directory (a temporary one, or ``--dir``) and both fsync (DCP'
 4. at 2 ranks, restoring the 4-rank checkpoints of phase 1 (one state, saved by both) into fresh
    FSDP2 models and optimizers: ``Checkpointer.restore`` against ``dcp.load`` of the app state,
    twice as many rounds, alternating which goes first; the restored states are compared bit for
-   bit. Both create the fresh optimizer's state with DCP's helper (an Adam step with zero
-   gradients), timed apart. Both read through the page cache (the checkpoints were just written).
+   bit. ``dcp.load`` creates the fresh optimizer's state with DCP's helper (an Adam step with zero
+   gradients), timed apart; ``Checkpointer.restore`` creates it empty, from the checkpoint's
+   shapes. Both read through the page cache (the checkpoints were just written).
 
 Not available here (the run reports DCP's own messages): pinned staging memory (CUDA only: DCP
 ignores ``use_pinned_memory`` with a warning), non-blocking copies (torch's default
@@ -430,7 +431,7 @@ class _RankBench:
             return fresh
 
         def shared(keep: bool) -> None:
-            """What both pay: a fresh optimizer's state created by DCP's helper (a step with zero gradients)."""
+            """What dcp.load pays first: the fresh optimizer's state created by DCP's helper."""
             fresh = self.build(train=False)
             self.barrier()
             started = time.perf_counter()
@@ -791,7 +792,7 @@ def report(size: str, spec: dict, runs: dict[int, list[dict]], wall: float, json
             out.row(
                 world,
                 "init_optimizer",
-                "of which both pay: a fresh Adam's state created (get_state_dict on it)",
+                "of which dcp.load pays: a fresh Adam's state created (get_state_dict on it)",
                 restore["init_optimizer"],
             )
             out.ratio(
@@ -800,8 +801,8 @@ def report(size: str, spec: dict, runs: dict[int, list[dict]], wall: float, json
                 "restore 4 -> 2: ours / dcp.load",
                 ours / theirs,
                 "dcp.load",
-                "<= 1",
-                ours <= theirs,
+                "<= 0.8",
+                ours <= 0.8 * theirs,
             )
             equal = all(r["restore_equal"] for r in ranks)
             out.verdicts["2 ranks: restored states of ours and dcp.load equal bit for bit"] = equal

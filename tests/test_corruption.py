@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import json
 import re
+import struct
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from trainkit import Problem, replicated_digest
+from trainkit import Problem, digest, replicated_digest
 
 from resilient_flows.checkpoint import Checkpointer, CheckpointError, scan
 from resilient_flows.cli import main
@@ -186,3 +187,81 @@ def test_a_member_whose_newest_checkpoints_are_damaged_trains_on_and_saves_them_
     assert result["digest"] == run_member(longer.to_dict(), str(tmp_path / "reference"))["digest"]
     assert [i.step for i in scan(tier) if i.valid] == [49, 39, 29]
     assert all(i.valid for i in scan(tier, verify=True))
+
+
+def flip_last_data_byte(step_dir: Path) -> None:
+    shard = shard_of(step_dir)
+    data = bytearray(shard.read_bytes())
+    data[-1] ^= 0x01
+    shard.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("fallback", [False, True], ids=["no-fallback", "fallback"])
+def test_a_damaged_checkpoint_changes_no_byte_of_a_trained_state_or_restores_the_fallback_whole(
+    tmp_path: Path, fallback: bool
+) -> None:
+    """Pieces large enough for their memory to be faulted in ahead of the copy, the damage in the
+    last one: the pieces before it pass their checksums, and still none of them is copied."""
+    problem = Problem(width=768)
+    with Checkpointer(tmp_path, keep=5) as ck:
+        for s in range(1, 5):
+            problem.step(s)
+            if s in (2, 4) and (fallback or s == 4):
+                ck.save(s, problem.state)
+        ck.wait()
+        if fallback:
+            at_two = Checkpointer(tmp_path).load(2)
+    flip_last_data_byte(tmp_path / "step-00000004")
+    live = Problem(width=768, seed=3)
+    for s in range(3):
+        live.step(s)
+    before = replicated_digest(live.state)
+    with Checkpointer(tmp_path) as ck:
+        assert ck.restore(live.state) == (2 if fallback else None)
+        assert "fails its checksum" in ck.skipped[0].reason
+    if fallback:
+        at_two.pop("rank_local")
+        assert replicated_digest(live.state) == digest(at_two)
+    else:
+        assert replicated_digest(live.state) == before
+
+
+def flip_byte_of(step_dir: Path, array: str) -> None:
+    """Flip the last byte of the piece that holds ``array``."""
+    manifest = json.loads((step_dir / "manifest.json").read_text())
+    ((index, key, *_),) = manifest["arrays"][array]["pieces"]
+    shard = step_dir / manifest["shards"][index]["file"]
+    data = bytearray(shard.read_bytes())
+    (length,) = struct.unpack("<Q", data[:8])
+    _, end = json.loads(data[8 : 8 + length])[key]["data_offsets"]
+    data[8 + length + end - 1] ^= 0x01
+    shard.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("fallback", [False, True], ids=["no-fallback", "fallback"])
+def test_optimizer_state_filled_while_it_is_verified_is_dropped_when_a_piece_fails(
+    tmp_path: Path, fallback: bool
+) -> None:
+    """A state that has not stepped gets its optimizer state created for the restore and filled
+    as it is hashed: a damaged moment leaves the optimizer without state, or with the fallback's."""
+    problem = Problem(width=768)
+    with Checkpointer(tmp_path, keep=5) as ck:
+        for s in range(1, 5):
+            problem.step(s)
+            if s in (2, 4) and (fallback or s == 4):
+                ck.save(s, problem.state)
+        ck.wait()
+        if fallback:
+            at_two = Checkpointer(tmp_path).load(2)
+    flip_byte_of(tmp_path / "step-00000004", "optimizer/state/4.weight/exp_avg_sq")
+    fresh = Problem(width=768, seed=3)
+    before = replicated_digest(fresh.state)
+    with Checkpointer(tmp_path) as ck:
+        assert ck.restore(fresh.state) == (2 if fallback else None)
+        assert "fails its checksum" in ck.skipped[0].reason
+    if fallback:
+        at_two.pop("rank_local")
+        assert replicated_digest(fresh.state) == digest(at_two)
+    else:
+        assert not fresh.optimizer.state
+        assert replicated_digest(fresh.state) == before

@@ -320,3 +320,39 @@ def test_rolling_back_to_an_older_checkpoint_needs_the_newer_ones_discarded(tier
     with Checkpointer(shared, local_dir=local) as ck:
         assert ck.restore(fresh.state) == 4
     assert replicated_digest(fresh.state) == expected
+
+
+class _TwoHeads(torch.nn.Module):
+    """A model whose second head gets no gradient in training, so Adam keeps no state for it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.used, self.unused = torch.nn.Linear(8, 8), torch.nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.used(x)
+
+
+def test_restore_creates_optimizer_state_only_where_the_checkpoint_has_some(tiers: tuple[Path, Path]) -> None:
+    torch.manual_seed(0)
+    model = _TwoHeads()
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    for _ in range(3):
+        optimizer.zero_grad()
+        model(torch.randn(4, 8)).square().sum().backward()
+        optimizer.step()
+    state = TrainState(model, optimizer, rng=False)
+    with Checkpointer(tiers[0], local_dir=tiers[1]) as ck:
+        ck.save(3, state)
+    torch.manual_seed(1)
+    fresh = _TwoHeads()
+    fresh_optimizer = torch.optim.Adam(fresh.parameters(), lr=1e-2)
+    unused_before = digest(fresh.unused.state_dict())
+    with Checkpointer(tiers[0], local_dir=tiers[1]) as ck:
+        assert ck.restore(TrainState(fresh, fresh_optimizer, rng=False)) == 3
+    assert set(fresh_optimizer.state) == {fresh.used.weight, fresh.used.bias}
+    assert digest(fresh_optimizer.state_dict()) == digest(optimizer.state_dict())
+    assert digest(fresh.used.state_dict()) == digest(model.used.state_dict())
+    assert digest(fresh.unused.state_dict()) == digest(model.unused.state_dict()) != unused_before
+    for param, moments in fresh_optimizer.state.items():
+        assert moments["exp_avg"].shape == param.shape and moments["step"].device.type == "cpu"

@@ -517,7 +517,7 @@ class Checkpointer:
                 stateful.discard_restore_target()
             return None
         stateful.load_state_dict(read.state)
-        self.restored = read
+        self.restored = replace(read, state={})  # the state is the caller's now: holding it would keep its arrays alive
         if self._pipeline.heartbeat is not None:
             self._pipeline.heartbeat.restore_s = time.perf_counter() - began
         logger.info("restored step %d (%d ranks at save time, %d now)", read.step, read.world_size, self.world_size)

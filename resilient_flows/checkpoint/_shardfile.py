@@ -63,6 +63,8 @@ CHUNK = 16 << 20
 #: Write chunk of a flush from the host arena: a save waiting for the arena waits for one of them.
 SEND_CHUNK = 4 << 20
 PAGE = 4096
+#: Chunk of a piece hashed and then copied while it is still in the CPU cache.
+COPY_CHUNK = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -482,6 +484,7 @@ class MappedShard:
             self._bytes = torch.frombuffer(self._map, dtype=torch.uint8)
         self._base = 8 + hlen
         self._verified: set[str] = set()
+        self._ahead: set[str] = set()  # entries asked to be read ahead
 
     def verify(self) -> None:
         """Hash the whole file; raises CorruptCheckpointError when it differs from its record."""
@@ -495,8 +498,16 @@ class MappedShard:
                 f"{self.path.name} fails its checksum (xxh3-64 {digest.hexdigest()}, expected {self.record.xxh3_64})"
             )
 
-    def piece(self, key: str, dtype: torch.dtype, shape: tuple[int, ...], xxh3_64: str) -> torch.Tensor:
-        """The piece ``key``, checked against the manifest's dtype, shape and checksum."""
+    def piece(
+        self, key: str, dtype: torch.dtype, shape: tuple[int, ...], xxh3_64: str, into: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """The piece ``key``, checked against the manifest's dtype, shape and checksum.
+
+        With ``into`` (contiguous host memory of the piece's shape and dtype, that nobody uses
+        before the piece is verified), it is also copied there, chunk by chunk right after each
+        chunk is hashed, while the chunk is still in the CPU cache: one pass over the bytes
+        instead of two. On a checksum failure ``into`` holds some of the bad piece.
+        """
         entry = self._entries.get(key)
         if entry is None or entry.get("dtype") != DTYPE_CODES[dtype] or entry.get("shape") != list(shape):
             raise CorruptCheckpointError(f"{self.path.name} has no {DTYPE_CODES[dtype]}{list(shape)} entry {key!r}")
@@ -506,9 +517,10 @@ class MappedShard:
         if end - begin != nbytes or first % dtype.itemsize or self._base + end > len(self._map):
             raise CorruptCheckpointError(f"{self.path.name}: entry {key!r} has bad data offsets {begin}..{end}")
         flat = self._bytes[first : first + nbytes]
-        if key not in self._verified:
-            self._prefetch(first, nbytes)
-            found = xxhash.xxh3_64_hexdigest(flat.numpy()) if nbytes else xxhash.xxh3_64_hexdigest(b"")
+        if key not in self._verified or into is not None:
+            if key not in self._ahead:
+                self._prefetch(first, nbytes)
+            found = _hash_copying(flat, into.view(-1).view(torch.uint8)) if into is not None else _hash(flat)
             if found != xxh3_64:
                 raise CorruptCheckpointError(
                     f"{self.path.name}: entry {key!r} fails its checksum (xxh3-64 {found}, expected {xxh3_64})"
@@ -531,6 +543,18 @@ class MappedShard:
             with contextlib.suppress(OSError, ValueError):
                 self._map.madvise(mmap.MADV_DONTNEED, page, min(len(self._map), end) - page)
 
+    def read_ahead(self, key: str) -> None:
+        """Have the kernel start reading entry ``key`` from disk, to be hashed while the one
+        before it is (an unknown key is left to :meth:`piece` to report)."""
+        entry = self._entries.get(key)
+        offsets = entry.get("data_offsets") if isinstance(entry, dict) else None
+        if key in self._ahead or not isinstance(offsets, list) or len(offsets) != 2:
+            return
+        begin, end = offsets
+        if isinstance(begin, int) and isinstance(end, int) and 0 <= begin <= end <= len(self._map) - self._base:
+            self._ahead.add(key)
+            self._prefetch(self._base + begin, end - begin)
+
     def _prefetch(self, first: int, nbytes: int) -> None:
         """Ask the kernel to read the piece ahead, in large requests rather than page by page."""
         page = first - first % mmap.PAGESIZE
@@ -548,6 +572,20 @@ class MappedShard:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _hash(data: torch.Tensor) -> str:
+    return xxhash.xxh3_64_hexdigest(data.numpy()) if data.numel() else xxhash.xxh3_64_hexdigest(b"")
+
+
+def _hash_copying(src: torch.Tensor, dst: torch.Tensor) -> str:
+    """The xxh3-64 of the bytes ``src``, copied to ``dst`` in cache-sized chunks as they are hashed."""
+    digest = xxhash.xxh3_64()
+    for start in range(0, src.numel(), COPY_CHUNK):
+        chunk = src[start : start + COPY_CHUNK]
+        digest.update(chunk.numpy())
+        dst[start : start + COPY_CHUNK].copy_(chunk)
+    return digest.hexdigest()
 
 
 def _chunks(view: memoryview) -> Iterator[memoryview]:

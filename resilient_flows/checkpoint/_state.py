@@ -21,6 +21,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 import torch
 from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
     get_model_state_dict,
     get_optimizer_state_dict,
     get_state_dict,
@@ -82,21 +83,41 @@ class TrainState:
         self.rng = rng
         self._created_for_restore = False
 
-    def state_dict(self) -> dict[str, Any]:
-        return self._state_dict(init_optimizer=False)
-
     def restore_target(self, saved: dict[str, Any]) -> dict[str, Any]:
         """The state to restore ``saved`` into: with optimizer state shaped like the model's now.
 
         An optimizer creates its state lazily; to restore moments into sharded parameters they
-        must exist first, with this rank's layout. PyTorch's helper creates them with a step of
-        zero gradients and a zero learning rate; that happens only when the checkpoint has
-        optimizer state, which then overwrites it.
+        must exist first, with this rank's layout. They are created empty, for exactly the
+        parameters and keys the checkpoint has state for (``saved`` holds arrays of the saved
+        shapes and dtypes): a state of a parameter's global shape is laid out like the parameter
+        (a ``DTensor`` with its placements), anything else (a step count) as a plain tensor that
+        the optimizer's ``load_state_dict`` moves where it keeps it. A step of zero gradients, as
+        PyTorch's helper does it, would compute a whole update only to have it overwritten, and
+        would give state to parameters that had none.
         """
-        saved_optimizer = saved.get("optimizer") or {}
-        init = bool(saved_optimizer.get("state")) and self.optimizer is not None and not self.optimizer.state
+        saved_state = (saved.get("optimizer") or {}).get("state") or {}
+        init = (
+            bool(saved_state)
+            and isinstance(self.model, torch.nn.Module)
+            and self.optimizer is not None
+            and not self.optimizer.state
+        )
         self._created_for_restore = init
-        return self._state_dict(init_optimizer=init)
+        if init:
+            self._create_optimizer_state(saved_state)
+        return self.state_dict()
+
+    def _create_optimizer_state(self, saved_state: dict[str, Any]) -> None:
+        params = {name: param for param, name in _parameter_names(self.model).items()}
+        for name, values in saved_state.items():
+            param = params.get(name)
+            if param is not None and isinstance(values, dict):
+                self.optimizer.state[param] = {key: _empty_like_saved(param, value) for key, value in values.items()}
+
+    def created_for_restore(self) -> tuple[str, ...]:
+        """Prefixes of the arrays :meth:`restore_target` created: nothing trains from them before
+        the restore succeeds, so they may be filled while they are verified."""
+        return ("optimizer/state/",) if self._created_for_restore else ()
 
     def discard_restore_target(self) -> None:
         """Undo :meth:`restore_target` when nothing was restored: the optimizer is left as it was."""
@@ -104,16 +125,16 @@ class TrainState:
             self.optimizer.state.clear()
             self._created_for_restore = False
 
-    def _state_dict(self, init_optimizer: bool) -> dict[str, Any]:
+    def state_dict(self) -> dict[str, Any]:
         state: dict[str, Any] = {}
         module = isinstance(self.model, torch.nn.Module)
-        if module and self.optimizer is not None and (self.optimizer.state or init_optimizer):
+        if module and self.optimizer is not None and self.optimizer.state:
             state["model"], state["optimizer"] = get_state_dict(self.model, self.optimizer)  # one walk, not two
         else:
             if self.model is not None:
                 state["model"] = self._model_state()
             if self.optimizer is not None:
-                state["optimizer"] = self._optimizer_state(init_optimizer)
+                state["optimizer"] = self._optimizer_state()
         if self.scheduler is not None:
             state["scheduler"] = self.scheduler.state_dict()
         state["extra"] = dict(self.extra)
@@ -128,10 +149,10 @@ class TrainState:
             return get_model_state_dict(self.model)
         return self.model.state_dict()
 
-    def _optimizer_state(self, init: bool) -> dict[str, Any]:
+    def _optimizer_state(self) -> dict[str, Any]:
         if not isinstance(self.model, torch.nn.Module):
             return self.optimizer.state_dict()
-        if self.optimizer.state or init:
+        if self.optimizer.state:
             return get_optimizer_state_dict(self.model, self.optimizer)
         # The helper would create the state (a step with zero gradients) where none exists yet,
         # changing what the next real step does; before the first step there is nothing but the
@@ -155,7 +176,8 @@ class TrainState:
             if not isinstance(self.model, torch.nn.Module):
                 self.optimizer.load_state_dict(saved)
             elif saved["state"]:
-                set_optimizer_state_dict(self.model, self.optimizer, saved)
+                # Not strict: a trainable parameter that never had a gradient has no state saved, and gets none.
+                set_optimizer_state_dict(self.model, self.optimizer, saved, options=StateDictOptions(strict=False))
             else:  # saved before the first step: hyperparameters only, and no state
                 self.optimizer.state.clear()
                 for group, stored in zip(self.optimizer.param_groups, saved["param_groups"], strict=True):
@@ -178,7 +200,7 @@ class TrainState:
             if getattr(self, key) is not None and key not in saved:
                 raise StateMismatchError(f"the checkpoint has no {key}, which this TrainState has")
         if self.optimizer is not None:
-            live = [g["params"] for g in self._optimizer_state(init=False)["param_groups"]]
+            live = [g["params"] for g in self._optimizer_state()["param_groups"]]
             stored = [g["params"] for g in saved["optimizer"]["param_groups"]]
             if [len(g) for g in live] != [len(g) for g in stored]:
                 raise StateMismatchError(
@@ -219,6 +241,16 @@ def _parameter_names(model: torch.nn.Module) -> dict[torch.nn.Parameter, str]:
         (fqn,) = _get_fqns(model, name)
         names[param] = fqn
     return names
+
+
+def _empty_like_saved(param: torch.Tensor, saved: Any) -> Any:
+    """Room for one saved optimizer value of ``param``: shaped like the saved array, laid out like
+    the parameter where it has its global shape; values that are not arrays as saved."""
+    if not isinstance(saved, torch.Tensor):
+        return saved
+    if tuple(saved.shape) == tuple(param.shape):
+        return torch.empty_like(param.detach(), dtype=saved.dtype, requires_grad=False)
+    return torch.empty(saved.shape, dtype=saved.dtype)
 
 
 def _replace(target: dict, values: dict) -> None:
