@@ -196,21 +196,30 @@ def flip_last_data_byte(step_dir: Path) -> None:
     shard.write_bytes(bytes(data))
 
 
+def saved_steps_two_and_four(directory: Path, fallback: bool) -> dict | None:
+    """A trained problem's step 4, and with ``fallback`` its step 2, saved in ``directory``; step 2
+    as saved (its replicated part), to compare a fallback restore with."""
+    problem = Problem(width=768)
+    with Checkpointer(directory, keep=5) as ck:
+        for s in range(1, 5):
+            problem.step(s)
+            if s in (2, 4) and (fallback or s == 4):
+                ck.save(s, problem.state)
+        ck.wait()
+    if not fallback:
+        return None
+    at_two = Checkpointer(directory).load(2)
+    at_two.pop("rank_local")
+    return at_two
+
+
 @pytest.mark.parametrize("fallback", [False, True], ids=["no-fallback", "fallback"])
 def test_a_damaged_checkpoint_changes_no_byte_of_a_trained_state_or_restores_the_fallback_whole(
     tmp_path: Path, fallback: bool
 ) -> None:
     """Pieces large enough for their memory to be faulted in ahead of the copy, the damage in the
     last one: the pieces before it pass their checksums, and still none of them is copied."""
-    problem = Problem(width=768)
-    with Checkpointer(tmp_path, keep=5) as ck:
-        for s in range(1, 5):
-            problem.step(s)
-            if s in (2, 4) and (fallback or s == 4):
-                ck.save(s, problem.state)
-        ck.wait()
-        if fallback:
-            at_two = Checkpointer(tmp_path).load(2)
+    at_two = saved_steps_two_and_four(tmp_path, fallback)
     flip_last_data_byte(tmp_path / "step-00000004")
     live = Problem(width=768, seed=3)
     for s in range(3):
@@ -220,7 +229,6 @@ def test_a_damaged_checkpoint_changes_no_byte_of_a_trained_state_or_restores_the
         assert ck.restore(live.state) == (2 if fallback else None)
         assert "fails its checksum" in ck.skipped[0].reason
     if fallback:
-        at_two.pop("rank_local")
         assert replicated_digest(live.state) == digest(at_two)
     else:
         assert replicated_digest(live.state) == before
@@ -244,15 +252,7 @@ def test_optimizer_state_filled_while_it_is_verified_is_dropped_when_a_piece_fai
 ) -> None:
     """A state that has not stepped gets its optimizer state created for the restore and filled
     as it is hashed: a damaged moment leaves the optimizer without state, or with the fallback's."""
-    problem = Problem(width=768)
-    with Checkpointer(tmp_path, keep=5) as ck:
-        for s in range(1, 5):
-            problem.step(s)
-            if s in (2, 4) and (fallback or s == 4):
-                ck.save(s, problem.state)
-        ck.wait()
-        if fallback:
-            at_two = Checkpointer(tmp_path).load(2)
+    at_two = saved_steps_two_and_four(tmp_path, fallback)
     flip_byte_of(tmp_path / "step-00000004", "optimizer/state/4.weight/exp_avg_sq")
     fresh = Problem(width=768, seed=3)
     before = replicated_digest(fresh.state)
@@ -260,7 +260,6 @@ def test_optimizer_state_filled_while_it_is_verified_is_dropped_when_a_piece_fai
         assert ck.restore(fresh.state) == (2 if fallback else None)
         assert "fails its checksum" in ck.skipped[0].reason
     if fallback:
-        at_two.pop("rank_local")
         assert replicated_digest(fresh.state) == digest(at_two)
     else:
         assert not fresh.optimizer.state
