@@ -30,7 +30,7 @@ from resilient_flows.training._heartbeat import Heartbeat
 from resilient_flows.training._parallel import join_member_ranks, wrap_model
 from resilient_flows.training._spec import MemberSpec
 from resilient_flows.training._walltime import current_block, drain_in_s
-from resilient_flows.training.boundary import Cadence, CheckpointSaver, CommRanks, StepRuntime
+from resilient_flows.training.boundary import Cadence, CheckpointSaver, CommRanks, StepRuntime, member_events
 
 
 class TrainContext:
@@ -86,6 +86,7 @@ class TrainContext:
             self._leave_ranks()
             raise
         self.rank, self.world_size = self.checkpointer.rank, self.checkpointer.world_size
+        self._emit = member_events(self.run_dir, self.name, self.rank == 0)
         torch.set_num_threads(spec.threads)
         ranks = CommRanks(self.checkpointer.comm)
         counted = attempt is None  # else the process that launched this one counted, announces and beats
@@ -241,7 +242,3 @@ class TrainContext:
         if self.distributed is not None:
             self.distributed = None
             shutdown_process_group()
-
-    def _emit(self, kind: str, **fields: Any) -> None:
-        if self.rank == 0:
-            self.events.emit(kind, self.name, **fields)
