@@ -53,9 +53,9 @@ def restore(directory: Path, wrap) -> dict:
     with checkpointer(directory) as ck:
         restored = ck.restore(state)
         skipped = [(s.step, s.tier) for s in ck.skipped]
-        read_from = ck.restored.read_from
+        read_from, bytes_from = ck.restored.read_from, ck.restored.bytes_from
     differ = same(state, load_file(str(directory / f"reference-{restored}.safetensors")))
-    return {"step": restored, "differ": differ, "skipped": skipped, "read_from": read_from}
+    return {"step": restored, "differ": differ, "skipped": skipped, "read_from": read_from, "bytes_from": bytes_from}
 
 
 def main(mode: str, directory: Path, layout: str) -> None:

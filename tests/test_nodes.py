@@ -72,7 +72,8 @@ def test_a_lost_node_falls_back_to_the_shared_tier_on_every_rank(saved, tmp_path
 
 def test_a_job_restarted_on_more_nodes_reads_what_the_old_nodes_kept(saved, tmp_path: Path) -> None:
     """Three ranks, where node 2 is new (empty) and node 1 was lost: step 5, its shard 0 from the
-    copy node 0 kept, shard 1 from the shared tier."""
+    copy node 0 kept (also for the new rank 2, which has none: rank 0 relays it), shard 1 from
+    the shared tier."""
     directory = copy_of(saved, tmp_path)
     shutil.rmtree(directory / "nodes" / "node-1")
     reports = launch(3, "restore", directory, saved[1])
@@ -82,6 +83,8 @@ def test_a_job_restarted_on_more_nodes_reads_what_the_old_nodes_kept(saved, tmp_
     assert all(r["read_from"] == read_from for r in reports)  # every rank is told the whole story
     kept, lost = "shard-00000-of-00002.safetensors", "shard-00001-of-00002.safetensors"
     assert read_from[lost] == ["shared"]
-    # rank 0 reads shard 0 from its node; new rank 2 takes old rank 0's per-rank values (and under
-    # FSDP its overlap of the sharded arrays) from the shared tier, its node having none
-    assert read_from[kept] == [f"local on {socket.gethostname()}", "shared"]
+    # new rank 2 takes old rank 0's per-rank values (and under FSDP its overlap of the sharded
+    # arrays) from rank 0, which reads them on its node, rather than from the shared tier
+    assert read_from[kept] == [f"local on {socket.gethostname()}"]
+    shard_bytes = {r["bytes_from"].get("shared", 0) for r in reports}
+    assert len(shard_bytes) == 1 and shard_bytes.pop() > 0

@@ -36,6 +36,11 @@ class Comm(Protocol):
     def bcast_buffer(self, buffer: torch.Tensor, root: int) -> None:
         """Fill the contiguous CPU tensor ``buffer`` on every rank with ``root``'s, in place."""
 
+    def exchange(self, sends: list[tuple[int, torch.Tensor]], recvs: list[tuple[int, torch.Tensor]]) -> None:
+        """Point to point: send each ``(rank, tensor)`` of ``sends`` and fill each of ``recvs`` from
+        its rank, all at once (so that a ring of ranks sending to their neighbours cannot
+        deadlock). Every rank that a rank sends to calls this with the matching receive."""
+
     def dup(self) -> Comm:
         """A new communicator over the same ranks (collective)."""
 
@@ -67,6 +72,10 @@ class SingleProcess:
 
     def bcast_buffer(self, buffer: torch.Tensor, root: int) -> None:
         pass
+
+    def exchange(self, sends: list[tuple[int, torch.Tensor]], recvs: list[tuple[int, torch.Tensor]]) -> None:
+        if sends or recvs:
+            raise ValueError("a single process has no other rank to exchange data with")
 
     def dup(self) -> SingleProcess:
         return self
@@ -120,6 +129,15 @@ class MPIComm:
         for start in range(0, len(data), BCAST_BYTES):  # MPI-3 counts are 32-bit
             self._comm.Bcast(data[start : start + BCAST_BYTES], root=root)
 
+    def exchange(self, sends: list[tuple[int, torch.Tensor]], recvs: list[tuple[int, torch.Tensor]]) -> None:
+        """Each tensor must be under 2 GiB (32-bit MPI counts); polled like the collectives."""
+        requests = [self._comm.Irecv(t.view(torch.uint8).numpy(), source=rank) for rank, t in recvs]
+        requests += [self._comm.Isend(t.view(torch.uint8).numpy(), dest=rank) for rank, t in sends]
+        from mpi4py import MPI
+
+        while not MPI.Request.Testall(requests):
+            time.sleep(self.POLL_SECONDS)
+
     def dup(self) -> MPIComm:
         return MPIComm(self._comm.Dup())
 
@@ -166,6 +184,13 @@ class TorchComm:
     def bcast_buffer(self, buffer: torch.Tensor, root: int) -> None:
         if buffer.numel():  # as bytes: gloo has no bfloat16 or bool
             self._dist.broadcast(buffer.view(torch.uint8), src=self._global(root), group=self._group)
+
+    def exchange(self, sends: list[tuple[int, torch.Tensor]], recvs: list[tuple[int, torch.Tensor]]) -> None:
+        dist, group = self._dist, self._group
+        works = [dist.irecv(t.view(torch.uint8), src=self._global(rank), group=group) for rank, t in recvs]
+        works += [dist.isend(t.view(torch.uint8), dst=self._global(rank), group=group) for rank, t in sends]
+        for work in works:
+            work.wait()
 
     def _global(self, rank: int) -> int:
         """torch.distributed names the root of a collective by its rank in the default group."""

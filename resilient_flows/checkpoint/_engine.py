@@ -38,6 +38,7 @@ from resilient_flows.checkpoint._boxes import Box, HeldBox, held_boxes, is_dtens
 from resilient_flows.checkpoint._comm import as_comm, first_problem
 from resilient_flows.checkpoint._flat import flatten_state
 from resilient_flows.checkpoint._heartbeat import HeartbeatWriter
+from resilient_flows.checkpoint._peer import Ring
 from resilient_flows.checkpoint._planner import ArraySpec, WriteItem, array_specs, plan_writes, shard_order, whole_items
 from resilient_flows.checkpoint._reader import Restored, SkippedCheckpoint, read_agreed
 from resilient_flows.checkpoint._shardfile import ShardEntry
@@ -66,12 +67,24 @@ class TierSpec:
         one, in the background. The first tier gets every checkpoint (it must be 1 there).
     name:
         How messages and ``on_commit`` call the tier. Default: ``"local"`` for the first of
-        several, ``"local-<index>"`` for the next node-local ones, ``"shared"`` for the last.
+        several, ``"local-<index>"`` for the next node-local ones, ``"peer"`` for a peer tier,
+        ``"shared"`` for the last.
+    peer:
+        A peer tier (between the node-local tiers and the shared one): a node-local directory,
+        best in node memory, where each node keeps a copy of the shards of the previous node of
+        a ring over the ranks' nodes, sent over ``comm`` in the background. A member that loses
+        a node restores that node's shards from its buddy instead of the shared tier. With one
+        node there is no buddy, and the tier stays empty.
+    capacity:
+        A peer tier's bound, in bytes per node: each node keeps as many of its buddy's
+        checkpoints as fit (at most ``keep``), and none when one does not fit.
     """
 
     path: str | os.PathLike
     persist_every: int = 1
     name: str | None = None
+    peer: bool = False
+    capacity: int | None = None
 
 
 @dataclass(frozen=True)
@@ -127,6 +140,9 @@ class Checkpointer:
         there, the period, the restore time) and, under Slurm, points its job's comment at it:
         what the preemption agent (``resilient-flows cosched agent``) chooses victims by. See
         :mod:`~resilient_flows.checkpoint._heartbeat`.
+    node:
+        The node this rank runs on; ranks naming the same node share its node-local tiers, and
+        a peer tier copies each node's shards to another node. Default: the host name.
     """
 
     def __init__(
@@ -140,6 +156,7 @@ class Checkpointer:
         comm: Any = None,
         pin_memory: bool | None = None,
         heartbeat: bool = True,
+        node: str | None = None,
     ) -> None:
         _check_positive_int("keep", keep)
         specs = _tier_specs(directory, local_dir, persist_every, tiers)
@@ -167,9 +184,11 @@ class Checkpointer:
         if any(problems):
             raise CheckpointError(first_problem(problems))
         newest = [tier.committed_steps()[:1] for tier in self.tiers]
-        gathered = self.comm.allgather((newest, socket.gethostname()))
+        self.node = node or socket.gethostname()
+        gathered = self.comm.allgather((newest, self.node))
         self._newest = max((s for steps, _ in gathered for t in steps for s in t), default=-1)
-        self.nodes = len({host for _, host in gathered})
+        ring = Ring(tuple(host for _, host in gathered))
+        self.nodes = len(ring.nodes)
         self._group_ranks = self.comm.group_ranks()
 
         pin = torch.cuda.is_available() if pin_memory is None else pin_memory
@@ -182,7 +201,10 @@ class Checkpointer:
         self._pending_snapshot: Snapshot | None = None
         self._hooked: weakref.WeakKeyDictionary[torch.optim.Optimizer, Any] = weakref.WeakKeyDictionary()
         self._closed = False
-        self._pipeline = WritePipeline(self.tiers, self.comm, keep, self._arena, self._record, self.stats)
+        peers = {index: spec.capacity for index, spec in enumerate(specs) if spec.peer}
+        self._pipeline = WritePipeline(
+            self.tiers, self.comm, keep, self._arena, self._record, self.stats, ring=ring, peer_capacity=peers
+        )
         if heartbeat and self.rank == 0:
             self._pipeline.heartbeat = HeartbeatWriter(self.shared.path)
         self._pipeline.comm.allgather(None)  # nobody writes before every rank has cleaned up
@@ -476,15 +498,10 @@ class Checkpointer:
         ``restore()`` pick 100. Collective with ``comm``.
         """
         self._drain()
-        removed: set[int] = set()
-        for tier in self.tiers:
-            if tier is not self.shared:
-                removed.update(tier.discard_after(step, own_files=[self._pipeline.shard_name]))
-            elif self.rank == 0:
-                removed.update(tier.discard_after(step))
+        removed = self._pipeline.discard_after(step)
         self._pipeline.comm.allgather(None)  # nobody saves before the branch is gone everywhere
         self._newest = min(self._newest, step)
-        return sorted(removed)
+        return removed
 
     def latest_step(self) -> int | None:
         """Newest committed step in any tier (committed, not yet verified)."""
@@ -530,7 +547,7 @@ class Checkpointer:
 
     def _read(self, step: int | None, stateful: Stateful | None) -> Restored | None:
         self._drain()  # read our own writes; their errors still surface at the next save or wait
-        return read_agreed(self.tiers, self._pipeline.comm, stateful, step, self.skipped)
+        return read_agreed(self.tiers, self._pipeline.comm, stateful, step, self.skipped, self.node)
 
 
 class _DictState:
@@ -602,13 +619,25 @@ def _tier_specs(
         if where in seen:
             raise ValueError(f"tiers[{index}] and tiers[{seen[where]}] are the same directory {where}")
         seen[where] = index
+    for index, spec in enumerate(specs):
+        if spec.peer and not 0 < index < len(specs) - 1:
+            raise ValueError(
+                f"tiers[{index}] is a peer tier: it goes after a node-local tier and before the shared one, "
+                "since it copies what the first tier committed and cannot outlive the nodes"
+            )
+        if spec.capacity is not None and (not spec.peer or spec.capacity < 1):
+            raise ValueError(f"tiers[{index}].capacity bounds a peer tier's bytes per node; got {spec.capacity!r}")
+    if sum(spec.peer for spec in specs) > 1:
+        raise ValueError("at most one peer tier: each node keeps one buddy's copies")
     if specs[0].persist_every != 1:
         first = specs[0].persist_every
         raise ValueError(f"tiers[0].persist_every must be 1 (the first tier gets every save), got {first}")
-    return [replace(spec, name=spec.name or _tier_name(i, len(specs))) for i, spec in enumerate(specs)]
+    return [replace(spec, name=spec.name or _tier_name(i, len(specs), spec.peer)) for i, spec in enumerate(specs)]
 
 
-def _tier_name(index: int, count: int) -> str:
+def _tier_name(index: int, count: int, peer: bool) -> str:
+    if peer:
+        return "peer"
     if index == count - 1:
         return "shared"
     return "local" if index == 0 else f"local-{index}"

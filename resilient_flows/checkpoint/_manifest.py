@@ -72,6 +72,10 @@ class Manifest:
     arrays: dict[str, ArrayRecord]
     shards: list[ShardRecord]
     created: float = field(default_factory=time.time)
+    #: Where the writer put each shard's node-local copies, by shard file: ``"<tier> on <node>"``
+    #: (a peer tier's copy on the buddy node). A plan, not a guarantee: a node that was lost, or
+    #: had no room for a peer copy, lacks its copy; restore looks at what is there.
+    copies: dict[str, list[str]] = field(default_factory=dict)
 
     @property
     def nbytes(self) -> int:
@@ -98,6 +102,7 @@ class Manifest:
                 },
                 "skeleton": self.skeleton,
                 "rank_local": self.rank_local,
+                **({"copies": self.copies} if self.copies else {}),
             },
             indent=1,
         )
@@ -150,6 +155,7 @@ class Manifest:
             arrays=arrays,
             shards=shards,
             created=float(data["created"]),
+            copies={str(file): [str(where) for where in places] for file, places in data.get("copies", {}).items()},
         )
 
 

@@ -15,13 +15,20 @@ A step may lie in several tiers at once: a rank reads each shard from the fastes
 (its node's node-local one, where that survived) and from the shared tier otherwise, and a copy
 that fails its checksum gives way to the next. So a job that lost a node restores what the
 surviving nodes still hold locally and only the rest from the shared file system; which copy
-every shard came from is reported (:attr:`Restored.read_from`).
+every shard came from is reported (:attr:`Restored.read_from`, and the bytes read from each source
+in :attr:`Restored.bytes_from`).
+
+A piece of a sharded array (or a rank's own values) that a rank sees only in the shared tier, or
+not at all, while another rank sees it in a node-local or peer tier, is read there by that rank
+and broadcast (relayed): after a lost node, the ranks on new nodes take their shards from a
+surviving node's peer copy over the network instead of the shared file system.
 
 Order of operations the caller guarantees (the contract of :class:`OpenCheckpoint`):
 
 1. :meth:`OpenCheckpoint.targets` is computed from the live state; it checks nothing on disk;
    with several ranks, :meth:`OpenCheckpoint.assign_readers` then picks who reads each replicated
-   piece, from every rank's :meth:`OpenCheckpoint.visible_shards`;
+   or relayed piece, from every rank's :meth:`OpenCheckpoint.visible_shards` and
+   :meth:`OpenCheckpoint.needs`;
 2. :meth:`OpenCheckpoint.verify` maps the shards that hold pieces overlapping the targets and
    checks every such piece's checksum before anything is copied into the live state: a bad
    checkpoint leaves the state untouched (ranks agree on the verdict between 2 and 3). Targets
@@ -41,7 +48,7 @@ import logging
 import os
 import socket
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -172,6 +179,10 @@ class OpenCheckpoint:
         self._assigned: dict[tuple[str, str], int] = {}  # who reads each replicated piece
         self._prefault: Prefault | None = None
         self._filled: set[tuple[str, str]] = set()  # pieces copied into fresh targets while verified
+        self._relay: list[tuple[str, PieceRecord, int]] = []  # sharded pieces read by one rank for others
+        self._counted: set[tuple[str, str]] = set()
+        #: Bytes of the pieces this rank read, by the tier they came from.
+        self.bytes_read: dict[str, int] = {}
 
     def targets(self, live: Mapping[str, Leaf], made: tuple[str, ...] = ()) -> dict[str, Target]:
         """Every array this rank restores: the live ones, the saved ones it lacks, its per-rank values.
@@ -210,11 +221,28 @@ class OpenCheckpoint:
                     found[index] = copy.level
         return found
 
-    def assign_readers(self, targets: Mapping[str, Target], visible: list[dict[int, int]]) -> None:
+    def needs(self, targets: Mapping[str, Target]) -> list[tuple[str, str, int]]:
+        """The pieces this rank reads for itself: ``(array, piece key, shard)`` of its own targets."""
+        return [
+            (name, piece.key, piece.shard)
+            for name, target in sorted(targets.items())
+            if not target.replicated
+            for piece, _ in self._overlaps(name, target.box)
+        ]
+
+    def assign_readers(
+        self,
+        targets: Mapping[str, Target],
+        visible: list[dict[int, int]],
+        needs: list[list[tuple[str, str, int]]] | None = None,
+        slowest: int | None = None,
+    ) -> None:
         """Who reads each piece of a replicated target: among the ranks that see its shard
         (``visible[rank]``), those that see it in the fastest tier, then the least loaded, largest
-        pieces first. The same on every rank, from the same inputs; raises CorruptCheckpointError
-        when no rank sees a shard that is needed."""
+        pieces first. A piece in ``needs[rank]`` (see :meth:`needs`) that its rank sees only at
+        level ``slowest`` (the shared tier) or not at all, and another rank sees at a faster one,
+        is relayed: read by that rank and broadcast. The same on every rank, from the same inputs;
+        raises CorruptCheckpointError when no rank sees a shard that is needed."""
         if self.comm.size == 1:
             return
         pieces = [
@@ -233,6 +261,17 @@ class OpenCheckpoint:
             rank = min(able, key=lambda r: (visible[r][shard], loads[r], r))
             self._assigned[(name, key)] = rank
             loads[rank] += nbytes
+        self._relay = []
+        for name, key, shard in sorted({need for wanted in needs or [] for need in wanted}):
+            wanting = [rank for rank, wanted in enumerate(needs or []) if (name, key, shard) in wanted]
+            able = [rank for rank in range(self.comm.size) if visible[rank].get(shard, slowest) != slowest]
+            if not able or all(visible[rank].get(shard, slowest) != slowest for rank in wanting):
+                continue
+            piece = next(p for p in self.manifest.arrays[name].pieces if p.key == key)
+            rank = min(able, key=lambda r: (visible[r][shard], loads[r], r))
+            self._assigned[(name, key)] = rank
+            self._relay.append((name, piece, rank))
+            loads[rank] += piece.box.numel * self.manifest.arrays[name].dtype.itemsize
 
     def verify(self, targets: Mapping[str, Target]) -> None:
         """Check every piece this rank reads; raises CorruptCheckpointError.
@@ -248,19 +287,23 @@ class OpenCheckpoint:
             for piece, _ in self._overlaps(name, target.box)
             if readers.get((name, piece.key), self.comm.rank) == self.comm.rank
         ]
+        chosen = {(name, piece.key) for name, piece in mine}
+        mine += [(n, p) for n, p, r in self._relay if r == self.comm.rank and (n, p.key) not in chosen]
         for index, (name, piece) in enumerate(mine):
             if index + 1 < len(mine):
                 following = mine[index + 1][1]
                 self._shard(following.shard).read_ahead(following.key)
-            self._piece(name, piece, self._fill_now(name, targets[name], piece))
+            target = targets.get(name)  # None: a piece relayed for another rank
+            self._piece(name, piece, None if target is None else self._fill_now(name, target, piece))
 
     def fill(self, targets: Mapping[str, Target]) -> dict[str, Leaf]:
         """Copy every overlap into its target (collective for replicated ones); the arrays by name."""
         readers = self._assigned
         with torch.no_grad():
+            relayed = self._fill_relayed(targets)
             for name, target in targets.items():
                 for piece, common in self._overlaps(name, target.box):
-                    if (name, piece.key) in self._filled:
+                    if (name, piece.key) in self._filled or (name, piece.key) in relayed:
                         continue
                     reader = readers.get((name, piece.key))
                     if reader is None:
@@ -274,6 +317,20 @@ class OpenCheckpoint:
                         region.copy_(buffer)
                 target.finish()
         return {name: target.result for name, target in targets.items()}
+
+    def _fill_relayed(self, targets: Mapping[str, Target]) -> set[tuple[str, str]]:
+        """Every rank takes part in each relayed piece's broadcast, in the agreed order; those that
+        need it copy their overlap. Returns the pieces done."""
+        for name, piece, reader in self._relay:
+            buffer = torch.empty(piece.box.lengths, dtype=self.manifest.arrays[name].dtype)
+            if reader == self.comm.rank:
+                buffer.copy_(self._piece(name, piece))
+            self.comm.bcast_buffer(buffer.reshape(-1), reader)
+            target = targets.get(name)
+            common = None if target is None or target.replicated else piece.box.intersect(target.box)
+            if common is not None:
+                target.dst[common.within(target.box)].copy_(buffer[common.within(piece.box)])
+        return {(name, piece.key) for name, piece, _ in self._relay}
 
     def state(self, arrays: Mapping[str, Leaf]) -> dict[str, Any]:
         """The nested state from the filled arrays, with this rank's per-rank values."""
@@ -337,6 +394,10 @@ class OpenCheckpoint:
             else:
                 if into is not None:
                     self._filled.add((name, piece.key))
+                if (name, piece.key) not in self._counted:
+                    self._counted.add((name, piece.key))
+                    tier = self._using[piece.shard].tier
+                    self.bytes_read[tier] = self.bytes_read.get(tier, 0) + piece.box.numel * record.dtype.itemsize
                 return found
 
     def _shard(self, index: int) -> MappedShard:
@@ -462,14 +523,17 @@ class SkippedCheckpoint:
 
 @dataclass(frozen=True)
 class Restored:
-    """A checkpoint read back: its step, how many ranks wrote it, the state, and where every
-    shard read came from (shard file -> ``"<tier> on <host>"`` for node-local copies, or the
-    shared tier's name), which tells after a node loss what the surviving nodes still held."""
+    """A checkpoint read back: its step, how many ranks wrote it, the state, where every shard
+    read came from (shard file -> ``"<tier> on <host>"`` for node-local copies, or the shared
+    tier's name) and the bytes read from each source, which tell after a node loss what the
+    surviving nodes still held."""
 
     step: int
     world_size: int
     state: dict[str, Any]
     read_from: dict[str, list[str]]
+    #: Bytes of pieces read, all ranks together, by source (named as in ``read_from``).
+    bytes_from: dict[str, int] = field(default_factory=dict)
 
     def shards_by_source(self) -> dict[str, list[str]]:
         """Shard files by where they were read: ``{"local on n2": [...], "shared": [...]}``."""
@@ -481,7 +545,12 @@ class Restored:
 
 
 def read_agreed(
-    tiers: list[Tier], comm: Comm, stateful: Stateful | None, step: int | None, skipped: list[SkippedCheckpoint]
+    tiers: list[Tier],
+    comm: Comm,
+    stateful: Stateful | None,
+    step: int | None,
+    skipped: list[SkippedCheckpoint],
+    node: str | None = None,
 ) -> Restored | None:
     """The newest checkpoint (or ``step``) every rank verified its part of, read into ``stateful``'s layout.
 
@@ -517,29 +586,37 @@ def read_agreed(
         except StateMismatchError as exc:
             mismatch = str(exc)
         try:
-            agreed = comm.allgather((mismatch, shape, visible))  # no rank reads if one must stop
-            mismatch = first_problem(m for m, _, _ in agreed) or _structure_problem([k for _, k, _ in agreed])
+            needs = opened.needs(targets) if visible is not None else None
+            agreed = comm.allgather((mismatch, shape, visible, needs))  # no rank reads if one must stop
+            mismatch = first_problem(m for m, *_ in agreed) or _structure_problem([k for _, k, _, _ in agreed])
             if mismatch:
                 raise StateMismatchError(mismatch)
             if problem is None:
                 try:
-                    opened.assign_readers(targets, [v or {} for _, _, v in agreed])
+                    visibles, wanted = [v or {} for _, _, v, _ in agreed], [n or [] for *_, n in agreed]
+                    opened.assign_readers(targets, visibles, wanted, last)
                     opened.verify(targets)
                 except CorruptCheckpointError as exc:
                     problem = str(exc)
             problems = comm.allgather(problem)
             if not any(problems):
                 arrays = opened.fill(targets)
-                here = {
-                    file: tier if tier == tiers[last].name else f"{tier} on {socket.gethostname()}"
-                    for file, tier in opened.sources.items()
-                }
+                node = node or socket.gethostname()
+                here = {file: _source(tier, tiers, node) for file, tier in opened.sources.items()}
+                counted = {_source(tier, tiers, node): n for tier, n in opened.bytes_read.items()}
                 read_from: dict[str, set[str]] = {}
-                for sources in comm.allgather(here):
+                bytes_from: dict[str, int] = {}
+                for sources, nbytes in comm.allgather((here, counted)):
                     for file, where in sources.items():
                         read_from.setdefault(file, set()).add(where)
+                    for where, count in nbytes.items():
+                        bytes_from[where] = bytes_from.get(where, 0) + count
                 return Restored(
-                    s, manifest.world_size, opened.state(arrays), {f: sorted(w) for f, w in sorted(read_from.items())}
+                    s,
+                    manifest.world_size,
+                    opened.state(arrays),
+                    {f: sorted(w) for f, w in sorted(read_from.items())},
+                    dict(sorted(bytes_from.items())),
                 )
         finally:
             if opened is not None:
@@ -553,6 +630,11 @@ def read_agreed(
     if step is not None:
         raise CheckpointError(f"no valid checkpoint of step {step} in {', '.join(str(t.path) for t in tiers)}")
     return None
+
+
+def _source(tier: str, tiers: list[Tier], node: str) -> str:
+    """How a restore names where it read: the shared tier by name, a node's tier with the node."""
+    return tier if tier == tiers[-1].name else f"{tier} on {node}"
 
 
 def _structure_problem(replicated: list[list[str] | None]) -> str | None:

@@ -14,6 +14,9 @@ Order of operations of one :class:`WriteJob` (each rank), once ``save`` has queu
    tier in order, write the shard there from the arena if it still holds this checkpoint, else
    (or from the chunk where a newer save took the arena back) from the previous tier's file,
    verified on the way; all ranks commit that tier as in 1. A failed tier ends the job's flush.
+   A peer tier is not written from the tier before it: each rank's shard goes to another node
+   (see :mod:`~resilient_flows.checkpoint._peer`), and the tier after it is written from this
+   rank's own shard in the nearest tier before it.
 
 Every collective runs on a duplicate of the user's communicator owned by its thread, and every
 rank takes part in it even when its own part failed, so that one rank's full disk becomes an
@@ -39,6 +42,7 @@ from resilient_flows.checkpoint._boxes import Box
 from resilient_flows.checkpoint._comm import Comm, first_problem
 from resilient_flows.checkpoint._heartbeat import HeartbeatWriter
 from resilient_flows.checkpoint._manifest import ArrayRecord, Manifest, PieceRecord, write_manifest
+from resilient_flows.checkpoint._peer import Ring, held_bytes, plan_step, replicate
 from resilient_flows.checkpoint._planner import WriteItem
 from resilient_flows.checkpoint._shardfile import (
     ShardEntry,
@@ -83,7 +87,8 @@ class WriteJob:
 class CheckpointStats:
     """What checkpointing has cost so far on this rank; every time in seconds.
 
-    ``persisted`` and ``last_persist_latency`` are about the last (shared) tier. Per tier,
+    ``persisted`` and ``last_persist_latency`` are about the last (shared) tier. In a peer tier,
+    ``tier_bytes`` counts the bytes this rank sent to its buddy. Per tier,
     fastest first: ``tier_commits`` checkpoints committed there, and ``tier_bytes`` this rank
     wrote there in ``tier_seconds`` (from the start of its write to the commit), whose ratio is
     the bandwidth the tier gave a checkpoint. Flushes to later tiers count in ``flushes_from_arena``
@@ -108,6 +113,9 @@ class CheckpointStats:
     tier_commits: list[int] = field(default_factory=list)
     tier_bytes: list[int] = field(default_factory=list)
     tier_seconds: list[float] = field(default_factory=list)
+    peer_held_bytes: int = 0  # what this rank's node holds of other nodes' shards, in its peer tier
+    peer_skipped: int = 0  # replications a node left out for want of room under the tier's capacity
+    peer_failed: int = 0  # replications that failed (the checkpoint stood)
 
     @classmethod
     def of_tiers(cls, count: int) -> CheckpointStats:
@@ -136,8 +144,14 @@ class WritePipeline:
         arena: HostArena,
         on_error: Callable[[Failure], None],
         stats: CheckpointStats,
+        ring: Ring | None = None,
+        peer_capacity: dict[int, int | None] | None = None,
     ) -> None:
         self.tiers = tiers
+        self.ring = ring
+        #: Peer tiers by index, each with its bound in bytes per node (None: only ``keep``).
+        self.peer_capacity = peer_capacity or {}
+        self._peer_keep: dict[int, int] = {}  # copies this node keeps per peer tier, as last planned
         self.shared = tiers[-1]
         self.rank, self.world_size = comm.rank, comm.size
         self.keep = keep
@@ -191,6 +205,23 @@ class WritePipeline:
         """Every tier but the last is node-local: each node sees only its own ranks' shards."""
         return tier is not self.shared
 
+    def own_copy(self, index: int) -> Tier:
+        """The nearest tier before ``index`` that holds this rank's own shard (not a peer tier)."""
+        return next(self.tiers[i] for i in range(index - 1, -1, -1) if i not in self.peer_capacity)
+
+    def discard_after(self, step: int) -> list[int]:
+        """Drop every checkpoint newer than ``step`` from the tiers this rank removes files of."""
+        removed: set[int] = set()
+        for index, tier in enumerate(self.tiers):
+            if index in self.peer_capacity:
+                if self.ring is not None and self.ring.leader(self.rank):
+                    removed.update(tier.discard_after(step))
+            elif self.node_local(tier):
+                removed.update(tier.discard_after(step, own_files=[self.shard_name]))
+            elif self.rank == 0:
+                removed.update(tier.discard_after(step))
+        return sorted(removed)
+
     def submit(self, job: WriteJob) -> None:
         self._write_q.put(job)
 
@@ -220,7 +251,11 @@ class WritePipeline:
         with self._lock:
             protect = set(self._flush_pending) | ({step} if step is not None else set())
         with self._prune_lock:
-            if self.node_local(tier):
+            index = self.tiers.index(tier)
+            if index in self.peer_capacity:  # one node's copies, whatever their names: its leader's
+                if self.ring is not None and self.ring.leader(self.rank):
+                    tier.prune(self._peer_keep.get(index, self.keep), protect)
+            elif self.node_local(tier):
                 tier.prune(self.keep, protect, own_files=[self.shard_name])
             elif self.rank == 0:
                 tier.prune(self.keep, protect)
@@ -279,7 +314,7 @@ class WritePipeline:
         after = comm.allgather((job.record, job.digests, job.local_skeleton, job.local_arrays, problem))
         problem = problem or first_problem(p for *_, p in after)
         if problem is None:
-            problem = self._commit(comm, job, tier, lambda: _manifest(job, after))
+            problem = self._commit(comm, job, tier, lambda: _manifest(job, after, self._placement(job)))
         if problem is not None:
             self._abandon(
                 tier, step_dir, problem.within(f"checkpoint of step {step} to the {tier.name} tier {tier.path}")
@@ -337,8 +372,10 @@ class WritePipeline:
 
     def _flush_to(self, job: WriteJob, index: int) -> bool:
         """Send the job's checkpoint to tier ``index`` and commit it there; False when that failed."""
+        if index in self.peer_capacity:
+            return self._replicate(job, index)
         comm, step, tier = self._flush_comm, job.step, self.tiers[index]
-        src = self.tiers[index - 1].step_dir(step) / self.shard_name
+        src = self.own_copy(index).step_dir(step) / self.shard_name
         dst_dir = tier.step_dir(step)
         began = time.perf_counter()
         exists = comm.bcast(self.rank == 0 and (dst_dir / MANIFEST).is_file())
@@ -363,6 +400,55 @@ class WritePipeline:
             self.stats.record_tier(index, job.record.nbytes, time.perf_counter() - began)
         self._committed(job, tier)
         self.prune(tier, step)
+        return True
+
+    def _placement(self, job: WriteJob) -> dict[str, list[str]]:
+        """Where each shard's node-local copies of ``job`` go (the manifest's ``copies``)."""
+        ring = self.ring
+        if ring is None:
+            return {}
+        placement: dict[str, list[str]] = {}
+        for rank, host in enumerate(ring.hosts):
+            where = []
+            for index, tier in enumerate(self.tiers[: job.depth]):
+                if index in self.peer_capacity:
+                    buddy = ring.buddy(rank)
+                    if buddy is not None:
+                        where.append(f"{tier.name} on {ring.hosts[buddy]}")
+                elif self.node_local(tier):
+                    where.append(f"{tier.name} on {host}")
+            placement[shard_filename(rank, self.world_size)] = where
+        return placement
+
+    def _replicate(self, job: WriteJob, index: int) -> bool:
+        """The peer tier ``index``: this rank's shard to its buddy, the shards of those it is buddy
+        of from them. A single node has no buddy: the tier is passed over. A copy that fails is
+        reported and passed over too: the checkpoint is committed, and goes on to the next tier."""
+        tier, ring = self.tiers[index], self.ring
+        if ring is None or not ring.active or job.manifest is None:
+            return True
+        began = time.perf_counter()
+        plan = plan_step(ring, job.manifest, self.peer_capacity[index], self.keep)
+        host = ring.hosts[self.rank]
+        if host in plan.skipped:
+            self.stats.peer_skipped += 1
+            logger.warning(
+                "step %d: no peer copy on this node, its shards exceed the peer tier's capacity of %s bytes",
+                job.step,
+                self.peer_capacity[index],
+            )
+        self._peer_keep[index] = plan.keep.get(host, self.keep)
+        source = self.own_copy(index).step_dir(job.step) / self.shard_name
+        problem = replicate(self._flush_comm, ring, plan, job.manifest, source, tier)
+        if problem is not None:  # an extra copy: the checkpoint stands, and goes on to the next tier
+            self.stats.peer_failed += 1
+            logger.warning("step %d: no peer copy in the %s tier: %s", job.step, tier.name, problem.message)
+            return True
+        if self.rank in plan.sends:
+            self.stats.record_tier(index, job.record.nbytes, time.perf_counter() - began)
+        self.prune(tier, job.step)
+        self.stats.peer_held_bytes = held_bytes(tier)
+        self._committed(job, tier)
         return True
 
     def _send(self, job: WriteJob, src: Path, dst: Path) -> None:
@@ -401,7 +487,7 @@ class WritePipeline:
         self._on_error(failure)
 
 
-def _manifest(job: WriteJob, gathered: list) -> Manifest:
+def _manifest(job: WriteJob, gathered: list, copies: dict[str, list[str]]) -> Manifest:
     """Rank 0's commit record: every rank's pieces with their boxes and checksums."""
     arrays = {name: ArrayRecord(dtype, shape, []) for name, (dtype, shape) in job.arrays.items()}
     for rank, items in enumerate(job.plan):
@@ -418,6 +504,7 @@ def _manifest(job: WriteJob, gathered: list) -> Manifest:
         rank_local=[skeleton for _, _, skeleton, _, _ in gathered],
         arrays=arrays,
         shards=[record for record, *_ in gathered],
+        copies=copies,
     )
 
 
