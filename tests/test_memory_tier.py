@@ -64,6 +64,31 @@ def test_a_member_checkpoints_through_memory_local_and_shared_and_resumes_from_t
     assert run_member(spec.to_dict(), str(run))["digest"] == first["digest"]
 
 
+def test_a_peer_tier_keeps_other_nodes_copies_in_node_memory_under_the_sites_bound(tmp_path: Path) -> None:
+    text = THREE.replace("[memory, local, shared]", "[memory, local, peer, shared]")
+    workflow = load_workflow(write(tmp_path, text))
+    (spec,) = workflow.member_specs(
+        str(tmp_path / "disk"), memory_root=str(tmp_path / "shm"), peer_root=str(tmp_path / "shm/.peer"), peer_capacity=5
+    )
+    assert (spec.checkpoint.peer_dir, spec.checkpoint.peer_capacity) == (str(tmp_path / "shm/.peer/m"), 5)
+    contract = RunContract.for_member(spec, tmp_path / "run", attempt=1)
+    assert contract.to_env()["RESILIENT_FLOWS_PEER_CAPACITY"] == "5"
+    assert RunContract.from_env(contract.to_env()) == contract
+    tiers = contract.checkpointer_settings()["tiers"]
+    assert [(t.name, t.peer, t.capacity) for t in tiers] == [
+        ("memory", False, None),
+        ("local", False, None),
+        ("peer", True, 5),
+        ("shared", False, None),
+    ]
+
+
+def test_a_site_without_node_scratch_refuses_the_peer_tier(tmp_path: Path) -> None:
+    text = THREE.replace("[memory, local, shared]", "[local, peer, shared]").replace("{local: 2, shared: 2}", "2")
+    with pytest.raises(WorkflowError, match="name 'peer', but site 'local' has neither memory_scratch nor"):
+        plan_workflow(load_workflow(write(tmp_path, text)), "local", build_site=False)
+
+
 def test_a_site_without_memory_scratch_refuses_the_memory_tier(tmp_path: Path) -> None:
     with pytest.raises(WorkflowError, match="name 'memory', but site 'local' has no memory_scratch"):
         plan_workflow(load_workflow(write(tmp_path, THREE)), "local", build_site=False)
@@ -77,6 +102,8 @@ def test_a_site_without_memory_scratch_refuses_the_memory_tier(tmp_path: Path) -
         ("[memory, local]", "1", "'shared' must be among the tiers"),
         ("[memory, shared]", "{local: 2}", "persist_every names 'local', which is not one of the tiers after"),
         ("[memory, local, shared]", "{memory: 2}", "checkpoint.persist_every"),
+        ("[peer, shared]", "1", "'peer' copies what a node-local tier committed"),
+        ("[memory, shared, peer]", "1", "tiers go fastest first, each once"),
     ],
 )
 def test_bad_tiers_give_one_line_and_exit_2(tmp_path: Path, capsys, tiers: str, every: str, message: str) -> None:

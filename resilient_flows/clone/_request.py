@@ -121,11 +121,12 @@ def _new_names(run_dir: Path, member: str, n: int) -> list[str]:
 def _clone_spec(source: MemberSpec, name: str, changes: dict[str, Any], parent: ParentSpec, ranks: int) -> MemberSpec:
     params = {**source.params, **{k: v for k, v in changes.items() if k not in ("seed", "steps")}}
     seed, steps = int(changes.get("seed", source.seed)), int(changes.get("steps", source.steps))
-    local, memory = source.checkpoint.local_dir, source.checkpoint.memory_dir
+    local, memory, peer = source.checkpoint.local_dir, source.checkpoint.memory_dir, source.checkpoint.peer_dir
     checkpoint: CheckpointSpec = replace(
         source.checkpoint,
         local_dir=None if local is None else str(PurePosixPath(local).parent / name),
         memory_dir=None if memory is None else str(PurePosixPath(memory).parent / name),
+        peer_dir=None if peer is None else str(PurePosixPath(peer).parent / name),
     )
     command = source.command
     if source.command_template is not None:  # the clone's own command line: {lr} is its lr

@@ -36,7 +36,7 @@ from typing import Any
 from resilient_flows.envvars import expand_env
 from resilient_flows.errors import SiteConfigError
 from resilient_flows.training import DEFAULT_ORPHAN_TIMEOUT_S, MIN_ORPHAN_TIMEOUT_S
-from resilient_flows.units import parse_duration
+from resilient_flows.units import parse_duration, parse_size
 
 _REQUIRED = ("nodes", "cores_per_node")
 _OPTIONAL = (
@@ -50,6 +50,7 @@ _OPTIONAL = (
     "stop_grace",
     "orphan_timeout",
     "network_interface",
+    "peer_memory",
 )
 
 #: Seconds a running attempt may stay silent before it is declared lost, unless the site says.
@@ -74,7 +75,9 @@ class SiteFacts:
     (see :mod:`resilient_flows.training._lease`). ``network_interface`` names the interface the
     nodes reach each other on, for members whose ranks span nodes (exported to them as
     ``GLOO_SOCKET_IFNAME``): a node with several networks otherwise leaves gloo to guess from
-    its host name. ``None``: gloo's own choice.
+    its host name. ``None``: gloo's own choice. ``peer_memory`` bounds, in bytes per node, what a
+    node keeps of other nodes' checkpoints in the ``peer`` tier (``None``: a quarter of the node's
+    memory, measured where the member runs).
     """
 
     name: str
@@ -90,6 +93,7 @@ class SiteFacts:
     stop_grace_s: float | None = None
     orphan_timeout_s: float = DEFAULT_ORPHAN_TIMEOUT_S
     network_interface: str | None = None
+    peer_memory: int | None = None
 
 
 def parse_facts(raw: Any, name: str, where: str) -> SiteFacts:
@@ -124,7 +128,20 @@ def parse_facts(raw: Any, name: str, where: str) -> SiteFacts:
         stop_grace_s=_seconds(raw.get("stop_grace"), "stop_grace", where),
         orphan_timeout_s=_orphan_timeout(raw.get("orphan_timeout"), where),
         network_interface=_interface(raw.get("network_interface"), where),
+        peer_memory=_size(raw.get("peer_memory"), "peer_memory", where),
     )
+
+
+def _size(value: Any, key: str, where: str) -> int | None:
+    if value is None:
+        return None
+    try:
+        result = parse_size(value, f"facts.{key}")
+    except ValueError as exc:
+        raise SiteConfigError(f"{where}: facts.{key} must be a size like 8GiB or null: {exc}") from None
+    if result <= 0:
+        raise SiteConfigError(f"{where}: facts.{key} must be positive, got {value!r}")
+    return result
 
 
 def _orphan_timeout(value: Any, where: str) -> float:

@@ -21,7 +21,13 @@ import torch
 from resilient_flows.checkpoint import Checkpointer, TrainState
 from resilient_flows.errors import Preempted, ResilientFlowsError
 from resilient_flows.rundir import EventLog, MetricsLog, member_layout
-from resilient_flows.training._contract import member_tiers, node_local_dir, node_memory_dir
+from resilient_flows.training._contract import (
+    member_tiers,
+    node_local_dir,
+    node_memory_dir,
+    node_peer_dir,
+    peer_capacity,
+)
 from resilient_flows.training._control import count_attempt
 from resilient_flows.training._digest import state_digest
 from resilient_flows.training._distributed import shutdown_process_group
@@ -145,8 +151,14 @@ class TrainContext:
         saver = self.runtime.saver
         saver.state, saver.last_saved = self.state, self.restored_step
         if not self._clone.restored(self.state, self.restored_step) and self.restored_step is not None:
-            read_from = self.checkpointer.restored.shards_by_source()
-            self._emit("resumed", attempt=self.attempt, step=self.restored_step, read_from=read_from)
+            restored = self.checkpointer.restored
+            self._emit(
+                "resumed",
+                attempt=self.attempt,
+                step=self.restored_step,
+                read_from=restored.shards_by_source(),
+                bytes_from=restored.bytes_from,
+            )
         return self.restored_step
 
     def steps(self, total: int) -> Iterator[int]:
@@ -226,8 +238,14 @@ class TrainContext:
 
     def _checkpointer(self, comm: Any) -> Checkpointer:
         ck, spec = self.spec.checkpoint, self.spec
+        peer = node_peer_dir(spec)
         tiers = member_tiers(
-            self.layout.checkpoints, node_local_dir(spec), node_memory_dir(spec), ck.local_every, ck.persist_every
+            self.layout.checkpoints,
+            node_local_dir(spec),
+            node_memory_dir(spec),
+            ck.local_every,
+            ck.persist_every,
+            peer=None if peer is None else (peer, peer_capacity(spec)),
         )
         return Checkpointer(tiers=tiers, keep=ck.keep, comm=comm if self.group is None else self.group)
 

@@ -10,6 +10,9 @@ do through these variables, a stable interface that scripts may read directly or
 ``RESILIENT_FLOWS_CHECKPOINT_DIR``     the shared checkpoint tier: ``<run>/members/<name>/checkpoints``
 ``RESILIENT_FLOWS_LOCAL_DIR``          the node-local tier on this node; empty when there is none
 ``RESILIENT_FLOWS_MEMORY_DIR``         a tier in node memory before it (``/dev/shm``); empty when none
+``RESILIENT_FLOWS_PEER_DIR``           where this node keeps other nodes' shards (the peer tier);
+                                       empty when none
+``RESILIENT_FLOWS_PEER_CAPACITY``      the peer tier's bound in bytes per node
 ``RESILIENT_FLOWS_ATTEMPT``            which attempt this is, 1 for the first
 ``RESILIENT_FLOWS_PARAMS``             the member's params as JSON, with ``seed`` and ``steps``
 ``RESILIENT_FLOWS_CHECKPOINT_INTERVAL`` steps between checkpoints; empty when the member
@@ -53,6 +56,8 @@ ENV_NAMES = {
     "checkpoint_dir": f"{_PREFIX}CHECKPOINT_DIR",
     "local_dir": f"{_PREFIX}LOCAL_DIR",
     "memory_dir": f"{_PREFIX}MEMORY_DIR",
+    "peer_dir": f"{_PREFIX}PEER_DIR",
+    "peer_capacity": f"{_PREFIX}PEER_CAPACITY",
     "attempt": f"{_PREFIX}ATTEMPT",
     "params": f"{_PREFIX}PARAMS",
     "checkpoint_interval": f"{_PREFIX}CHECKPOINT_INTERVAL",
@@ -72,6 +77,20 @@ def node_memory_dir(spec: MemberSpec) -> str | None:
     return None if memory is None else expand_env(memory, f"member {spec.name}", "node-memory checkpoint directory")
 
 
+def node_peer_dir(spec: MemberSpec) -> str | None:
+    """Where this node keeps other nodes' copies of the member's shards, expanded where it runs."""
+    peer = spec.checkpoint.peer_dir
+    return None if peer is None else expand_env(peer, f"member {spec.name}", "peer checkpoint directory")
+
+
+def peer_capacity(spec: MemberSpec) -> int:
+    """The peer tier's bound per node: the site's ``peer_memory``, else a quarter of this node's
+    memory, so that copies of other nodes' shards never crowd out the training itself."""
+    if spec.checkpoint.peer_capacity is not None:
+        return spec.checkpoint.peer_capacity
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 4
+
+
 @dataclass(frozen=True)
 class RunContract:
     """One attempt of one member, as its process sees it (see the module's table)."""
@@ -84,11 +103,13 @@ class RunContract:
     local_dir: Path | None = None
     checkpoint_interval: int | None = None
     memory_dir: Path | None = None
+    peer_dir: Path | None = None
+    peer_capacity: int | None = None
 
     @classmethod
     def for_member(cls, spec: MemberSpec, run_dir: str | os.PathLike, attempt: int) -> RunContract:
         """The contract of ``attempt`` of ``spec`` in ``run_dir``; call it where the member runs."""
-        local, memory = node_local_dir(spec), node_memory_dir(spec)
+        local, memory, peer = node_local_dir(spec), node_memory_dir(spec), node_peer_dir(spec)
         return cls(
             run_dir=Path(run_dir).resolve(),
             member=spec.name,
@@ -98,6 +119,8 @@ class RunContract:
             local_dir=None if local is None else Path(local),
             checkpoint_interval=spec.checkpoint.interval_steps,
             memory_dir=None if memory is None else Path(memory),
+            peer_dir=None if peer is None else Path(peer),
+            peer_capacity=None if peer is None else peer_capacity(spec),
         )
 
     def to_env(self) -> dict[str, str]:
@@ -108,6 +131,8 @@ class RunContract:
             ENV_NAMES["checkpoint_dir"]: str(self.checkpoint_dir),
             ENV_NAMES["local_dir"]: "" if self.local_dir is None else str(self.local_dir),
             ENV_NAMES["memory_dir"]: "" if self.memory_dir is None else str(self.memory_dir),
+            ENV_NAMES["peer_dir"]: "" if self.peer_dir is None else str(self.peer_dir),
+            ENV_NAMES["peer_capacity"]: "" if self.peer_capacity is None else str(self.peer_capacity),
             ENV_NAMES["attempt"]: str(self.attempt),
             ENV_NAMES["params"]: json.dumps(self.params),
             ENV_NAMES["checkpoint_interval"]: "" if self.checkpoint_interval is None else str(self.checkpoint_interval),
@@ -134,7 +159,7 @@ class RunContract:
         except ValueError as exc:
             raise WorkflowError(f"{ENV_NAMES['params']} is not a JSON object of params ({exc})") from None
         local, interval, attempt = get("local_dir", False), get("checkpoint_interval", False), get("attempt", False)
-        memory = get("memory_dir", False)
+        memory, peer, capacity = get("memory_dir", False), get("peer_dir", False), get("peer_capacity", False)
         return cls(
             run_dir=Path(get("run_dir")),
             member=get("member"),
@@ -144,14 +169,17 @@ class RunContract:
             local_dir=Path(local) if local else None,
             checkpoint_interval=_positive(interval, ENV_NAMES["checkpoint_interval"]) if interval else None,
             memory_dir=Path(memory) if memory else None,
+            peer_dir=Path(peer) if peer else None,
+            peer_capacity=_positive(capacity, ENV_NAMES["peer_capacity"]) if capacity else None,
         )
 
     def checkpointer_settings(self) -> dict[str, Any]:
         """Keyword arguments of :class:`~resilient_flows.checkpoint.Checkpointer` for this member's
-        tiers: a list of them, fastest first, when there is a memory tier."""
-        if self.memory_dir is None:
+        tiers: a list of them, fastest first, when there is a memory or a peer tier."""
+        if self.memory_dir is None and self.peer_dir is None:
             return {"directory": self.checkpoint_dir, "local_dir": self.local_dir}
-        return {"tiers": member_tiers(self.checkpoint_dir, self.local_dir, self.memory_dir)}
+        peer = None if self.peer_dir is None else (self.peer_dir, self.peer_capacity)
+        return {"tiers": member_tiers(self.checkpoint_dir, self.local_dir, self.memory_dir, peer=peer)}
 
 
 def member_tiers(
@@ -160,14 +188,19 @@ def member_tiers(
     memory: str | os.PathLike | None,
     local_every: int = 1,
     shared_every: int = 1,
+    peer: tuple[str | os.PathLike, int | None] | None = None,
 ) -> list[Any]:
     """A member's tiers as :class:`~resilient_flows.checkpoint.TierSpec`, fastest first, named as
-    workflows name them (``memory``, ``local``, ``shared``); the first takes every checkpoint."""
+    workflows name them (``memory``, ``local``, ``peer``, ``shared``); the first takes every
+    checkpoint, the peer tier every one that reached the tier before it. ``peer`` is the peer
+    tier's directory and bound per node, left out without a node-local tier before it."""
     from resilient_flows.checkpoint import TierSpec  # imports torch: only where the member runs
 
     tiers = [TierSpec(memory, name="memory")] if memory is not None else []
     if local is not None:
         tiers.append(TierSpec(local, persist_every=local_every if tiers else 1, name="local"))
+    if peer is not None and tiers:
+        tiers.append(TierSpec(peer[0], name="peer", peer=True, capacity=peer[1]))
     return [*tiers, TierSpec(shared, persist_every=shared_every if tiers else 1, name="shared")]
 
 

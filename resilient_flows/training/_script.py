@@ -162,6 +162,8 @@ def _member_spec(contract: RunContract) -> MemberSpec:
         checkpoint,
         local_dir=None if contract.local_dir is None else str(contract.local_dir),
         memory_dir=None if contract.memory_dir is None else str(contract.memory_dir),
+        peer_dir=None if contract.peer_dir is None else str(contract.peer_dir),
+        peer_capacity=contract.peer_capacity,
     )
     launched = read_launch_env()  # MPI and Slurm variables may be the worker pool's, inherited: not ours
     ranks = launched.world_size if launched is not None and launched.launcher == "torchrun" else 1

@@ -28,6 +28,8 @@ class CheckpointSpec:
     tier, ``local_every`` is the local tier's ``persist_every``; ``persist_every`` is always the
     shared tier's. With ``auto`` the member replaces both intervals and ``persist_every`` by the
     recommender's choice once it has measured its checkpoints (failure rates from the two MTBFs).
+    ``peer_dir`` is where this node keeps other nodes' copies of their shards (the peer tier, after
+    the node-local ones), bounded by ``peer_capacity`` bytes per node, or None without one.
     """
 
     interval_steps: int | None = 10
@@ -41,6 +43,8 @@ class CheckpointSpec:
     local_every: int = 1
     process_mtbf_s: float | None = None
     node_mtbf_s: float | None = None
+    peer_dir: str | None = None
+    peer_capacity: int | None = None
 
 
 @dataclass(frozen=True)

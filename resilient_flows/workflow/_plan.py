@@ -30,10 +30,23 @@ def plan_workflow(
             f"checkpoint tiers name 'memory', but site {site_name!r} has no memory_scratch: add "
             "'memory_scratch: /dev/shm' (node memory as a file system) to its facts, or drop the tier"
         )
+    node_root = memory_root or local_root  # peer copies go to node memory where the site has it
+    peer_root = None if node_root is None else f"{node_root}/.peer"
+    if peer_root is None and workflow.names_tier("peer"):
+        raise WorkflowError(
+            f"checkpoint tiers name 'peer', but site {site_name!r} has neither memory_scratch nor "
+            "local_scratch for the copies of other nodes' shards: add one to its facts, or drop the tier"
+        )
     if build_site:
         site_file.config()
     specs = workflow.member_specs(
-        local_root, facts.node_mtbf_s, facts.stop_grace_s, memory_root, network_interface=facts.network_interface
+        local_root,
+        facts.node_mtbf_s,
+        facts.stop_grace_s,
+        memory_root,
+        network_interface=facts.network_interface,
+        peer_root=peer_root,
+        peer_capacity=facts.peer_memory,
     )
     _check_nodes(specs, site_file, facts.nodes)
     return Plan(workflow, site_name, tuple(specs), site_file)

@@ -73,16 +73,20 @@ def checkpoint_spec(
     local_dir: str | None,
     site_node_mtbf_s: float | None = None,
     memory_dir: str | None = None,
+    peer_dir: str | None = None,
+    peer_capacity: int | None = None,
 ) -> CheckpointSpec:
     """The member's checkpointing; a tier named in ``config`` that the site lacks (``local_dir`` or
     ``memory_dir`` None) is left out, and the tier after it counts the checkpoints of the one
-    before."""
+    before. A ``peer`` tier needs a node-local tier before it, that the site has."""
     auto = config.interval == "auto"
     steps = AUTO_WARMUP_STEPS if auto else config.interval if isinstance(config.interval, int) else None
     seconds = None if auto or isinstance(config.interval, int) else to_seconds(config.interval, "interval")
     node = to_seconds(config.node_mtbf, "node_mtbf") if config.node_mtbf is not None else site_node_mtbf_s
     every = config.persist_every if isinstance(config.persist_every, dict) else {"shared": config.persist_every}
     memory = memory_dir if "memory" in config.tiers else None
+    local = local_dir if "local" in config.tiers else None
+    peer = peer_dir if "peer" in config.tiers and (memory or local) else None
     return CheckpointSpec(
         interval_steps=steps,
         interval_s=seconds,
@@ -90,8 +94,10 @@ def checkpoint_spec(
         overlap=config.overlap,
         persist_every=every.get("shared", 1),
         local_every=every.get("local", 1) if memory else 1,
-        local_dir=local_dir if "local" in config.tiers else None,
+        local_dir=local,
         memory_dir=memory,
+        peer_dir=peer,
+        peer_capacity=peer_capacity if peer else None,
         auto=auto,
         process_mtbf_s=to_seconds(config.process_mtbf, "process_mtbf"),
         node_mtbf_s=node if node is not None else DEFAULT_NODE_MTBF_S,
@@ -106,7 +112,8 @@ class SpecBuilder:
     ``local_root`` is this run's directory on node-local scratch (``memory_root`` in node memory),
     ``node_mtbf_s`` the site's node MTBF (for ``interval: auto``), ``stop_grace_s`` the site's
     grace for command members that name none, ``network_interface`` the site's interface between
-    nodes (members of several ranks).
+    nodes (members of several ranks), ``peer_root`` where nodes keep other nodes' copies (the
+    ``peer`` tier) and ``peer_capacity`` its bound per node (None: decided where the member runs).
     """
 
     checkpoint: CheckpointConfig
@@ -117,6 +124,8 @@ class SpecBuilder:
     stop_grace_s: float | None = None
     memory_root: str | None = None
     network_interface: str | None = None
+    peer_root: str | None = None
+    peer_capacity: int | None = None
 
     def member_specs(self, family: str, member: MemberConfig) -> list[MemberSpec]:
         """A spec per member the entry ``member`` of ``family`` stands for."""
@@ -137,6 +146,7 @@ class SpecBuilder:
     ) -> MemberSpec:
         local = None if self.local_root is None else str(PurePosixPath(self.local_root) / name)
         memory = None if self.memory_root is None else str(PurePosixPath(self.memory_root) / name)
+        peer = None if self.peer_root is None else str(PurePosixPath(self.peer_root) / name)
         command = None
         if member.command is not None:
             values = {**params, "name": name, "seed": seed, "steps": member.steps}
@@ -151,7 +161,9 @@ class SpecBuilder:
             params=params,
             seed=seed,
             steps=member.steps,
-            checkpoint=checkpoint_spec(member.checkpoint or self.checkpoint, local, self.node_mtbf_s, memory),
+            checkpoint=checkpoint_spec(
+                member.checkpoint or self.checkpoint, local, self.node_mtbf_s, memory, peer, self.peer_capacity
+            ),
             faults=self._faults(name),
             evaluate=member.evaluate,
             threads=member.threads,

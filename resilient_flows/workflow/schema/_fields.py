@@ -18,7 +18,7 @@ from resilient_flows.units import parse_duration
 Name = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")]
 FAULT_KINDS = ("kill", "preempt", "error")
 #: Checkpoint tiers a workflow may name, fastest first: node memory, node-local disk, shared file system.
-TIERS = ("memory", "local", "shared")
+TIERS = ("memory", "local", "peer", "shared")
 
 
 #: Every model's configuration: an unknown key is an error, and a validated workflow does not change.

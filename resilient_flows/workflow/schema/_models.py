@@ -48,7 +48,7 @@ class CheckpointConfig(_Section):
     interval: int | str = 10
     keep: Annotated[int, Field(ge=1)] = 3
     overlap: bool = False
-    tiers: list[Literal["memory", "local", "shared"]] = ["local", "shared"]
+    tiers: list[Literal["memory", "local", "peer", "shared"]] = ["local", "shared"]
     persist_every: Annotated[int, Field(ge=1)] | dict[Literal["local", "shared"], Annotated[int, Field(ge=1)]] = 1
     process_mtbf: int | str = "7d"
     node_mtbf: int | str | None = None
@@ -77,6 +77,8 @@ class CheckpointConfig(_Section):
             raise ValueError("'shared' must be among the tiers: a checkpoint must survive the node")
         if value != [tier for tier in TIERS if tier in value] or len(set(value)) != len(value):
             raise ValueError(f"tiers go fastest first, each once: a selection of {', '.join(TIERS)} in that order")
+        if "peer" in value and not {"memory", "local"} & set(value):
+            raise ValueError("'peer' copies what a node-local tier committed: name 'memory' or 'local' before it")
         return value
 
     @model_validator(mode="after")

@@ -81,6 +81,8 @@ class Workflow(BaseModel):
         stop_grace_s: float | None = None,
         memory_root: str | None = None,
         network_interface: str | None = None,
+        peer_root: str | None = None,
+        peer_capacity: int | None = None,
     ) -> list[MemberSpec]:
         """One spec per expanded member, with the site's facts (see :class:`SpecBuilder`)."""
         builder = SpecBuilder(
@@ -92,6 +94,8 @@ class Workflow(BaseModel):
             stop_grace_s=stop_grace_s,
             memory_root=memory_root,
             network_interface=network_interface,
+            peer_root=peer_root,
+            peer_capacity=peer_capacity,
         )
         return [
             spec
