@@ -167,6 +167,7 @@ def test_site_facts_describe_the_machine(user_env: None) -> None:
         walltime_s=3600.0,
         stall_timeout_s=300.0,
         stop_grace_s=8.0,
+        peer_memory=64 << 30,
     )
     assert site_facts("theta").shared_fs == "/lus/theta-fs0/projects/MyAlloc"
     assert site_facts("aurora").gpus_per_node == 12 and site_facts("aurora").local_scratch == "/tmp"
