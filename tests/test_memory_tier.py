@@ -67,8 +67,9 @@ def test_a_member_checkpoints_through_memory_local_and_shared_and_resumes_from_t
 def test_a_peer_tier_keeps_other_nodes_copies_in_node_memory_under_the_sites_bound(tmp_path: Path) -> None:
     text = THREE.replace("[memory, local, shared]", "[memory, local, peer, shared]")
     workflow = load_workflow(write(tmp_path, text))
+    shm = tmp_path / "shm"
     (spec,) = workflow.member_specs(
-        str(tmp_path / "disk"), memory_root=str(tmp_path / "shm"), peer_root=str(tmp_path / "shm/.peer"), peer_capacity=5
+        str(tmp_path / "disk"), memory_root=str(shm), peer_root=str(shm / ".peer"), peer_capacity=5
     )
     assert (spec.checkpoint.peer_dir, spec.checkpoint.peer_capacity) == (str(tmp_path / "shm/.peer/m"), 5)
     contract = RunContract.for_member(spec, tmp_path / "run", attempt=1)

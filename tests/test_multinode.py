@@ -307,12 +307,13 @@ def test_slurm_member_on_two_nodes_trains_like_one_rank(two_node_run: Path, tmp_
 # ------------------------------------------------------------------ losing a node
 
 #: The ddp member of TWO_NODES, paced (``chaos:paced``: the same training, a pause after each step)
-#: so that a node can be lost between two of its checkpoints, every 4 steps.
+#: so that a node can be lost between two of its checkpoints, every 4 steps; each node also keeps
+#: a copy of the other's shards (the peer tier).
 NODE_LOSS = """\
 name: node-loss
 site: local-slurm-nodes
 retries: 2
-checkpoint: {interval: 4}
+checkpoint: {interval: 4, tiers: [local, peer, shared]}
 members:
   - {name: ddp, workload: "chaos:paced", steps: 20, seed: 3, nodes: 2, params: {hidden: 32, pause_ms: 250}}
 """
@@ -344,8 +345,9 @@ def test_slurm_member_that_lost_a_node_resumes_on_the_nodes_left_and_the_node_se
     process in its namespace SIGKILLed, its node-local scratch deleted). Slurm marks it down and
     ends the block; Parsl starts another on the two nodes left; the member resumes there from
     the newest checkpoint, reading the shard the surviving node kept locally and the lost one
-    from the shared tier, and ends with the weights of the uninterrupted run, bit for bit (same
-    layout). The node, back, runs jobs again."""
+    from the copy the survivor kept of it (its peer tier), not a byte from the shared tier, and
+    ends with the weights of the uninterrupted run, bit for bit (same layout). The node, back,
+    runs jobs again."""
     env = {**cluster, "PYTHONPATH": os.pathsep.join([str(REPO / "benchmarks"), cluster["PYTHONPATH"]])}
     (tmp_path / "wf.yaml").write_text(NODE_LOSS)
     run_dir = tmp_path / "run"
@@ -379,11 +381,11 @@ def test_slurm_member_that_lost_a_node_resumes_on_the_nodes_left_and_the_node_se
     first_attempt = [json.loads(line) for line in (run_dir / "members/ddp/metrics.jsonl").read_text().splitlines()]
     reached = max(m["step"] for m in first_attempt if m["attempt"] == 1)
     assert resumed["step"] == max(committed) and reached - resumed["step"] <= 4, (committed, reached, resumed)
-    # Each old rank's shard: the survivor's from its node-local copy, the lost node's from the shared tier.
+    # Each old rank's shard: the survivor's from its node-local copy, the lost node's from the copy
+    # the survivor kept of it; nothing from the shared tier.
     ranks = {host: f"shard-{rank:05d}-of-00002.safetensors" for rank, host in enumerate(started["hosts"])}
-    read_from = resumed["read_from"]
-    assert set(read_from) == {f"local on {survivor}", "shared"}, read_from
-    assert read_from[f"local on {survivor}"] == [ranks[survivor]] and ranks[lost] in read_from["shared"]
+    assert resumed["read_from"] == {f"local on {survivor}": [ranks[survivor]], f"peer on {survivor}": [ranks[lost]]}
+    assert set(resumed["bytes_from"]) == {f"local on {survivor}", f"peer on {survivor}"}, resumed["bytes_from"]
     result = json.loads((run_dir / "members/ddp/result.json").read_text())
     uninterrupted = json.loads((two_node_run / "members/ddp/result.json").read_text())
     assert result["digest"] == uninterrupted["digest"]
