@@ -335,6 +335,59 @@ def _wait_for(what: str, predicate, timeout: float) -> None:
         time.sleep(0.1)
 
 
+def _lose_during_run(cluster: dict[str, str], tmp_path: Path, both: bool) -> tuple[Path, list[dict], list[str]]:
+    """Run NODE_LOSS and, once the member logged step LOSE_AFTER, crash the node of its rank 0
+    (``both``: and its other node, its buddy, together); a crashed node boots again, empty, once
+    the block it was in has ended. The run directory, its events and the first attempt's hosts."""
+    env = {**cluster, "PYTHONPATH": os.pathsep.join([str(REPO / "benchmarks"), cluster["PYTHONPATH"]])}
+    (tmp_path / "wf.yaml").write_text(NODE_LOSS)
+    run_dir = tmp_path / "run"
+    runner = subprocess.Popen(
+        _command(tmp_path / "wf.yaml", run_dir),
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    lost: list[str] = []
+    try:
+        _wait_for(f"step {LOSE_AFTER}", lambda: max(loss_curve(run_dir, "ddp"), default=-1) >= LOSE_AFTER, 180)
+        (started,) = [e for e in _events(run_dir) if e["kind"] == "started"]
+        lost = list(started["hosts"] if both else started["hosts"][:1])
+        for node in lost:
+            _slurm_node("down", node, env)
+        if both:  # one node is left: the member needs two, so the crashed ones must come back
+            for node in lost:
+                _slurm_node("up", node, env)
+            lost = []
+        out, err = runner.communicate(timeout=300)
+    finally:
+        runner.kill()
+        cancel_all(name_prefix=f"parsl.{SITE}.block-", env=env)
+        for node in lost:
+            _slurm_node("up", node, env)
+    events = _events(run_dir)
+    assert runner.returncode == 0, (out[-2000:], err[-3000:], events)
+    return run_dir, events, started["hosts"]
+
+
+def _resumed_within(run_dir: Path, events: list[dict], intervals: int) -> dict:
+    """The resume: from a checkpoint taken before it, at most ``intervals`` checkpoints behind the
+    newest one and the step the first attempt reached (1: the newest; 2: the shared tier's copy of
+    it may not have been flushed when every node holding it crashed)."""
+    (resumed,) = [e for e in events if e["kind"] == "resumed"]
+    committed = [e["step"] for e in events if e["kind"] == "checkpointed" and e["time"] < resumed["time"]]
+    first_attempt = [json.loads(line) for line in (run_dir / "members/ddp/metrics.jsonl").read_text().splitlines()]
+    reached = max(m["step"] for m in first_attempt if m["attempt"] == 1)
+    assert resumed["step"] in committed[-intervals:] and reached - resumed["step"] <= 4 * intervals, (
+        committed,
+        reached,
+        resumed,
+    )
+    return resumed
+
+
 @pytest.mark.slow
 @pytest.mark.slurm
 @pytest.mark.timeout(420)
@@ -348,42 +401,14 @@ def test_slurm_member_that_lost_a_node_resumes_on_the_nodes_left_and_the_node_se
     from the copy the survivor kept of it (its peer tier), not a byte from the shared tier, and
     ends with the weights of the uninterrupted run, bit for bit (same layout). The node, back,
     runs jobs again."""
-    env = {**cluster, "PYTHONPATH": os.pathsep.join([str(REPO / "benchmarks"), cluster["PYTHONPATH"]])}
-    (tmp_path / "wf.yaml").write_text(NODE_LOSS)
-    run_dir = tmp_path / "run"
-    runner = subprocess.Popen(
-        _command(tmp_path / "wf.yaml", run_dir),
-        cwd=tmp_path,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    lost = None
-    try:
-        _wait_for(f"step {LOSE_AFTER}", lambda: max(loss_curve(run_dir, "ddp"), default=-1) >= LOSE_AFTER, 180)
-        (started,) = [e for e in _events(run_dir) if e["kind"] == "started"]
-        lost, survivor = started["hosts"]
-        _slurm_node("down", lost, env)
-        out, err = runner.communicate(timeout=300)
-    finally:
-        runner.kill()
-        cancel_all(name_prefix=f"parsl.{SITE}.block-", env=env)
-        if lost is not None:
-            _slurm_node("up", lost, env)
-    events = _events(run_dir)
-    assert runner.returncode == 0, (out[-2000:], err[-3000:], events)
-    (resumed,) = [e for e in events if e["kind"] == "resumed"]
+    run_dir, events, hosts = _lose_during_run(cluster, tmp_path, both=False)
+    lost, survivor = hosts
     (second,) = [e for e in events if e["kind"] == "started" and e["attempt"] == 2]
     assert lost not in second["hosts"] and survivor in second["hosts"] and len(set(second["hosts"])) == 2, second
-    # At most one interval redone: the newest checkpoint before the loss is where it resumed.
-    committed = [e["step"] for e in events if e["kind"] == "checkpointed" and e["time"] < resumed["time"]]
-    first_attempt = [json.loads(line) for line in (run_dir / "members/ddp/metrics.jsonl").read_text().splitlines()]
-    reached = max(m["step"] for m in first_attempt if m["attempt"] == 1)
-    assert resumed["step"] == max(committed) and reached - resumed["step"] <= 4, (committed, reached, resumed)
+    resumed = _resumed_within(run_dir, events, intervals=1)
     # Each old rank's shard: the survivor's from its node-local copy, the lost node's from the copy
     # the survivor kept of it; nothing from the shared tier.
-    ranks = {host: f"shard-{rank:05d}-of-00002.safetensors" for rank, host in enumerate(started["hosts"])}
+    ranks = {host: f"shard-{rank:05d}-of-00002.safetensors" for rank, host in enumerate(hosts)}
     assert resumed["read_from"] == {f"local on {survivor}": [ranks[survivor]], f"peer on {survivor}": [ranks[lost]]}
     assert set(resumed["bytes_from"]) == {f"local on {survivor}", f"peer on {survivor}"}, resumed["bytes_from"]
     result = json.loads((run_dir / "members/ddp/result.json").read_text())
@@ -396,12 +421,30 @@ def test_slurm_member_that_lost_a_node_resumes_on_the_nodes_left_and_the_node_se
     out_file = tmp_path / "all.out"
     subprocess.run(
         ["sbatch", "--wait", f"-N{len(nodes)}", "-o", str(out_file), str(script)],
-        env=env,
+        env=cluster,
         check=True,
         timeout=120,
         capture_output=True,
     )
     assert sorted(out_file.read_text().split()) == sorted(nodes)
+
+
+@pytest.mark.slow
+@pytest.mark.slurm
+@pytest.mark.timeout(420)
+def test_slurm_member_that_lost_a_node_and_its_buddy_resumes_from_the_shared_tier(
+    two_node_run: Path, cluster: dict[str, str], tmp_path: Path
+) -> None:
+    """Both nodes of the member crash together, each with the other's peer copy: nothing of the
+    checkpoint is left on any node, and the member resumes (on nodes that booted again, empty)
+    from the shared tier alone, to the uninterrupted run's weights."""
+    run_dir, events, _ = _lose_during_run(cluster, tmp_path, both=True)
+    resumed = _resumed_within(run_dir, events, intervals=2)
+    shards = [f"shard-{rank:05d}-of-00002.safetensors" for rank in range(2)]
+    assert resumed["read_from"] == {"shared": shards} and list(resumed["bytes_from"]) == ["shared"], resumed
+    result = json.loads((run_dir / "members/ddp/result.json").read_text())
+    uninterrupted = json.loads((two_node_run / "members/ddp/result.json").read_text())
+    assert result["digest"] == uninterrupted["digest"]
 
 
 # ------------------------------------------------------------------ preempting across nodes
