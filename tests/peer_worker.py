@@ -10,7 +10,8 @@ as on a cluster. The shared tier is DIR/shared. LAYOUT is ddp (replicated) or fs
 MODE save: six Adam steps, a checkpoint after each (every third also to the shared tier); the full
     tensors after each step go to DIR/reference-<step>.safetensors. Reports the peer statistics.
 MODE restore: restore into a fresh model and report the step, the tensors that differ from that
-    step's reference, and where the restore read every shard and how many bytes from each source.
+    step's reference, and where the restore read every shard and how many bytes from each source;
+    then save the next step and report whether it reached the shared tier.
 """
 
 from __future__ import annotations
@@ -64,6 +65,9 @@ def restore(directory: Path, wrap, node: str, capacity: int | None) -> dict:
             "read_from": ck.restored.read_from,
             "bytes_from": ck.restored.bytes_from,
         }
+        ck.save(restored + 1, state)  # the next save: through every tier when a peer copy was read
+        ck.wait()
+        report["next_in_shared"] = restored + 1 in ck.shared.committed_steps()
     report["differ"] = same(state, load_file(str(directory / f"reference-{restored}.safetensors")))
     return report
 

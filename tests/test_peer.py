@@ -105,19 +105,35 @@ def test_a_lost_node_is_restored_from_its_buddy_without_reading_the_shared_tier(
     }
     assert "shared" not in report["bytes_from"] and report["bytes_from"]["peer on n2"] > 0
     assert all(r["bytes_from"] == report["bytes_from"] for r in reports)
+    # the lost node's shard survived on one node only: the next save goes through every tier at once
+    assert [r["next_in_shared"] for r in reports] == [True] * 3
+
+
+def test_a_step_that_only_the_nodes_hold_is_restored_on_a_new_node_from_the_survivors(saved, tmp_path: Path) -> None:
+    """Step 5 never reached the shared tier (persist_every): the rank on the new node n3 has no
+    copy of it at all, not even its manifest, and still restores it from the others."""
+    directory = copy_of(saved, tmp_path, lost=("n1",))
+    shutil.rmtree(directory / "shared" / "step-00000005")
+    (directory / "shared" / "latest").write_text("2")
+    reports = launch(3, "restore", directory, saved[1], "n0,n3,n2")
+    assert [(r["step"], r["differ"], r["skipped"]) for r in reports] == [(5, [], [])] * 3
+    assert set(reports[0]["bytes_from"]) == {"local on n0", "local on n2", "peer on n2"}
 
 
 def test_a_node_lost_with_its_buddy_falls_back_to_the_shared_tier(saved, tmp_path: Path) -> None:
     directory = copy_of(saved, tmp_path, lost=("n1", "n2"))
+    shutil.rmtree(directory / "nodes" / "n0" / "peer")  # node 2's copy too: only shard 0 is on a node
     reports = launch(3, "restore", directory, saved[1], "n0,n3,n4")
     assert [r["step"] for r in reports] == [5, 5, 5]
     assert [r["differ"] for r in reports] == [[], [], []]
     assert reports[0]["read_from"] == {
         SHARD.format(0): ["local on n0"],
         SHARD.format(1): ["shared"],  # its node and its buddy are gone
-        SHARD.format(2): ["peer on n0"],
+        SHARD.format(2): ["shared"],
     }
     assert reports[0]["bytes_from"]["shared"] > 0
+    # no peer copy was read: the next save follows persist_every (every third), step 6 is not shared
+    assert [r["next_in_shared"] for r in reports] == [False] * 3
 
 
 def test_a_damaged_peer_copy_gives_way_to_the_shared_tier(saved, tmp_path: Path) -> None:

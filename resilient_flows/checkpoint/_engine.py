@@ -201,6 +201,7 @@ class Checkpointer:
         self._pending_snapshot: Snapshot | None = None
         self._hooked: weakref.WeakKeyDictionary[torch.optim.Optimizer, Any] = weakref.WeakKeyDictionary()
         self._closed = False
+        self._exposed = False  # the restored state came from a peer copy: the next save re-replicates it
         peers = {index: spec.capacity for index, spec in enumerate(specs) if spec.peer}
         self._pipeline = WritePipeline(
             self.tiers, self.comm, keep, self._arena, self._record, self.stats, ring=ring, peer_capacity=peers
@@ -258,7 +259,9 @@ class Checkpointer:
         queued, so that all ranks always queue the same checkpoints.
 
         ``persist=True`` sends this checkpoint through every tier, ``False`` keeps it in the first;
-        by default each tier's ``persist_every`` decides.
+        by default each tier's ``persist_every`` decides, except for the first save after a restore
+        that read a lost node's shards from a peer copy: that one goes through every tier, so that
+        the new ring's buddies and the shared tier hold the state again at once.
 
         ``on_commit(tier, step)`` runs on every rank in a background thread once this checkpoint is
         committed in a tier (fastest first, up to the shared one), before retention may prune it:
@@ -276,6 +279,8 @@ class Checkpointer:
         layout = self._layout(stateful)
         generation, snapshot, waited = self._stage(layout, stateful, overlap)
         self.stats.saves += 1
+        if persist is None and self._exposed:
+            persist, self._exposed = True, False
         job = WriteJob(
             step=step,
             depth=self._depth(persist),
@@ -534,6 +539,8 @@ class Checkpointer:
                 stateful.discard_restore_target()
             return None
         stateful.load_state_dict(read.state)
+        peers = {tier.name for index, tier in enumerate(self.tiers) if index in self._pipeline.peer_capacity}
+        self._exposed = any(source.split(" on ")[0] in peers for source in read.bytes_from)
         self.restored = replace(read, state={})  # the state is the caller's now: holding it would keep its arrays alive
         if self._pipeline.heartbeat is not None:
             self._pipeline.heartbeat.restore_s = time.perf_counter() - began

@@ -44,6 +44,7 @@ speed instead of taking a page fault every 4 KiB of a freshly allocated state.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
@@ -134,9 +135,10 @@ class OpenCheckpoint:
 
     ``copies`` are the step's directories in the tiers that hold it here, fastest first (or one
     directory). The manifest of the slowest copy is the authority, since the shared tier outlives
-    the nodes; a faster copy whose manifest records other shards (a stale branch on a node that
-    came back) is not read. Each shard comes from the fastest copy that holds it, and the next
-    copy takes over when one fails its checksum.
+    the nodes (a rank with no copy, on a node that replaced a lost one, is given ``manifest`` by a
+    rank that has one, and other ranks read its pieces for it); a faster copy whose manifest
+    records other shards (a stale branch on a node that came back) is not read. Each shard comes
+    from the fastest copy that holds it, and the next copy takes over when one fails its checksum.
 
     With ``comm`` of several ranks, arrays that every rank needs whole (replicated state: DDP
     parameters, Adam's step counters) are read once: each piece by one rank that sees its shard,
@@ -146,9 +148,15 @@ class OpenCheckpoint:
     and :meth:`fill` together, with targets of the same structure.
     """
 
-    def __init__(self, copies: Path | Sequence[StepCopy], step: int, comm: Comm | None = None) -> None:
+    def __init__(
+        self, copies: Path | Sequence[StepCopy], step: int, comm: Comm | None = None, manifest: Manifest | None = None
+    ) -> None:
         self.comm = comm if comm is not None else SingleProcess()
         listed = [StepCopy("", copies)] if isinstance(copies, Path) else list(copies)
+        if not listed and manifest is not None:  # a rank on a new node: other ranks read for it
+            self.manifest, self.step_dir, self.copies = manifest, Path(step_dirname(step)), []
+            self._start()
+            return
         if not listed:
             raise CorruptCheckpointError(f"{step_dirname(step)}: no copy of it here")
         read: list[tuple[StepCopy, Manifest]] = []
@@ -173,6 +181,9 @@ class OpenCheckpoint:
                     copy.tier,
                     authority.tier,
                 )
+        self._start()
+
+    def _start(self) -> None:
         self._using: dict[int, StepCopy] = {}  # the copy each mapped shard comes from
         self._shards: dict[int, MappedShard] = {}
         self._failed: dict[int, set[Path]] = {}  # copies of a shard that failed, by shard index
@@ -573,7 +584,7 @@ def read_agreed(
         opened: OpenCheckpoint | None = None
         problem = mismatch = shape = visible = None
         try:
-            opened = OpenCheckpoint(copies, s, comm)
+            opened = OpenCheckpoint(copies, s, comm, _manifest_for_the_copyless(copies, s, comm))
             manifest = opened.manifest
             where = f"checkpoint step {manifest.step}"
             live = live_arrays(stateful, manifest.arrays, manifest.skeleton, where, "the state to restore into")
@@ -630,6 +641,21 @@ def read_agreed(
     if step is not None:
         raise CheckpointError(f"no valid checkpoint of step {step} in {', '.join(str(t.path) for t in tiers)}")
     return None
+
+
+def _manifest_for_the_copyless(copies: list[StepCopy], step: int, comm: Comm) -> Manifest | None:
+    """The step's manifest for a rank that holds no copy of the step (a node that replaced a lost
+    one, where the step is not in the shared tier), from the first rank whose copy opens; None for
+    ranks with a copy, or when no rank has a readable one. Collective."""
+    text = None
+    if copies:
+        with contextlib.suppress(OSError, CorruptCheckpointError):
+            text = read_manifest(copies[-1].path).to_json()
+    held = comm.allgather(text is not None)
+    if all(held) or not any(held):
+        return None
+    text = comm.bcast(text, held.index(True))
+    return None if copies else Manifest.from_json(text, f"{step_dirname(step)}/manifest.json from another rank")
 
 
 def _source(tier: str, tiers: list[Tier], node: str) -> str:
