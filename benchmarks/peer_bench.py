@@ -8,8 +8,7 @@ variants alike, figures the medians over rounds after a warm-up round, of the sl
 
 1. **Restore after a node loss: from the buddy or from the shared tier.** R ranks (default 3),
    rank r on emulated node ``n<r>``, save a checkpoint with the tiers [local, peer, shared] (in
-   all three: the engine restores on a replacement node only a step that the shared tier holds
-   too, a limitation of the reader at the time of writing); node ``n1`` is then lost (its local
+   all three, so that the ``shared`` variant can read it as well); node ``n1`` is then lost (its local
    and peer directories deleted) and replaced by a fresh node ``n<R>``. The same ranks restore it
    into a fresh model twice per round: ``peer``, with the same three tiers, where the lost node's
    shards come from its buddy's peer copy (``n2``; ``n0`` with two ranks) (read there and relayed over gloo to the ranks

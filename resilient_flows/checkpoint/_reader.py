@@ -20,7 +20,7 @@ in :attr:`Restored.bytes_from`).
 
 A piece of a sharded array (or a rank's own values) that a rank sees only in the shared tier, or
 not at all, while another rank sees it in a node-local or peer tier, is read there by that rank
-and broadcast (relayed): after a lost node, the ranks on new nodes take their shards from a
+and sent to it (relayed): after a lost node, the ranks on new nodes take their shards from a
 surviving node's peer copy over the network instead of the shared file system.
 
 Order of operations the caller guarantees (the contract of :class:`OpenCheckpoint`):
@@ -190,7 +190,8 @@ class OpenCheckpoint:
         self._assigned: dict[tuple[str, str], int] = {}  # who reads each replicated piece
         self._prefault: Prefault | None = None
         self._filled: set[tuple[str, str]] = set()  # pieces copied into fresh targets while verified
-        self._relay: list[tuple[str, PieceRecord, int]] = []  # sharded pieces read by one rank for others
+        #: Sharded pieces read by one rank for others: (array, piece, reader, the ranks that need it).
+        self._relay: list[tuple[str, PieceRecord, int, tuple[int, ...]]] = []
         self._counted: set[tuple[str, str]] = set()
         #: Bytes of the pieces this rank read, by the tier they came from.
         self.bytes_read: dict[str, int] = {}
@@ -252,7 +253,7 @@ class OpenCheckpoint:
         (``visible[rank]``), those that see it in the fastest tier, then the least loaded, largest
         pieces first. A piece in ``needs[rank]`` (see :meth:`needs`) that its rank sees only at
         level ``slowest`` (the shared tier) or not at all, and another rank sees at a faster one,
-        is relayed: read by that rank and broadcast. The same on every rank, from the same inputs;
+        is relayed: read by that rank and sent to those that need it. The same on every rank, from the same inputs;
         raises CorruptCheckpointError when no rank sees a shard that is needed."""
         if self.comm.size == 1:
             return
@@ -281,7 +282,7 @@ class OpenCheckpoint:
             piece = next(p for p in self.manifest.arrays[name].pieces if p.key == key)
             rank = min(able, key=lambda r: (visible[r][shard], loads[r], r))
             self._assigned[(name, key)] = rank
-            self._relay.append((name, piece, rank))
+            self._relay.append((name, piece, rank, tuple(wanting)))
             loads[rank] += piece.box.numel * self.manifest.arrays[name].dtype.itemsize
 
     def verify(self, targets: Mapping[str, Target]) -> None:
@@ -299,7 +300,7 @@ class OpenCheckpoint:
             if readers.get((name, piece.key), self.comm.rank) == self.comm.rank
         ]
         chosen = {(name, piece.key) for name, piece in mine}
-        mine += [(n, p) for n, p, r in self._relay if r == self.comm.rank and (n, p.key) not in chosen]
+        mine += [(n, p) for n, p, r, _ in self._relay if r == self.comm.rank and (n, p.key) not in chosen]
         for index, (name, piece) in enumerate(mine):
             if index + 1 < len(mine):
                 following = mine[index + 1][1]
@@ -330,18 +331,23 @@ class OpenCheckpoint:
         return {name: target.result for name, target in targets.items()}
 
     def _fill_relayed(self, targets: Mapping[str, Target]) -> set[tuple[str, str]]:
-        """Every rank takes part in each relayed piece's broadcast, in the agreed order; those that
-        need it copy their overlap. Returns the pieces done."""
-        for name, piece, reader in self._relay:
+        """Each relayed piece goes from its reader to the ranks that need it, point to point, in
+        the agreed order; they copy their overlap. Returns the pieces done."""
+        rank = self.comm.rank
+        for name, piece, reader, wanting in self._relay:
+            if rank != reader and rank not in wanting:
+                continue
             buffer = torch.empty(piece.box.lengths, dtype=self.manifest.arrays[name].dtype)
-            if reader == self.comm.rank:
+            if rank == reader:
                 buffer.copy_(self._piece(name, piece))
-            self.comm.bcast_buffer(buffer.reshape(-1), reader)
+                self.comm.exchange([(other, buffer.reshape(-1)) for other in wanting if other != rank], [])
+            else:
+                self.comm.exchange([], [(reader, buffer.reshape(-1))])
             target = targets.get(name)
             common = None if target is None or target.replicated else piece.box.intersect(target.box)
-            if common is not None:
+            if rank in wanting and common is not None:
                 target.dst[common.within(target.box)].copy_(buffer[common.within(piece.box)])
-        return {(name, piece.key) for name, piece, _ in self._relay}
+        return {(name, piece.key) for name, piece, _, _ in self._relay}
 
     def state(self, arrays: Mapping[str, Leaf]) -> dict[str, Any]:
         """The nested state from the filled arrays, with this rank's per-rank values."""
