@@ -39,7 +39,8 @@ class Comm(Protocol):
     def exchange(self, sends: list[tuple[int, torch.Tensor]], recvs: list[tuple[int, torch.Tensor]]) -> None:
         """Point to point: send each ``(rank, tensor)`` of ``sends`` and fill each of ``recvs`` from
         its rank, all at once (so that a ring of ranks sending to their neighbours cannot
-        deadlock). Every rank that a rank sends to calls this with the matching receive."""
+        deadlock). Every rank that a rank sends to calls this with the matching receive; empty
+        tensors are not sent (both sides know their sizes)."""
 
     def dup(self) -> Comm:
         """A new communicator over the same ranks (collective)."""
@@ -187,6 +188,7 @@ class TorchComm:
 
     def exchange(self, sends: list[tuple[int, torch.Tensor]], recvs: list[tuple[int, torch.Tensor]]) -> None:
         dist, group = self._dist, self._group
+        sends, recvs = [(r, t) for r, t in sends if t.numel()], [(r, t) for r, t in recvs if t.numel()]
         works = [dist.irecv(t.view(torch.uint8), src=self._global(rank), group=group) for rank, t in recvs]
         works += [dist.isend(t.view(torch.uint8), dst=self._global(rank), group=group) for rank, t in sends]
         for work in works:
