@@ -11,9 +11,11 @@ from parsl.executors import HighThroughputExecutor
 from parsl.providers import LocalProvider
 
 from resilient_flows.errors import SiteConfigError
-from resilient_flows.sites import SiteFacts, load_site, site_facts, site_names
+from resilient_flows.sites import SiteFacts, SiteFile, load_site, site_facts, site_names
 from resilient_flows.sites._blockerrors import PatientBlockErrorHandler
 from resilient_flows.units import parse_size
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def write(tmp_path: Path, text: str) -> Path:
@@ -307,3 +309,18 @@ def test_a_run_reads_its_site_file_once_and_a_resume_once_more(tmp_path: Path, m
     assert len(reads) == 1
     assert main(["resume", str(run_dir)]) == 0  # nothing left to run; the site is read anew
     assert len(reads) == 2
+
+
+def test_a_blocks_walltime_comes_from_its_provider_and_the_facts_may_not_promise_more(tmp_path: Path) -> None:
+    """The runner drains blocks by facts.walltime: facts that promise more than the provider asks
+    for would drain them after the batch system killed them; facts that say nothing take the
+    provider's."""
+    text = (REPO / "site-configs" / "local-slurm.yaml").read_text()
+    site = tmp_path / "short.yaml"
+    site.write_text(text.replace('walltime: "00:30:00"', 'walltime: "00:10:00"').replace("  walltime: 30m\n", ""))
+    facts = SiteFile.open(site).facts()
+    assert facts.walltime_s == 600.0
+    short = text.replace('walltime: "00:30:00"', 'walltime: "00:10:00"')
+    site.write_text(short.replace("walltime: 30m", "walltime: 1h"))
+    with pytest.raises(SiteConfigError, match=r"facts.walltime is 3600 s, but the provider of executor 'local-slurm'"):
+        SiteFile.open(site).facts()

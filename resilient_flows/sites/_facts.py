@@ -184,15 +184,19 @@ def _interface(value: Any, where: str) -> str | None:
     return value
 
 
+def parse_clock(value: Any) -> float:
+    """Seconds of a walltime: Parsl's ``HH:MM:SS``, or a duration like ``6h``; ValueError otherwise."""
+    if isinstance(value, str) and value.count(":") == 2:
+        hours, minutes, seconds = (int(part) for part in value.split(":"))
+        return float(hours * 3600 + minutes * 60 + seconds)
+    return parse_duration(value, "walltime")
+
+
 def _seconds(value: Any, key: str, where: str, clock: bool = False) -> float | None:
     if value is None:
         return None
     try:
-        if clock and isinstance(value, str) and value.count(":") == 2:
-            hours, minutes, seconds = (int(part) for part in value.split(":"))
-            result = float(hours * 3600 + minutes * 60 + seconds)
-        else:
-            result = parse_duration(value, f"facts.{key}")
+        result = parse_clock(value) if clock else parse_duration(value, f"facts.{key}")
     except ValueError as exc:
         form = "a duration like 6h or HH:MM:SS" if clock else "a duration like 1825d"
         raise SiteConfigError(f"{where}: facts.{key} must be {form} or null: {exc}") from None

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import copy
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from resilient_flows.sites._facts import SiteFacts, parse_facts
+from resilient_flows.errors import SiteConfigError
+from resilient_flows.sites._facts import SiteFacts, parse_clock, parse_facts
 from resilient_flows.sites._sitefile import read_site, site_path
 
 if TYPE_CHECKING:
@@ -34,7 +35,40 @@ class SiteFile:
         return cls(os.fspath(name_or_path), path, read_site(path))
 
     def facts(self) -> SiteFacts:
-        return parse_facts(self.document.get("facts"), name=self.path.stem, where=str(self.path))
+        """The site's facts, checked against its providers: a block's ``walltime`` is the
+        providers' where the facts name none, and facts that promise a longer one than a provider
+        asks for are refused (the runner would drain its blocks after the batch system killed them)."""
+        facts = parse_facts(self.document.get("facts"), name=self.path.stem, where=str(self.path))
+        asked = self._provider_walltimes()
+        if not asked:
+            return facts
+        if facts.walltime_s is None:
+            return replace(facts, walltime_s=min(asked.values()))
+        longer = {label: s for label, s in asked.items() if s < facts.walltime_s}
+        if longer:
+            label, seconds = min(longer.items(), key=lambda item: item[1])
+            raise SiteConfigError(
+                f"{self.path}: facts.walltime is {facts.walltime_s:.0f} s, but the provider of executor {label!r} "
+                f"asks for blocks of {seconds:.0f} s: the runner drains a block by the facts' walltime; "
+                "make them agree (a YAML anchor can share one value)"
+            )
+        return facts
+
+    def _provider_walltimes(self) -> dict[str, float]:
+        """Each executor's provider walltime in seconds, by label, where it names one."""
+        found = {}
+        for index, executor in enumerate(self.document.get("executors") or []):
+            provider = executor.get("provider") if isinstance(executor, dict) else None
+            walltime = provider.get("walltime") if isinstance(provider, dict) else None
+            if walltime is None:
+                continue
+            label = str(executor.get("label", f"executors[{index}]"))
+            try:
+                found[label] = parse_clock(walltime)
+            except ValueError as exc:
+                problem = f"executor {label!r}: provider walltime {walltime!r}: {exc}"
+                raise SiteConfigError(f"{self.path}: {problem}") from None
+        return found
 
     def provider_types(self) -> set[str]:
         """The ``type`` of each executor's provider (no Parsl object is built)."""
