@@ -137,6 +137,28 @@ def test_a_member_declines_to_start_on_a_block_about_to_be_drained(
     assert result["step"] == 39
 
 
+def test_a_script_member_declines_to_start_with_status_75_and_trains_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A command member's script (``from_env``) is held to the same start rule as a workload."""
+    import torch
+
+    from resilient_flows.training import from_env
+    from resilient_flows.training._contract import RunContract
+
+    monkeypatch.setenv(BLOCK_ENV, "7")
+    _block_times(tmp_path, drain_in_s=2.0)
+    checkpoints = member_layout(tmp_path, "m").checkpoints
+    env = RunContract(tmp_path, "m", checkpoints, params={"steps": 40, "seed": 1}, checkpoint_interval=10).to_env()
+    model = torch.nn.Linear(2, 2)
+    run = from_env(env)
+    with pytest.raises(SystemExit) as stopped:
+        run.restore(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
+    assert stopped.value.code == 75
+    assert [e["kind"] for e in read_events(tmp_path)][-1] == "declined"
+    assert not list(checkpoints.glob("step-*"))
+
+
 def test_a_stopped_member_keeps_its_pace_for_its_next_start(tmp_path: Path) -> None:
     spec = replace(_spec(steps=400), faults=(FaultSpec("preempt", 15),))  # SIGTERM at step 15
     with pytest.raises(Preempted):

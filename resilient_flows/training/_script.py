@@ -80,10 +80,21 @@ class ScriptRun:
     def restore(
         self, model: Any = None, optimizer: Any = None, scheduler: Any = None, extra: dict[str, Any] | None = None
     ) -> int:
-        """Declare what a checkpoint holds and restore the newest committed one; the first step to run."""
+        """Declare what a checkpoint holds and restore the newest committed one; the first step to run.
+
+        On a block drained before the member could reach a checkpoint (its walltime is near), it
+        trains nothing and exits with status 75: requeued for free, on a fresh block."""
         restored = self.context.track(model, optimizer, scheduler, extra)
         self.context.report_if_cloned()
-        return 0 if restored is None else restored + 1
+        first = 0 if restored is None else restored + 1
+        if first < int(self.params.get("steps", first + 1)):
+            declined = self.context.runtime.decline_start(first)
+            if declined is not None:
+                self._last_step = None
+                self.close()
+                print(f"member {self.contract.member}: not starting: {declined.reason}", file=sys.stderr)
+                raise SystemExit(EXIT_PREEMPTED)
+        return first
 
     def step(self, step: int, **metrics: float) -> None:
         """After training ``step``: log its metrics, checkpoint when due, honour stop requests.

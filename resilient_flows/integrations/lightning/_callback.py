@@ -12,7 +12,7 @@ from resilient_flows.integrations.lightning._checkpoint_io import ResilientCheck
 from resilient_flows.integrations.lightning._package import Callback, run_contract
 from resilient_flows.rundir import TaskLayout
 from resilient_flows.training import MemberSpec, member_dir, read_spec, state_digest
-from resilient_flows.training.boundary import StepRuntime
+from resilient_flows.training.boundary import StepRuntime, Stop
 
 #: Strategies whose ``load_checkpoint`` bypasses the CheckpointIO plugin (Lightning 2.6), and what to use.
 _BYPASSING_STRATEGIES = {
@@ -73,6 +73,8 @@ class ResilientCallback(Callback):
         self._step = trainer.global_step - 1
         if trainer.ckpt_path is not None:
             runtime.emit("resumed", attempt=runtime.attempt, step=self._step)
+        if trainer.max_steps < 0 or self._step + 1 < trainer.max_steps:
+            self._stop(trainer, runtime.decline_start(self._step + 1))
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
         step = trainer.global_step - 1
@@ -80,7 +82,11 @@ class ResilientCallback(Callback):
             return
         self._step = step
         self._active.log(step, step_metrics(trainer, outputs))
-        stop = self._active.after_step(step)
+        self._stop(trainer, self._active.after_step(step))
+
+    def _stop(self, trainer: Any, stop: Stop | None) -> None:
+        """Inside a workflow a preemption (or a start declined near the walltime) ends the process
+        with status 75 at once; otherwise, and for a retirement, the Trainer stops at this step."""
         if stop is None:
             return
         self.stopped = stop.reason
