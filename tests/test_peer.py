@@ -58,7 +58,7 @@ def test_a_peer_tier_goes_between_the_node_local_tiers_and_the_shared_one(tmp_pa
         Checkpointer(tiers=[TierSpec(tmp_path / "l", capacity=10), TierSpec(tmp_path / "s")])
 
 
-@pytest.fixture(scope="module", params=["ddp", "fsdp"])
+@pytest.fixture(scope="module", params=["fsdp"])  # replicated state: the MPI test and the multi-node Slurm tests
 def saved(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     directory = tmp_path_factory.mktemp(f"peer-{request.param}")
     reports = launch(3, "save", directory, request.param, NODES)
