@@ -372,6 +372,12 @@ def _lose_during_run(cluster: dict[str, str], tmp_path: Path, both: bool) -> tup
     return run_dir, events, started["hosts"]
 
 
+def _assert_same_weights(run_dir: Path, uninterrupted: Path) -> None:
+    """The member ended with the uninterrupted run's weights, bit for bit."""
+    result = json.loads((run_dir / "members/ddp/result.json").read_text())
+    assert result["digest"] == json.loads((uninterrupted / "members/ddp/result.json").read_text())["digest"]
+
+
 def _resumed_within(run_dir: Path, events: list[dict], intervals: int) -> dict:
     """The resume: from a checkpoint taken before it, at most ``intervals`` checkpoints behind the
     newest one and the step the first attempt reached (1: the newest; 2: the shared tier's copy of
@@ -411,9 +417,7 @@ def test_slurm_member_that_lost_a_node_resumes_on_the_nodes_left_and_the_node_se
     ranks = {host: f"shard-{rank:05d}-of-00002.safetensors" for rank, host in enumerate(hosts)}
     assert resumed["read_from"] == {f"local on {survivor}": [ranks[survivor]], f"peer on {survivor}": [ranks[lost]]}
     assert set(resumed["bytes_from"]) == {f"local on {survivor}", f"peer on {survivor}"}, resumed["bytes_from"]
-    result = json.loads((run_dir / "members/ddp/result.json").read_text())
-    uninterrupted = json.loads((two_node_run / "members/ddp/result.json").read_text())
-    assert result["digest"] == uninterrupted["digest"]
+    _assert_same_weights(run_dir, two_node_run)
     # The node is back: a job on all three nodes runs a task on each.
     nodes = cluster["RESILIENT_FLOWS_TEST_NODES"].split()
     script = tmp_path / "all.sh"
@@ -442,9 +446,7 @@ def test_slurm_member_that_lost_a_node_and_its_buddy_resumes_from_the_shared_tie
     resumed = _resumed_within(run_dir, events, intervals=2)
     shards = [f"shard-{rank:05d}-of-00002.safetensors" for rank in range(2)]
     assert resumed["read_from"] == {"shared": shards} and list(resumed["bytes_from"]) == ["shared"], resumed
-    result = json.loads((run_dir / "members/ddp/result.json").read_text())
-    uninterrupted = json.loads((two_node_run / "members/ddp/result.json").read_text())
-    assert result["digest"] == uninterrupted["digest"]
+    _assert_same_weights(run_dir, two_node_run)
 
 
 # ------------------------------------------------------------------ preempting across nodes
