@@ -16,6 +16,11 @@ from resilient_flows.cli._console import console
 from resilient_flows.errors import WorkflowError
 from resilient_flows.workflow import GROUP_ABOVE
 
+DETACH_HELP = (
+    "start the runner in the background, out of reach of the terminal's or ssh session's end (its output: "
+    "RUN_DIR/runner.log); return once it holds the run"
+)
+
 
 def add_parsers(commands: argparse._SubParsersAction) -> None:
     validate = commands.add_parser("validate", help="check a workflow file and the site it names")
@@ -26,11 +31,17 @@ def add_parsers(commands: argparse._SubParsersAction) -> None:
     run.add_argument("file", metavar="FILE", help="a workflow YAML file")
     run.add_argument("--site", help="a site name (see site-configs/) or site YAML file; default: the workflow's")
     run.add_argument("--run-dir", help="where the run's files go; default: runs/<name>-<time>")
+    run.add_argument("--detach", action="store_true", help=DETACH_HELP)
     run.set_defaults(handler=_run)
     status = commands.add_parser("status", help="show what each member of a run is doing")
     status.add_argument("run_dir", metavar="RUN_DIR")
     status.add_argument(
         "--all", action="store_true", help=f"a row per member even above {GROUP_ABOVE} members (default: per family)"
+    )
+    status.add_argument(
+        "--follow",
+        action="store_true",
+        help="redraw the table every 2 s until the runner ends (or Ctrl-C), then print the final one",
     )
     status.set_defaults(handler=_status)
     resume = commands.add_parser("resume", help="continue a run: finished members are skipped")
@@ -42,6 +53,7 @@ def add_parsers(commands: argparse._SubParsersAction) -> None:
         metavar="[MEMBER=]N",
         help="run resumed members on N ranks (all of them, or MEMBER=N, repeatable); checkpoints are resharded",
     )
+    resume.add_argument("--detach", action="store_true", help=DETACH_HELP)
     resume.set_defaults(handler=_resume)
     _add_member_parsers(commands)
 
@@ -83,15 +95,27 @@ def _validate(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from resilient_flows.workflow import start_run
+    from resilient_flows.workflow import prepare_run, start_run
 
+    if args.detach:  # the run directory is created here, so that a mistake is reported here; a resume runs it
+        from resilient_flows.cli._detach import detach_runner
+
+        directory, _ = prepare_run(args.file, site=args.site, run_dir=args.run_dir)
+        return detach_runner(directory, [], console())
     return start_run(args.file, site=args.site, run_dir=args.run_dir, console=console())
 
 
 def _resume(args: argparse.Namespace) -> int:
+    ranks = _rank_counts(args.ranks)
+    if args.detach:  # without Parsl: the runner imports it
+        from resilient_flows.cli._detach import detach_runner
+        from resilient_flows.workflow import read_plan
+
+        read_plan(Path(args.run_dir))  # a run directory, or a clear error before anything starts
+        return detach_runner(Path(args.run_dir), [f"--ranks={item}" for item in args.ranks], console())
     from resilient_flows.workflow import resume_run
 
-    return resume_run(args.run_dir, console=console(), ranks=_rank_counts(args.ranks))
+    return resume_run(args.run_dir, console=console(), ranks=ranks)
 
 
 def _rank_counts(items: list[str]) -> int | dict[str, int] | None:
@@ -118,6 +142,10 @@ def _rank_counts(items: list[str]) -> int | dict[str, int] | None:
 
 
 def _status(args: argparse.Namespace) -> int:
+    if args.follow:  # the live table while a runner holds the run, then the final one as below
+        from resilient_flows.workflow import follow_run
+
+        follow_run(Path(args.run_dir), console(), all_members=args.all)
     from resilient_flows.training import stage_finished
     from resilient_flows.workflow import member_statuses, read_plan, run_members, stage_table, status_table
 

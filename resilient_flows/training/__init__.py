@@ -72,6 +72,7 @@ _SOURCES = {
         "RENEW_S",
         "RunnerLease",
         "end_lease",
+        "holding_runner",
         "process_start_time",
         "read_lease",
         "stat_fields",

@@ -99,6 +99,28 @@ def read_lease(run_dir: str | os.PathLike) -> RunnerLease | None:
         return None
 
 
+def holding_runner(run_dir: str | os.PathLike) -> RunnerLease | None:
+    """The lease of the runner that holds the run now, None when none does: a lease not let go of
+    whose process is alive (a runner on this host) or that was renewed within two periods (one on
+    another host, whose process cannot be looked at; as a ``resume`` judges when it may take over)."""
+    lease = read_lease(run_dir)
+    if lease is None or lease.ended:
+        return None
+    if lease.host == socket.gethostname() and lease.started is not None:
+        alive = process_start_time(lease.pid) == lease.started and not _zombie(lease.pid)
+    else:
+        alive = lease.age_s < 2 * RENEW_S
+    return lease if alive else None
+
+
+def _zombie(pid: int) -> bool:
+    """A process that exited but was not reaped yet (a detached runner's parent is whatever adopted it)."""
+    try:
+        return stat_fields(pid)[0] == "Z"
+    except OSError:
+        return False
+
+
 def orphaned(run_dir: str | os.PathLike) -> str | None:
     """Why the run's members must stop, when its runner has been gone longer than its orphan
     timeout; None while the lease is held (or there is none: a member run outside a workflow).

@@ -17,6 +17,7 @@ _SOURCES = {
         "GROUP_ABOVE",
         "describe_families",
     ),
+    "resilient_flows.workflow._follow": ("follow_run",),
     "resilient_flows.workflow._leaseguard": ("guard",),
     "resilient_flows.workflow._mlcgen": ("generate",),
     "resilient_flows.workflow._plan": ("plan_workflow",),
@@ -30,6 +31,7 @@ _SOURCES = {
         "run_members",
     ),
     "resilient_flows.workflow._runner": (
+        "prepare_run",
         "resume_run",
         "start_run",
     ),

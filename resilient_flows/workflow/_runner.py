@@ -83,13 +83,22 @@ def start_run(
     path: str | Path, site: str | None = None, run_dir: str | Path | None = None, console: Console | None = None
 ) -> int:
     """Run a workflow file from the start; 0 when every member finished."""
+    directory, plan = prepare_run(path, site, run_dir)
+    return _execute(directory, plan, list(plan.members), console or Console())
+
+
+def prepare_run(path: str | Path, site: str | None = None, run_dir: str | Path | None = None) -> tuple[Path, Plan]:
+    """Validate and plan a workflow file and create its run directory: all of ``run`` before its
+    runner takes the run, which it then does as a ``resume`` would. ``run --detach`` does this in
+    the foreground, so that a mistake in the workflow or its site is reported at once. The run
+    directory (absolute) and its plan."""
     workflow = load_workflow(path)
     target = Path(run_dir) if run_dir is not None else default_run_dir(workflow)
     plan = plan_workflow(workflow, site, run_name=_run_key(target))
     directory = create_run_dir(target, plan, Path(path).read_text())
     for clone in workflow.clones:  # registered now: the sources fork when they reach the step
         request_clone(directory, clone.member, clone.n, clone.overrides, at_step=clone.at_step, ranks=clone.ranks)
-    return _execute(directory, plan, list(plan.members), console or Console())
+    return directory, plan
 
 
 def _run_key(run_dir: Path) -> str:
