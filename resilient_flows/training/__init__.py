@@ -34,6 +34,7 @@ _SOURCES = {
     "resilient_flows.training._context": ("TrainContext",),
     "resilient_flows.training._contract": (
         "ENV_NAMES",
+        "EXIT_CANNOT_RUN",
         "EXIT_PREEMPTED",
         "RunContract",
     ),
@@ -109,6 +110,7 @@ _SOURCES = {
     "resilient_flows.training._workloads": (
         "Workload",
         "batch_indices",
+        "check_call",
         "import_function",
         "load_dataset",
         "resolve_workload",
