@@ -5,6 +5,7 @@
     <run>/events.jsonl         everything that happened (resilient_flows.rundir._events)
     <run>/blocks.jsonl         the pilot jobs and interchanges of every runner (the block ledger)
     <run>/runner.json          the runner's lease; <run>/guard.log its guard's output
+    <run>/runner.log           what libraries said while a runner ran: warnings, log records
     <run>/block-times.json     when each running block started, ends and is drained (members read it)
     <run>/heartbeats/<task>    one file per running attempt (members, stages, analytics)
     <run>/parsl/               Parsl's run directory: submit scripts, interchange and worker logs
@@ -230,6 +231,10 @@ class RunLayout:
     @property
     def guard_log(self) -> Path:
         return self.root / "guard.log"
+
+    @property
+    def runner_log(self) -> Path:
+        return self.root / "runner.log"
 
     @property
     def heartbeats(self) -> Path:
