@@ -4,7 +4,18 @@ that resumes.
 A retried app runs :func:`~resilient_flows.training.run_member` (or ``run_stage``) again with the
 same spec, which restores the latest committed checkpoint: every retry is a resume. What a retry costs is
 decided by :class:`ResumingRetryHandler`: stopping on request is free, losing the process after
-making progress (a walltime, a lost node, a killed worker) is free, a real error costs one.
+making progress (a walltime, a lost node, a killed worker) is free, a real error costs one, and an
+error that no retry can fix (a workload that cannot be imported, a parameter its function does not
+take, a program that is not there) fails the member at once.
+
+The workers import what a spec names (a workload's or a loop's ``module:function``) themselves,
+from their own ``sys.path``, not the submitting script's: a module beside the script or in its
+working directory is found by the script and not by the workers. Install it where the workers run,
+or put its directory on ``PYTHONPATH`` before Parsl starts them (for the local site, before
+``parsl.load``: its workers inherit the environment). A worker that cannot import it fails the
+member with that error, spending no retry. The run directory (absolute: the workers may start
+elsewhere) need not exist: the member makes it, or the retry handler does when the member failed
+before it could.
 """
 
 from __future__ import annotations
@@ -22,9 +33,10 @@ from parsl import bash_app, python_app
 from parsl.app.errors import BashExitFailure
 from parsl.executors.high_throughput.errors import ManagerLost, WorkerLost
 
-from resilient_flows.errors import STORAGE_FULL, Failure, LaunchError, Preempted
+from resilient_flows.errors import PERMANENT, STORAGE_FULL, Failure, LaunchError, ParamsError, Preempted, is_permanent
 from resilient_flows.rundir import EventLog, TaskLayout
 from resilient_flows.training import (
+    EXIT_CANNOT_RUN,
     EXIT_PREEMPTED,
     CommandKilled,
     MemberSpec,
@@ -242,13 +254,21 @@ class ResumingRetryHandler:
       tier (its heartbeat says so): a node-local checkpoint lost with its node was progress too.
     - A member whose result is already written (its result file) finished; its process dying
       afterwards (an abort at interpreter exit) is a ``warning`` event, not a failure: no retry.
+    - An error that no retry can fix (:func:`~resilient_flows.errors.is_permanent`: a workload
+      that cannot be imported, parameters its function does not take, a program that cannot be
+      started, which a command member or the MPI launch reports by exit status 126 or 127): the
+      task fails at once, whatever retries are left. Its ``failed`` event says
+      ``failure_kind: "permanent"``, with ``cost: null``, and no ``retried`` event follows.
     - Anything else: cost 1.
 
     An attempt that ended within :data:`QUICK_ATTEMPT_S` of its launch makes the next one wait,
     twice as long after each such attempt in a row (from :data:`BACKOFF_S` up to
     :data:`MAX_BACKOFF_S`): the retry's app is given ``backoff_s``, which it sleeps before it starts.
 
-    Failures and retries go to the run's event log.
+    Failures and retries go to the run's event log. Recording them never hides the task's own
+    error: should the record fail (an unwritable run directory, a spec that does not parse), the
+    handler logs why and judges the error all the same, so that the error Parsl hands the caller is
+    the task's, not the handler's.
     """
 
     def __init__(self, retries: int, free_without_progress: int = 3) -> None:
@@ -262,26 +282,52 @@ class ResumingRetryHandler:
         self._waited: dict[int, float] = {}  # task -> the backoff its latest attempt slept
 
     def __call__(self, exception: Exception, task_record: dict[str, Any]) -> float:
+        permanent = _permanent(exception)
+        try:
+            return self._judge(exception, task_record, permanent)
+        except Exception as exc:  # Parsl would hand the caller this error in place of the task's
+            what = f"{task_record.get('func_name')} task {task_record.get('id')}"
+            logger.warning(
+                "could not record the failure of %s (%s: %s): %s", what, type(exception).__name__, exception, exc
+            )
+            return math.inf if permanent else 1.0
+
+    def _judge(self, exception: Exception, task_record: dict[str, Any], permanent: bool) -> float:
+        """The retry's cost, with the failure and the retry recorded in the run's event log."""
         found = _resumable_task(task_record)
         if found is None:
             _forget_analytics_heartbeat(task_record)
-            return 1.0
+            return math.inf if permanent else 1.0
         name, run_dir, latest = found
         task = task_record["id"]
         beat = heartbeat_path(run_dir, name)
         record = read_heartbeat(beat)
         beat.unlink(missing_ok=True)  # the attempt is over, however it ended
         events = EventLog(run_dir)
+        attempt = task_record["try_id"] + 1
         if has_result(run_dir, name):
             events.emit(
                 "warning",
                 name,
-                attempt=task_record["try_id"] + 1,
+                attempt=attempt,
                 reason=f"its process ended abnormally after writing its result: {type(exception).__name__}: "
                 f"{exception}",
             )
             return math.inf  # finished: the runner takes the result, Parsl retries nothing
         failure = Failure.of(exception, type(exception).__name__)  # judged by its kind, reported whole
+        if permanent:
+            events.emit(
+                "failed",
+                name,
+                attempt=attempt,
+                error=str(failure),
+                failure_kind=PERMANENT,
+                errno=failure.errno,
+                cause="permanent: no retry can fix it",
+                cost=None,
+                checkpoint=None if latest < 0 else latest,
+            )
+            return math.inf
         before = self._progress.get(task, -1)
         progressed = latest > before or (record is not None and record.get("committed") is not None)
         self._progress[task] = latest
@@ -302,6 +348,7 @@ class ResumingRetryHandler:
         events.emit(
             "failed",
             name,
+            attempt=attempt,
             error=str(failure),
             failure_kind=failure.kind,
             errno=failure.errno,
@@ -314,7 +361,7 @@ class ResumingRetryHandler:
             events.emit(
                 "retried",
                 name,
-                attempt=task_record["try_id"] + 2,
+                attempt=attempt + 1,
                 from_step=None if latest < 0 else latest,
                 **({"wait_s": round(wait, 3)} if wait else {}),
             )
@@ -336,6 +383,14 @@ class ResumingRetryHandler:
         if wait and isinstance(kwargs, dict):
             kwargs["backoff_s"] = wait
         return wait
+
+
+def _permanent(exception: BaseException) -> bool:
+    """Whether no retry can fix ``exception``; a bash app's launch (the MPI member) reports it by
+    the exit status of a program that could not be started."""
+    if isinstance(exception, BashExitFailure):
+        return exception.exitcode in EXIT_CANNOT_RUN
+    return is_permanent(exception)
 
 
 def _wait(backoff_s: float) -> None:
@@ -385,11 +440,12 @@ def loop_app(function: str, directory: str, params: dict[str, Any] | None = None
     calls it again with the same directory, so the loop resumes after its newest checkpoint.
     """
     from resilient_flows.resilience import Context, every
-    from resilient_flows.training import import_function
+    from resilient_flows.training import check_call, import_function
 
     module, _, name = function.partition(":")
     if not module or not name:
-        raise ValueError(f"function must be 'module:function', got {function!r}")
+        raise ParamsError(f"function must be 'module:function', got {function!r}")
     loop = import_function(function, "loop function")
+    check_call(loop, f"loop function {function}", "ctx", **(params or {}))
     with Context(directory, filter=every(every_n)) as ctx:
         return loop(ctx, **(params or {}))

@@ -11,6 +11,7 @@ import os
 from dataclasses import dataclass, replace
 
 __all__ = [
+    "PERMANENT",
     "STORAGE_FULL",
     "CheckpointError",
     "CloneError",
@@ -19,12 +20,15 @@ __all__ = [
     "FileTooLargeError",
     "InvalidJobError",
     "LaunchError",
+    "ParamsError",
+    "PermanentError",
     "Preempted",
     "ResilientFlowsError",
     "SiteConfigError",
     "StateMismatchError",
     "StorageFullError",
     "WorkflowError",
+    "is_permanent",
     "is_storage_full",
 ]
 
@@ -71,15 +75,36 @@ def is_storage_full(error: BaseException) -> bool:
     return isinstance(error, OSError) and error.errno in _FULL_ERRNOS
 
 
+class PermanentError(ResilientFlowsError):
+    """A failure that no retry can fix: the next attempt would meet it the same way (a workload
+    its worker cannot import, a parameter its function does not take, a program that is not
+    there). The retry handler fails the member at once instead of spending its retries on it."""
+
+
+class ParamsError(PermanentError, ValueError):
+    """A member's or stage's parameters do not fit its function: one it does not take, one it needs
+    and was not given, a value of the wrong kind. The message names the parameter and the function.
+
+    It is also a ``ValueError``, which is what callers of a plain function expect from a bad argument.
+    """
+
+
+def is_permanent(error: BaseException) -> bool:
+    """Whether no retry can fix ``error``: a :class:`PermanentError`, or a module that cannot be
+    imported or compiled (``ImportError``, ``SyntaxError``): by its type, never by its text."""
+    return isinstance(error, PermanentError | ImportError | SyntaxError)
+
+
 @dataclass(frozen=True)
 class Failure:
     """A failure as it travels from where it happened (a rank's writer thread, a collective) to
     where it is judged (the engine, the step boundary, the retry handler).
 
     Its ``kind`` is decided once, from the exception, where the errno is still at hand:
-    ``"storage-full"`` (ENOSPC, EDQUOT), ``"io"`` (any other OSError), ``"mismatch"`` (ranks
-    disagree on the state) or ``"error"``. Ranks exchange it as it is, so that each judges the
-    same kind from the same record.
+    ``"storage-full"`` (ENOSPC, EDQUOT), ``"permanent"`` (no retry can fix it, see
+    :func:`is_permanent`), ``"io"`` (any other OSError), ``"mismatch"`` (ranks disagree on the
+    state) or ``"error"``. Ranks exchange it as it is, so that each judges the same kind from the
+    same record.
     """
 
     kind: str
@@ -90,7 +115,10 @@ class Failure:
     def of(cls, exc: BaseException, doing: str) -> Failure:
         """The failure ``exc`` while ``doing`` (``"writing X failed"``)."""
         code = exc.errno if isinstance(exc, OSError) else None
-        kind = STORAGE_FULL if is_storage_full(exc) else "io" if isinstance(exc, OSError) else "error"
+        if is_storage_full(exc):
+            kind = STORAGE_FULL
+        else:
+            kind = PERMANENT if is_permanent(exc) else "io" if isinstance(exc, OSError) else "error"
         return cls(kind, f"{doing}: {exc}", code)
 
     def within(self, context: str) -> Failure:
@@ -103,6 +131,8 @@ class Failure:
 
 #: :attr:`Failure.kind` of a full file system or quota.
 STORAGE_FULL = "storage-full"
+#: :attr:`Failure.kind` of an error that no retry can fix.
+PERMANENT = "permanent"
 
 
 class CorruptCheckpointError(CheckpointError):

@@ -58,7 +58,12 @@ EVENT_KINDS = (
 
 
 class EventLog:
-    """Appends events to the run's event log; cheap to construct in every worker."""
+    """Appends events to the run's event log; cheap to construct in every worker.
+
+    The first event creates the run directory when there is none yet: a plain Parsl script hands
+    its apps a run directory that nothing has made, and the first to write to it may be a retry
+    handler recording that the task failed before it could make it.
+    """
 
     def __init__(self, run_dir: str | os.PathLike) -> None:
         self.path = run_layout(run_dir).events
@@ -69,7 +74,7 @@ class EventLog:
         record = {"time": round(time.time(), 6), "kind": kind, "member": member, **fields}
         line = (json.dumps(record, separators=(",", ":"), default=str) + "\n").encode()
         deadline = time.monotonic() + FULL_WAIT_S
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        fd = self._open()
         try:
             while not _has_room(fd, len(line)) and time.monotonic() < deadline:
                 time.sleep(0.5)
@@ -82,6 +87,14 @@ class EventLog:
                     time.sleep(0.5)
         finally:
             os.close(fd)
+
+    def _open(self) -> int:
+        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT
+        try:
+            return os.open(self.path, flags, 0o644)
+        except FileNotFoundError:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            return os.open(self.path, flags, 0o644)
 
 
 def _has_room(fd: int, size: int) -> bool:

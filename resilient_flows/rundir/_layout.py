@@ -5,7 +5,8 @@
     <run>/events.jsonl         everything that happened (resilient_flows.rundir._events)
     <run>/blocks.jsonl         the pilot jobs and interchanges of every runner (the block ledger)
     <run>/runner.json          the runner's lease; <run>/guard.log its guard's output
-    <run>/runner.log           the output of runners started with ``--detach``, appended
+    <run>/runner.log           what libraries said while a runner ran (warnings, log records), and
+                               the whole output of runners started with ``--detach``; appended
     <run>/block-times.json     when each running block started, ends and is drained (members read it)
     <run>/heartbeats/<task>    one file per running attempt (members, stages, analytics)
     <run>/parsl/               Parsl's run directory: submit scripts, interchange and worker logs

@@ -34,6 +34,7 @@ _SOURCES = {
     "resilient_flows.training._context": ("TrainContext",),
     "resilient_flows.training._contract": (
         "ENV_NAMES",
+        "EXIT_CANNOT_RUN",
         "EXIT_PREEMPTED",
         "RunContract",
     ),
@@ -110,6 +111,7 @@ _SOURCES = {
     "resilient_flows.training._workloads": (
         "Workload",
         "batch_indices",
+        "check_call",
         "import_function",
         "load_dataset",
         "resolve_workload",

@@ -11,6 +11,8 @@ How the command ended decides what the retry costs (see :class:`~resilient_flows
 - status 0: the member finished; its result is what the script reported, if it did;
 - status 75: it stopped after committing a checkpoint, :class:`~resilient_flows.errors.Preempted`: free;
 - killed by a signal: :class:`CommandKilled`, a lost worker: free only after progress;
+- status 127 or 126, or no process at all: :class:`CommandCannotRun`, the program is not there or
+  not executable: the member fails at once, no retry would start it;
 - any other status: :class:`CommandFailed`: costs a retry.
 
 Nothing here imports torch or Parsl.
@@ -32,9 +34,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from resilient_flows.errors import Preempted, ResilientFlowsError
+from resilient_flows.errors import PermanentError, Preempted, ResilientFlowsError
 from resilient_flows.rundir import EventLog, member_layout
-from resilient_flows.training._contract import EXIT_PREEMPTED, STOP_SIGNALS, RunContract
+from resilient_flows.training._contract import EXIT_CANNOT_RUN, EXIT_PREEMPTED, STOP_SIGNALS, RunContract
 from resilient_flows.training._control import latest_committed_step
 from resilient_flows.training._heartbeat import Heartbeat
 from resilient_flows.training._spec import MemberSpec
@@ -49,12 +51,17 @@ DEFAULT_GRACE_S = 60.0
 POLL_S = 0.1
 
 #: Run first, before the command: SIGKILL it when this process dies (a killed worker must not leave
-#: it training beside the next attempt), unless this process is gone already, then exec it.
+#: it training beside the next attempt), unless this process is gone already, then exec it. A
+#: program it cannot exec ends it as a shell would end: 127 not found, 126 not executable.
 _ORPHAN_GUARD = (
     "import ctypes, os, sys\n"
     "ctypes.CDLL(None, use_errno=True).prctl(1, 9)  # PR_SET_PDEATHSIG, SIGKILL\n"
     "if os.getppid() != int(sys.argv[1]): sys.exit(137)\n"
-    "os.execvp(sys.argv[2], sys.argv[2:])\n"
+    "try:\n"
+    "    os.execvp(sys.argv[2], sys.argv[2:])\n"
+    "except OSError as exc:\n"
+    "    print(f'{sys.argv[2]}: {exc.strerror}', file=sys.stderr)\n"
+    "    sys.exit(127 if isinstance(exc, FileNotFoundError) else 126)\n"
 )
 
 
@@ -68,6 +75,17 @@ class CommandFailed(ResilientFlowsError):
     def __str__(self) -> str:
         tail = f": {self.last_line}" if self.last_line else ""
         return f"command of member {self.member} exited with status {self.status}{tail}"
+
+
+class CommandCannotRun(CommandFailed, PermanentError):
+    """A command member's program could not be started: not found (status 127) or not executable
+    (126), as a shell reports it, or no process at all (``status`` None: no working directory, say).
+    No retry would start it: the member fails at once."""
+
+    def __str__(self) -> str:
+        how = "" if self.status is None else f" (exit status {self.status})"
+        tail = f": {self.last_line}" if self.last_line else ""
+        return f"command of member {self.member} could not be started{how}{tail}"
 
 
 class CommandKilled(ResilientFlowsError):
@@ -100,15 +118,18 @@ def run_command(spec_dict: dict[str, Any], run_dir: str) -> dict[str, Any]:
     with log_path.open("ab") as log, Heartbeat(run_dir, spec.name, attempt, on_orphaned=orphaned):
         log.write(f"--- attempt {attempt} on {socket.gethostname()}: {spec.command}\n".encode())
         log.flush()
-        process = subprocess.Popen(
-            _guarded(spec.command),
-            cwd=spec.workdir,
-            env={**os.environ, **contract.to_env()},
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,  # its own process group: signals reach every process it starts
-        )
+        try:
+            process = subprocess.Popen(
+                _guarded(spec.command),
+                cwd=spec.workdir,
+                env={**os.environ, **contract.to_env()},
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # its own process group: signals reach every process it starts
+            )
+        except OSError as exc:  # no orphan guard to report it (not Linux), or no working directory
+            raise CommandCannotRun(spec.name, None, str(exc)) from None
         events.emit(
             "started", spec.name, attempt=attempt, host=socket.gethostname(), pid=os.getpid(), command_pid=process.pid
         )
@@ -131,6 +152,8 @@ def run_command(spec_dict: dict[str, Any], run_dir: str) -> dict[str, Any]:
         raise Preempted(spec.name, latest_committed_step(run_dir, spec), reason)
     if status < 0:
         raise CommandKilled(spec.name, _signal_name(-status), why)
+    if status in EXIT_CANNOT_RUN:
+        raise CommandCannotRun(spec.name, status, _last_line(log_path))
     raise CommandFailed(spec.name, status, _last_line(log_path))
 
 

@@ -20,7 +20,9 @@ do through these variables, a stable interface that scripts may read directly or
 =====================================  ===========================================================
 
 Exit status 75 (``EX_TEMPFAIL``) means "stopped after committing a checkpoint": the member is
-requeued without spending a retry. This module imports neither torch nor Parsl: the process that
+requeued without spending a retry. Exit status 127 or 126 (a shell's "command not found" and "not
+executable") means that the program could not be started: the member fails at once, since no
+retry would find it. This module imports neither torch nor Parsl: the process that
 launches a command sets the contract, the script reads it.
 """
 
@@ -42,6 +44,10 @@ from resilient_flows.training._spec import MemberSpec
 #: The exit status of a member that stopped on request after committing a checkpoint
 #: (``EX_TEMPFAIL`` from sysexits.h: try again later): requeued without spending a retry.
 EXIT_PREEMPTED = 75
+
+#: The exit statuses of a program that could not be started, as a shell reports it: found but not
+#: executable (126), not found (127). The member fails at once: no retry would start it.
+EXIT_CANNOT_RUN = (126, 127)
 
 #: Signals a batch system sends before it stops a job (walltime, preemption): a member commits a
 #: checkpoint at its next step boundary and exits with :data:`EXIT_PREEMPTED`.

@@ -14,7 +14,7 @@ from resilient_flows.rundir import EventLog, member_layout
 from resilient_flows.training._context import TrainContext
 from resilient_flows.training._heartbeat import Heartbeat, analytics_task
 from resilient_flows.training._spec import MemberSpec
-from resilient_flows.training._workloads import resolve_workload
+from resilient_flows.training._workloads import check_call, resolve_workload
 
 
 def run_member(spec: dict[str, Any], run_dir: str, comm: Any = None) -> dict[str, Any]:
@@ -27,6 +27,7 @@ def run_member(spec: dict[str, Any], run_dir: str, comm: Any = None) -> dict[str
     """
     member = MemberSpec.from_dict(spec)
     workload = resolve_workload(member.workload, member.evaluate)
+    check_call(workload.train, f"workload {member.workload} of member {member.name}", "ctx")
     ctx = TrainContext(member, run_dir, comm=comm)
     try:
         result = workload.train(ctx)

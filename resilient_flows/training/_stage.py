@@ -49,10 +49,12 @@ def stage_finished(run_dir: str | os.PathLike, name: str) -> bool:
 def run_stage(spec: dict[str, Any], run_dir: str) -> Any:
     """Run the stage's loop from its newest checkpoint to the end; the loop function's value."""
     from resilient_flows.resilience import Context, every  # torch: only where a stage runs
-    from resilient_flows.training._workloads import import_function
+    from resilient_flows.training._workloads import check_call, import_function
 
     stage = StageSpec.from_dict(spec)
     loop = import_function(stage.loop, "loop function")
+    what = f"loop function {stage.loop} of stage {stage.name}"
+    check_call(loop, what, "ctx", output="output", inputs={}, **stage.params)
     layout = stage_layout(run_dir, stage.name)
     output = layout.output
     output.mkdir(parents=True, exist_ok=True)

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import functools
 import importlib
+import inspect
+import socket
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -25,7 +27,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from resilient_flows.errors import ResilientFlowsError
+from resilient_flows.errors import ParamsError, PermanentError, ResilientFlowsError
 from resilient_flows.training._builtins import BUILTIN_WORKLOADS, DEFAULTS
 from resilient_flows.training._context import TrainContext
 from resilient_flows.training._distributed import local_slice
@@ -257,20 +259,59 @@ def resolve_workload(name: str, evaluate: str | None = None) -> Workload:
     if name in _BUILDERS:
         return Workload(name, functools.partial(_train_builtin, name), functools.partial(_evaluate_builtin, name))
     if ":" not in name:
-        raise ResilientFlowsError(
+        raise PermanentError(
             f"unknown workload {name!r}: name a built-in ({', '.join(BUILTIN_WORKLOADS)}) or 'module:function'"
         )
     return Workload(name, import_function(name), import_function(evaluate) if evaluate else None)
 
 
 def import_function(ref: str, what: str = "workload") -> Callable[..., Any]:
-    """The function ``ref`` (``package.module:function``) names; ``what`` it is, for the error."""
+    """The function ``ref`` (``package.module:function``) names; ``what`` it is, for the error.
+
+    A module that is missing or does not compile is a :class:`PermanentError`: every attempt would
+    fail the same way. When the module itself is missing (not one it imports), the message says
+    where this process looked: a worker imports from its own ``sys.path``, which need not be the
+    one of the script or shell that submitted the work.
+    """
     module_name, _, attr = ref.partition(":")
     try:
         module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ResilientFlowsError(f"{what} {ref!r}: cannot import {module_name!r} ({exc})") from None
+    except (ImportError, SyntaxError) as exc:
+        missing = _missing(exc, module_name)
+        hint = "" if missing is None else _not_on_path(missing)
+        raise PermanentError(f"{what} {ref!r}: cannot import {module_name!r} ({exc}){hint}") from None
     function = getattr(module, attr, None)
     if not callable(function):
-        raise ResilientFlowsError(f"{what} {ref!r}: {module_name} has no function {attr!r}")
+        raise PermanentError(f"{what} {ref!r}: {module_name} has no function {attr!r}")
     return function
+
+
+def _missing(exc: BaseException, module_name: str) -> str | None:
+    """The module that ``exc`` says is not on the path, when it is ``module_name`` or a package above
+    it; None when the module was found and failed on its own (a dependency of it is missing)."""
+    missing = exc.name if isinstance(exc, ModuleNotFoundError) else None
+    return missing if missing and f"{module_name}.".startswith(f"{missing}.") else None
+
+
+def _not_on_path(missing: str) -> str:
+    return (
+        f"; no {missing!r} on the sys.path of this process on {socket.gethostname()}: install it where the "
+        "workers run, or put its directory on PYTHONPATH before Parsl starts them"
+    )
+
+
+def check_call(function: Callable[..., Any], what: str, *args: Any, **kwargs: Any) -> None:
+    """Raise :class:`ParamsError` when ``function`` cannot be called with these arguments.
+
+    Checked before the call, against the signature, so that a parameter the function does not
+    take (or one it needs and was not given) fails the member at once, while a ``TypeError``
+    raised inside the function stays an ordinary error that a retry may meet or not.
+    """
+    try:
+        signature = inspect.signature(function)
+    except (TypeError, ValueError):  # no signature to read (some built-ins): the call decides
+        return
+    try:
+        signature.bind(*args, **kwargs)
+    except TypeError as exc:
+        raise ParamsError(f"{what}: {exc}") from None

@@ -63,18 +63,27 @@ def loss_figure(statuses: dict[str, MemberStatus], title: str) -> Figure:
         _member_lines(axes, statuses, curves)
         legend = "X: attempt lost, o: resumed from its checkpoint, ^: clone branches off"
         axes.set_title(f"{title}\n{legend}", fontsize="medium")
-        axes.legend(fontsize="small")
+        _legend(axes, fontsize="small")
     else:
         figure, (axes, timeline) = plt.subplots(2, 1, figsize=(9, 7), height_ratios=(3, 1.6), layout="constrained")
         families = _family_bands(axes, statuses, curves)
         _timeline(timeline, statuses)
         grouped = f"{len(statuses)} members in {families} famil{'y' if families == 1 else 'ies'}"
         axes.set_title(f"{title}\n{grouped}: median and 10-90 % band per family", fontsize="medium")
-        axes.legend(fontsize="small", loc="upper right", framealpha=0.85)
-    axes.set_yscale("log")
+        _legend(axes, fontsize="small", loc="upper right", framealpha=0.85)
+    if not any(curve is not None for curve in curves.values()):
+        axes.text(0.5, 0.5, "no metrics yet", transform=axes.transAxes, ha="center", va="center")
+    else:
+        axes.set_yscale("log")
     axes.set_xlabel("step")
     axes.set_ylabel("training loss")
     return figure
+
+
+def _legend(axes, **style: object) -> None:
+    """The legend of what was drawn with a label; none when nothing was (members without metrics yet)."""
+    if axes.get_legend_handles_labels()[0]:
+        axes.legend(**style)
 
 
 def _curve(status: MemberStatus, sample: int | None) -> tuple[np.ndarray, np.ndarray] | None:

@@ -27,13 +27,16 @@ from resilient_flows.workflow._status import MemberStatus
 
 #: How many of the best members the grouped view lists.
 BEST_SHOWN = 5
+#: Characters of a member's last error that its row shows: the start of a message says what failed.
+ERROR_SHOWN = 100
 
 
 def status_table(statuses: dict[str, MemberStatus], title: str, all_members: bool = False) -> RenderableType:
-    """Every member's row (up to :data:`GROUP_ABOVE` members, or with ``all_members``), else the
-    family table, the best members and the members that failed or are retrying."""
+    """Every member's row (up to :data:`GROUP_ABOVE` members, or with ``all_members``), with the last
+    error of each that failed or was retried; else the family table, the best members and the
+    members that failed or are retrying, with their last errors."""
     if all_members or len(statuses) <= GROUP_ABOVE:
-        return member_table(statuses.values(), title)
+        return member_table(statuses.values(), title, errors=any(s.errors for s in statuses.values()))
     parts: list[RenderableType] = [
         family_table(statuses.values(), title),
         member_table(best_members(statuses.values(), BEST_SHOWN), f"best {BEST_SHOWN} members (lowest loss)"),
@@ -45,12 +48,12 @@ def status_table(statuses: dict[str, MemberStatus], title: str, all_members: boo
 
 
 def member_table(statuses: Iterable[MemberStatus], title: str, errors: bool = False) -> Table:
-    """A row per member; with ``errors``, the last error of each."""
+    """A row per member; with ``errors``, the last error of each, on one line (see :func:`last_error`)."""
     table = Table(title=title)
     for column in ("member", "state", "step", "loss", "checkpoint", "attempts", "failures", "preempted", "test acc."):
         table.add_column(column, justify="left" if column in ("member", "state") else "right")
     if errors:
-        table.add_column("last error", overflow="fold")
+        table.add_column("last error", no_wrap=True, overflow="ellipsis")
     for s in statuses:
         accuracy = None if s.result is None else s.result.get("test_accuracy")
         row = [
@@ -65,9 +68,19 @@ def member_table(statuses: Iterable[MemberStatus], title: str, errors: bool = Fa
             "-" if accuracy is None else f"{accuracy:.3f}",
         ]
         if errors:
-            row.append(s.errors[-1] if s.errors else "-")
+            row.append(last_error(s))
         table.add_row(*row)
     return table
+
+
+def last_error(status: MemberStatus, width: int = ERROR_SHOWN) -> str:
+    """The member's last error as one line of at most ``width`` characters ("-" without one): its
+    first line (a traceback's text follows the message), whitespace runs collapsed, cut with "…"."""
+    if not status.errors:
+        return "-"
+    first = next((line for line in status.errors[-1].splitlines() if line.strip()), "")
+    text = " ".join(first.split())
+    return text if len(text) <= width else text[: width - 1].rstrip() + "…"
 
 
 def family_table(statuses: Iterable[MemberStatus], title: str) -> Table:

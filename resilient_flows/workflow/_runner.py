@@ -60,6 +60,7 @@ from resilient_flows.workflow._ondemand import OnDemandAnalytics, worker_slots
 from resilient_flows.workflow._plan import plan_workflow
 from resilient_flows.workflow._report import campaign_table, ondemand_table, stage_table, status_table, write_report
 from resilient_flows.workflow._rundir import MemberIndex, Plan, create_run_dir, default_run_dir, read_plan, run_members
+from resilient_flows.workflow._runlog import library_output_to_log
 from resilient_flows.workflow._status import StatusTracker
 from resilient_flows.workflow._walltime import BlockClock
 from resilient_flows.workflow._watchdog import Lost, Watchdog, clear_heartbeats, interchange_managers
@@ -380,7 +381,7 @@ def _execute(run_dir: Path, plan: Plan, members: list[MemberSpec], console: Cons
     if plan.site_file is None:  # read back from the run directory: the site is read once, here
         plan = dataclasses.replace(plan, site_file=SiteFile.open(plan.site))
     facts = plan.site_file.facts()
-    with _holding(run_dir, facts.orphan_timeout_s):
+    with library_output_to_log(run_layout(run_dir).runner_log, console), _holding(run_dir, facts.orphan_timeout_s):
         return _run_held(run_dir, plan, members, console, facts)
 
 

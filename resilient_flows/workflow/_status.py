@@ -93,6 +93,7 @@ class MemberStatus:
         elif kind in ("checkpointed", "resumed", "preempted"):
             self.checkpoint = max(self.checkpoint or -1, int(event["step"]))
         elif kind == "failed" and event.get("cause") != "preempted":  # a preemption is no failure
+            self.attempts = max(self.attempts, int(event.get("attempt") or 0))  # it may fail before it starts
             self.failures += 1
             self.errors.append(str(event.get("error")))
         if kind == "preempted":
