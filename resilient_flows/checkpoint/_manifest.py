@@ -1,6 +1,6 @@
 """The manifest: the one file whose presence makes a checkpoint exist.
 
-Layout of a tier (see DESIGN.md)::
+Layout of a tier (the checkpoint format page of the documentation describes it for users)::
 
     <tier>/step-00000120/manifest.json
     <tier>/step-00000120/shard-00000-of-00002.safetensors
