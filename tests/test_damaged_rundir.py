@@ -162,6 +162,29 @@ def test_a_damaged_plan_is_one_line_and_status_2(tmp_path: Path, capsys: pytest.
         assert len(err.strip().splitlines()) == 1 and "plan.json: unreadable (run plan" in err, err
 
 
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [
+        ('{"name": "m-0.c1", "wor', "not JSON (Unterminated string"),
+        ('{"name": "m-0.c1"}', "not a member spec (MemberSpec.__init__() missing 2 required positional arguments"),
+    ],
+)
+def test_a_damaged_clone_spec_leaves_the_clone_out_of_the_views_with_a_warning(
+    tmp_path: Path, capsys: pytest.CaptureFixture, text: str, problem: str
+) -> None:
+    run_dir, _ = make_run(tmp_path, 2, running=2)
+    assert main(["clone", str(run_dir), "m-0"]) == 0
+    (run_dir / "members/m-0.c1/spec.json").write_text(text)
+    capsys.readouterr()
+    for command in (["status", "--all"], ["lineage"]):
+        assert main([*command, str(run_dir)]) == (1 if command[0] == "status" else 0)
+        out, err = capsys.readouterr()
+        assert "m-0.c1" not in out and "m-1" in out
+        assert err.startswith(f"warning: members/m-0.c1/spec.json: {problem}") and err.endswith("; ignored\n")
+    assert main(["clone", str(run_dir), "m-0.c1"]) == 2  # acting on it: one line
+    assert capsys.readouterr().err.startswith("error: member spec ")
+
+
 def test_member_statuses_pass_a_damaged_result_over_only_when_asked_to(tmp_path: Path) -> None:
     run_dir, members = make_run(tmp_path, 2, running=1)
     (run_dir / "members/m-1/result.json").write_text("[]")

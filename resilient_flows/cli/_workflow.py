@@ -147,9 +147,9 @@ def _status(args: argparse.Namespace) -> int:
     stages = plan.workflow.stage_specs()
     if stages and not args.json:
         console().print(stage_table(run_dir, stages))
-    members = run_members(run_dir, plan)
-    families = {m.name: m.family for m in members}
     damage = DamageLog()
+    members = run_members(run_dir, plan, damage=damage)
+    families = {m.name: m.family for m in members}
     statuses = member_statuses(args.run_dir, [(m.name, m.steps) for m in members], families, damage)
     stages_done = all(stage_finished(args.run_dir, s.name) for s in stages)
     done = stages_done and all(s.state in ("finished", "retired") for s in statuses.values())
@@ -207,8 +207,8 @@ def _lineage(args: argparse.Namespace) -> int:
     from resilient_flows.workflow import member_statuses, read_plan, run_members
 
     run_dir = Path(args.run_dir)
-    members = run_members(run_dir, read_plan(run_dir))
     damage = DamageLog()
+    members = run_members(run_dir, read_plan(run_dir), damage=damage)
     statuses = member_statuses(args.run_dir, [(m.name, m.steps) for m in members], damage=damage)
     if args.json:
         progress = {

@@ -23,7 +23,7 @@ def lineage_tree(
     """A ``rich`` tree of the run's members; ``states`` adds each member's state (from ``status``);
     a damaged seed is recorded in ``damage`` and shown as none."""
     run_dir = Path(run_dir)
-    members = registered_members(run_dir)
+    members = registered_members(run_dir, damage=damage)
     children: dict[str | None, list[MemberSpec]] = {}
     for spec in members:
         children.setdefault(spec.parent.member if spec.parent else None, []).append(spec)
@@ -56,7 +56,7 @@ def lineage_document(
     planned member) and a clone's seed (null while it waits for its state), plus the fields
     ``progress`` has for it (its state and steps, from ``status``); the tree follows from the parents."""
     members = []
-    for spec in registered_members(run_dir):
+    for spec in registered_members(run_dir, damage=damage):
         parent = spec.parent
         seed = None if parent is None else _seed(Path(run_dir), spec.name, damage)
         members.append(
