@@ -136,6 +136,31 @@ def test_status_json_is_one_versioned_document_with_the_damage(tmp_path: Path, c
     assert len(err.splitlines()) == 3 and all(line.startswith("warning: ") for line in err.splitlines())
 
 
+def test_status_json_has_the_stages_rows(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    from resilient_flows.workflow import plan_workflow
+    from resilient_flows.workflow._rundir import create_run_dir
+    from resilient_flows.workflow.schema import load_workflow
+
+    source = tmp_path / "wf.yaml"
+    source.write_text(
+        "name: st\nstages:\n  - {name: sim, loop: 'heat:simulate', every: 5}\n"
+        "members:\n  - {name: wl, workload: mlp-digits, steps: 5, after: [sim]}\n"
+    )
+    run_dir = create_run_dir(tmp_path / "run", plan_workflow(load_workflow(source), build_site=False), "")
+    (run_dir / "events.jsonl").write_text(
+        event("stage_started", "sim", attempt=1, time=1.0)
+        + event("stage_started", "sim")  # damaged: no attempt
+        + event("stage_finished", "sim", attempt=1, time=4.5)
+    )
+    assert main(["status", "--json", str(run_dir)]) == 1  # wl has not run
+    document = json.loads(capsys.readouterr().out)
+    assert document["stages"] == [
+        {"name": "sim", "state": "finished", "attempts": 1, "failures": 0, "checkpoint": None, "seconds": 3.5}
+    ]
+    assert document["damage"][0]["lines"] == [{"line": 2, "problem": "a stage_started event without attempt"}]
+    assert document["members"][0]["state"] == "planned" and document["members"][0]["steps_done"] == 0
+
+
 def test_lineage_of_a_damaged_run_warns_and_its_json_parses(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     run_dir, _ = damaged_run(tmp_path)
     register_member(run_dir, MemberSpec("m-0.c1", "mlp-digits", {}, steps=50, parent=ParentSpec("m-0", "r1")))
