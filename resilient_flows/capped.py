@@ -20,7 +20,7 @@ import errno
 import json
 import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from stat import S_ISREG
 from typing import Any
@@ -88,21 +88,33 @@ def read_json_capped(path: str | os.PathLike, cap: int, what: str) -> Any:
 class CappedLines:
     """The complete lines of an append-only file from byte ``offset`` on, each at most ``cap`` bytes.
 
-    Iterating yields each complete line without its newline. A longer line is skipped with a
-    warning, read in blocks and never held whole; a last line without its newline (still being
-    written, or torn by a killed writer) is left for the next reader. :attr:`offset` follows the
-    iteration: it is where the next reader of new lines starts. A file that does not exist yet has
-    no lines (logs are created by their first writer).
+    Iterating yields each complete line without its newline. A longer line is skipped, read in
+    blocks and never held whole: ``oversized`` is told its number and why (a reader that reports
+    damage), else it is logged as a warning. A last line without its newline (still being written,
+    or torn by a killed writer) is left for the next reader. :attr:`offset` follows the iteration:
+    it is where the next reader of new lines starts; :attr:`line` is the number of the line just
+    passed, counted from ``line``, the number of lines before ``offset``. A file that does not exist
+    yet has no lines (logs are created by their first writer).
     """
 
     #: Bytes read at a time.
     BLOCK = _MiB
 
-    def __init__(self, path: str | os.PathLike, cap: int, what: str, offset: int = 0) -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        cap: int,
+        what: str,
+        offset: int = 0,
+        line: int = 0,
+        oversized: Callable[[int, str], None] | None = None,
+    ) -> None:
         self.path = Path(path)
         self.cap = cap
         self.what = what
         self.offset = offset
+        self.line = line
+        self.oversized = oversized
 
     def __iter__(self) -> Iterator[bytes]:
         try:
@@ -118,6 +130,7 @@ class CappedLines:
                 for part in complete:
                     length = held + len(part)
                     start, self.offset = self.offset, self.offset + length + 1
+                    self.line += 1
                     if length > self.cap:
                         self._skipped(start, length)
                     else:
@@ -130,6 +143,9 @@ class CappedLines:
                     pending = []
 
     def _skipped(self, start: int, length: int) -> None:
+        if self.oversized is not None:
+            self.oversized(self.line, f"its {length} bytes are over the cap of {self.cap}")
+            return
         logger.warning(
             "%s %s: skipped the line at byte %d: its %d bytes are over the cap of %d",
             self.what,

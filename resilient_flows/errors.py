@@ -16,6 +16,7 @@ __all__ = [
     "CheckpointError",
     "CloneError",
     "CorruptCheckpointError",
+    "DamagedFileError",
     "Failure",
     "FileTooLargeError",
     "InvalidJobError",
@@ -177,6 +178,22 @@ class FileTooLargeError(ResilientFlowsError, ValueError):
 
     def __str__(self) -> str:
         return f"{self.what} {self.path} is larger than its cap of {_bytes(self.cap)}; not reading it"
+
+
+class DamagedFileError(ResilientFlowsError, ValueError):
+    """A run-directory file holds something its writer never writes: not JSON, or not the document
+    of its kind (a crash of the node, a full disk, an edit by hand).
+
+    Views pass over it and say so; it is also a ``ValueError``, so that readers that pass over a
+    file being rewritten pass over a damaged one the same way.
+    """
+
+    def __init__(self, path: str | os.PathLike, what: str, problem: str) -> None:
+        super().__init__(path, what, problem)
+        self.path, self.what, self.problem = os.fspath(path), what, problem
+
+    def __str__(self) -> str:
+        return f"{self.what} {self.path} is {self.problem}"
 
 
 def _bytes(size: int) -> str:

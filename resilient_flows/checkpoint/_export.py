@@ -16,16 +16,16 @@ from __future__ import annotations
 import json
 import os
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
 
+from resilient_flows.checkpoint._catalog import find_tier
 from resilient_flows.checkpoint._manifest import Manifest
 from resilient_flows.checkpoint._reader import OpenCheckpoint, Target
 from resilient_flows.checkpoint._shardfile import DTYPE_CODES
 from resilient_flows.checkpoint._state import RANK_LOCAL
-from resilient_flows.checkpoint._tiers import Tier
 from resilient_flows.durable import fsync_dir
 from resilient_flows.errors import CheckpointError, CorruptCheckpointError
 
@@ -34,12 +34,14 @@ FORMATS = ("safetensors", "torch")
 
 @dataclass(frozen=True)
 class ExportResult:
-    """What was written: the step it came from, how many tensors and bytes of tensor data."""
+    """What was written: the step it came from, how many tensors and bytes of tensor data, and
+    the newer checkpoints passed over for it, each as (step, why it is damaged)."""
 
     path: Path
     step: int
     tensors: int
     nbytes: int
+    skipped: tuple[tuple[int, str], ...] = ()
 
 
 def export(
@@ -52,6 +54,10 @@ def export(
 ) -> ExportResult:
     """Write the newest valid checkpoint (or ``step``) in the tier ``directory`` as one file.
 
+    ``directory`` may also hold the tier below it, as a member's directory does: the one tier
+    there is exported, and several are refused with their names. A newer checkpoint that is
+    damaged is passed over for the next, and named in :attr:`ExportResult.skipped`.
+
     ``part`` selects a subtree of the state by its top-level key and names tensors relative to
     it: the default, ``"model"`` when the state has one (a :class:`TrainState`'s model), gives
     exactly the names of the model's ``state_dict()``, ready for ``load_state_dict(strict=True)``.
@@ -60,20 +66,21 @@ def export(
     """
     if format not in FORMATS:
         raise ValueError(f"format must be one of {', '.join(FORMATS)}, got {format!r}")
-    tier = Tier(directory, "shared")
+    tier = find_tier(directory)
     steps = [s for s in tier.committed_steps() if step in (None, s)]
     if not steps:
         wanted = f"step {step}" if step is not None else "committed checkpoint"
         raise CheckpointError(f"no {wanted} in {tier.path}")
-    problems = []
+    skipped: list[tuple[int, str]] = []
     for candidate in steps:
         try:
             with OpenCheckpoint(tier.step_dir(candidate), candidate) as opened:
                 names = _selected(opened.manifest, part)
-                return _write(opened, names, Path(out), format)
+                return replace(_write(opened, names, Path(out), format), skipped=tuple(skipped))
         except CorruptCheckpointError as exc:
-            problems.append(f"step {candidate}: {exc}")
-    raise CheckpointError(f"no valid checkpoint to export in {tier.path}: {'; '.join(problems)}")
+            skipped.append((candidate, str(exc)))
+    problems = "; ".join(f"step {s}: {why}" for s, why in skipped)
+    raise CheckpointError(f"no valid checkpoint to export in {tier.path}: {problems}")
 
 
 def _selected(manifest: Manifest, part: str | None) -> dict[str, str]:
@@ -87,7 +94,11 @@ def _selected(manifest: Manifest, part: str | None) -> dict[str, str]:
         if name.startswith(prefix) and not name.startswith(f"{RANK_LOCAL}/")
     }
     if not names:
-        raise CheckpointError(f"checkpoint step {manifest.step} has no arrays under {part!r}")
+        parts = sorted({name.split("/", 1)[0] for name in manifest.arrays if "/" in name} - {RANK_LOCAL})
+        raise CheckpointError(
+            f"checkpoint step {manifest.step} has no arrays under --part {part!r}; its parts: "
+            f"{', '.join(parts) or 'none'} ('' for every array)"
+        )
     return names
 
 

@@ -31,15 +31,20 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from resilient_flows.capped import MANIFEST_CAP, read_capped
+from resilient_flows.capped import MANIFEST_CAP
 from resilient_flows.checkpoint._boxes import Box
 from resilient_flows.checkpoint._shardfile import CODE_DTYPES, DTYPE_CODES, ShardRecord
-from resilient_flows.checkpoint._tiers import MANIFEST, shard_filename
+from resilient_flows.checkpoint._summary import (
+    FORMAT,
+    VERSION,
+    check_format,
+    check_shard_name,
+    manifest_json,
+    read_manifest_bytes,
+)
+from resilient_flows.checkpoint._tiers import MANIFEST
 from resilient_flows.durable import fsync_dir
-from resilient_flows.errors import CheckpointError, CorruptCheckpointError, FileTooLargeError
-
-FORMAT = "resilient-flows-checkpoint"
-VERSION = 2
+from resilient_flows.errors import CheckpointError, CorruptCheckpointError
 
 
 @dataclass(frozen=True)
@@ -109,10 +114,7 @@ class Manifest:
 
     @classmethod
     def from_json(cls, text: str | bytes, where: str) -> Manifest:
-        try:
-            data = json.loads(text)
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise CorruptCheckpointError(f"{where}: manifest is not valid JSON ({exc})") from None
+        data = manifest_json(text, where)
         try:
             return cls._parse(data)
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
@@ -120,15 +122,7 @@ class Manifest:
 
     @classmethod
     def _parse(cls, data: dict) -> Manifest:
-        if data["format"] != FORMAT:
-            raise ValueError(f"format is {data['format']!r}, expected {FORMAT!r}")
-        if data["version"] > VERSION:
-            raise ValueError(f"version {data['version']} is newer than this library's {VERSION}")
-        if data["version"] < VERSION:
-            raise ValueError(
-                f"version {data['version']} (flat pieces, before sharded state) is no longer read; "
-                "restore it with resilient-flows 0.1 and save it again"
-            )
+        check_format(data)
         world = int(data["world_size"])
         shards = [ShardRecord.from_json(s) for s in data["shards"]]
         if world < 1 or len(shards) != world or len(data["rank_local"]) != world:
@@ -156,20 +150,6 @@ class Manifest:
             shards=shards,
             created=float(data["created"]),
             copies={str(file): [str(where) for where in places] for file, places in data.get("copies", {}).items()},
-        )
-
-
-def check_shard_name(index: int, world: int, name: str) -> None:
-    """Shard ``index`` of ``world`` has the one name the writer gives it.
-
-    Readers join the name to the step directory and open it: anything else (``../x``, an absolute
-    path, another directory's file) would make a manifest from a shared file system point them
-    at files outside the checkpoint."""
-    expected = shard_filename(index, world)
-    if name != expected:
-        raise ValueError(
-            f"shards[{index}].file is {name!r}, not {expected!r}: "
-            "shards are named shard-<rank>-of-<world size>.safetensors, in their step directory"
         )
 
 
@@ -220,11 +200,4 @@ def write_manifest(step_dir: Path, manifest: Manifest) -> None:
 
 def read_manifest(step_dir: Path) -> Manifest:
     """The manifest of ``step_dir``, checked; CorruptCheckpointError naming the step otherwise."""
-    path = step_dir / MANIFEST
-    try:
-        text = read_capped(path, MANIFEST_CAP, "the checkpoint manifest")
-    except FileNotFoundError:
-        raise CorruptCheckpointError(f"{step_dir.name}: manifest.json is missing") from None
-    except FileTooLargeError as exc:
-        raise CorruptCheckpointError(f"{step_dir.name}: {exc}") from None
-    return Manifest.from_json(text, f"{step_dir.name}/{MANIFEST}")
+    return Manifest.from_json(read_manifest_bytes(step_dir), f"{step_dir.name}/{MANIFEST}")

@@ -36,27 +36,11 @@ from typing import Protocol
 import torch
 import xxhash
 
+from resilient_flows.checkpoint._dtypes import SAFETENSORS_DTYPES
 from resilient_flows.errors import CorruptCheckpointError
 
 #: torch dtypes and their safetensors names.
-DTYPE_CODES: dict[torch.dtype, str] = {
-    torch.float64: "F64",
-    torch.float32: "F32",
-    torch.float16: "F16",
-    torch.bfloat16: "BF16",
-    torch.int64: "I64",
-    torch.int32: "I32",
-    torch.int16: "I16",
-    torch.int8: "I8",
-    torch.uint8: "U8",
-    torch.bool: "BOOL",
-    torch.uint16: "U16",
-    torch.uint32: "U32",
-    torch.uint64: "U64",
-    torch.float8_e4m3fn: "F8_E4M3",
-    torch.float8_e5m2: "F8_E5M2",
-    torch.complex64: "C64",
-}
+DTYPE_CODES: dict[torch.dtype, str] = {getattr(torch, name): code for code, name in SAFETENSORS_DTYPES.items()}
 CODE_DTYPES = {code: dtype for dtype, code in DTYPE_CODES.items()}
 
 CHUNK = 16 << 20

@@ -1,13 +1,38 @@
-"""The console every command prints through."""
+"""The console every command prints through, and the ``--json`` documents they print instead."""
 
 from __future__ import annotations
 
+import json
+import math
 import sys
+from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 
 
 def console(stderr: bool = False) -> Console:
     """A terminal gets tables fitted to its width; a pipe or a log file gets unwrapped lines."""
     stream = sys.stderr if stderr else sys.stdout
     return Console(file=stream, width=None if stream.isatty() else 200, highlight=False)
+
+
+def print_document(document: dict[str, Any]) -> None:
+    """Print a ``--json`` document on stdout, alone: strict JSON that any parser reads (a number
+    that is not finite, such as a diverged loss, is null), never through rich, which would add markup."""
+    sys.stdout.write(json.dumps(_strict(document), indent=2, allow_nan=False, default=str) + "\n")
+
+
+def warn(message: str) -> None:
+    """A warning on stderr, so that stdout stays the table or the document."""
+    console(stderr=True).print(f"[bold yellow]warning:[/] {escape(message)}", soft_wrap=True)
+
+
+def _strict(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {str(k): _strict(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_strict(v) for v in value]
+    return value

@@ -7,7 +7,11 @@ from pathlib import Path
 
 from rich.console import Console
 
+from resilient_flows.cli._console import print_document
 from resilient_flows.errors import WorkflowError
+
+#: The version of the ``mlc train --json`` document; README.md ("Output for scripts") lists its fields.
+TRAIN_VERSION = 1
 
 
 def add_parsers(commands: argparse._SubParsersAction) -> None:
@@ -25,6 +29,9 @@ def add_parsers(commands: argparse._SubParsersAction) -> None:
     train.add_argument("data", nargs="+", type=Path, help="files written by 'mlc generate'")
     train.add_argument("--out", type=Path, required=True, help="the model file (JSON)")
     train.add_argument("--seed", type=int, default=0)
+    train.add_argument(
+        "--json", action="store_true", help="print a JSON document for scripts instead (README: Output for scripts)"
+    )
     train.set_defaults(handler=_train)
 
 
@@ -43,6 +50,17 @@ def _train(args: argparse.Namespace) -> int:
         raise WorkflowError(f"{len(pairs)} training rows in {', '.join(map(str, args.data))}; at least 10 are needed")
     model, errors = fit([p for p, _ in pairs], [c for _, c in pairs], seed=args.seed)
     model.save(args.out)
+    if args.json:
+        print_document(
+            {
+                "version": TRAIN_VERSION,
+                "rows": len(pairs),
+                "validation_error": dict(errors),
+                "kept": model.kind,
+                "model": str(args.out),
+            }
+        )
+        return 0
     shown = ", ".join(f"{kind} {error:.4f}" for kind, error in errors.items())
     Console().print(f"{len(pairs)} rows; validation error (log targets): {shown}; kept the {model.kind}: {args.out}")
     return 0

@@ -15,16 +15,20 @@ import dataclasses
 import math
 import sys
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.table import Table
 
+from resilient_flows.cli._console import print_document
 from resilient_flows.mlc import InvalidParameterError, MLCParams, Objective
 from resilient_flows.units import duration_argument, parse_duration, parse_size
 
 if TYPE_CHECKING:
     from resilient_flows.mlc import SimResult
+
+#: The version of the ``tune --json`` document; README.md ("Output for scripts") lists its fields.
+TUNE_VERSION = 1
 
 
 def add_parsers(commands: argparse._SubParsersAction) -> None:
@@ -52,6 +56,9 @@ def add_parsers(commands: argparse._SubParsersAction) -> None:
     tune.add_argument("--search", action="store_true", help="also run the simulator's search (seconds)")
     tune.add_argument("--model", help="a model file from 'mlc train' (default: the one shipped)")
     tune.add_argument("--trials", type=int, default=2000, help="simulated runs per candidate (default 2000)")
+    tune.add_argument(
+        "--json", action="store_true", help="print a JSON document for scripts instead (README: Output for scripts)"
+    )
     tune.set_defaults(handler=run_tune)
 
 
@@ -102,21 +109,26 @@ def run_tune(args: argparse.Namespace) -> int:
     objective.check(p)
     recommender = Recommender.load(args.model) if args.model else Recommender.default()
     chosen = candidates(p, recommender)
+    search_s = None
     if args.search:
         started = time.perf_counter()
-        best = search(p, trials=args.trials, objective=objective)
-        chosen[f"search ({time.perf_counter() - started:.1f} s)"] = best
+        chosen["search"] = search(p, trials=args.trials, objective=objective)
+        search_s = time.perf_counter() - started
+    results = {name: simulate(p, config, trials=args.trials, seed=1) for name, config in chosen.items()}
+    if args.json:
+        print_document(_document(p, args.trials, results, search_s))
+        return 0
     table = Table(title="checkpoint configurations, simulated on the same failures")
     columns = ["method", "interval", "flush every", "efficiency", "95% interval", "shared-tier traffic"]
     if p.three_level:
         columns.insert(3, "L3 every")
     for column in columns:
         table.add_column(column, justify="left" if column == "method" else "right")
-    for name, config in chosen.items():
-        result = simulate(p, config, trials=args.trials, seed=1)
+    for name, result in results.items():
+        config = result.config
         low, high = result.efficiency_ci
         row = [
-            name,
+            name if name != "search" or search_s is None else f"search ({search_s:.1f} s)",
             f"{config.interval:.0f} s",
             "never" if config.l2_every is None else str(config.l2_every),
             f"{result.efficiency:.4f}",
@@ -128,6 +140,30 @@ def run_tune(args: argparse.Namespace) -> int:
         table.add_row(*row)
     Console(width=None if sys.stdout.isatty() else 200).print(table)  # a pipe gets unwrapped lines
     return 0
+
+
+def _document(p: MLCParams, trials: int, results: dict[str, SimResult], search_s: float | None) -> dict[str, Any]:
+    """``tune --json``: each method's configuration and what the simulator measured of it, on the
+    same failures; ``search_seconds`` is how long ``--search`` took (null without it)."""
+    return {
+        "version": TUNE_VERSION,
+        "three_level": p.three_level,
+        "trials": trials,
+        "search_seconds": search_s,
+        "candidates": [
+            {
+                "method": name,
+                "interval_s": result.config.interval,
+                "l2_every": result.config.l2_every,
+                "l3_every": result.config.l3_every,
+                "efficiency": result.efficiency,
+                "efficiency_ci": list(result.efficiency_ci),
+                "traffic_bytes_per_hour_per_node": result.traffic,
+                "shared_flushes_per_hour": result.shared_flushes / result.wall_time * 3600.0,
+            }
+            for name, result in results.items()
+        ],
+    }
 
 
 def _traffic(result: SimResult) -> str:

@@ -9,12 +9,16 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.markup import escape
 
-from resilient_flows.cli._console import console
+from resilient_flows.cli._console import console, print_document, warn
 from resilient_flows.errors import WorkflowError
 from resilient_flows.workflow import GROUP_ABOVE
+
+if TYPE_CHECKING:
+    from resilient_flows.rundir import DamageLog
 
 DETACH_HELP = (
     "start the runner in the background, out of reach of the terminal's or ssh session's end (its output: "
@@ -43,6 +47,7 @@ def add_parsers(commands: argparse._SubParsersAction) -> None:
         action="store_true",
         help="redraw the table every 2 s until the runner ends (or Ctrl-C), then print the final one",
     )
+    _add_json(status)
     status.set_defaults(handler=_status)
     resume = commands.add_parser("resume", help="continue a run: finished members are skipped")
     resume.add_argument("run_dir", metavar="RUN_DIR")
@@ -76,7 +81,14 @@ def _add_member_parsers(commands: argparse._SubParsersAction) -> None:
     clone.set_defaults(handler=_clone)
     lineage = commands.add_parser("lineage", help="show which member was cloned from which, and how")
     lineage.add_argument("run_dir", metavar="RUN_DIR")
+    _add_json(lineage)
     lineage.set_defaults(handler=_lineage)
+
+
+def _add_json(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--json", action="store_true", help="print a JSON document for scripts instead (README: Output for scripts)"
+    )
 
 
 def _validate(args: argparse.Namespace) -> int:
@@ -142,33 +154,61 @@ def _rank_counts(items: list[str]) -> int | dict[str, int] | None:
 
 
 def _status(args: argparse.Namespace) -> int:
+    if args.follow and args.json:
+        raise WorkflowError("status --follow draws a live table for a terminal; --json prints one document: choose one")
     if args.follow:  # the live table while a runner holds the run, then the final one as below
         from resilient_flows.workflow import follow_run
 
         follow_run(Path(args.run_dir), console(), all_members=args.all)
-    from resilient_flows.training import stage_finished
-    from resilient_flows.workflow import member_statuses, read_plan, run_members, stage_table, status_table
 
-    plan = read_plan(Path(args.run_dir))
+    from resilient_flows.rundir import DamageLog
+    from resilient_flows.training import stage_finished
+    from resilient_flows.workflow import (
+        member_statuses,
+        read_plan,
+        run_members,
+        stage_rows,
+        stage_table,
+        status_document,
+        status_table,
+    )
+
+    run_dir = Path(args.run_dir)
+    plan = read_plan(run_dir)
     stages = plan.workflow.stage_specs()
-    if stages:
-        console().print(stage_table(Path(args.run_dir), stages))
-    members = run_members(Path(args.run_dir), plan)
+    if stages and not args.json:
+        console().print(stage_table(run_dir, stages))
+    damage = DamageLog()
+    members = run_members(run_dir, plan, damage=damage)
     families = {m.name: m.family for m in members}
-    statuses = member_statuses(args.run_dir, [(m.name, m.steps) for m in members], families)
-    title = f"{plan.workflow.name} on {plan.site}: {args.run_dir}"
-    console().print(status_table(statuses, title, all_members=args.all))
+    statuses = member_statuses(args.run_dir, [(m.name, m.steps) for m in members], families, damage)
     stages_done = all(stage_finished(args.run_dir, s.name) for s in stages)
-    return 0 if stages_done and all(s.state in ("finished", "retired") for s in statuses.values()) else 1
+    done = stages_done and all(s.state in ("finished", "retired") for s in statuses.values())
+    if args.json:
+        rows = stage_rows(run_dir, stages)
+        print_document(status_document(run_dir, plan.workflow.name, plan.site, statuses, rows, damage, done))
+    else:
+        title = f"{plan.workflow.name} on {plan.site}: {args.run_dir}"
+        console().print(status_table(statuses, title, all_members=args.all))
+    _warn_damage(run_dir, damage)
+    return 0 if done else 1
+
+
+def _warn_damage(run_dir: Path, damage: DamageLog) -> None:
+    """Say on stderr what a view passed over as damaged, a line per file."""
+    for found in damage.found():
+        warn(found.describe(run_dir))
 
 
 def _preempt(args: argparse.Namespace) -> int:
-    from resilient_flows.training import request_preemption
-    from resilient_flows.workflow import read_plan
+    from resilient_flows.training import has_result, request_preemption
+    from resilient_flows.workflow import read_plan, run_members
 
-    names = [m.name for m in read_plan(Path(args.run_dir)).members]
+    names = [m.name for m in run_members(Path(args.run_dir), read_plan(Path(args.run_dir)))]
     if args.member not in names:
         raise WorkflowError(f"{args.run_dir} has no member {args.member!r}; its members: {', '.join(names)}")
+    if has_result(args.run_dir, args.member):  # as clone refuses: nothing would ever read the request
+        raise WorkflowError(f"member {args.member!r} has finished: only a running member can be preempted")
     request_preemption(args.run_dir, args.member, args.reason)
     console().print(f"{args.member} will commit a checkpoint and stop after its current step, then be requeued")
     return 0
@@ -193,11 +233,22 @@ def _clone(args: argparse.Namespace) -> int:
 
 
 def _lineage(args: argparse.Namespace) -> int:
-    from resilient_flows.clone import lineage_tree
+    from resilient_flows.clone import lineage_document, lineage_tree
+    from resilient_flows.rundir import DamageLog
     from resilient_flows.workflow import member_statuses, read_plan, run_members
 
-    members = run_members(Path(args.run_dir), read_plan(Path(args.run_dir)))
-    statuses = member_statuses(args.run_dir, [(m.name, m.steps) for m in members])
-    states = {n: f"{s.state}, step {'-' if s.step is None else s.step + 1}/{s.steps}" for n, s in statuses.items()}
-    console().print(lineage_tree(args.run_dir, states))
+    run_dir = Path(args.run_dir)
+    damage = DamageLog()
+    members = run_members(run_dir, read_plan(run_dir), damage=damage)
+    statuses = member_statuses(args.run_dir, [(m.name, m.steps) for m in members], damage=damage)
+    if args.json:
+        progress = {
+            n: {"state": s.state, "steps_done": 0 if s.step is None else s.step + 1, "steps": s.steps}
+            for n, s in statuses.items()
+        }
+        print_document(lineage_document(run_dir, progress, damage))
+    else:
+        states = {n: f"{s.state}, step {'-' if s.step is None else s.step + 1}/{s.steps}" for n, s in statuses.items()}
+        console().print(lineage_tree(args.run_dir, states, damage))
+    _warn_damage(run_dir, damage)
     return 0

@@ -14,7 +14,10 @@ from __future__ import annotations
 from resilient_flows.lazy import lazy_exports
 
 _SOURCES = {
-    "resilient_flows.clone._lineage": ("lineage_tree",),
+    "resilient_flows.clone._lineage": (
+        "lineage_document",
+        "lineage_tree",
+    ),
     "resilient_flows.clone._mpi": (
         "CloneSend",
         "CloneTransferStats",

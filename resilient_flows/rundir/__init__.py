@@ -2,10 +2,11 @@
 
 Every name a run directory holds is spelled in :mod:`resilient_flows.rundir._layout` and nowhere
 else; the rest of the code asks a :class:`RunLayout` or a :class:`TaskLayout` where things are,
-and reads and writes its files through them. The append-only logs and the plan have modules of
-their own: :mod:`~resilient_flows.rundir._events` (the event log), :mod:`~resilient_flows.rundir._metrics`
+and reads and writes its files through them. The append-only logs and the plan have modules of their own:
+:mod:`~resilient_flows.rundir._events` (the event log), :mod:`~resilient_flows.rundir._metrics`
 (a member's metrics), :mod:`~resilient_flows.rundir._ledger` (the runners' blocks) and
-:mod:`~resilient_flows.rundir._plan`.
+:mod:`~resilient_flows.rundir._plan`. What readers find damaged they record in a
+:class:`~resilient_flows.rundir._damage.DamageLog`, for the views to report.
 
 This package is below the runner, the members and the views: it imports none of them.
 """
@@ -15,6 +16,10 @@ from __future__ import annotations
 from resilient_flows.lazy import lazy_exports
 
 _SOURCES = {
+    "resilient_flows.rundir._damage": (
+        "Damage",
+        "DamageLog",
+    ),
     "resilient_flows.rundir._events": (
         "EventLog",
         "EventTail",

@@ -15,13 +15,16 @@ the rest follows once there is room.
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 from resilient_flows.capped import LINE_CAP, CappedLines
 from resilient_flows.errors import is_storage_full
+from resilient_flows.rundir._damage import DamageLog
 from resilient_flows.rundir._layout import run_layout
 
 #: How long an event waits for space on a full file system before the error is raised.
@@ -107,35 +110,92 @@ def _has_room(fd: int, size: int) -> bool:
     return found.f_bavail * found.f_frsize >= size + found.f_frsize
 
 
-def read_events(run_dir: str | os.PathLike) -> Iterator[dict[str, Any]]:
-    """The events of a run in file order; a torn last line (a writer killed mid-write) is skipped,
-    and so is a line over :data:`~resilient_flows.capped.LINE_CAP`, with a warning."""
-    for raw in CappedLines(run_layout(run_dir).events, LINE_CAP, "event log"):
-        record = _parse(raw)
+#: Fields every reader of the log may convert with ``float``/``int`` where an event has them.
+_NUMBERS = ("time", "step", "attempt")
+
+#: Fields an event of a kind always has, which its readers index without looking.
+_REQUIRED = {
+    "checkpointed": ("step",),
+    "resumed": ("step",),
+    "preempted": ("step",),
+    "stage_started": ("attempt", "time"),
+    "stage_finished": ("time",),
+    "analytics_started": ("request", "time"),
+    "analytics": ("request",),
+}
+
+
+def read_events(run_dir: str | os.PathLike, damage: DamageLog | None = None) -> Iterator[dict[str, Any]]:
+    """The events of a run in file order; a torn last line (a writer killed mid-write) is left
+    out, and so is a damaged line (see :func:`event_problem`) or one over
+    :data:`~resilient_flows.capped.LINE_CAP`: recorded in ``damage`` when given, else an oversized
+    line is logged and a damaged one passed over."""
+    path = run_layout(run_dir).events
+    lines = _lines(path, 0, 0, damage)
+    for raw in lines:
+        record = _parse(raw, path, lines.line, damage)
         if record is not None:
             yield record
 
 
 class EventTail:
     """Follows the event log: each :meth:`new` returns only the complete lines appended since the
-    last, so that a runner polling a long run does not parse its whole history every time."""
+    last, so that a runner polling a long run does not parse its whole history every time.
+    ``damage``: where its damaged lines are recorded (see :func:`read_events`)."""
 
-    def __init__(self, run_dir: str | os.PathLike) -> None:
+    def __init__(self, run_dir: str | os.PathLike, damage: DamageLog | None = None) -> None:
         self.path = run_layout(run_dir).events
+        self.damage = damage
         self._offset = 0
+        self._line = 0
 
     def new(self) -> list[dict[str, Any]]:
         """The events of the complete lines appended since the last call; a line still being
         written waits for the next call."""
-        lines = CappedLines(self.path, LINE_CAP, "event log", self._offset)
-        found = [record for raw in lines if (record := _parse(raw)) is not None]
-        self._offset = lines.offset
+        lines = _lines(self.path, self._offset, self._line, self.damage)
+        found = [record for raw in lines if (record := _parse(raw, self.path, lines.line, self.damage)) is not None]
+        self._offset, self._line = lines.offset, lines.line
         return found
 
 
-def _parse(raw: bytes) -> dict[str, Any] | None:
+def event_problem(record: Any) -> str | None:
+    """What is wrong with a parsed line, or None for an event: an object with a ``kind``, a
+    ``member`` that is a name or null, numbers where readers convert them, and the fields its
+    kind always has. Such a line was not written by :meth:`EventLog.emit`."""
+    if not isinstance(record, dict):
+        return f"not a JSON object (a {type(record).__name__})"
+    if not isinstance(record.get("kind"), str):
+        return "no kind"
+    if not isinstance(record.get("member"), (str, type(None))):
+        return "its member is not a name"
+    kind = record["kind"]
+    for name in _REQUIRED.get(kind, ()):
+        if name not in record:
+            return f"a {kind} event without {name}"
+    for name in _NUMBERS:
+        if name in record and not _finite(record[name]):
+            return f"its {name} is not a number"
+    return None
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _lines(path: Path, offset: int, line: int, damage: DamageLog | None) -> CappedLines:
+    oversized = None if damage is None else lambda number, why: damage.line(path, number, why)
+    return CappedLines(path, LINE_CAP, "event log", offset, line, oversized)
+
+
+def _parse(raw: bytes, path: Path, number: int, damage: DamageLog | None) -> dict[str, Any] | None:
     try:
         record = json.loads(raw)
-    except json.JSONDecodeError:
-        return None
-    return record if isinstance(record, dict) and "kind" in record else None
+    except ValueError as exc:  # UnicodeDecodeError too
+        problem: str | None = f"not JSON ({exc})"
+    else:
+        problem = event_problem(record)
+    if problem is None:
+        return record
+    if damage is not None:
+        damage.line(path, number, problem)
+    return None

@@ -40,7 +40,7 @@ from typing import Any
 
 from resilient_flows.capped import CONTROL_CAP, DOCUMENT_CAP, read_capped
 from resilient_flows.durable import write_atomically
-from resilient_flows.rundir._files import read_json, write_json
+from resilient_flows.rundir._files import read_json, read_object, write_json
 
 
 @dataclass(frozen=True)
@@ -112,7 +112,7 @@ class TaskLayout:
         write_json(self.spec, spec, indent=2)
 
     def read_spec(self) -> Any:
-        return read_json(self.spec, DOCUMENT_CAP, "member spec")
+        return read_object(self.spec, DOCUMENT_CAP, "member spec")
 
     def read_attempts(self) -> int:
         """How many attempts have started; 0 before the first."""
@@ -135,7 +135,7 @@ class TaskLayout:
         return self.control
 
     def read_control(self) -> Any:
-        return read_json(self.control, CONTROL_CAP, "control request")
+        return read_object(self.control, CONTROL_CAP, "control request")
 
     def write_pace(self, record: dict[str, Any]) -> None:
         """Not fsynced: advice for the next attempt, rewritten at every stop."""
@@ -169,7 +169,7 @@ class TaskLayout:
         write_json(self.seed, record)
 
     def read_seed(self) -> Any:
-        return read_json(self.seed, CONTROL_CAP, "clone seed")
+        return read_object(self.seed, CONTROL_CAP, "clone seed")
 
     def write_handoff(self, record: dict[str, Any]) -> None:
         """Not fsynced, like the fork marker: written on the source's critical path."""
@@ -188,10 +188,11 @@ class TaskLayout:
         """Written last: from then on the task counts as finished, whatever its process does."""
         write_json(self.result, result, indent=2)
 
-    def read_result(self) -> Any:
-        """The result, or None while there is none (it is renamed into place whole)."""
+    def read_result(self) -> dict[str, Any] | None:
+        """The result, or None while there is none (it is renamed into place whole); one that is
+        damaged is :class:`~resilient_flows.errors.DamagedFileError`."""
         try:
-            return read_json(self.result, DOCUMENT_CAP, "member result")
+            return read_object(self.result, DOCUMENT_CAP, "member result")
         except FileNotFoundError:
             return None
 

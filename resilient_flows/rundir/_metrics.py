@@ -6,16 +6,18 @@ Its place in the run directory is :attr:`~resilient_flows.rundir._layout.TaskLay
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import math
 import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from resilient_flows.capped import LINE_CAP, CappedLines
 from resilient_flows.errors import is_storage_full
+from resilient_flows.rundir._damage import DamageLog
 
 logger = logging.getLogger(__name__)
 
@@ -105,26 +107,31 @@ class MetricsReader:
     arrived (all of them only when those two belong to different attempts), which keeps ``last``,
     the spans and the times exact while one attempt writes at a time; the curve is read when a
     view asks (:meth:`read_curve`), or sampled for a plot (:meth:`sampled_curve`).
+
+    A damaged line (see :func:`metrics_problem`) or one over the line cap is passed over, and
+    recorded in ``damage`` when one is given: only among the lines parsed, so a view that reads
+    the newest line says nothing of a damaged line in the middle, which it did not need.
     """
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, damage: DamageLog | None = None) -> None:
         self.path = path
+        self.damage = damage
         self.curve: dict[int, float] = {}
         self.attempt_spans: dict[int, tuple[int, int]] = {}
         self.attempt_times: dict[int, tuple[float, float]] = {}
         self.last: dict[str, Any] | None = None
-        self._followed = 0  # bytes :meth:`update` has seen
-        self._curved = 0  # bytes :meth:`read_curve` has seen
+        self._followed = (0, 0)  # bytes and lines :meth:`update` has seen
+        self._curved = (0, 0)  # bytes and lines :meth:`read_curve` has seen
 
     def update(self) -> None:
         """Take in the complete lines appended since the last update (the curve excepted)."""
         lines, self._followed = self._lines_after(self._followed)
         if not lines:
             return
-        ends = [_record(lines[0]), _record(lines[-1])]
+        ends = [self._record(*lines[0]), self._record(*lines[-1])]
         records = ends
         if ends[0] is None or ends[1] is None or _attempt(ends[0]) != _attempt(ends[1]):
-            records = [record for raw in lines if (record := _record(raw)) is not None]
+            records = [record for number, raw in lines if (record := self._record(number, raw)) is not None]
         for record in records:
             self._note(record)
         if records:
@@ -133,33 +140,45 @@ class MetricsReader:
     def read_curve(self) -> None:
         """Take in the loss of every line not read for the curve yet."""
         lines, self._curved = self._lines_after(self._curved)
-        for raw in lines:
-            record = _record(raw)
+        for number, raw in lines:
+            record = self._record(number, raw)
             if record is None:
                 continue
             if "loss" in record:
                 self.curve[int(record["step"])] = float(record["loss"])
             self._note(record)
-            if self._curved >= self._followed:
+            if self._curved[0] >= self._followed[0]:
                 self.last = record
         self._followed = max(self._followed, self._curved)
 
     def sampled_curve(self, points: int) -> dict[int, float]:
         """About ``points`` (step, loss) of the curve, evenly spread over the file's lines and
         including its newest, parsed without the rest: enough for a band over many members."""
-        lines, _ = self._lines_after(0)
+        lines, _ = self._lines_after((0, 0))
         stride = max(1, len(lines) // max(1, points))
         curve: dict[int, float] = {}
-        for raw in [*lines[::stride], *lines[-1:]]:
-            record = _record(raw)
+        for number, raw in [*lines[::stride], *lines[-1:]]:
+            record = self._record(number, raw)
             if record is not None and "loss" in record:
                 curve[int(record["step"])] = float(record["loss"])
         return curve
 
-    def _lines_after(self, offset: int) -> tuple[list[bytes], int]:
-        """The complete lines from byte ``offset`` on (each within the line cap), and where they end."""
-        lines = CappedLines(self.path, LINE_CAP, "metrics log", offset)
-        return list(lines), lines.offset
+    def _lines_after(self, seen: tuple[int, int]) -> tuple[list[tuple[int, bytes]], tuple[int, int]]:
+        """The complete lines after the ``seen`` (bytes, lines), numbered, each within the line cap;
+        the (bytes, lines) seen then."""
+        offset, line = seen
+        damage = self.damage
+        oversized = None if damage is None else lambda number, why: damage.line(self.path, number, why)
+        lines = CappedLines(self.path, LINE_CAP, "metrics log", offset, line, oversized)
+        numbered = [(lines.line, raw) for raw in lines]
+        return numbered, (lines.offset, lines.line)
+
+    def _record(self, number: int, raw: bytes) -> dict[str, Any] | None:
+        """Line ``number``, or None for a line that is damaged (then recorded)."""
+        record, problem = _parse(raw)
+        if problem is not None and self.damage is not None:
+            self.damage.line(self.path, number, problem)
+        return record
 
     def _note(self, record: dict[str, Any]) -> None:
         step, attempt = int(record["step"]), _attempt(record)
@@ -172,7 +191,8 @@ class MetricsReader:
 
     def peek(self) -> None:
         """Set ``last`` to the newest complete line, reading the file's end only; the curve stays
-        as it was (:meth:`read_curve` continues where it stopped)."""
+        as it was (:meth:`read_curve` continues where it stopped). Damaged lines at the end are
+        passed over, and numbered by counting the lines before them only then."""
         try:
             with self.path.open("rb") as f:
                 size = f.seek(0, os.SEEK_END)
@@ -181,26 +201,56 @@ class MetricsReader:
                     start = max(0, size - want)
                     f.seek(start)
                     chunk = f.read(size - start)
-                    lines = chunk[: chunk.rfind(b"\n") + 1].splitlines()
+                    lines = chunk[: chunk.rfind(b"\n") + 1].split(b"\n")[:-1]
                     if len(lines) > 1 or start == 0 or want > LINE_CAP:  # the first may be cut short
                         break
                     want *= 2
+                begins = list(itertools.accumulate((len(raw) + 1 for raw in lines), initial=start))
+                for index in reversed(range(0 if start == 0 else 1, len(lines))):
+                    record, problem = _parse(lines[index])
+                    if record is not None:
+                        self.last = record
+                        return
+                    if self.damage is not None:
+                        self.damage.line(self.path, _line_number(f, begins[index]), str(problem))
         except FileNotFoundError:
             return
-        for raw in reversed(lines if start == 0 else lines[1:]):
-            try:
-                self.last = json.loads(raw)
-                return
-            except json.JSONDecodeError:
-                continue
 
 
-def _record(raw: bytes) -> dict[str, Any] | None:
-    """One metrics line, or None for a line that does not parse (torn by a crash)."""
+def _line_number(f: BinaryIO, offset: int) -> int:
+    """The number of the line that starts at byte ``offset`` of ``f``: the newlines before it, plus one."""
+    f.seek(0)
+    count, left = 0, offset
+    while left > 0 and (block := f.read(min(left, CappedLines.BLOCK))):
+        count += block.count(b"\n")
+        left -= len(block)
+    return count + 1
+
+
+def _parse(raw: bytes) -> tuple[dict[str, Any] | None, str | None]:
+    """A metrics line and None, or None and what is wrong with it."""
     try:
-        return json.loads(raw)
-    except json.JSONDecodeError:
-        return None
+        record = json.loads(raw)
+    except ValueError as exc:  # UnicodeDecodeError too
+        return None, f"not JSON ({exc})"
+    problem = metrics_problem(record)
+    return (record, None) if problem is None else (None, problem)
+
+
+def metrics_problem(record: Any) -> str | None:
+    """What is wrong with a parsed metrics line, or None: an object with a number ``step``, and a
+    number wherever it has a ``loss`` (NaN and infinities too), ``time`` or ``attempt``."""
+    if not isinstance(record, dict):
+        return f"not a JSON object (a {type(record).__name__})"
+    if "step" not in record:
+        return "no step"
+    for name in ("step", "time", "attempt", "loss"):
+        value = record.get(name, 0)
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return f"its {name} is not a number"
+        if name != "loss" and not math.isfinite(value):
+            return f"its {name} is not finite"
+    return None
 
 
 def _attempt(record: dict[str, Any]) -> int:

@@ -27,7 +27,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from resilient_flows.rundir import TaskLayout, member_layout, run_layout
+from resilient_flows.errors import DamagedFileError, FileTooLargeError
+from resilient_flows.rundir import DamageLog, TaskLayout, member_layout, run_layout
 from resilient_flows.training._spec import MemberSpec
 from resilient_flows.training._walltime import current_block
 
@@ -50,11 +51,15 @@ def read_spec(run_dir: str | os.PathLike, name: str) -> MemberSpec | None:
         return None
 
 
-def registered_members(run_dir: str | os.PathLike, known: dict[Path, MemberSpec] | None = None) -> list[MemberSpec]:
+def registered_members(
+    run_dir: str | os.PathLike, known: dict[Path, MemberSpec] | None = None, damage: DamageLog | None = None
+) -> list[MemberSpec]:
     """Every member of a run, planned ones and clones, in the order they were registered.
 
     A spec is written once, when its member is registered: pass the same ``known`` dict to
-    every call of a polling loop and each spec file is parsed once.
+    every call of a polling loop and each spec file is parsed once. A damaged spec is
+    :class:`~resilient_flows.errors.DamagedFileError`, or with ``damage`` (a view) recorded there
+    and its member left out.
     """
     root = run_layout(run_dir).members
     spec_name = TaskLayout(root).spec.name
@@ -65,13 +70,24 @@ def registered_members(run_dir: str | os.PathLike, known: dict[Path, MemberSpec]
     )
     known = {} if known is None else known
     for path in paths:
-        if path not in known:
+        if path in known:
+            continue
+        try:
             known[path] = _load_spec(TaskLayout(path.parent))
-    return [known[path] for path in paths]
+        except (DamagedFileError, FileTooLargeError) as exc:
+            if damage is None:
+                raise
+            damage.file(path, exc.problem if isinstance(exc, DamagedFileError) else str(exc))
+    return [known[path] for path in paths if path in known]
 
 
 def _load_spec(layout: TaskLayout) -> MemberSpec:
-    return MemberSpec.from_dict(layout.read_spec())
+    """The spec in ``layout``; one that is JSON but no spec (a field missing or unknown) is damaged too."""
+    document = layout.read_spec()
+    try:
+        return MemberSpec.from_dict(document)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise DamagedFileError(layout.spec, "member spec", f"not a member spec ({exc})") from None
 
 
 def count_attempt(directory: Path) -> int:

@@ -22,6 +22,7 @@ _SOURCES = {
     "resilient_flows.workflow._mlcgen": ("generate",),
     "resilient_flows.workflow._plan": ("plan_workflow",),
     "resilient_flows.workflow._report": (
+        "stage_rows",
         "stage_table",
         "status_table",
     ),
@@ -43,6 +44,7 @@ _SOURCES = {
         "MemberStatus",
         "member_statuses",
     ),
+    "resilient_flows.workflow._status_json": ("status_document",),
 }
 
 __getattr__, __dir__, __all__ = lazy_exports(__name__, _SOURCES)

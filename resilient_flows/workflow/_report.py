@@ -159,11 +159,30 @@ def ondemand_table(run_dir: Path) -> Table:
 
 
 def stage_table(run_dir: Path, stages: list[StageSpec], events: Iterable[dict[str, Any]] | None = None) -> Table:
-    """Per stage: its state, attempts, newest committed iteration and run time; from ``events``
-    (the stages' events, as a :class:`StatusTracker` keeps them) or else the run's whole log."""
+    """Per stage: its state, attempts, newest committed iteration and run time (see :func:`stage_rows`)."""
     table = Table(title="stages")
     for column in ("stage", "state", "attempts", "failures", "checkpoint", "time"):
         table.add_column(column, justify="left" if column in ("stage", "state") else "right")
+    for row in stage_rows(run_dir, stages, events):
+        seconds, newest = row["seconds"], row["checkpoint"]
+        table.add_row(
+            row["name"],
+            row["state"],
+            str(row["attempts"]),
+            str(row["failures"]),
+            "-" if newest is None else str(newest),
+            "-" if seconds is None else f"{seconds:.1f} s",
+        )
+    return table
+
+
+def stage_rows(
+    run_dir: Path, stages: list[StageSpec], events: Iterable[dict[str, Any]] | None = None
+) -> list[dict[str, Any]]:
+    """Per stage, in order: ``name``, ``state``, ``attempts``, ``failures``, ``checkpoint`` (its
+    newest committed iteration, or None) and ``seconds`` (its run time, None until it finished);
+    from ``events`` (the stages' events, as a :class:`StatusTracker` keeps them) or else the run's
+    whole log."""
     names = {stage.name for stage in stages}
     state = dict.fromkeys(names, "planned")
     attempts, failures, began, ended = dict.fromkeys(names, 0), dict.fromkeys(names, 0), {}, {}
@@ -180,14 +199,21 @@ def stage_table(run_dir: Path, stages: list[StageSpec], events: Iterable[dict[st
             state[name], failures[name] = "failed", failures[name] + 1
         elif e["kind"] == "retried":
             state[name] = "retrying"
+    rows = []
     for stage in stages:
         name = stage.name
         newest = newest_iteration(run_dir, name)
-        took = f"{ended[name] - began[name]:.1f} s" if name in ended and name in began else "-"
-        table.add_row(
-            name, state[name], str(attempts[name]), str(failures[name]), "-" if newest < 0 else str(newest), took
+        rows.append(
+            {
+                "name": name,
+                "state": state[name],
+                "attempts": attempts[name],
+                "failures": failures[name],
+                "checkpoint": None if newest < 0 else newest,
+                "seconds": ended[name] - began[name] if name in ended and name in began else None,
+            }
         )
-    return table
+    return rows
 
 
 def write_report(

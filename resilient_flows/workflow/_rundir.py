@@ -12,7 +12,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from resilient_flows.errors import WorkflowError
-from resilient_flows.rundir import encode_plan, read_plan_document, refuse_occupied, run_layout, write_plan
+from resilient_flows.rundir import (
+    DamageLog,
+    encode_plan,
+    read_plan_document,
+    refuse_occupied,
+    run_layout,
+    write_plan,
+)
 from resilient_flows.sites import SiteFile
 from resilient_flows.training import MemberSpec, register_member, registered_members
 from resilient_flows.workflow.schema import Workflow
@@ -56,11 +63,14 @@ def create_run_dir(path: Path, plan: Plan, source_text: str) -> Path:
     return path.resolve()
 
 
-def run_members(path: Path, plan: Plan, known: dict[Path, MemberSpec] | None = None) -> list[MemberSpec]:
+def run_members(
+    path: Path, plan: Plan, known: dict[Path, MemberSpec] | None = None, damage: DamageLog | None = None
+) -> list[MemberSpec]:
     """The plan's members in plan order, then the clones requested since, oldest request first
-    (``known``: specs already read, see :func:`registered_members`)."""
+    (``known``: specs already read; ``damage``: where a view records damaged specs, see
+    :func:`registered_members`)."""
     planned = {m.name for m in plan.members}
-    return [*plan.members, *(m for m in registered_members(path, known) if m.name not in planned)]
+    return [*plan.members, *(m for m in registered_members(path, known, damage) if m.name not in planned)]
 
 
 class MemberIndex:

@@ -8,6 +8,9 @@ changed: the events appended since the last one, the metric lines of members tha
 (they log without sending events), and a member's result once, when it says it finished. A
 member that is not followed shows its newest metrics line, read from the end of its file; its
 whole loss curve is read only when a view asks for it (:meth:`MemberStatus.history`).
+
+A damaged line or result is passed over, never a crash of the runner or a view: the tracker's
+:class:`~resilient_flows.rundir.DamageLog` records it, for the view to say what it skipped.
 """
 
 from __future__ import annotations
@@ -18,7 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from resilient_flows.rundir import EventTail, MetricsReader, TaskLayout, member_layout
+from resilient_flows.errors import DamagedFileError, FileTooLargeError
+from resilient_flows.rundir import DamageLog, EventTail, MetricsReader, TaskLayout, member_layout
 from resilient_flows.training import member_dir
 
 #: The state a member is in after each kind of event.
@@ -103,17 +107,19 @@ class MemberStatus:
         if kind in TIMELINE_KINDS and "time" in event and not (kind == "failed" and event.get("cause") == "preempted"):
             self.timeline.append((float(event["time"]), kind))
 
-    def refresh(self, directory: Path, follow: bool) -> None:
+    def refresh(self, directory: Path, follow: bool, damage: DamageLog | None = None) -> None:
         """Read the member's new metric lines (``follow``) or only its newest one, and its result
-        once it is due: on first sight, and when the member said it finished or retired."""
+        once it is due: on first sight, and when the member said it finished or retired. What is
+        damaged is recorded in ``damage`` (see :func:`_read_result`)."""
+        layout = TaskLayout(directory)
         if self.metrics is None:
-            self.metrics = MetricsReader(TaskLayout(directory).metrics)
+            self.metrics = MetricsReader(layout.metrics, damage)
         if follow:
             self.metrics.update()
         else:
             self.metrics.peek()
         if self._result_due:
-            self.result = TaskLayout(directory).read_result()
+            self.result = _read_result(layout, damage)
             self._result_due = self.result is None and self.state in ("finished", "retired")
         if self.result is not None:
             self.state = "retired" if "retired" in self.result else "finished"
@@ -136,12 +142,16 @@ class StatusTracker:
 
     Events of names that are not (yet) members, such as stages and clones not yet registered,
     are kept by name: a member that appears later gets its own, and :meth:`events_of` gives the rest.
+
+    :attr:`damage` holds the damaged lines and files it passed over: ``damage`` when given (a
+    command that reports them), else a log of its own that also logs each as a warning (the runner).
     """
 
-    def __init__(self, run_dir: str | os.PathLike, follow: bool = True) -> None:
+    def __init__(self, run_dir: str | os.PathLike, follow: bool = True, damage: DamageLog | None = None) -> None:
         self.run_dir = Path(run_dir)
         self.follow = follow
-        self._tail = EventTail(run_dir)
+        self.damage = DamageLog(warn=True) if damage is None else damage
+        self._tail = EventTail(run_dir, self.damage)
         self._statuses: dict[str, MemberStatus] = {}
         self._others: dict[str, list[dict[str, Any]]] = {}
         self._active: set[str] = set()  # active at the last update: followed
@@ -170,7 +180,7 @@ class StatusTracker:
         for name in changed | self._watched:
             status = self._statuses[name]
             followed = status.active or name in self._active  # a member that just stopped: its last lines
-            status.refresh(member_dir(self.run_dir, name), follow=self.follow and followed)
+            status.refresh(member_dir(self.run_dir, name), follow=self.follow and followed, damage=self.damage)
             _mark(self._active, name, status.active)
             _mark(self._watched, name, status.active or status.awaiting_result)
         return {name: self._statuses[name] for name, _ in members}
@@ -187,12 +197,33 @@ def _mark(names: set[str], name: str, member: bool) -> None:
         names.discard(name)
 
 
+def _read_result(layout: TaskLayout, damage: DamageLog | None) -> dict[str, Any] | None:
+    """The member's result; one damaged or oversized is recorded in ``damage`` and counts as none
+    yet (without ``damage`` it is the reader's error)."""
+    if damage is None:
+        return layout.read_result()
+    try:
+        result = layout.read_result()
+    except DamagedFileError as exc:
+        damage.file(layout.result, exc.problem)
+        return None
+    except FileTooLargeError as exc:
+        damage.file(layout.result, f"over its cap of {exc.cap} bytes")
+        return None
+    damage.repaired(layout.result)
+    return result
+
+
 def member_statuses(
-    run_dir: str | os.PathLike, members: Sequence[tuple[str, int]], families: Mapping[str, str] | None = None
+    run_dir: str | os.PathLike,
+    members: Sequence[tuple[str, int]],
+    families: Mapping[str, str] | None = None,
+    damage: DamageLog | None = None,
 ) -> dict[str, MemberStatus]:
     """Status of ``members`` ((name, steps) pairs) now, from the run's files, each read once:
-    right for a run whose runner is gone as for a live one."""
-    return StatusTracker(run_dir, follow=False).update(members, families)
+    right for a run whose runner is gone as for a live one. ``damage`` collects what was passed
+    over (see :class:`StatusTracker`)."""
+    return StatusTracker(run_dir, follow=False, damage=damage).update(members, families)
 
 
 def loss_curve(run_dir: str | os.PathLike, name: str) -> dict[int, float]:

@@ -1,0 +1,63 @@
+"""The ``status --json`` document: what the status tables show, for scripts.
+
+A script reads this instead of scraping a table whose columns change with the terminal's width
+and the number of members. The document is an object with a ``version``: within a version
+fields are only ever added; a change to what a field means, or its removal, takes a new version.
+README.md ("Output for scripts") lists every field.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from resilient_flows.rundir import DamageLog
+from resilient_flows.workflow._status import MemberStatus
+
+#: The version of the ``status --json`` document.
+STATUS_VERSION = 1
+
+
+def member_document(status: MemberStatus) -> dict[str, Any]:
+    """One member as ``status`` shows it; ``steps_done`` counts the steps its newest metrics line
+    says it trained (0 before any)."""
+    accuracy = None if status.result is None else status.result.get("test_accuracy")
+    return {
+        "name": status.name,
+        "family": status.family,
+        "state": status.state,
+        "steps_done": 0 if status.step is None else status.step + 1,
+        "steps": status.steps,
+        "loss": status.loss,
+        "checkpoint": status.checkpoint,
+        "attempts": status.attempts,
+        "failures": status.failures,
+        "preemptions": status.preemptions,
+        "errors": list(status.errors),
+        "test_accuracy": accuracy if isinstance(accuracy, (int, float)) and not isinstance(accuracy, bool) else None,
+    }
+
+
+def status_document(
+    run_dir: str | os.PathLike,
+    workflow: str,
+    site: str,
+    statuses: dict[str, MemberStatus],
+    stages: list[dict[str, Any]],
+    damage: DamageLog,
+    done: bool,
+) -> dict[str, Any]:
+    """The run (its directory, workflow name and site), every member (never grouped by family:
+    a script groups as it likes), the stages' rows (see
+    :func:`~resilient_flows.workflow._report.stage_rows`), what was passed over as damaged, and
+    whether everything finished (the exit status says the same)."""
+    return {
+        "version": STATUS_VERSION,
+        "run_dir": str(run_dir),
+        "workflow": workflow,
+        "site": site,
+        "done": done,
+        "members": [member_document(s) for s in statuses.values()],
+        "stages": stages,
+        "damage": damage.documents(run_dir),
+    }
