@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Sequence
+from importlib import metadata
 
 from rich.markup import escape
 
-from resilient_flows.cli import _checkpoints, _cosched, _cosim, _mlc, _tune, _workflow
+from resilient_flows import __version__
+from resilient_flows.cli import _checkpoints, _cosched, _cosim, _mlc, _sites, _starter, _tune, _workflow
 from resilient_flows.cli._console import console
 from resilient_flows.errors import ResilientFlowsError
 
@@ -31,7 +33,16 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="resilient-flows", description=DESCRIPTION)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {version()}")
     commands = parser.add_subparsers(required=True, metavar="COMMAND")
-    for group in (_checkpoints, _workflow, _cosim, _cosched, _mlc, _tune):
+    for group in (_starter, _checkpoints, _workflow, _sites, _cosim, _cosched, _mlc, _tune):
         group.add_parsers(commands)
     return parser
+
+
+def version() -> str:
+    """The installed distribution's version; a checkout used without installing says so."""
+    try:
+        return metadata.version("resilient-flows")
+    except metadata.PackageNotFoundError:
+        return f"{__version__} (not installed)"

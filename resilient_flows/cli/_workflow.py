@@ -33,7 +33,7 @@ def add_parsers(commands: argparse._SubParsersAction) -> None:
     validate.set_defaults(handler=_validate)
     run = commands.add_parser("run", help="run a workflow through Parsl")
     run.add_argument("file", metavar="FILE", help="a workflow YAML file")
-    run.add_argument("--site", help="a site name (see site-configs/) or site YAML file; default: the workflow's")
+    run.add_argument("--site", help="a site name (`resilient-flows sites`) or a site file; default: the workflow's")
     run.add_argument("--run-dir", help="where the run's files go; default: runs/<name>-<time>")
     run.add_argument("--detach", action="store_true", help=DETACH_HELP)
     run.set_defaults(handler=_run)

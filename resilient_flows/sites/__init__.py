@@ -1,7 +1,8 @@
-"""Site configurations: ``site-configs/<name>.yaml`` -> ``parsl.Config`` and :class:`SiteFacts`.
+"""Site configurations: a site file (``<name>.yaml``) -> ``parsl.Config`` and :class:`SiteFacts`.
 
-Only this package, ``apps`` and ``workflow`` know Parsl; its names are imported on first use, so
-that reading a site's facts (:func:`site_facts`) does not import Parsl.
+Site files are found by name in the directories of :func:`site_dirs` (the user's before the
+shipped ``site-configs/``). Only this package, ``apps`` and ``workflow`` know Parsl; its names are
+imported on first use, so that reading a site's facts (:func:`site_facts`) does not import Parsl.
 """
 
 from __future__ import annotations
@@ -18,8 +19,16 @@ _SOURCES = {
         "site_facts",
     ),
     "resilient_flows.sites._sitefile": (
+        "SITES_VARIABLE",
         "SITE_DIR",
+        "KnownSite",
+        "SiteDir",
+        "known_sites",
+        "site_description",
+        "site_dirs",
         "site_names",
+        "site_path",
+        "user_site_dir",
     ),
 }
 

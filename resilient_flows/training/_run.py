@@ -26,7 +26,7 @@ def run_member(spec: dict[str, Any], run_dir: str, comm: Any = None) -> dict[str
     ``ranks`` forms the group from its launcher's environment (srun, torchrun, PBS).
     """
     member = MemberSpec.from_dict(spec)
-    workload = resolve_workload(member.workload, member.evaluate)
+    workload = resolve_workload(member.workload, member.evaluate, member.workdir)
     check_call(workload.train, f"workload {member.workload} of member {member.name}", "ctx")
     ctx = TrainContext(member, run_dir, comm=comm)
     try:
@@ -59,7 +59,7 @@ def _evaluate(specs: list[dict[str, Any]], run_dir: str) -> dict[str, Any]:
     report: dict[str, Any] = {}
     for raw in specs:
         member = MemberSpec.from_dict(raw)
-        workload = resolve_workload(member.workload, member.evaluate)
+        workload = resolve_workload(member.workload, member.evaluate, member.workdir)
         found = read_checkpoint(member_layout(run_dir, member.name).checkpoints)
         if found is None:
             report[member.name] = {"step": None, "note": "no committed checkpoint yet"}

@@ -103,9 +103,11 @@ class MemberSpec:
     ``stall_timeout_s``: how long a running attempt may stay silent (no heartbeat) before the
     runner declares it lost; None leaves it to the runner (10x its step time, at least the site's).
 
-    A command member runs ``command`` (an argv, placeholders already filled) in ``workdir`` (the
-    workflow file's directory) instead of a workload, whose name is then empty; a stop signal
-    forwarded to it is followed by SIGKILL after ``grace_s`` seconds (None: the default, 60 s).
+    ``workdir`` is the workflow file's directory: a ``module:function`` workload is imported from
+    it first (a module beside the workflow file needs no install), and a command runs in it.
+    A command member runs ``command`` (an argv, placeholders already filled) instead of a
+    workload, whose name is then empty; a stop signal forwarded to it is followed by SIGKILL after
+    ``grace_s`` seconds (None: the default, 60 s).
     ``command_template`` is the command as the workflow wrote it, placeholders unfilled, so that a
     clone with other params gets its own command line.
     See :mod:`resilient_flows.training._contract` for what the command finds in its environment.

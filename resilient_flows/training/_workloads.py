@@ -18,6 +18,7 @@ import functools
 import importlib
 import inspect
 import socket
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -254,14 +255,22 @@ class Workload:
 assert tuple(_BUILDERS) == BUILTIN_WORKLOADS, "training.builtins lists the built-ins"
 
 
-def resolve_workload(name: str, evaluate: str | None = None) -> Workload:
-    """A built-in by name, or ``package.module:function`` (and an optional evaluate function)."""
+def resolve_workload(name: str, evaluate: str | None = None, directory: str | None = None) -> Workload:
+    """A built-in by name, or ``package.module:function`` (and an optional evaluate function).
+
+    ``directory`` (the workflow file's) goes first on ``sys.path`` for the import, as a script's
+    directory does for ``python script.py``: a training module beside the workflow needs no
+    install and no ``PYTHONPATH``, on whichever worker runs it. It stays there, for the imports
+    the module makes later.
+    """
     if name in _BUILDERS:
         return Workload(name, functools.partial(_train_builtin, name), functools.partial(_evaluate_builtin, name))
     if ":" not in name:
         raise PermanentError(
             f"unknown workload {name!r}: name a built-in ({', '.join(BUILTIN_WORKLOADS)}) or 'module:function'"
         )
+    if directory is not None and directory not in sys.path:
+        sys.path.insert(0, directory)
     return Workload(name, import_function(name), import_function(evaluate) if evaluate else None)
 
 

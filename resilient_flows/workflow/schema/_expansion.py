@@ -107,7 +107,8 @@ def checkpoint_spec(
 @dataclass(frozen=True)
 class SpecBuilder:
     """What a member's or a stage's spec draws on besides its own entry: the workflow's checkpoint
-    default, its faults and its file's directory (where command members run), and the site's facts.
+    default, its faults and its file's directory (where command members run and workload modules
+    are imported from first), and the site's facts.
 
     ``local_root`` is this run's directory on node-local scratch (``memory_root`` in node memory),
     ``node_mtbf_s`` the site's node MTBF (for ``interval: auto``), ``stop_grace_s`` the site's
@@ -156,7 +157,7 @@ class SpecBuilder:
             workload=member.workload or "",
             command=command,
             command_template=None if command is None else list(member.command),
-            workdir=None if command is None or self.directory is None else str(self.directory),
+            workdir=None if self.directory is None else str(self.directory),
             grace_s=None if command is None else member.grace or self.stop_grace_s,
             params=params,
             seed=seed,
