@@ -40,7 +40,36 @@ lasts in ``--quick`` runs, whose members wait for every fault to strike):
 ``shard-flip``            a flipped byte in a running member's newest committed checkpoint shard
                           (every copy of it: node-local ones too), then SIGKILL of its worker, so
                           that the retry must detect the damage by checksum and restore an older
-                          checkpoint.
+                          checkpoint;
+``node-and-buddy-loss``   ``--slurm-nodes --peer``: both nodes of a running two-node member crash at
+                          once, each with the copy it kept of the other's shards, after the member
+                          committed a checkpoint to the shared tier; they boot again 45 s later
+                          (a block needs two nodes: on three, none runs until then).
+
+``--peer`` (with ``--slurm-nodes``): half the members span the two nodes of a block (``nodes: 2``,
+their ranks started by ``srun``) and checkpoint to ``tiers: [local, peer, shared]``: each node
+keeps a copy of the other's shards. A ``node-loss`` then crashes one node of a running two-node
+member that committed two checkpoints in its attempt (either of its nodes: the worker pool's or
+the other), so that its next attempt must read the lost node's shards from the survivor's peer
+copy. The resumes after node losses are listed with the bytes they read per source (the
+``resumed`` events' ``bytes_from``); figures: resumes after losing one node that read nothing from
+the shared tier (target: all), resumes after losing a node and its buddy that read everything
+from it (target: all). Their references are trained here on as many local processes as ranks.
+The two kinds of member alternate in the workflow (a block runs two at once), and in a held run
+each kind waits at its own gate, opened once the faults meant for it struck (node losses for the
+two-node members, the other kinds, which find their targets among workers, for the rest).
+
+``--walltime D`` (``--slurm``, ``--slurm-nodes``; whole minutes, at least ``1m``): the run's copy
+of the site gives every block that walltime (the provider's and the ``walltime`` fact), so the
+runner drains each block before its end: its members commit, exit 75 and continue on a fresh
+block. Paced members (``--quick``) are slowed to outlast a block (1.2 walltimes of steps each),
+and are not held at a gate (a member waiting there could not stop for a drain). Figures: blocks
+drained and members stopped by a drain (target: at least one), starts declined near a drain,
+retries spent on drained attempts (target 0), steps redone per drain (target: at most 3, a few
+steps, not an interval), blocks that Slurm ended at their walltime (``TIMEOUT``, the run's jobs
+watched every 3 s) and attempts killed by the walltime (targets 0). An attempt a drain stopped,
+or that declined to start, is no loss. ``--kinds none`` runs it without other faults (``--kinds
+K,K``: only those kinds, for any run).
 
 Every run has a hard timeout: a run that hangs is killed and reported as a FAIL, never waited on.
 Once it ended, what of the run still lives 10 s later is counted as left over and killed (pools,
@@ -90,10 +119,12 @@ the poll's heartbeat reads within the deadline, neither believed, a sound one be
 believed); markers forged in comments (in a path, glued to another word) and in a PBS job's
 environment (target: none taken for a request, none shielding a running job).
 
-``python benchmarks/chaos.py [--quick | --full | --agent] [--slurm | --nodes | --slurm-nodes N] [--seed N]
-[--json PATH] [--dir DIR] [--keep] [--timeout S]``; ``--quick`` takes about a minute, the default about 15. The tests
-(``tests/test_chaos.py``) drive the same functions with a small paced ensemble (:func:`paced`)
-and a reference trained in their own process.
+``python benchmarks/chaos.py [--quick | --full | --agent] [--slurm | --nodes | --slurm-nodes N [--peer]]
+[--walltime D] [--kinds K,K | none] [--seed N] [--json PATH] [--dir DIR] [--keep] [--timeout S]``;
+``--quick`` takes about a minute (``--slurm-nodes 3 --peer``: about four, ``--walltime 2m``: about
+eight), the default about 15. The tests (``tests/test_chaos.py``) drive the same functions with a
+small paced ensemble (:func:`paced`) and a reference trained in their own process, and check the
+analysis of node-loss restores and drains on made-up events.
 """
 
 from __future__ import annotations
@@ -105,8 +136,10 @@ import itertools
 import json
 import os
 import random
+import re
 import shutil
 import signal
+import socket
 import statistics
 import subprocess
 import sys
@@ -122,6 +155,8 @@ from typing import Any
 import yaml
 from rich.console import Console
 from rich.table import Table
+
+from resilient_flows.units import duration_argument
 
 REPO = Path(__file__).resolve().parents[1]
 BENCH_DIR = Path(__file__).resolve().parent
@@ -148,6 +183,10 @@ NODES_KINDS = (*LOCAL_KINDS, "node-loss")
 #: On ``local-slurm-nodes`` (``--slurm-nodes N``: a Slurm cluster of N network namespaces), where a
 #: lost node is one that crashed: every process of its namespace killed, its scratch gone.
 SLURM_NODES_KINDS = (*SLURM_KINDS, "node-loss")
+#: ``--slurm-nodes --peer``: members span two nodes, each keeping a copy of the other's shards.
+PEER_KINDS = (*SLURM_NODES_KINDS, "node-and-buddy-loss")
+#: Faults that take nodes with their node-local tiers.
+NODE_LOSSES = ("node-loss", "node-and-buddy-loss")
 KINDS = {
     "local": LOCAL_KINDS,
     "local-nodes": NODES_KINDS,
@@ -181,6 +220,15 @@ LEFTOVER_GRACE_S = 10.0
 #: watchdog retires it (the site's stall timeout, plus the look that sees it).
 DOOMED_S = 90.0
 SLURM_ACTIVE = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED", "RESIZING"}
+#: Checkpoints a two-node member commits in its attempt before a node-loss may strike it: the
+#: older one has surely been copied to its buddy.
+PEER_CHECKPOINTS = 2
+#: Members of a ``--walltime`` run last this many walltimes (paced members are slowed to it).
+WALLTIME_MEMBER = 1.2
+#: Steps a drain may redo: the member stops after its current step and commits it.
+DRAIN_REDONE = 3
+#: Seconds between two looks at the states of a ``--walltime`` run's Slurm jobs.
+JOBS_LOOK_S = 3.0
 
 
 # ---------------------------------------------------------------------- configuration
@@ -203,6 +251,8 @@ class Config:
     judge_runner_cpu: bool = False  # the 1 % target is for 128 members of 5-second tasks
     span_s: float | None = None  # set: bursts over this many seconds, and no fault-free run (see ``main``)
     hold: bool = False  # members wait at HOLD_AT of their steps until every fault struck (see ``paced``)
+    peer_members: int = 0  # of ``members``, those that span two nodes with a peer tier (``--peer``)
+    walltime_s: float | None = None  # every block's walltime (``--walltime``); None: the site's
 
 
 MODES = {
@@ -232,26 +282,54 @@ MODES = {
 }
 
 
-def workflow_yaml(config: Config, site: str) -> str:
-    """The workflow: one ``count`` family of members that differ only in their seed."""
-    member = {
-        "name": "m",
-        "workload": config.workload,
-        "steps": config.steps,
-        "params": config.params,
-        "count": config.members,
-        "stall_timeout": f"{config.stall_timeout_s:g}s",
-    }
+def workflow_yaml(config: Config, site: str, site_file: Path | None = None) -> str:
+    """The workflow: a ``count`` family of members that differ only in their seed; with
+    :attr:`Config.peer_members`, members ``m-I`` and ``p-I`` in turns, the ``p-`` ones spanning two
+    nodes and keeping a copy of each other node's shards (``tiers: [local, peer, shared]``).
+    ``site_file``: the run's copy of the site (``--walltime``), named instead of ``site``."""
+    single = config.members - config.peer_members
+    stall = {"stall_timeout": f"{config.stall_timeout_s:g}s"}
+
+    def entry(name: str, **fields: Any) -> dict[str, Any]:
+        params = dict(config.params)  # each its own: YAML would write a shared one as an alias
+        return {"name": name, "workload": config.workload, "steps": config.steps, "params": params, **fields, **stall}
+
+    members = [entry("m", count=single)] if single else []
+    if config.peer_members:
+        # one entry per member, the families taking turns: a block runs two members at once, and
+        # held members (see ``paced``) of one family would keep the other's faults from a target
+        peer = {"interval": config.interval, "keep": 3, "tiers": ["local", "peer", "shared"]}
+        members = []
+        for i in range(max(single, config.peer_members)):
+            if i < single:
+                members.append(entry(f"m-{i}", seed=i))
+            if i < config.peer_members:
+                members.append(entry(f"p-{i}", seed=100 + i, nodes=2, checkpoint=peer))
     # on emulated nodes every other checkpoint stays on its node only: a lost node loses it
     node_local = {"persist_every": 2} if site in ("local-nodes", "local-slurm-nodes") else {}
     document = {
         "name": "chaos",
-        "site": site,
+        "site": str(site_file) if site_file is not None else site,
         "retries": config.retries,
         "checkpoint": {"interval": config.interval, "keep": 3, **node_local},
-        "members": [member],
+        "members": members,
     }
     return yaml.safe_dump(document, sort_keys=False)
+
+
+def walltime_site(site: str, walltime_s: float, directory: Path) -> Path:
+    """A copy of ``site`` in ``directory`` whose blocks have this walltime: the provider's (Slurm's
+    ``HH:MM:SS``) and the ``walltime`` fact, from which the runner drains them."""
+    minutes = int(walltime_s // 60)
+    text = (REPO / "site-configs" / f"{site}.yaml").read_text()
+    limit = f'"{minutes // 60:02d}:{minutes % 60:02d}:00"'
+    text, provider = re.subn(r'(?m)^( {4,}walltime: )"\d\d:\d\d:\d\d"', rf"\g<1>{limit}", text)
+    text, fact = re.subn(r"(?m)^(  walltime: )\S+", rf"\g<1>{minutes}m", text)
+    if (provider, fact) != (1, 1):
+        raise ValueError(f"site {site}: expected one provider walltime and one walltime fact, found {provider}, {fact}")
+    path = directory / f"{site}.yaml"
+    path.write_text(text)
+    return path
 
 
 @dataclass(frozen=True)
@@ -279,18 +357,26 @@ def paced(ctx: Any) -> dict[str, Any]:
     Where the harness names a gate (:data:`GATE_ENV`, for a :attr:`Config.hold` run), a member
     waits after :data:`HOLD_AT` of its steps until the gate exists: on a loaded machine, where
     recoveries take minutes, members would otherwise finish before the last faults found a
-    target. The wait changes no weight either.
+    target. The wait changes no weight either. A member spanning nodes waits at its own gate
+    (:func:`gate_of`), which opens once the node losses struck, and only after
+    :data:`PEER_CHECKPOINTS` checkpoint intervals of its attempt: a node loss strikes it once the
+    buddy holds copies of its attempt's checkpoints.
     """
     from resilient_flows.training._workloads import resolve_workload
 
     pause_s = float(ctx.params.get("pause_ms", 0)) / 1000
+    spanning = ctx.spec.nodes > 1
     gate = os.environ.get(GATE_ENV)
+    gate = gate and str(gate_of(Path(gate), spanning))
+    before_hold = PEER_CHECKPOINTS * (ctx.spec.checkpoint.interval_steps or 0) if spanning else 0
     steps = ctx.steps
 
     def paced_steps(total: int) -> Iterator[int]:
         hold = int(total * HOLD_AT) if gate else None
+        first = None
         for step in steps(total):
-            if hold is not None and step >= hold:
+            first = step if first is None else first
+            if hold is not None and step >= max(hold, first + before_hold):
                 opens = time.monotonic() + GATE_WAIT_S  # a harness that died opens nothing
                 while not os.path.exists(gate) and time.monotonic() < opens:
                     time.sleep(LOOK_S)
@@ -302,8 +388,16 @@ def paced(ctx: Any) -> dict[str, Any]:
     return resolve_workload("mlp-digits").train(ctx)
 
 
+def gate_of(gate: Path, spanning: bool) -> Path:
+    """The gate of a held run's members: spanning nodes or not (with ``--peer``, the node losses
+    strike the former, every other kind the latter: each family is released once its faults struck)."""
+    return gate.with_name(gate.name + ".spanning") if spanning else gate
+
+
 def fault_free_digests(workflow: Path, out: Path) -> dict[str, str]:
-    """Every member of ``workflow`` trained in this process without faults or pauses; digest by name."""
+    """Every member of ``workflow`` trained without faults or pauses; digest by name. A member of
+    one rank trains in this process, one of several ranks (spanning nodes) on as many processes of
+    this machine (:func:`ranks_digest`)."""
     from resilient_flows.training import run_member
     from resilient_flows.workflow import load_workflow
 
@@ -311,8 +405,40 @@ def fault_free_digests(workflow: Path, out: Path) -> dict[str, str]:
     digests = {}
     for spec in load_workflow(workflow).member_specs(None):
         quiet = replace(spec, faults=(), params={**spec.params, "pause_ms": 0})
-        digests[spec.name] = run_member(quiet.to_dict(), str(out))["digest"]
+        if spec.ranks > 1:
+            digests[spec.name] = ranks_digest(quiet.to_dict(), spec.ranks, out)
+        else:
+            digests[spec.name] = run_member(quiet.to_dict(), str(out))["digest"]
     return digests
+
+
+def ranks_digest(spec: dict[str, Any], ranks: int, out: Path) -> str:
+    """The digest of a member of several ranks trained here, each rank a process started as
+    ``torchrun`` would (``RANK``, ``WORLD_SIZE``, rank 0 on this machine's loopback). Its ranks
+    average their gradients as they do across nodes: two ranks' sum is the same in either order."""
+    path = out / f"{spec['name']}.spec.json"
+    path.write_text(json.dumps(spec))
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    pythonpath = os.pathsep.join(filter(None, [str(BENCH_DIR), os.environ.get("PYTHONPATH")]))
+    command = [sys.executable, "-m", "resilient_flows.training.mpi_member", str(path), str(out)]
+    processes = []
+    with (out / f"{spec['name']}.log").open("ab") as log:
+        for rank in range(ranks):
+            env = {**os.environ, "PYTHONPATH": pythonpath, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+            env.update(RANK=str(rank), WORLD_SIZE=str(ranks), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(ranks))
+            for name in [n for n in env if n.startswith(("SLURM_", "OMPI_", "PMI_", "PALS_"))]:
+                del env[name]  # no other launcher's word
+            processes.append(subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT))
+        try:
+            statuses = [process.wait(timeout=600) for process in processes]
+        finally:
+            for process in processes:
+                process.kill()
+    if any(statuses):
+        raise RuntimeError(f"reference of {spec['name']} on {ranks} ranks failed {statuses}; see {log.name}")
+    return json.loads((out / "members" / spec["name"] / "result.json").read_text())["digest"]
 
 
 # ---------------------------------------------------------------------- processes, seen from outside
@@ -566,6 +692,7 @@ class Fault:
     detail: str = ""
     skipped: str | None = None
     flipped_step: int | None = None
+    nodes: tuple[str, ...] = ()  # the nodes a node loss crashed
 
 
 def plan_bursts(kinds: tuple[str, ...], config: Config, rng: random.Random) -> list[list[Fault]]:
@@ -588,6 +715,62 @@ def running_members(run_dir: Path) -> dict[str, tuple[int, int]]:
                 record = json.loads(path.read_bytes())
                 found[path.name] = (int(record["attempt"]), int(record["pid"]))
     return found
+
+
+class EventTail:
+    """The events of a run as they are written: each call to :meth:`read` parses the lines
+    appended since the last, so that a fault looking for its target every half second does not
+    read the whole log again."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.events: list[dict[str, Any]] = []
+        self._offset = 0
+        self._lock = threading.Lock()
+
+    def read(self) -> list[dict[str, Any]]:
+        with self._lock:
+            with contextlib.suppress(FileNotFoundError), self.path.open("rb") as f:
+                f.seek(self._offset)
+                chunk = f.read()
+                complete = chunk[: chunk.rfind(b"\n") + 1]  # a line being written is read next time
+                self._offset += len(complete)
+                for raw in complete.splitlines():
+                    with contextlib.suppress(ValueError):
+                        self.events.append(json.loads(raw))
+            return list(self.events)
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """A running attempt, seen from outside: its member, number, process (rank 0's), and nodes."""
+
+    member: str
+    attempt: int
+    proc: Proc
+    hosts: tuple[str, ...]
+    checkpoints: int  # checkpoints it committed so far
+
+
+def running_attempts(run_dir: Path, events: list[dict[str, Any]]) -> list[Attempt]:
+    """The attempts that beat now and whose process lives, with the nodes their ``started`` event
+    names (``hosts`` for a member spanning nodes, else ``host``)."""
+    started: dict[tuple[str, int], tuple[float, tuple[str, ...]]] = {}
+    commits: dict[str, list[float]] = {}
+    for e in events:
+        if e["kind"] == "started" and e.get("member") is not None:
+            hosts = tuple(e.get("hosts") or [e.get("host")])
+            started[(e["member"], e["attempt"])] = (e["time"], hosts)
+        elif e["kind"] == "checkpointed":
+            commits.setdefault(e.get("member"), []).append(e["time"])
+    found = []
+    for name, (attempt, pid) in running_members(run_dir).items():
+        proc = read_proc(pid)
+        if (name, attempt) not in started or proc is None or proc.state == "Z":
+            continue
+        since, hosts = started[(name, attempt)]
+        found.append(Attempt(name, attempt, proc, hosts, sum(t >= since for t in commits.get(name, []))))
+    return sorted(found, key=lambda a: a.member)
 
 
 def fill(directory: Path, name: str) -> Path:
@@ -631,9 +814,11 @@ class Chaos(threading.Thread):
         self.rng = random.Random(seed + 1)
         self.faults = [fault for burst in bursts for fault in burst]
         self.stop_s = facts.heartbeat_threshold_s + 5.0
+        self.events = EventTail(run_dir / "events.jsonl")
         self._done = threading.Event()
         self._lifts: dict[threading.Timer, Callable[[], None]] = {}
         self._lock = threading.Lock()
+        self._down: set[str] = set()  # nodes a fault crashed and that did not boot yet (or are being crashed)
 
     def run(self) -> None:
         try:
@@ -642,7 +827,7 @@ class Chaos(threading.Thread):
             self._open_gate()
 
     def _strike_bursts(self) -> None:
-        if not self._wait_for(self._first_checkpoint, float("inf")):
+        if not self.bursts or not self._wait_for(self._first_checkpoint, float("inf")):
             return
         origin = time.monotonic()
         share = self.span_s / len(self.bursts)
@@ -679,7 +864,8 @@ class Chaos(threading.Thread):
     def _open_gate(self) -> None:
         """Let held members finish: every fault struck (or gave up on its target)."""
         if self.gate is not None:
-            self.gate.touch()
+            for spanning in (False, True):
+                gate_of(self.gate, spanning).touch()
 
     def _first_checkpoint(self) -> bool:
         with contextlib.suppress(FileNotFoundError):
@@ -704,6 +890,19 @@ class Chaos(threading.Thread):
         patience = float("inf") if self.gate is not None else TARGET_WAIT_S
         if not self._wait_for(lambda: strike(fault, rng), patience):
             fault.skipped = "the run ended first" if self._done.is_set() else f"no target within {TARGET_WAIT_S:g} s"
+        self._open_family_gates()
+
+    def _open_family_gates(self) -> None:
+        """With members spanning nodes: release each family once every fault meant for it struck
+        (node losses for the spanning members, the other kinds for the rest); a family held
+        longer would keep the block's workers, the other family's targets, from it."""
+        if self.gate is None or not self.config.peer_members:
+            return
+        pending = [f for f in self.faults if f.time == 0.0 and f.skipped is None]
+        if not any(f.kind in NODE_LOSSES for f in pending):
+            gate_of(self.gate, spanning=True).touch()
+        if not any(f.kind not in NODE_LOSSES for f in pending):
+            gate_of(self.gate, spanning=False).touch()
 
     def _later(self, delay: float, lift: Callable[[], None]) -> None:
         """Run ``lift`` after ``delay`` seconds, or at :meth:`finish`, whichever comes first; once."""
@@ -807,26 +1006,109 @@ class Chaos(threading.Thread):
     def _slurm_node_loss(self, fault: Fault, rng: random.Random) -> bool:
         """The node of a busy pool on ``local-slurm-nodes`` crashes (``.ci/slurm-node down``: every
         process in its namespace, and its node-local scratch); it boots again after
-        :data:`NODE_DOWN_S` (``.ci/slurm-node up``), by when Slurm has ended its block."""
+        :data:`NODE_DOWN_S` (``.ci/slurm-node up``), by when Slurm has ended its block. With
+        members spanning nodes (``--peer``), the node is one of a running two-node member's."""
         assert self.cluster is not None
+        if self.config.peer_members:
+            return self._peer_node_loss(fault, rng)
         procs = self.watcher.look()
         found = self._busy_pool(procs, rng)
         node = None if found is None else process_environment(found[0].pid).get("SLURMD_NODENAME")
-        if found is None or node is None:
+        if found is None or node is None or not self._claim((node,)):
             return False
         pool, hit = found
         self._begin(
             fault, hit, f"node {node} (pool {pool.pid}), back after {NODE_DOWN_S:g} s", procs.spawned[pool.pid][1:]
         )
-        if not slurm_node("down", node, self.cluster):
+        return self._crash(fault, (node,))
+
+    def _spanning(self, ready: Callable[[Attempt], bool]) -> list[Attempt]:
+        """Running attempts of members spanning nodes, none of them down, that are ``ready``."""
+        attempts = running_attempts(self.run_dir, self.events.read())
+        with self._lock:
+            down = set(self._down)
+        return [a for a in attempts if len(set(a.hosts)) > 1 and not down & set(a.hosts) and ready(a)]
+
+    def _struck_on(self, nodes: tuple[str, ...], procs: RunProcs, job: int | None) -> tuple[dict[str, int], list[Proc]]:
+        """The attempts running on ``nodes`` (members struck directly), and the workers of the
+        pools in Slurm job ``job``, which dies with any of its nodes."""
+        hit = {
+            a.member: a.attempt for a in running_attempts(self.run_dir, self.events.read()) if set(a.hosts) & set(nodes)
+        }
+        doomed = [w for pool in procs.pools if slurm_job_of(pool.pid) == job for w in procs.spawned[pool.pid][1:]]
+        return hit, doomed
+
+    def _peer_node_loss(self, fault: Fault, rng: random.Random) -> bool:
+        """One node of a running two-node member that committed :data:`PEER_CHECKPOINTS` checkpoints
+        in its attempt: the pool's node (rank 0's) or the other, by the seed's choice."""
+        targets = self._spanning(lambda a: a.checkpoints >= PEER_CHECKPOINTS)
+        if not targets:
             return False
+        target = rng.choice(targets)
+        node = rng.choice(sorted(set(target.hosts)))
+        if not self._claim((node,)):
+            return False
+        procs = self.watcher.look()
+        hit, doomed = self._struck_on((node,), procs, slurm_job_of(target.proc.pid))
+        rank = "rank 0's" if node == target.hosts[0] else "not rank 0's"
+        self._begin(fault, hit, f"node {node} of {target.member} ({rank}), back after {NODE_DOWN_S:g} s", doomed)
+        return self._crash(fault, (node,))
+
+    def _node_and_buddy_loss(self, fault: Fault, rng: random.Random) -> bool:
+        """Both nodes of a running two-node member crash together, each holding the other's peer
+        copies, once the member has a checkpoint in the shared tier: the restore must fall back
+        to it. Both boot again after :data:`NODE_DOWN_S`."""
+        assert self.cluster is not None
+
+        def in_shared(attempt: Attempt) -> bool:
+            return (self.run_dir / "members" / attempt.member / "checkpoints" / "latest").is_file()
+
+        targets = self._spanning(in_shared)
+        if not targets:
+            return False
+        target = rng.choice(targets)
+        nodes = tuple(sorted(set(target.hosts)))
+        if not self._claim(nodes):
+            return False
+        procs = self.watcher.look()
+        hit, doomed = self._struck_on(nodes, procs, slurm_job_of(target.proc.pid))
+        detail = f"nodes {', '.join(nodes)} of {target.member}, back after {NODE_DOWN_S:g} s"
+        self._begin(fault, hit, detail, doomed)
+        return self._crash(fault, nodes)
+
+    def _claim(self, nodes: tuple[str, ...]) -> bool:
+        """Reserve ``nodes`` for one fault: none of them down or being crashed by another."""
+        with self._lock:
+            if self._down & set(nodes):
+                return False
+            self._down |= set(nodes)
+            return True
+
+    def _crash(self, fault: Fault, nodes: tuple[str, ...]) -> bool:
+        """``nodes`` crash at once (a thread each); they boot again after :data:`NODE_DOWN_S`."""
+        fault.nodes = nodes
+        done = [False] * len(nodes)
+
+        def down(i: int) -> None:
+            done[i] = slurm_node("down", nodes[i], self.cluster)
+
+        crashes = [threading.Thread(target=down, args=(i,)) for i in range(len(nodes))]
+        for crash in crashes:
+            crash.start()
+        for crash in crashes:
+            crash.join()
 
         def boot() -> None:
-            slurm_node("up", node, self.cluster)
+            for node in nodes:
+                slurm_node("up", node, self.cluster)
             fault.end = time.time()
+            with self._lock:
+                self._down -= set(nodes)
 
         self._later(NODE_DOWN_S, boot)
-        return True
+        if not all(done):
+            fault.detail += f" (crash failed on {[n for n, ok in zip(nodes, done, strict=True) if not ok]})"
+        return all(done)
 
     def _interchange_kill(self, fault: Fault, rng: random.Random) -> bool:
         procs = self.watcher.look()
@@ -1045,6 +1327,7 @@ class RunData:
     metrics: dict[str, list[tuple[int, int, float]]]  # member -> (step, attempt, time) per line
     torn_metrics: int
     parsl_mib: float  # Parsl's logs and scripts: a flooding log shows here
+    spanning: set[str] = field(default_factory=set)  # members whose ranks span nodes
 
 
 def parse_lines(path: Path) -> tuple[list[dict[str, Any]], int]:
@@ -1060,7 +1343,9 @@ def parse_lines(path: Path) -> tuple[list[dict[str, Any]], int]:
 
 
 def read_run(run_dir: Path) -> RunData:
-    names = [member["name"] for member in json.loads((run_dir / "plan.json").read_text())["members"]]
+    planned = json.loads((run_dir / "plan.json").read_text())["members"]
+    names = [member["name"] for member in planned]
+    spanning = {member["name"] for member in planned if int(member.get("nodes") or 1) > 1}
     digests, metrics, torn_metrics = {}, {}, 0
     for name in names:
         directory = run_dir / "members" / name
@@ -1070,7 +1355,8 @@ def read_run(run_dir: Path) -> RunData:
         metrics[name] = [(int(r["step"]), int(r["attempt"]), float(r["time"])) for r in lines]
         torn_metrics += torn
     events, torn_events = parse_lines(run_dir / "events.jsonl")
-    return RunData(names, digests, events, torn_events, metrics, torn_metrics, directory_mib(run_dir / "parsl"))
+    parsl_mib = directory_mib(run_dir / "parsl")
+    return RunData(names, digests, events, torn_events, metrics, torn_metrics, parsl_mib, spanning)
 
 
 @dataclass
@@ -1089,6 +1375,34 @@ class Execution:
     leftovers: Counter[str]
     leftover_details: list[str]
     log: Path
+    slurm_states: dict[int, str] = field(default_factory=dict)  # job -> last state seen (``--walltime``)
+
+
+class JobWatch(threading.Thread):
+    """The last state seen of each of a run's Slurm jobs, every :data:`JOBS_LOOK_S`: the controller
+    forgets finished jobs after ``MinJobAge``, and a block that hit its walltime ends ``TIMEOUT``."""
+
+    def __init__(self, run_dir: Path) -> None:
+        super().__init__(name="slurm jobs", daemon=True)
+        self.run_dir = run_dir
+        self.states: dict[int, str] = {}
+        self._done = threading.Event()
+
+    def run(self) -> None:
+        while True:
+            self.look()
+            if self._done.wait(JOBS_LOOK_S):
+                return
+
+    def look(self) -> None:
+        with contextlib.suppress(subprocess.SubprocessError, OSError):
+            self.states.update(slurm_jobs(self.run_dir))
+
+    def finish(self) -> dict[int, str]:
+        self._done.set()
+        self.join(timeout=60)
+        self.look()
+        return dict(self.states)
 
 
 def execute(
@@ -1101,13 +1415,18 @@ def execute(
     keep: Path | None = None,
     nodes: Path | None = None,
     gate: Path | None = None,
+    site_file: Path | None = None,
+    watch_jobs: bool = False,
 ) -> Execution:
     """Run ``workflow`` into ``run_dir`` (with ``chaos`` injected), wait for it up to ``timeout_s``,
     count and kill what it left, and read what it wrote. ``keep``: copy the run directory there;
     ``nodes``: where the emulated nodes of ``local-nodes`` keep their node-local directories;
-    ``gate``: where the members of a held chaos run wait (see :func:`paced`), removed first."""
+    ``gate``: where the members of a held chaos run wait (see :func:`paced`), removed first;
+    ``site_file``: the site's file to run on instead of ``site``'s own; ``watch_jobs``: record the
+    states of the run's Slurm jobs (:class:`JobWatch`)."""
     if gate is not None:
-        gate.unlink(missing_ok=True)  # an earlier run's, in the same directory
+        for spanning in (False, True):
+            gate_of(gate, spanning).unlink(missing_ok=True)  # an earlier run's, in the same directory
     env = {
         **os.environ,
         "COLUMNS": "200",
@@ -1115,13 +1434,17 @@ def execute(
         **({"RESILIENT_FLOWS_NODES": str(nodes)} if nodes is not None else {}),
         **({GATE_ENV: str(gate)} if gate is not None else {}),
     }
-    runner = Runner(workflow, run_dir, site, log, env)
+    runner = Runner(workflow, run_dir, str(site_file or site), log, env)
     watcher = Watcher(run_dir, runner)
     injector = None
+    jobs = JobWatch(run_dir) if watch_jobs else None
+    states: dict[int, str] = {}
     started = time.monotonic()
     timed_out = False
     try:
         runner.start()
+        if jobs is not None:
+            jobs.start()
         if chaos is not None:
             injector = chaos(runner, watcher, gate)
             injector.start()
@@ -1136,6 +1459,8 @@ def execute(
         if injector is not None:
             injector.finish()
         runner.stop()
+        if jobs is not None:
+            states = jobs.finish()
         leftovers, details = reap(run_dir, watcher, site != "local")
     data = read_run(run_dir)
     if keep is not None:
@@ -1153,6 +1478,7 @@ def execute(
         leftovers,
         details,
         log,
+        states,
     )
 
 
@@ -1222,14 +1548,18 @@ def run_chaos(
     timeout_s: float,
     console: Console,
     keep: bool = False,
+    kinds: tuple[str, ...] | None = None,
 ) -> tuple[Execution, list[Fault]]:
     """The workflow under the chaos schedule of ``seed``, its bursts spread over ``span_s`` seconds
-    after the first checkpoint; the run directory on a tmpfs of ``shared_mib`` when root."""
+    after the first checkpoint; the run directory on a tmpfs of ``shared_mib`` when root.
+    ``kinds``: the faults to strike (default: every kind of the site, :func:`site_kinds`); with
+    :attr:`Config.walltime_s`, on a copy of the site whose blocks have that walltime."""
     facts = SiteFacts.of(site)
-    kinds = KINDS[site]
+    kinds = site_kinds(site, config) if kinds is None else kinds
     work.mkdir(parents=True, exist_ok=True)
+    site_file = None if config.walltime_s is None else walltime_site(site, config.walltime_s, work)
     workflow = work / "chaos.yaml"
-    workflow.write_text(workflow_yaml(config, site))
+    workflow.write_text(workflow_yaml(config, site, site_file))
     with shared_tmpfs(work / "shared", shared_mib, console) as shared:
         if shared is None:
             kinds = tuple(k for k in kinds if k != "storage-full")
@@ -1257,8 +1587,15 @@ def run_chaos(
             work / "chaos-run" if keep else None,
             nodes=work / "nodes",
             gate=gate,
+            site_file=site_file,
+            watch_jobs=config.walltime_s is not None,
         )
     return execution, [fault for burst in bursts for fault in burst]
+
+
+def site_kinds(site: str, config: Config) -> tuple[str, ...]:
+    """Every kind of fault for ``site``; with members spanning nodes, their buddies' loss too."""
+    return PEER_KINDS if config.peer_members and site == "local-slurm-nodes" else KINDS[site]
 
 
 def run_reference(config: Config, work: Path, site: str, timeout_s: float) -> Execution:
@@ -1325,6 +1662,7 @@ def losses(data: RunData, faults: list[Fault]) -> list[Loss]:
         started = {e["attempt"]: e["time"] for e in mine if e["kind"] == "started"}
         pids = {e["attempt"]: e.get("pid") for e in mine if e["kind"] == "started"}
         done = {e.get("attempt") for e in mine if e["kind"] == "finished"}  # ended well, whatever followed
+        done |= walltime_ends(mine)  # stopped by its block's drain, or declined to start before it
         notices = sorted((e["time"], e["kind"]) for e in mine if e["kind"] in ("failed", "lost", "submitted"))
         for a, b in itertools.pairwise(sorted(started)):
             if a in done:
@@ -1342,6 +1680,18 @@ def losses(data: RunData, faults: list[Fault]) -> list[Loss]:
             fault = next(filter(None, (_silencer(e, silenced, hangs) for e in cancels)), None)
         found.append(_loss(data, name, mine, a, b, detected, how, fault, fulls))
     return found
+
+
+def walltime_stop(event: dict[str, Any]) -> bool:
+    """Whether ``event`` is a member stopping because the runner drains its block before its
+    walltime (the reason :class:`~resilient_flows.workflow._walltime.BlockClock` gives)."""
+    return event["kind"] == "preempted" and "(walltime)" in str(event.get("reason", ""))
+
+
+def walltime_ends(mine: list[dict[str, Any]]) -> set[int]:
+    """A member's attempts that a drain stopped (committed, exit 75) or that declined to start on a
+    block about to be drained: each ended as it should, no fault ended it."""
+    return {e.get("attempt") for e in mine if walltime_stop(e) or e["kind"] == "declined"}
 
 
 def _silencer(lost: dict[str, Any], silenced: dict[tuple[str, float], Fault], hangs: list[Fault]) -> Fault | None:
@@ -1445,6 +1795,141 @@ def flip_outcomes(data: RunData, faults: list[Fault]) -> Counter[str]:
             out["not exercised"] += 1
         else:
             out["restored" if step == fault.flipped_step else "detected"] += 1
+    return out
+
+
+@dataclass(frozen=True)
+class Resume:
+    """The next attempt of a member spanning nodes whose attempt a node loss ended: what it read."""
+
+    member: str
+    attempt: int  # the resuming attempt
+    kind: str  # the fault: node-loss or node-and-buddy-loss
+    lost: tuple[str, ...]  # the nodes it crashed
+    hosts: tuple[str, ...]  # the nodes the resuming attempt ran on
+    step: int | None  # the step restored; None: none (it started over, or ended before restoring)
+    bytes_from: dict[str, int]  # bytes read per source, as the ``resumed`` event says
+    lost_steps: int
+
+    @property
+    def sources(self) -> set[str]:
+        """``local``, ``peer``, ``shared``: where its bytes came from, whatever the node."""
+        return {source.split(" on ")[0] for source in self.bytes_from}
+
+    @property
+    def as_expected(self) -> bool:
+        """After one node: restored without a byte of the shared tier; after a node and its buddy:
+        restored from the shared tier alone."""
+        if self.step is None:
+            return False
+        return "shared" not in self.sources if self.kind == "node-loss" else self.sources == {"shared"}
+
+
+def node_loss_resumes(data: RunData, faults: list[Fault], spanning: set[str]) -> list[Resume]:
+    """For each attempt of a member of ``spanning`` that a node loss struck and ended: the restore
+    of the first later attempt that restored a checkpoint (its ``resumed`` event's step and
+    ``bytes_from``) or trained without one (started over); attempts that other faults ended
+    before either are passed over."""
+    grouped = by_member(data)
+    out = []
+    for loss in losses(data, faults):
+        fault = loss.fault
+        if fault is None or fault.kind not in NODE_LOSSES or loss.member not in spanning:
+            continue
+        if fault.hit.get(loss.member) != loss.attempt:
+            continue  # ended as its block went down, not on a lost node
+        mine = grouped.get(loss.member, [])
+        trained = {attempt for _, attempt, _ in data.metrics.get(loss.member, [])}
+        resumes = {e["attempt"]: e for e in mine if e["kind"] == "resumed"}
+        after = sorted(e["attempt"] for e in mine if e["kind"] == "started" and e["attempt"] > loss.attempt)
+        nxt = next((a for a in after if a in resumes or a in trained), None)
+        if nxt is None:
+            continue
+        start = next(e for e in mine if e["kind"] == "started" and e["attempt"] == nxt)
+        resumed = resumes.get(nxt)
+        out.append(
+            Resume(
+                loss.member,
+                nxt,
+                fault.kind,
+                tuple(fault.nodes),
+                tuple(start.get("hosts") or [start.get("host")]),
+                None if resumed is None else int(resumed["step"]),
+                {} if resumed is None else {k: int(v) for k, v in resumed.get("bytes_from", {}).items()},
+                loss.steps,
+            )
+        )
+    return out
+
+
+@dataclass(frozen=True)
+class Drains:
+    """What the walltime did to a run (``--walltime``), from its events and its Slurm jobs' states."""
+
+    blocks_drained: int  # ``drained`` events: blocks cancelled by the runner before their end
+    stops: int  # members a drain stopped (committed, exit 75)
+    declined: int  # starts declined near a block's drain
+    retries: float  # cost of the failures of drained attempts
+    redone: list[int]  # per stop: steps the stopped attempt logged and a later one logged again
+    timeouts: int  # the run's Slurm jobs that ended at their walltime
+    killed: list[str]  # attempts on a drained or timed-out block that ended for no reason of ours
+
+
+def drains(data: RunData, faults: list[Fault], states: dict[int, str]) -> Drains:
+    """The drains of a ``--walltime`` run. An attempt counts as killed by the walltime when it ran
+    on a block that the runner drained or that Slurm ended at its walltime, and ended neither
+    finished, nor stopped by the drain, nor declined, nor by a fault."""
+    stops, retries, redone = 0, 0.0, []
+    for name, mine in by_member(data).items():
+        steps: dict[int, set[int]] = {}
+        for step, attempt, _ in data.metrics.get(name, []):
+            steps.setdefault(attempt, set()).add(step)
+        stopping: int | None = None
+        for event in mine:
+            if walltime_stop(event):
+                stops += 1
+                stopping = event.get("attempt")
+                later = set().union(*(s for a, s in steps.items() if a > stopping))
+                redone.append(len(steps.get(stopping, set()) & later))
+            elif event["kind"] == "declined":
+                stopping = event.get("attempt")
+            elif event["kind"] == "failed" and stopping is not None:
+                retries += float(event.get("cost", 0))
+                stopping = None
+            elif event["kind"] == "started":
+                stopping = None
+    jobs = _attempt_jobs(data)
+    ended = {int(e["job_id"]) for e in data.events if e["kind"] == "drained" and str(e.get("job_id", "")).isdigit()}
+    ended |= {job for job, state in states.items() if state == "TIMEOUT"}
+    killed = [
+        f"{loss.member} attempt {loss.attempt} (job {jobs.get((loss.member, loss.attempt))})"
+        for loss in losses(data, faults)
+        if loss.fault is None and jobs.get((loss.member, loss.attempt)) in ended
+    ]
+    return Drains(
+        sum(e["kind"] == "drained" for e in data.events),
+        stops,
+        sum(e["kind"] == "declined" for e in data.events),
+        retries,
+        redone,
+        sum(state == "TIMEOUT" for state in states.values()),
+        killed,
+    )
+
+
+def _attempt_jobs(data: RunData) -> dict[tuple[str, int], int]:
+    """(member, attempt) -> the Slurm job of the block it started on: of the ``block_started``
+    events of its block number (reused by later Parsl instances), the last to start before it."""
+    blocks: dict[str, list[tuple[float, int]]] = {}
+    for e in data.events:
+        if e["kind"] == "block_started" and str(e.get("job_id", "")).isdigit():
+            blocks.setdefault(str(e["block"]), []).append((float(e["start"]), int(e["job_id"])))
+    out = {}
+    for e in data.events:
+        if e["kind"] == "started" and e.get("member") is not None and e.get("block") is not None:
+            candidates = [(start, job) for start, job in blocks.get(str(e["block"]), []) if start <= e["time"] + 1.0]
+            if candidates:
+                out[(e["member"], e["attempt"])] = max(candidates)[1]
     return out
 
 
@@ -1599,6 +2084,85 @@ def figures(
             f"of {sum(flips.values())} ({flips['not exercised']} never restored)",
             "none restored damaged",
             flips["restored"] == 0,
+        )
+
+    struck = {f.kind for f in faults if f.skipped is None}
+    if data.spanning and struck & set(NODE_LOSSES):
+        resumes = node_loss_resumes(data, faults, data.spanning)
+        for kind, what in (
+            ("node-loss", "after one node: read nothing from the shared tier"),
+            ("node-and-buddy-loss", "after a node and its buddy: read all from the shared tier"),
+        ):
+            if kind not in struck:
+                continue
+            mine = [r for r in resumes if r.kind == kind]
+            good = sum(r.as_expected for r in mine)
+            key = kind.replace("-", "_")
+            add(
+                f"{key}_resumes",
+                f"2-node resumes {what}",
+                good,
+                f"of {len(mine)}",
+                "= all (>= 1)",
+                0 < good == len(mine),
+            )
+            for source in ("local", "peer", "shared"):
+                read = sum(v for r in mine for k, v in r.bytes_from.items() if k.split(" on ")[0] == source)
+                add(f"{key}_mib_{source}", f"  bytes read from {source} copies", read / 2**20, "MiB")
+
+    if config.walltime_s is not None:
+        drained = drains(data, faults, chaos.slurm_states)
+        redone = drained.redone
+        add("walltime", "block walltime", config.walltime_s, "s")
+        add(
+            "walltime_drained",
+            "blocks drained before their walltime",
+            drained.blocks_drained,
+            "blocks",
+            ">= 1",
+            drained.blocks_drained >= 1,
+        )
+        add(
+            "walltime_stops", "members stopped by a drain (exit 75)", drained.stops, "stops", ">= 1", drained.stops >= 1
+        )
+        add("walltime_declined", "starts declined near a drain", drained.declined, "starts")
+        add(
+            "walltime_retries",
+            "retries spent on drained attempts",
+            drained.retries,
+            "retries",
+            "= 0",
+            drained.retries == 0,
+        )
+        add(
+            "walltime_redone_median",
+            "steps redone per drain, median",
+            statistics.median(redone) if redone else 0,
+            "steps",
+        )
+        add(
+            "walltime_redone_max",
+            "steps redone per drain, max",
+            max(redone, default=0),
+            "steps",
+            f"<= {DRAIN_REDONE} (interval {config.interval})",
+            max(redone, default=0) <= DRAIN_REDONE,
+        )
+        add(
+            "walltime_timeouts",
+            "blocks Slurm ended at their walltime (TIMEOUT)",
+            drained.timeouts,
+            "blocks",
+            "= 0",
+            drained.timeouts == 0,
+        )
+        add(
+            "walltime_killed",
+            "attempts killed by the walltime",
+            len(drained.killed),
+            "attempts",
+            "= 0",
+            not drained.killed,
         )
 
     cost = sum(float(e.get("cost", 0)) for e in data.events if e["kind"] == "failed")
@@ -1891,8 +2455,12 @@ def agent_chaos(work: Path) -> list[Figure]:
 
 def notes(execution: Execution, faults: list[Fault]) -> list[str]:
     """What went wrong beyond the figures, in words: runners that gave up, processes left over,
-    and each attempt lost that no fault explains, with its member's events around it."""
+    each attempt lost that no fault explains, with its member's events around it, each restore
+    after a node loss that read from other sources than expected, and each attempt the walltime
+    killed."""
     data = execution.data
+    odd = [r for r in node_loss_resumes(data, faults, data.spanning) if not r.as_expected]
+    killed = drains(data, faults, execution.slurm_states).killed if execution.slurm_states else []
     t0 = min((e["time"] for e in data.events), default=0.0)
     unexplained = []
     for loss in losses(data, faults):
@@ -1907,10 +2475,22 @@ def notes(execution: Execution, faults: list[Fault]) -> list[str]:
         *(f"left over: {leftover}" for leftover in execution.leftover_details),
         *unexplained,
         *([f"faults (s after the first event): {injected}"] if unexplained else []),
+        *(
+            f"{r.kind} of {', '.join(r.lost)}: {r.member} attempt {r.attempt} restored {r.step}, read {r.bytes_from}"
+            for r in odd
+        ),
+        *(f"killed by the walltime: {attempt}" for attempt in killed),
     ]
 
 
-def print_report(console: Console, title: str, found: list[Figure], faults: list[Fault], remarks: list[str]) -> None:
+def print_report(
+    console: Console,
+    title: str,
+    found: list[Figure],
+    faults: list[Fault],
+    remarks: list[str],
+    resumes: Iterable[Resume] = (),
+) -> None:
     table = Table(title=title)
     for column in ("figure", "value", "unit", "target", "result"):
         table.add_column(column, justify="right" if column == "value" else "left")
@@ -1929,11 +2509,38 @@ def print_report(console: Console, title: str, found: list[Figure], faults: list
         timeline.add_row(str(fault.burst), when, fault.kind, ", ".join(sorted(fault.hit)) or "-", what)
     if faults:
         console.print(timeline)
+    resumes = list(resumes)
+    if resumes:
+        restores = Table(title="Restores of 2-node members after node losses (bytes per source)")
+        for column in ("member", "attempt", "after", "lost", "on", "step", "read", "steps lost", "result"):
+            restores.add_column(column, justify="right" if column in ("attempt", "step", "steps lost") else "left")
+        for r in resumes:
+            read = ", ".join(f"{k} {v / 2**10:.0f} KiB" for k, v in sorted(r.bytes_from.items())) or "nothing"
+            result = "[green]PASS" if r.as_expected else "[red]FAIL"
+            restores.add_row(
+                r.member,
+                str(r.attempt),
+                r.kind,
+                ", ".join(r.lost),
+                ", ".join(r.hosts),
+                "-" if r.step is None else str(r.step),
+                read,
+                str(r.lost_steps),
+                result,
+            )
+        console.print(restores)
     for remark in remarks:
         console.print(remark, style="red", soft_wrap=True, markup=False)
 
 
-def write_json(path: Path, meta: dict[str, Any], found: list[Figure], faults: list[Fault], remarks: list[str]) -> None:
+def write_json(
+    path: Path,
+    meta: dict[str, Any],
+    found: list[Figure],
+    faults: list[Fault],
+    remarks: list[str],
+    resumes: Iterable[Resume] = (),
+) -> None:
     document = {
         **meta,
         "figures": {f.key: {"value": f.value, "unit": f.unit, "label": f.label} for f in found},
@@ -1943,6 +2550,7 @@ def write_json(path: Path, meta: dict[str, Any], found: list[Figure], faults: li
             if f.ok is not None
         },
         "faults": [{**asdict(f), "doomed": sorted(f.doomed)} for f in faults],
+        "restores_after_node_loss": [{**asdict(r), "as_expected": r.as_expected} for r in resumes],
         "notes": remarks,
     }
     harness.write_json(path, document)
@@ -1950,7 +2558,7 @@ def write_json(path: Path, meta: dict[str, Any], found: list[Figure], faults: li
 
 def main(argv: list[str] | None = None) -> int:
     parser, _ = harness.options(
-        __doc__, quick="6 members, one fault of every kind: about two minutes", full="1,000 members of tiny steps"
+        __doc__, quick="4 paced members, two bursts of faults: a minute or a few", full="1,000 members of tiny steps"
     )
     parser.add_argument(
         "--slurm", action="store_true", help="on the local-slurm site (starts a cluster if none answers)"
@@ -1967,6 +2575,21 @@ def main(argv: list[str] | None = None) -> int:
         help="on local-slurm-nodes: a Slurm cluster of N >= 3 network namespaces, started here, and node crashes",
     )
     parser.add_argument(
+        "--peer",
+        action="store_true",
+        help="with --slurm-nodes: half the members span two nodes with tiers [local, peer, shared], "
+        "and node-and-buddy-loss faults",
+    )
+    parser.add_argument(
+        "--walltime",
+        type=duration_argument,
+        metavar="D",
+        help="with --slurm or --slurm-nodes: blocks of this walltime (whole minutes, e.g. 2m), drained before it",
+    )
+    parser.add_argument(
+        "--kinds", metavar="K,K", help="only these kinds of fault (comma-separated; 'none': no fault at all)"
+    )
+    parser.add_argument(
         "--agent",
         action="store_true",
         help="instead: the preemption agent's faults, against the tests' fake PBS Pro (seconds)",
@@ -1981,11 +2604,28 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--slurm-nodes needs at least 3 nodes: blocks of 2, and one to spare when a node is lost")
     if sum((args.slurm, args.nodes, args.slurm_nodes is not None)) > 1:
         parser.error("choose one of --slurm, --nodes and --slurm-nodes")
+    if args.peer and args.slurm_nodes is None:
+        parser.error("--peer needs --slurm-nodes: members spanning nodes run on local-slurm-nodes")
+    if args.walltime is not None and not (args.slurm or args.slurm_nodes is not None):
+        parser.error("--walltime needs --slurm or --slurm-nodes: the runner learns when a block started from Slurm")
+    if args.walltime is not None and (args.walltime < 60 or args.walltime % 60):
+        parser.error("--walltime is whole minutes, at least 1m: Slurm's time limits are")
     size = harness.size_of(args)
     config = MODES[size]
     site = "local-slurm" if args.slurm else "local-nodes" if args.nodes else "local"
     if args.slurm_nodes is not None:
         site = "local-slurm-nodes"
+    if args.peer:
+        config = replace(config, peer_members=config.members // 2)
+    if args.walltime is not None:
+        config = walltime_config(config, args.walltime)
+    kinds = site_kinds(site, config)
+    if args.kinds is not None:
+        chosen = () if args.kinds.strip() == "none" else tuple(k.strip() for k in args.kinds.split(",") if k.strip())
+        unknown = [k for k in chosen if k not in kinds]
+        if unknown:
+            parser.error(f"--kinds: {', '.join(unknown)} not among this run's kinds ({', '.join(kinds)})")
+        kinds = chosen
     console = harness.console()
     # SIGTERM (a CI timeout) unwinds like Ctrl-C: processes, mounts and clusters are cleaned up.
     signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
@@ -2013,22 +2653,30 @@ def main(argv: list[str] | None = None) -> int:
             else:  # no fault-free run to compare wall time and runner CPU with: the weights suffice
                 # a node lost on local-slurm-nodes takes a minute to notice and replace
                 patience = 400.0 if site == "local-slurm-nodes" else 200.0
+                if config.peer_members:  # a node and its buddy lost: on three nodes, no block for 45 s
+                    patience += 200.0
+                if config.walltime_s is not None:  # members of 1.2 walltimes, two at a time, several blocks each
+                    patience += 3 * WALLTIME_MEMBER * config.walltime_s * config.members
                 reference, span_s, shared_mib, timeout_s = None, config.span_s, 256, args.timeout or patience
                 (work / "reference").mkdir(parents=True)
                 (work / "reference.yaml").write_text(workflow_yaml(config, site))
                 digests = fault_free_digests(work / "reference.yaml", work / "reference")
                 console.print(f"fault-free weights trained in this process ({len(digests)} members)")
             console.print(f"chaos over {span_s:.0f} s, seed {args.seed}, shared tier {shared_mib} MiB")
+            if config.walltime_s is not None:
+                console.print(f"blocks of {config.walltime_s / 60:g} min walltime")
             chaos, faults = run_chaos(
-                config, work / "chaos", site, span_s, args.seed, shared_mib, timeout_s, console, keep=args.keep
+                config, work / "chaos", site, span_s, args.seed, shared_mib, timeout_s, console, args.keep, kinds
             )
         found = figures(config, SiteFacts.of(site), chaos, faults, digests, reference)
+        resumes = node_loss_resumes(chaos.data, faults, chaos.data.spanning)
         print_report(
             console,
             f"Chaos: {config.members} members on {site}, seed {args.seed}",
             found,
             faults,
             notes(chaos, faults),
+            resumes,
         )
         verdict = all(f.ok is not False for f in found)
         console.print(
@@ -2036,11 +2684,22 @@ def main(argv: list[str] | None = None) -> int:
         )
         if args.json:
             meta = {"mode": size, "site": site, "seed": args.seed, "config": asdict(config), "cpus": os.cpu_count()}
-            write_json(args.json, meta, found, faults, notes(chaos, faults))
+            meta["kinds"] = list(kinds)
+            write_json(args.json, meta, found, faults, notes(chaos, faults), resumes)
         return 0 if verdict else 1
     finally:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
+
+
+def walltime_config(config: Config, walltime_s: float) -> Config:
+    """``config`` for blocks of ``walltime_s``: paced members slowed to last
+    :data:`WALLTIME_MEMBER` walltimes each, and not held at a gate, where they could not stop for a
+    drain (the harness's wait sits inside a step)."""
+    params = dict(config.params)
+    if config.workload == "chaos:paced":
+        params["pause_ms"] = max(params.get("pause_ms", 0), round(1000 * WALLTIME_MEMBER * walltime_s / config.steps))
+    return replace(config, params=params, hold=False, walltime_s=walltime_s)
 
 
 def agent_main(console: Console, work: Path, args: argparse.Namespace) -> int:

@@ -126,6 +126,92 @@ def test_every_attempt_a_fault_ended_is_charged_to_it_even_one_started_after_it(
     assert found[("d", 1)].detect_s == pytest.approx(3.1)  # from the kill, not from its start
 
 
+@pytest.mark.timeout(10)
+def test_restores_after_node_losses_are_judged_by_where_their_bytes_came_from() -> None:
+    """A two-node member that lost one node must read nothing from the shared tier; one that lost a
+    node and its buddy must read everything from it. A member that lost no node is not listed."""
+    lose_one = chaos.Fault("node-loss", 0, time=150.0, hit={"p": 1}, running={"p": 1, "m": 1}, nodes=("n1",))
+    lose_two = chaos.Fault("node-and-buddy-loss", 1, time=350.0, hit={"q": 1, "r": 1}, nodes=("n2", "n3"))
+    two = {"hosts": ["n1", "n2"]}
+    events = [
+        {**started("p", 1, 100.0, 11), **two},
+        started("m", 1, 100.0, 12),
+        {"time": 160.0, "kind": "failed", "member": "p", "cause": "lost after progress"},
+        {"time": 160.0, "kind": "failed", "member": "m", "cause": "lost after progress"},
+        {**started("p", 2, 170.0, 13), "hosts": ["n2", "n3"]},
+        started("m", 2, 170.0, 14),
+        {
+            "time": 171.0,
+            "kind": "resumed",
+            "member": "p",
+            "attempt": 2,
+            "step": 59,
+            "bytes_from": {"local on n2": 100, "peer on n2": 100},
+        },
+        {**started("q", 1, 300.0, 21), **two},
+        {**started("r", 1, 300.0, 22), **two},
+        {"time": 360.0, "kind": "failed", "member": "q", "cause": "lost after progress"},
+        {"time": 360.0, "kind": "failed", "member": "r", "cause": "lost after progress"},
+        {**started("q", 2, 400.0, 23), **two},  # ended by another fault before it restored
+        {**started("r", 2, 400.0, 24), **two},
+        {"time": 402.0, "kind": "failed", "member": "q", "cause": "lost without progress"},
+        {**started("q", 3, 410.0, 25), **two},
+        {"time": 411.0, "kind": "resumed", "member": "q", "attempt": 3, "step": 29, "bytes_from": {"shared": 200}},
+        {
+            "time": 401.0,
+            "kind": "resumed",
+            "member": "r",
+            "attempt": 2,
+            "step": 59,
+            "bytes_from": {"shared": 100, "peer on n1": 100},
+        },
+    ]
+    data = chaos.RunData(["p", "q", "r", "m"], {}, events, 0, {}, 0, 0.0, {"p", "q", "r"})
+    resumes = {r.member: r for r in chaos.node_loss_resumes(data, [lose_one, lose_two], data.spanning)}
+    assert {name: (r.kind, r.attempt, r.as_expected) for name, r in resumes.items()} == {
+        "p": ("node-loss", 2, True),
+        "q": ("node-and-buddy-loss", 3, True),
+        "r": ("node-and-buddy-loss", 2, False),  # a copy of a lost node's shard cannot be on n1
+    }
+    assert resumes["p"].lost == ("n1",) and resumes["p"].sources == {"local", "peer"}
+
+
+@pytest.mark.timeout(10)
+def test_an_attempt_a_drain_stopped_is_no_loss_and_one_killed_on_a_drained_block_is_counted() -> None:
+    """Member a stops when the runner drains its block (committed, exit 75, free) and redoes one
+    step on the next block; member b, on the same block, is killed when it is cancelled: a loss
+    that no fault explains, and an attempt killed by the walltime."""
+    walltime = "block 0 ends in 20 s (walltime)"
+    events = [
+        {"time": 95.0, "kind": "block_started", "member": None, "block": "0", "job_id": "7", "start": 90.0},
+        {**started("a", 1, 100.0, 11), "block": "0"},
+        {**started("b", 1, 100.0, 12), "block": "0"},
+        {"time": 150.0, "kind": "preempted", "member": "a", "attempt": 1, "step": 10, "reason": walltime},
+        {"time": 151.0, "kind": "failed", "member": "a", "cause": "preempted", "cost": 0.0},
+        {"time": 157.0, "kind": "drained", "member": None, "block": "0", "job_id": "7"},
+        {"time": 158.0, "kind": "failed", "member": "b", "cause": "lost after progress", "cost": 0.0},
+        {"time": 166.0, "kind": "block_started", "member": None, "block": "0", "job_id": "8", "start": 165.0},
+        {**started("a", 2, 170.0, 13), "block": "0"},
+        {**started("b", 2, 170.0, 14), "block": "0"},
+    ]
+    metrics = {
+        "a": [(s, 1, 100.0 + s) for s in range(11)] + [(s, 2, 170.0 + s) for s in range(10, 20)],
+        "b": [(s, 1, 100.0 + s) for s in range(11)] + [(s, 2, 170.0 + s) for s in range(5, 20)],
+    }
+    data = chaos.RunData(["a", "b"], {}, events, 0, metrics, 0, 0.0)
+    assert [(loss.member, loss.attempt, loss.fault) for loss in chaos.losses(data, [])] == [("b", 1, None)]
+    drained = chaos.drains(data, [], {7: "CANCELLED", 8: "COMPLETED"})
+    assert (drained.blocks_drained, drained.stops, drained.retries, drained.redone) == (1, 1, 0.0, [1])
+    assert (drained.timeouts, drained.killed) == (0, ["b attempt 1 (job 7)"])
+
+
+@pytest.mark.timeout(10)
+def test_the_walltime_copy_of_a_site_sets_the_providers_limit_and_the_fact(tmp_path: Path) -> None:
+    for site in ("local-slurm", "local-slurm-nodes"):
+        text = chaos.walltime_site(site, 120, tmp_path).read_text()
+        assert '      walltime: "00:02:00"' in text and "\n  walltime: 2m\n" in text, site
+
+
 @pytest.mark.alone
 def test_an_ensemble_survives_every_kind_of_fault_on_emulated_nodes(tmp_path: Path) -> None:
     survive_chaos(tmp_path, "local-nodes", chaos.NODES_KINDS)
