@@ -42,6 +42,7 @@ from resilient_flows.training import (
     MemberSpec,
     StageSpec,
     analytics_task,
+    declined_attempt,
     has_result,
     heartbeat_path,
     latest_committed_step,
@@ -331,14 +332,19 @@ class ResumingRetryHandler:
         before = self._progress.get(task, -1)
         progressed = latest > before or (record is not None and record.get("committed") is not None)
         self._progress[task] = latest
-        self._stalled[task] = 0 if progressed else self._stalled.get(task, 0) + 1
-        if isinstance(exception, Preempted) or (
+        preempted = isinstance(exception, Preempted) or (
             isinstance(exception, BashExitFailure) and exception.exitcode == EXIT_PREEMPTED
-        ):
-            if progressed or self._stalled[task] <= self.free_without_progress:
+        )
+        declined = preempted and declined_attempt(member_dir(run_dir, name)) == attempt
+        if not declined:  # a start declined near a drain trained nothing by design: no stall either
+            self._stalled[task] = 0 if progressed else self._stalled.get(task, 0) + 1
+        if declined:
+            cost, why = 0.0, "declined to start: its block is drained before a checkpoint"
+        elif preempted:
+            if progressed or self._stalled.get(task, 0) <= self.free_without_progress:
                 cost, why = 0.0, "preempted"
             else:
-                stops = self._stalled[task]
+                stops = self._stalled.get(task, 0)
                 cost, why = 1.0, f"preempted without progress ({stops} attempts in a row without a newer checkpoint)"
         elif isinstance(exception, _LOST) or failure.kind == STORAGE_FULL:
             what = "lost" if isinstance(exception, _LOST) else "storage full"

@@ -77,6 +77,29 @@ def test_a_newer_checkpoint_makes_the_next_stops_free_again(tmp_path: Path) -> N
     assert handler(Preempted("m", 4, "exit 75"), record) == 1.0
 
 
+def test_starts_declined_near_a_drain_are_free_and_not_stops_without_progress(tmp_path: Path) -> None:
+    """A member that declined to start (its block drained before it could checkpoint) trained
+    nothing by design: however often a retry lands on that block again, it costs nothing, and the
+    streak of stops without progress is neither grown nor reset by it."""
+    from resilient_flows.training._walltime import write_declined
+
+    spec = member()
+    (tmp_path / "members" / "m").mkdir(parents=True)
+    handler = ResumingRetryHandler(retries=1, free_without_progress=2)
+    record = record_of(spec, tmp_path, took_s=1.0)
+    assert handler(Preempted("m", None, "exit 75"), record) == 0.0  # a plain stop: the streak is 1
+    for _ in range(5):
+        record["try_id"] += 1
+        write_declined(tmp_path / "members" / "m", record["try_id"] + 1, "7")
+        assert handler(Preempted("m", None, "declined"), record) == 0.0
+    record["try_id"] += 1
+    assert handler(Preempted("m", None, "exit 75"), record) == 0.0  # the second plain stop in a row
+    record["try_id"] += 1
+    assert handler(Preempted("m", None, "exit 75"), record) == 1.0
+    causes = [cause for cause, _ in failures(tmp_path)]
+    assert causes[1:6] == ["declined to start: its block is drained before a checkpoint"] * 5
+
+
 def test_quick_attempts_back_off_doubling_and_a_long_one_resets_the_wait(tmp_path: Path) -> None:
     spec = member()
     handler = ResumingRetryHandler(retries=100, free_without_progress=100)

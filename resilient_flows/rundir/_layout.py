@@ -22,6 +22,7 @@ A member's or stage's directory::
     metrics.jsonl              a line per step logged
     control.json               a request to stop or retire, from the runner or the CLI
     pace.json                  its observed seconds per step and per checkpoint commit, kept across attempts
+    declined.json              the last attempt that declined to start (its block about to be drained)
     clone-order.<request>.json (an order to clone it), seed.json (what a clone started from), handoff.json
     (a fork's hand-off), output.log (a command's output), command-result.json (a command's
     report), output/ (a stage's output), result.json (written last: the task finished)
@@ -72,6 +73,10 @@ class TaskLayout:
     @property
     def pace(self) -> Path:
         return self.root / "pace.json"
+
+    @property
+    def declined(self) -> Path:
+        return self.root / "declined.json"
 
     @property
     def seed(self) -> Path:
@@ -143,6 +148,12 @@ class TaskLayout:
 
     def read_pace(self) -> Any:
         return read_json(self.pace, CONTROL_CAP, "member pace")
+
+    def write_declined(self, record: dict[str, Any]) -> None:
+        write_json(self.declined, record, fsync=False)
+
+    def read_declined(self) -> Any:
+        return read_json(self.declined, CONTROL_CAP, "declined start")
 
     def write_clone_order(self, request: str, order: dict[str, Any]) -> Path:
         path = self.clone_order(request)

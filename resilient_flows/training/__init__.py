@@ -106,6 +106,7 @@ _SOURCES = {
     "resilient_flows.training._walltime": (
         "BlockTimes",
         "Pace",
+        "declined_attempt",
         "drain_margin_s",
     ),
     "resilient_flows.training._workloads": (

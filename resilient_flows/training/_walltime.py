@@ -167,3 +167,19 @@ def read_pace(directory: Path) -> Pace:
 
 def write_pace(directory: Path, pace: Pace) -> None:
     TaskLayout(directory).write_pace(pace.to_dict())
+
+
+def write_declined(directory: Path, attempt: int, block: str) -> None:
+    """Mark ``attempt`` as one that declined to start: the retry handler charges it nothing and
+    does not count it among the stops without progress (it trained nothing by design)."""
+    TaskLayout(directory).write_declined({"attempt": attempt, "block": block, "time": round(time.time(), 3)})
+
+
+def declined_attempt(directory: Path) -> int | None:
+    """The last attempt of the member in ``directory`` that declined to start; None when none did."""
+    try:
+        record = TaskLayout(directory).read_declined()
+    except (OSError, ValueError):
+        return None
+    attempt = record.get("attempt") if isinstance(record, dict) else None
+    return attempt if isinstance(attempt, int) and not isinstance(attempt, bool) else None

@@ -35,6 +35,7 @@ from resilient_flows.training._walltime import (
     read_pace,
     start_refusal,
     time_to_checkpoint_s,
+    write_declined,
     write_pace,
 )
 from resilient_flows.training.boundary._cadence import Cadence
@@ -233,6 +234,8 @@ class StepRuntime:
             if reason is not None:
                 assert times is not None
                 left = round(times.drain_at - time.time(), 3)
+                with contextlib.suppress(OSError):  # advice to the retry handler: a full disk must not fail the stop
+                    write_declined(self._watch.directory, self.attempt, times.block)
                 self.emit("declined", attempt=self.attempt, step=step - 1, block=times.block, drain_in_s=left)
         reason = self.ranks.broadcast(reason)
         if reason is None:
