@@ -25,6 +25,7 @@ __all__ = [
     "StateMismatchError",
     "StorageFullError",
     "WorkflowError",
+    "WorkloadError",
     "is_storage_full",
 ]
 
@@ -119,6 +120,15 @@ class SiteConfigError(ResilientFlowsError):
 
 class WorkflowError(ResilientFlowsError):
     """A workflow file or run directory is not usable; the message names the file, line and key."""
+
+
+class WorkloadError(WorkflowError):
+    """A member's function cannot run as written: its module does not import, it has no such
+    function, or its params are not what the function declares.
+
+    No retry can fix it, so ``validate`` and ``run`` look for it before anything is queued, and a
+    member raises it before it trains (see :mod:`resilient_flows.training._params`).
+    """
 
 
 class LaunchError(ResilientFlowsError):
