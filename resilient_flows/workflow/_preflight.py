@@ -36,14 +36,14 @@ def check_functions(workflow: Workflow, members: Sequence[MemberSpec], stages: S
     found = probe_functions(_checks(members, stages))
     imports = {problem.ref: problem for problem in found if problem.member is None}
     refused = {problem.member: problem for problem in [*found, *_builtin_problems(members)] if problem.member}
-    ordered: dict[str, tuple[tuple[Any, ...], str]] = {}  # by function or member: where, and what
+    ordered: dict[str, tuple[tuple[Any, ...], str]] = {}  # by function, stage or member: where, and what
     for index, stage in enumerate(stages):
         if stage.loop in imports:
             ordered.setdefault(stage.loop, (_naming(workflow, stage.loop), imports[stage.loop].message))
         elif stage.name in refused:
             problem = refused[stage.name]
-            given = problem.param in stage.params
-            ordered.setdefault(stage.name, (("stages", index, "params", *([problem.param] * given)), problem.message))
+            loc = _key(("stages", index), {"params": stage.params}, problem.param)
+            ordered.setdefault(stage.name, (loc, problem.message))
     for spec in members:
         for ref in (spec.workload, spec.evaluate):
             if ref in imports:
