@@ -49,6 +49,7 @@ _SOURCES = {
         "ResilientFlowsError",
         "SiteConfigError",
         "WorkflowError",
+        "WorkloadError",
     ),
     "resilient_flows.sites": (
         "CobaltProvider",

@@ -29,6 +29,7 @@ __all__ = [
     "StateMismatchError",
     "StorageFullError",
     "WorkflowError",
+    "WorkloadError",
     "is_permanent",
     "is_storage_full",
 ]
@@ -150,6 +151,15 @@ class SiteConfigError(ResilientFlowsError):
 
 class WorkflowError(ResilientFlowsError):
     """A workflow file or run directory is not usable; the message names the file, line and key."""
+
+
+class WorkloadError(WorkflowError, PermanentError):
+    """A member's function cannot run as written: its module does not import, it has no such
+    function, or its params are not what the function declares.
+
+    No retry can fix it, so ``validate`` and ``run`` look for it before anything is queued, and a
+    member raises it before it trains (see :mod:`resilient_flows.training._params`).
+    """
 
 
 class LaunchError(ResilientFlowsError):

@@ -55,7 +55,7 @@ KINDS = {
         "  - {name: rnd, strategy: random, command: [sh, -c, 'echo {lr}'], steps: 5, population: 2,\n"
         "     hyperparameters: {lr: {range: [0.01, 0.1]}}}\n"
         "  - {name: sweep, strategy: grid, workload: mlp-digits, steps: 5,\n"
-        "     hyperparameters: {width: {values: [8, 16]}}}\n"
+        "     hyperparameters: {hidden: {values: [8, 16]}}}\n"
     ),
     "cloned": (
         "members:\n  - {name: src, workload: mlp-digits, steps: 5}\n"
@@ -65,7 +65,7 @@ KINDS = {
     ),
     "settings": (
         "checkpoint: {interval: 30s, keep: 2, overlap: true, persist_every: {shared: 2}, node_mtbf: 1d}\n"
-        "stages:\n  - {name: sim, loop: 'heat:simulate', every: 5s, params: {n: 3}}\n"
+        "stages:\n  - {name: sim, loop: 'resilient_flows.examples.heat:simulate', every: 5s, params: {size: 8}}\n"
         "members:\n  - {name: wl, workload: mlp-digits, steps: 5, after: [sim], checkpoint: {interval: auto}}\n"
         "  - {name: cmd, command: [sh, -c, 'exit 0'], steps: 1}\n"
         "faults:\n  - {kill: wl, at_step: 3}\n"

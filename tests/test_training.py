@@ -30,7 +30,7 @@ def spec(name: str = "m", workload: str = "mlp-digits", steps: int = 60, **chang
     base = MemberSpec(
         name=name,
         workload=workload,
-        params={"hidden": 32},
+        params={"channels": 8} if workload == "cnn-digits" else {"hidden": 32},
         seed=3,
         steps=steps,
         checkpoint=CheckpointSpec(interval_steps=10),

@@ -108,7 +108,15 @@ def test_bad_workflows_give_one_line_and_exit_2(tmp_path: Path, capsys: pytest.C
     assert __import__("re").search(message, err), err
 
 
-def test_validate_names_the_members_and_site(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+@pytest.fixture
+def workers_import_tests(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``userworkload`` is imported as a worker imports it: from ``tests/`` on ``PYTHONPATH``."""
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(REPO / "tests"), os.environ.get("PYTHONPATH", "")]))
+
+
+def test_validate_names_the_members_and_site(
+    tmp_path: Path, capsys: pytest.CaptureFixture, workers_import_tests: None
+) -> None:
     assert main(["validate", str(write(tmp_path, GOOD))]) == 0
     out = capsys.readouterr().out
     assert "valid; 5 member(s) on site local\n  mlp: 4 members (mlp-0 .. mlp-3)\n  solo: 1 member\n" in out
@@ -119,7 +127,9 @@ def test_status_and_resume_of_a_directory_that_is_not_a_run(tmp_path: Path, caps
     assert "is not a run directory (no plan.json)" in capsys.readouterr().err
 
 
-def test_preempt_writes_the_control_request_of_a_known_member(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+def test_preempt_writes_the_control_request_of_a_known_member(
+    tmp_path: Path, capsys: pytest.CaptureFixture, workers_import_tests: None
+) -> None:
     from resilient_flows.workflow import plan_workflow
     from resilient_flows.workflow._rundir import create_run_dir
 

@@ -1,8 +1,9 @@
 """The commands on a workflow and its runs: ``validate``, ``run``, ``status``, ``resume``, ``preempt``,
 ``clone`` and ``lineage``.
 
-``validate`` and ``status`` are what a user types while waiting, so they import neither torch nor
-Parsl; ``run`` and ``resume`` pay for Parsl when they are called.
+``status`` is what a user types while waiting, so it imports neither torch nor Parsl. ``validate``
+builds the site's Parsl configuration as ``run`` does (Parsl's import, under a second), and
+imports the workflow's own functions in a separate process, as a worker will; never torch itself.
 """
 
 from __future__ import annotations
@@ -30,10 +31,12 @@ def add_parsers(commands: argparse._SubParsersAction) -> None:
     validate = commands.add_parser("validate", help="check a workflow file and the site it names")
     validate.add_argument("file", metavar="FILE", help="a workflow YAML file")
     validate.add_argument("--site", help="check against this site instead of the workflow's")
+    _add_site_options(validate)
     validate.set_defaults(handler=_validate)
     run = commands.add_parser("run", help="run a workflow through Parsl")
     run.add_argument("file", metavar="FILE", help="a workflow YAML file")
     run.add_argument("--site", help="a site name (`resilient-flows sites`) or a site file; default: the workflow's")
+    _add_site_options(run)
     run.add_argument("--run-dir", help="where the run's files go; default: runs/<name>-<time>")
     run.add_argument("--detach", action="store_true", help=DETACH_HELP)
     run.set_defaults(handler=_run)
@@ -59,8 +62,23 @@ def add_parsers(commands: argparse._SubParsersAction) -> None:
         help="run resumed members on N ranks (all of them, or MEMBER=N, repeatable); checkpoints are resharded",
     )
     resume.add_argument("--detach", action="store_true", help=DETACH_HELP)
+    _add_site_options(resume, "for this resume only")
     resume.set_defaults(handler=_resume)
     _add_member_parsers(commands)
+
+
+def _add_site_options(parser: argparse.ArgumentParser, scope: str = "") -> None:
+    """``--set KEY=VALUE``: the site options (``resilient_flows.sites.SITE_OPTIONS``, named here
+    without importing pydantic for ``--help``)."""
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        dest="site_options",
+        help="change the site's blocks: nodes, walltime, queue, account (repeatable, e.g. --set nodes=4 "
+        f"--set walltime=2h){'; ' + scope if scope else ''}",
+    )
 
 
 def _add_member_parsers(commands: argparse._SubParsersAction) -> None:
@@ -92,42 +110,53 @@ def _add_json(parser: argparse.ArgumentParser) -> None:
 
 
 def _validate(args: argparse.Namespace) -> int:
-    """Check the workflow and its site's facts; the site's Parsl configuration is built by ``run``."""
+    """Plan the workflow as ``run`` would, without starting anything: the workflow, the site's
+    facts and Parsl configuration, and the functions its members and stages name."""
+    from resilient_flows.sites import parse_site_options
     from resilient_flows.workflow import describe_families, plan_workflow
     from resilient_flows.workflow.schema import load_workflow
 
-    plan = plan_workflow(load_workflow(args.file), args.site, build_site=False)
+    options = parse_site_options(args.site_options)
+    plan = plan_workflow(load_workflow(args.file), args.site, options=options)
     stages = [stage.name for stage in plan.workflow.stages]
     before = f"{len(stages)} stage(s) ({', '.join(stages)}), then " if stages else ""
+    changed = plan.workflow.site.describe()
+    site = f"{plan.site} ({changed})" if changed else plan.site
     out = console()
-    out.print(f"{escape(args.file)}: valid; {before}{len(plan.members)} member(s) on site {plan.site}")
+    out.print(f"{escape(args.file)}: valid; {before}{len(plan.members)} member(s) on site {escape(site)}")
     for line in describe_families((m.name, m.family) for m in plan.members):
         out.print(f"  {escape(line)}")
     return 0
 
 
 def _run(args: argparse.Namespace) -> int:
+    from resilient_flows.sites import parse_site_options
     from resilient_flows.workflow import prepare_run, start_run
 
+    options = parse_site_options(args.site_options)
     if args.detach:  # the run directory is created here, so that a mistake is reported here; a resume runs it
         from resilient_flows.cli._detach import detach_runner
 
-        directory, _ = prepare_run(args.file, site=args.site, run_dir=args.run_dir)
+        directory, _ = prepare_run(args.file, site=args.site, run_dir=args.run_dir, options=options)
         return detach_runner(directory, [], console())
-    return start_run(args.file, site=args.site, run_dir=args.run_dir, console=console())
+    return start_run(args.file, site=args.site, run_dir=args.run_dir, console=console(), options=options)
 
 
 def _resume(args: argparse.Namespace) -> int:
+    from resilient_flows.sites import parse_site_options
+
     ranks = _rank_counts(args.ranks)
+    options = parse_site_options(args.site_options)
     if args.detach:  # without Parsl: the runner imports it
         from resilient_flows.cli._detach import detach_runner
         from resilient_flows.workflow import read_plan
 
         read_plan(Path(args.run_dir))  # a run directory, or a clear error before anything starts
-        return detach_runner(Path(args.run_dir), [f"--ranks={item}" for item in args.ranks], console())
+        passed = [f"--ranks={item}" for item in args.ranks] + [f"--set={item}" for item in args.site_options]
+        return detach_runner(Path(args.run_dir), passed, console())
     from resilient_flows.workflow import resume_run
 
-    return resume_run(args.run_dir, console=console(), ranks=ranks)
+    return resume_run(args.run_dir, console=console(), ranks=ranks, options=options)
 
 
 def _rank_counts(items: list[str]) -> int | dict[str, int] | None:

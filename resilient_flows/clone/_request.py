@@ -17,8 +17,7 @@ from typing import Any
 from resilient_flows.errors import CloneError
 from resilient_flows.rundir import EventLog, member_layout, run_layout
 from resilient_flows.training import (
-    BUILTIN_WORKLOADS,
-    DEFAULTS,
+    BUILTIN_PARAMS,
     OPTIMIZER_KEYS,
     STRUCTURAL,
     CheckpointSpec,
@@ -35,7 +34,8 @@ from resilient_flows.training import (
 
 def allowed_overrides(spec: MemberSpec) -> list[str]:
     """What a clone of ``spec`` may change: seed, steps, optimizer hyperparameters, workload params."""
-    workload = set(DEFAULTS) - STRUCTURAL if spec.workload in BUILTIN_WORKLOADS else set()
+    declared = BUILTIN_PARAMS.get(spec.workload)
+    workload = set(declared.model_fields) - STRUCTURAL if declared is not None else set()
     return sorted({"seed", "steps", *OPTIMIZER_KEYS, *workload, *(set(spec.params) - STRUCTURAL)})
 
 

@@ -13,6 +13,11 @@ _SOURCES = {
     "resilient_flows.sites._blockerrors": ("PatientBlockErrorHandler",),
     "resilient_flows.sites.cobalt": ("CobaltProvider",),
     "resilient_flows.sites._facts": ("SiteFacts",),
+    "resilient_flows.sites._options": (
+        "SITE_OPTIONS",
+        "SiteOptions",
+        "parse_site_options",
+    ),
     "resilient_flows.sites._site": (
         "SiteFile",
         "load_site",

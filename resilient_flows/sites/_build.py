@@ -1,11 +1,13 @@
 """Turn a site YAML, in Globus Compute's endpoint style, into a ``parsl.Config``.
 
 Each mapping with a ``type:`` key names a Parsl class (an executor, provider or launcher); its
-other keys are that class's constructor arguments, checked against its signature so that a typo
-is reported with the file, the key and the allowed names instead of surfacing as a TypeError
-deep inside Parsl. Only the public classes (``__all__``) of Parsl's executor, provider and
-launcher packages, the providers of :mod:`resilient_flows.sites.cobalt` and the block error
-handler of :mod:`resilient_flows.sites._blockerrors` (``block_error_handler: {type:
+other keys are that class's constructor arguments, checked against its signature (the names,
+and the types where the class annotates them) so that a typo is reported with the file, the key
+and the allowed names instead of surfacing as a TypeError deep inside Parsl; ``validate`` builds
+the configuration as ``run`` does, so both say the same line. Only the public classes
+(``__all__``) of Parsl's executor, provider and launcher packages, the providers of
+:mod:`resilient_flows.sites.cobalt` and the block error handler of
+:mod:`resilient_flows.sites._blockerrors` (``block_error_handler: {type:
 PatientBlockErrorHandler, patience_s: 300}``) can be named: a site file selects configuration,
 it does not import arbitrary code.
 
@@ -20,6 +22,7 @@ from __future__ import annotations
 import difflib
 import inspect
 import os
+import typing
 from typing import Any
 
 import parsl.executors
@@ -94,6 +97,7 @@ def _build(spec: Any, where: str, classes: dict[str, type]) -> Any:
         )
     _check_keys(cls, spec, f"{where} ({name})")
     args = {key: _value(key, value, f"{where}.{key}", classes) for key, value in spec.items()}
+    _check_types(cls, args, f"{where} ({name})")
     try:
         return cls(**args)
     except (TypeError, ValueError, typeguard.TypeCheckError) as exc:
@@ -106,6 +110,25 @@ def _value(key: str, value: Any, where: str, classes: dict[str, type]) -> Any:
     if key == "max_workers_per_node" and value == "auto":
         return os.cpu_count() or 1
     return value
+
+
+def _check_types(cls: type, args: dict[str, Any], where: str) -> None:
+    """Each argument of a Parsl class of the type its parameter is annotated with, where it is
+    annotated (ours check their own arguments, with messages that say what they are for)."""
+    if not cls.__module__.startswith("parsl."):
+        return
+    try:
+        hints = typing.get_type_hints(cls.__init__)
+    except (NameError, TypeError, AttributeError):  # an annotation that does not resolve: Parsl checks it
+        return
+    for key, value in args.items():
+        if key not in hints:
+            continue
+        try:
+            typeguard.check_type(value, hints[key])
+        except typeguard.TypeCheckError:
+            expected = inspect.formatannotation(hints[key])
+            raise SiteConfigError(f"{where}: {key} must be {expected}, got {value!r}") from None
 
 
 def _check_keys(cls: type, spec: dict[str, Any], where: str, exclude: frozenset[str] | set[str] = frozenset()) -> None:

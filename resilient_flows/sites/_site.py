@@ -2,19 +2,22 @@
 
 ``run`` plans with a site and then builds its Parsl configuration, again after a failed start:
 all from the one :class:`SiteFile` the plan carries, so a run sees one version of the file and
-opens it once. Building the configuration imports Parsl; the rest does not.
+opens it once. Building the configuration imports Parsl; the rest does not. Options given with
+the site (``nodes``, ``walltime``, ``queue``, ``account``: see :mod:`resilient_flows.sites._options`)
+are applied as the file is read, so that its facts and its providers see the same values.
 """
 
 from __future__ import annotations
 
 import copy
 import os
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from resilient_flows.errors import SiteConfigError
 from resilient_flows.sites._facts import SiteFacts, parse_clock, parse_facts
+from resilient_flows.sites._options import SiteOptions
 from resilient_flows.sites._sitefile import read_site, site_path
 
 if TYPE_CHECKING:
@@ -23,16 +26,19 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class SiteFile:
-    """The site ``name`` (a name in ``site-configs/`` or a YAML path), read from ``path``."""
+    """The site ``name`` (a name in ``site-configs/`` or a YAML path), read from ``path``, with
+    ``options`` applied to its ``document``."""
 
     name: str
     path: Path
     document: dict[str, Any]
+    options: SiteOptions = field(default_factory=SiteOptions)
 
     @classmethod
-    def open(cls, name_or_path: str | os.PathLike) -> SiteFile:
+    def open(cls, name_or_path: str | os.PathLike, options: SiteOptions | None = None) -> SiteFile:
         path = site_path(name_or_path)
-        return cls(os.fspath(name_or_path), path, read_site(path))
+        options = SiteOptions() if options is None else SiteOptions.model_validate(options.given())
+        return cls(os.fspath(name_or_path), path, options.apply(read_site(path), str(path)), options)
 
     def facts(self) -> SiteFacts:
         """The site's facts, checked against its providers: a block's ``walltime`` is the

@@ -18,8 +18,10 @@ _SOURCES = {
         "read_events",
     ),
     "resilient_flows.training._builtins": (
+        "BUILTIN_PARAMS",
         "BUILTIN_WORKLOADS",
-        "DEFAULTS",
+        "CNNParams",
+        "MLPParams",
         "STRUCTURAL",
     ),
     "resilient_flows.training._command": (
@@ -60,6 +62,7 @@ _SOURCES = {
         "read_launch_env",
         "shutdown_process_group",
     ),
+    "resilient_flows.training._functions": ("import_function",),
     "resilient_flows.training._heartbeat": (
         "BEAT_S",
         "analytics_task",
@@ -79,6 +82,20 @@ _SOURCES = {
         "stat_fields",
     ),
     "resilient_flows.training._nodefile": ("pbs_hosts",),
+    "resilient_flows.training._params": (
+        "check_params",
+        "declared_names",
+        "declared_params",
+        "params_problem",
+        "signature_params",
+    ),
+    "resilient_flows.training._probe": (
+        "LOOP",
+        "FunctionCheck",
+        "PROBE_TIMEOUT_S",
+        "Problem",
+        "probe_functions",
+    ),
     "resilient_flows.training._run": (
         "evaluate_members",
         "run_member",
@@ -97,6 +114,7 @@ _SOURCES = {
         "StageSpec",
     ),
     "resilient_flows.training._stage": (
+        "STAGE_ARGUMENTS",
         "newest_iteration",
         "run_stage",
         "stage_dir",
@@ -113,7 +131,6 @@ _SOURCES = {
         "Workload",
         "batch_indices",
         "check_call",
-        "import_function",
         "load_dataset",
         "resolve_workload",
     ),

@@ -1,11 +1,44 @@
-"""The built-in workloads' names and defaults, importable without torch: the workflow schema checks
-names against them and a clone's overrides against their parameters."""
+"""The built-in workloads' names and the params each declares, importable without torch: the
+workflow is checked against them before anything runs, and a clone's overrides too."""
 
 from __future__ import annotations
 
-#: The built-in workloads, by name (see :mod:`resilient_flows.training._workloads`).
-BUILTIN_WORKLOADS = ("mlp-digits", "mlp-breast-cancer", "cnn-digits")
-#: Defaults of the built-ins; a member's ``params`` override them.
-DEFAULTS = {"lr": 0.05, "momentum": 0.9, "hidden": 64, "batch_size": 64, "dropout": 0.1, "weight_decay": 0.0}
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class MLPParams(BaseModel):
+    """``mlp-digits`` and ``mlp-breast-cancer``: two hidden layers of ``hidden`` units, SGD."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    lr: float = Field(0.05, gt=0)
+    momentum: float = Field(0.9, ge=0)
+    weight_decay: float = Field(0.0, ge=0)
+    batch_size: int = Field(64, ge=1)
+    dropout: float = Field(0.1, ge=0, lt=1)
+    hidden: int = Field(64, ge=1)
+
+
+class CNNParams(BaseModel):
+    """``cnn-digits``: two convolutions of ``channels`` and twice as many filters, SGD."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    lr: float = Field(0.05, gt=0)
+    momentum: float = Field(0.9, ge=0)
+    weight_decay: float = Field(0.0, ge=0)
+    batch_size: int = Field(64, ge=1)
+    dropout: float = Field(0.1, ge=0, lt=1)
+    channels: int = Field(16, ge=1)
+
+
+#: The built-in workloads by name, each with the params it declares (see
+#: :mod:`resilient_flows.training._params`); :mod:`resilient_flows.training._workloads` trains them.
+BUILTIN_PARAMS: dict[str, type[BaseModel]] = {
+    "mlp-digits": MLPParams,
+    "mlp-breast-cancer": MLPParams,
+    "cnn-digits": CNNParams,
+}
+BUILTIN_WORKLOADS = tuple(BUILTIN_PARAMS)
 #: Params that decide the shape of a model: a clone cannot change them.
 STRUCTURAL = frozenset({"hidden", "channels"})

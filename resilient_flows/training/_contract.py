@@ -24,6 +24,13 @@ requeued without spending a retry. Exit status 127 or 126 (a shell's "command no
 executable") means that the program could not be started: the member fails at once, since no
 retry would find it. This module imports neither torch nor Parsl: the process that
 launches a command sets the contract, the script reads it.
+
+A command's params are its own business: they reach it as ``RESILIENT_FLOWS_PARAMS``. A workload
+function (``workload: package.module:function``, called with a
+:class:`~resilient_flows.training.TrainContext`) may declare the params it takes as an attribute,
+``train.params = Params`` (a pydantic model or a dataclass: names, types, defaults); members
+whose params it does not declare are refused by ``validate``, by ``run`` before anything is
+queued, and by the member itself before it trains (see :mod:`resilient_flows.training._params`).
 """
 
 from __future__ import annotations

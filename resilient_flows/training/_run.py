@@ -13,7 +13,8 @@ from resilient_flows.checkpoint import read_checkpoint
 from resilient_flows.rundir import EventLog, member_layout
 from resilient_flows.training._context import TrainContext
 from resilient_flows.training._heartbeat import Heartbeat, analytics_task
-from resilient_flows.training._spec import MemberSpec
+from resilient_flows.training._params import check_params
+from resilient_flows.training._spec import OPTIMIZER_KEYS, MemberSpec
 from resilient_flows.training._workloads import check_call, resolve_workload
 
 
@@ -24,10 +25,14 @@ def run_member(spec: dict[str, Any], run_dir: str, comm: Any = None) -> dict[str
     stop. ``comm`` of several ranks (mpi4py, or a torch.distributed ProcessGroup) makes them one
     member: one process group for training and the checkpointer; without it, a spec of several
     ``ranks`` forms the group from its launcher's environment (srun, torchrun, PBS).
+
+    A workload that does not import, or params it does not declare, raise
+    :class:`~resilient_flows.errors.WorkloadError` before anything is trained or recorded.
     """
     member = MemberSpec.from_dict(spec)
     workload = resolve_workload(member.workload, member.evaluate, member.workdir)
     check_call(workload.train, f"workload {member.workload} of member {member.name}", "ctx")
+    check_params(member.workload, workload.params, member.params, exempt=_clone_optimizer_overrides(member))
     ctx = TrainContext(member, run_dir, comm=comm)
     try:
         result = workload.train(ctx)
@@ -73,3 +78,10 @@ def _evaluate(specs: list[dict[str, Any]], run_dir: str) -> dict[str, Any]:
 
 def _scalars(result: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in result.items() if isinstance(v, int | float | str) and k not in ("member", "attempts")}
+
+
+def _clone_optimizer_overrides(member: MemberSpec) -> frozenset[str]:
+    """The optimizer hyperparameters a clone's overrides set (``eps``, ``betas``): they go into the
+    optimizer's parameter groups at the fork, so a workload need not declare them."""
+    changes = member.parent.overrides if member.parent is not None else {}
+    return frozenset(key for key in changes if key in OPTIMIZER_KEYS)

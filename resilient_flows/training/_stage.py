@@ -21,10 +21,14 @@ from typing import TYPE_CHECKING, Any
 from resilient_flows.rundir import EventLog, stage_layout
 from resilient_flows.training._control import newest_committed
 from resilient_flows.training._heartbeat import Heartbeat
+from resilient_flows.training._params import check_params, signature_params
 from resilient_flows.training._spec import StageSpec
 
 if TYPE_CHECKING:
     from resilient_flows.resilience import Filter
+
+#: What a stage's loop function is given besides its params: ``loop(ctx, output=..., inputs=..., **params)``.
+STAGE_ARGUMENTS = ("ctx", "output", "inputs")
 
 
 def stage_dir(run_dir: str | os.PathLike, name: str) -> Path:
@@ -49,12 +53,11 @@ def stage_finished(run_dir: str | os.PathLike, name: str) -> bool:
 def run_stage(spec: dict[str, Any], run_dir: str) -> Any:
     """Run the stage's loop from its newest checkpoint to the end; the loop function's value."""
     from resilient_flows.resilience import Context, every  # torch: only where a stage runs
-    from resilient_flows.training._workloads import check_call, import_function
+    from resilient_flows.training._functions import import_function
 
     stage = StageSpec.from_dict(spec)
     loop = import_function(stage.loop, "loop function")
-    what = f"loop function {stage.loop} of stage {stage.name}"
-    check_call(loop, what, "ctx", output="output", inputs={}, **stage.params)
+    check_params(stage.loop, signature_params(loop, STAGE_ARGUMENTS), stage.params, what="loop function")
     layout = stage_layout(run_dir, stage.name)
     output = layout.output
     output.mkdir(parents=True, exist_ok=True)

@@ -15,9 +15,7 @@ A workflow names a built-in (``mlp-digits``) or a user's ``module:function``.
 from __future__ import annotations
 
 import functools
-import importlib
 import inspect
-import socket
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -28,10 +26,12 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from resilient_flows.errors import ParamsError, PermanentError, ResilientFlowsError
-from resilient_flows.training._builtins import BUILTIN_WORKLOADS, DEFAULTS
+from resilient_flows.errors import ParamsError, ResilientFlowsError, WorkloadError
+from resilient_flows.training._builtins import BUILTIN_PARAMS, BUILTIN_WORKLOADS
 from resilient_flows.training._context import TrainContext
 from resilient_flows.training._distributed import local_slice
+from resilient_flows.training._functions import import_function
+from resilient_flows.training._params import declared_params
 
 
 @dataclass(frozen=True)
@@ -149,7 +149,7 @@ def _mlp(data: Dataset, p: dict[str, Any]) -> nn.Module:
 
 
 def _cnn(data: Dataset, p: dict[str, Any]) -> nn.Module:
-    channels = int(p.get("channels", 16))
+    channels = int(p["channels"])
     return nn.Sequential(
         nn.Unflatten(1, (1, 8, 8)),
         nn.Conv2d(1, channels, 3, padding=1),
@@ -172,9 +172,10 @@ _BUILDERS: dict[str, tuple[Callable[[Dataset, dict[str, Any]], nn.Module], str]]
 
 
 def builtin_model(workload: str, params: dict[str, Any]) -> tuple[nn.Module, Dataset, dict[str, Any]]:
-    """A built-in workload's model (from the current torch RNG), its data, and its full params."""
+    """A built-in workload's model (from the current torch RNG), its data, and its params with the
+    defaults it declares filled in."""
     build, dataset = _BUILDERS[workload]
-    full = {**DEFAULTS, **params}
+    full = {**BUILTIN_PARAMS[workload]().model_dump(), **params}
     data = load_dataset(dataset)
     return build(data, full), data, full
 
@@ -244,12 +245,15 @@ class Workload:
     """A training function, and optionally how to evaluate a checkpoint of it (for analytics).
 
     ``evaluate(params, state)`` receives the member's parameters and a checkpoint as a nested
-    dict (``state["model"]`` is the model's ``state_dict``) and returns metrics.
+    dict (``state["model"]`` is the model's ``state_dict``) and returns metrics. ``params`` is
+    what the workload declares about its params (see :mod:`resilient_flows.training._params`),
+    None when it declares nothing.
     """
 
     name: str
     train: Callable[[TrainContext], Any]
     evaluate: Callable[[dict[str, Any], dict[str, Any]], dict[str, float]] | None = None
+    params: type | None = None
 
 
 assert tuple(_BUILDERS) == BUILTIN_WORKLOADS, "training.builtins lists the built-ins"
@@ -264,49 +268,17 @@ def resolve_workload(name: str, evaluate: str | None = None, directory: str | No
     the module makes later.
     """
     if name in _BUILDERS:
-        return Workload(name, functools.partial(_train_builtin, name), functools.partial(_evaluate_builtin, name))
+        train, evaluated = functools.partial(_train_builtin, name), functools.partial(_evaluate_builtin, name)
+        return Workload(name, train, evaluated, BUILTIN_PARAMS[name])
     if ":" not in name:
-        raise PermanentError(
+        raise WorkloadError(
             f"unknown workload {name!r}: name a built-in ({', '.join(BUILTIN_WORKLOADS)}) or 'module:function'"
         )
     if directory is not None and directory not in sys.path:
         sys.path.insert(0, directory)
-    return Workload(name, import_function(name), import_function(evaluate) if evaluate else None)
-
-
-def import_function(ref: str, what: str = "workload") -> Callable[..., Any]:
-    """The function ``ref`` (``package.module:function``) names; ``what`` it is, for the error.
-
-    A module that is missing or does not compile is a :class:`PermanentError`: every attempt would
-    fail the same way. When the module itself is missing (not one it imports), the message says
-    where this process looked: a worker imports from its own ``sys.path``, which need not be the
-    one of the script or shell that submitted the work.
-    """
-    module_name, _, attr = ref.partition(":")
-    try:
-        module = importlib.import_module(module_name)
-    except (ImportError, SyntaxError) as exc:
-        missing = _missing(exc, module_name)
-        hint = "" if missing is None else _not_on_path(missing)
-        raise PermanentError(f"{what} {ref!r}: cannot import {module_name!r} ({exc}){hint}") from None
-    function = getattr(module, attr, None)
-    if not callable(function):
-        raise PermanentError(f"{what} {ref!r}: {module_name} has no function {attr!r}")
-    return function
-
-
-def _missing(exc: BaseException, module_name: str) -> str | None:
-    """The module that ``exc`` says is not on the path, when it is ``module_name`` or a package above
-    it; None when the module was found and failed on its own (a dependency of it is missing)."""
-    missing = exc.name if isinstance(exc, ModuleNotFoundError) else None
-    return missing if missing and f"{module_name}.".startswith(f"{missing}.") else None
-
-
-def _not_on_path(missing: str) -> str:
-    return (
-        f"; no {missing!r} on the sys.path of this process on {socket.gethostname()}: install it where the "
-        "workers run, or put its directory on PYTHONPATH before Parsl starts them"
-    )
+    train = import_function(name)
+    evaluated = import_function(evaluate, "evaluate function") if evaluate else None
+    return Workload(name, train, evaluated, declared_params(train, name))
 
 
 def check_call(function: Callable[..., Any], what: str, *args: Any, **kwargs: Any) -> None:

@@ -53,7 +53,7 @@ def guard(run_dir: Path, runner: int, started: int | None, poll_s: float = POLL_
 
 
 def _retire(run_dir: Path, runner: int, lease: RunnerLease) -> list[str]:
-    from resilient_flows.sites import load_site
+    from resilient_flows.sites import SiteFile
     from resilient_flows.training import DEFAULT_GRACE_S
     from resilient_flows.workflow._blocks import BlockLedger
     from resilient_flows.workflow._rundir import read_plan
@@ -68,7 +68,8 @@ def _retire(run_dir: Path, runner: int, lease: RunnerLease) -> list[str]:
     plan = read_plan(run_dir)
     graces = [DEFAULT_GRACE_S if m.grace_s is None else m.grace_s for m in plan.members if m.command]
     _wait_for_members(run_dir, max([STOP_WAIT_S, *(g + POLL_S for g in graces)]))
-    executors = load_site(plan.site, run_dir=str(run_layout(run_dir).parsl)).executors
+    site = SiteFile.open(plan.site, plan.workflow.site)
+    executors = site.config(run_dir=str(run_layout(run_dir).parsl)).executors
     done = BlockLedger(run_dir).cancel_runner(runner, executors)
     events.emit("warning", None, reason=f"runner {runner}'s leftovers cancelled: {'; '.join(done) or 'none'}")
     return done

@@ -1,26 +1,41 @@
 """Binding a workflow to a site: what ``validate`` checks and ``run`` starts from.
 
-Planning needs the site's facts (node-local scratch, node MTBF), read from its YAML file; only
-building the site's ``parsl.Config`` needs Parsl, so ``validate`` plans without it and leaves the
-build to ``run``.
+Planning reads the site's facts (node-local scratch, node MTBF) and builds its ``parsl.Config``
+(which imports Parsl), so that a mistake in the site file is found by ``validate`` as by ``run``,
+and imports the workflow's functions as a worker will (:mod:`resilient_flows.workflow._preflight`),
+so that a member that cannot start is found before anything is queued.
 """
 
 from __future__ import annotations
 
 from resilient_flows.errors import WorkflowError
-from resilient_flows.sites import SiteFile
+from resilient_flows.sites import SiteFile, SiteOptions
 from resilient_flows.training import MemberSpec
+from resilient_flows.workflow._preflight import check_functions
 from resilient_flows.workflow._rundir import Plan
-from resilient_flows.workflow.schema import Workflow
+from resilient_flows.workflow.schema import SiteConfig, Workflow
 
 
 def plan_workflow(
-    workflow: Workflow, site: str | None = None, run_name: str | None = None, build_site: bool = True
+    workflow: Workflow,
+    site: str | None = None,
+    run_name: str | None = None,
+    build_site: bool = True,
+    options: SiteOptions | None = None,
 ) -> Plan:
-    """Bind a workflow to a site (the workflow's own unless ``site`` is given), whose facts are
-    checked; with ``build_site`` also its Parsl configuration, which imports Parsl."""
-    site_name = site or workflow.site
-    site_file = SiteFile.open(site_name)
+    """Bind a workflow to a site: the workflow's own, with its options, unless ``site`` names
+    another (without them); ``options`` change either's (``--set nodes=4``). The site's facts are
+    checked, and with ``build_site`` its Parsl configuration is built, which imports Parsl.
+
+    The plan's workflow names the site it was bound to, options included, so that ``resume``
+    reads the same site again.
+    """
+    choice = workflow.site if site is None else SiteConfig(name=site)
+    if options is not None:
+        choice = choice.merged(options)
+    workflow = workflow.model_copy(update={"site": choice})
+    site_name = choice.name
+    site_file = SiteFile.open(site_name, choice)
     facts = site_file.facts()
     run = run_name or workflow.name
     local_root = f"{facts.local_scratch}/resilient-flows/{run}" if facts.local_scratch else None
@@ -49,6 +64,7 @@ def plan_workflow(
         peer_capacity=facts.peer_memory,
     )
     _check_nodes(specs, site_file, facts.nodes)
+    check_functions(workflow, specs, workflow.stage_specs())
     return Plan(workflow, site_name, tuple(specs), site_file)
 
 

@@ -43,7 +43,7 @@ from resilient_flows.apps import (
 from resilient_flows.clone import request_clone
 from resilient_flows.errors import WorkflowError, is_storage_full
 from resilient_flows.rundir import FULL_WAIT_S, EventLog, run_layout
-from resilient_flows.sites import SiteFacts, SiteFile
+from resilient_flows.sites import SiteFacts, SiteFile, SiteOptions
 from resilient_flows.training import (
     LeaseRenewer,
     MemberSpec,
@@ -81,21 +81,28 @@ GUARD_EXIT_S = 5.0
 
 
 def start_run(
-    path: str | Path, site: str | None = None, run_dir: str | Path | None = None, console: Console | None = None
+    path: str | Path,
+    site: str | None = None,
+    run_dir: str | Path | None = None,
+    console: Console | None = None,
+    options: SiteOptions | None = None,
 ) -> int:
-    """Run a workflow file from the start; 0 when every member finished."""
-    directory, plan = prepare_run(path, site, run_dir)
+    """Run a workflow file from the start; 0 when every member finished. ``site`` replaces the
+    workflow's site, ``options`` change its blocks (see :func:`plan_workflow`)."""
+    directory, plan = prepare_run(path, site, run_dir, options)
     return _execute(directory, plan, list(plan.members), console or Console())
 
 
-def prepare_run(path: str | Path, site: str | None = None, run_dir: str | Path | None = None) -> tuple[Path, Plan]:
+def prepare_run(
+    path: str | Path, site: str | None = None, run_dir: str | Path | None = None, options: SiteOptions | None = None
+) -> tuple[Path, Plan]:
     """Validate and plan a workflow file and create its run directory: all of ``run`` before its
     runner takes the run, which it then does as a ``resume`` would. ``run --detach`` does this in
     the foreground, so that a mistake in the workflow or its site is reported at once. The run
     directory (absolute) and its plan."""
     workflow = load_workflow(path)
     target = Path(run_dir) if run_dir is not None else default_run_dir(workflow)
-    plan = plan_workflow(workflow, site, run_name=_run_key(target))
+    plan = plan_workflow(workflow, site, run_name=_run_key(target), options=options)
     directory = create_run_dir(target, plan, Path(path).read_text())
     for clone in workflow.clones:  # registered now: the sources fork when they reach the step
         request_clone(directory, clone.member, clone.n, clone.overrides, at_step=clone.at_step, ranks=clone.ranks)
@@ -110,15 +117,23 @@ def _run_key(run_dir: Path) -> str:
 
 
 def resume_run(
-    run_dir: str | Path, console: Console | None = None, ranks: int | Mapping[str, int] | None = None
+    run_dir: str | Path,
+    console: Console | None = None,
+    ranks: int | Mapping[str, int] | None = None,
+    options: SiteOptions | None = None,
 ) -> int:
     """Continue a run: finished members are skipped, the others resume from their checkpoints.
 
     ``ranks`` runs resumed members on another number of ranks (one count for all of them, or
     counts by member name), for this resume only; their checkpoints are resharded on restore.
+    ``options`` change the site's blocks (``nodes``, ``walltime``, ``queue``, ``account``) from
+    those the run started with, for this resume only.
     """
     directory = Path(run_dir).resolve()
     plan = read_plan(directory)
+    if options is not None:
+        site = plan.workflow.site.merged(options)
+        plan = dataclasses.replace(plan, workflow=plan.workflow.model_copy(update={"site": site}))
     console = console or Console()
     members = run_members(directory, plan)
     pending = [m for m in members if not has_result(directory, m.name)]
@@ -379,7 +394,7 @@ def _holding(run_dir: Path, orphan_timeout_s: float) -> Iterator[None]:
 def _execute(run_dir: Path, plan: Plan, members: list[MemberSpec], console: Console) -> int:
     _put_interpreter_on_path()
     if plan.site_file is None:  # read back from the run directory: the site is read once, here
-        plan = dataclasses.replace(plan, site_file=SiteFile.open(plan.site))
+        plan = dataclasses.replace(plan, site_file=SiteFile.open(plan.site, plan.workflow.site))
     facts = plan.site_file.facts()
     with library_output_to_log(run_layout(run_dir).runner_log, console), _holding(run_dir, facts.orphan_timeout_s):
         return _run_held(run_dir, plan, members, console, facts)

@@ -42,6 +42,7 @@ _SOURCES = {
         "HyperparameterSpace",
         "MemberConfig",
         "ReportConfig",
+        "SiteConfig",
         "StageConfig",
     ),
     "resilient_flows.workflow.schema._workflow": ("Workflow",),

@@ -72,6 +72,14 @@ def workflow_directory(info: ValidationInfo) -> Path | None:
     return context.get("directory")
 
 
+def dotted(loc: tuple[Any, ...]) -> str:
+    """A key's path as the workflow file spells it: ``members[0].params.lr``."""
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
 def confined(value: str) -> str:
     """``value`` as a relative path that cannot leave the directory it is resolved in."""
     path = PurePosixPath(value)

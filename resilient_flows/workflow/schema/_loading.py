@@ -12,6 +12,7 @@ from pydantic import BaseModel, ValidationError
 
 from resilient_flows.errors import WorkflowError
 from resilient_flows.workflow._yamlsource import YamlSource
+from resilient_flows.workflow.schema._fields import dotted
 from resilient_flows.workflow.schema._workflow import Workflow
 
 
@@ -25,21 +26,15 @@ def parse_workflow(source: YamlSource) -> Workflow:
     if not isinstance(source.data, dict):
         raise WorkflowError(f"{source.path}: expected a mapping with 'name' and 'members'")
     try:
-        return Workflow.model_validate(source.data, context={"directory": Path(source.path).resolve().parent})
+        context = {"directory": Path(source.path).resolve().parent, "source": source}
+        return Workflow.model_validate(source.data, context=context)
     except ValidationError as exc:
         errors = sorted(exc.errors(), key=lambda e: (e["type"] != "extra_forbidden", source.line(tuple(e["loc"])) or 0))
         first = errors[0]
         loc = tuple(first["loc"])
         line = source.line(loc)
         more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
-        raise WorkflowError(f"{source.path}:{line}: {_dotted(loc) or 'workflow'}: {_explain(first)}{more}") from None
-
-
-def _dotted(loc: tuple[Any, ...]) -> str:
-    out = ""
-    for part in loc:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
-    return out
+        raise WorkflowError(f"{source.path}:{line}: {dotted(loc) or 'workflow'}: {_explain(first)}{more}") from None
 
 
 def _explain(error: dict[str, Any]) -> str:

@@ -15,7 +15,8 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, Field, ValidationInfo, field_validator, model_validator
 
 from resilient_flows.cosched import BASELINES
-from resilient_flows.training import PARALLEL_MODES, check_command
+from resilient_flows.sites import SiteOptions
+from resilient_flows.training import PARALLEL_MODES, STAGE_ARGUMENTS, check_command
 from resilient_flows.workflow.schema._fields import (
     FAULT_KINDS,
     STRICT,
@@ -33,6 +34,20 @@ from resilient_flows.workflow.schema._fields import (
 
 class _Section(BaseModel):
     model_config = STRICT
+
+
+class SiteConfig(SiteOptions):
+    """``site: polaris``, or the site with its blocks' size, walltime, queue and account changed:
+    ``site: {name: polaris, nodes: 4, walltime: 2h, queue: debug, account: MYPROJ}`` (see
+    :mod:`resilient_flows.sites._options`). ``--site`` replaces the site and its options; ``--set``
+    changes options of whichever site runs."""
+
+    name: Annotated[str, Field(min_length=1)]
+
+    @model_validator(mode="before")
+    @classmethod
+    def _just_a_name(cls, data: Any) -> Any:
+        return {"name": data} if isinstance(data, str) else data
 
 
 class CheckpointConfig(_Section):
@@ -237,7 +252,7 @@ class StageConfig(_Section):
     @field_validator("params")
     @classmethod
     def _params(cls, value: dict[str, Any]) -> dict[str, Any]:
-        reserved = sorted(set(value) & {"ctx", "output", "inputs"})
+        reserved = sorted(set(value) & set(STAGE_ARGUMENTS))
         if reserved:
             raise ValueError(f"{', '.join(reserved)} are passed by the runner, not params")
         return value

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 from pydantic import BaseModel, Field, PrivateAttr, ValidationInfo, model_validator
 
 from resilient_flows.training import MemberSpec, StageSpec
+from resilient_flows.workflow._yamlsource import YamlSource
 from resilient_flows.workflow.schema._checks import (
     check_analytics,
     check_clones,
@@ -16,7 +17,7 @@ from resilient_flows.workflow.schema._checks import (
     check_something_to_run,
 )
 from resilient_flows.workflow.schema._expansion import SpecBuilder, expand_member, families
-from resilient_flows.workflow.schema._fields import STRICT, Name, workflow_directory
+from resilient_flows.workflow.schema._fields import STRICT, Name, dotted, workflow_directory
 from resilient_flows.workflow.schema._models import (
     AnalyticsConfig,
     CheckpointConfig,
@@ -26,6 +27,7 @@ from resilient_flows.workflow.schema._models import (
     FaultConfig,
     MemberConfig,
     ReportConfig,
+    SiteConfig,
     StageConfig,
 )
 
@@ -34,7 +36,7 @@ class Workflow(BaseModel):
     model_config = STRICT
 
     name: Name
-    site: str = "local"
+    site: SiteConfig = SiteConfig(name="local")
     retries: Annotated[int, Field(ge=0)] = 2
     #: Stops in a row (exit 75, a preemption) without a newer committed checkpoint that cost no
     #: retry; each further one costs one of ``retries``.
@@ -49,11 +51,19 @@ class Workflow(BaseModel):
     cosched: CoschedConfig = CoschedConfig()
     report: ReportConfig = ReportConfig()
     _directory: Path | None = PrivateAttr(default=None)  # the file's: where command members run
+    _source: YamlSource | None = PrivateAttr(default=None)  # the file's text: the lines of its keys
 
     @model_validator(mode="after")
     def _remember_directory(self, info: ValidationInfo) -> Workflow:
         self._directory = workflow_directory(info)
+        self._source = (info.context or {}).get("source")
         return self
+
+    def locate(self, loc: tuple[Any, ...]) -> str:
+        """``file:line: key`` of the key at ``loc``, as a schema error names it; the key alone in
+        a workflow that was not read from a file (a run's plan)."""
+        key = dotted(loc) or "workflow"
+        return key if self._source is None else f"{self._source.path}:{self._source.line(loc)}: {key}"
 
     @model_validator(mode="after")
     def _cross_references(self) -> Workflow:
