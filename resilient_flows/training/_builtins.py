@@ -6,8 +6,8 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field
 
 
-class MLPParams(BaseModel):
-    """``mlp-digits`` and ``mlp-breast-cancer``: two hidden layers of ``hidden`` units, SGD."""
+class _SGDParams(BaseModel):
+    """What every built-in trains with: SGD with momentum, mini-batches, dropout."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -16,19 +16,17 @@ class MLPParams(BaseModel):
     weight_decay: float = Field(0.0, ge=0)
     batch_size: int = Field(64, ge=1)
     dropout: float = Field(0.1, ge=0, lt=1)
+
+
+class MLPParams(_SGDParams):
+    """``mlp-digits`` and ``mlp-breast-cancer``: two hidden layers of ``hidden`` units, SGD."""
+
     hidden: int = Field(64, ge=1)
 
 
-class CNNParams(BaseModel):
+class CNNParams(_SGDParams):
     """``cnn-digits``: two convolutions of ``channels`` and twice as many filters, SGD."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    lr: float = Field(0.05, gt=0)
-    momentum: float = Field(0.9, ge=0)
-    weight_decay: float = Field(0.0, ge=0)
-    batch_size: int = Field(64, ge=1)
-    dropout: float = Field(0.1, ge=0, lt=1)
     channels: int = Field(16, ge=1)
 
 
