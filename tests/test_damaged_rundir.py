@@ -143,7 +143,7 @@ def test_status_json_has_the_stages_rows(tmp_path: Path, capsys: pytest.CaptureF
 
     source = tmp_path / "wf.yaml"
     source.write_text(
-        "name: st\nstages:\n  - {name: sim, loop: 'heat:simulate', every: 5}\n"
+        "name: st\nstages:\n  - {name: sim, loop: 'resilient_flows.examples.heat:simulate', every: 5}\n"
         "members:\n  - {name: wl, workload: mlp-digits, steps: 5, after: [sim]}\n"
     )
     run_dir = create_run_dir(tmp_path / "run", plan_workflow(load_workflow(source), build_site=False), "")

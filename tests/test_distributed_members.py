@@ -272,7 +272,7 @@ def assert_close(got: dict[int, float], want: dict[int, float]) -> None:
 #: Members the launch trains on two ranks (``grow`` resumes there after one rank was preempted).
 TWO_RANKS = {
     "mlp": spec("mlp", ranks=2),
-    "cnn": spec("cnn", workload="cnn-digits", ranks=2),
+    "cnn": spec("cnn", workload="cnn-digits", ranks=2, params={"channels": 8}),
     "fsdp": spec("fsdp", ranks=2, parallel="fsdp"),
     "shrink": spec("shrink", ranks=2, faults=(FaultSpec("preempt", 12),)),
     "fsdp-shrink": spec("fsdp-shrink", ranks=2, parallel="fsdp", faults=(FaultSpec("preempt", 12),)),
