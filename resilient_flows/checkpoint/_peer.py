@@ -25,6 +25,7 @@ its ranks together hold one node's copies and a world that changed size leaves o
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,7 +54,7 @@ class Ring:
 
     hosts: tuple[str, ...]
 
-    @property
+    @functools.cached_property
     def nodes(self) -> list[list[int]]:
         """The ranks of each node, nodes in ring order."""
         by_host: dict[str, list[int]] = {}
@@ -68,13 +69,19 @@ class Ring:
 
     def buddy(self, rank: int) -> int | None:
         """The rank that keeps a copy of ``rank``'s shard, None on a single node."""
-        if not self.active:
-            return None
-        nodes = self.nodes
-        here = next(i for i, ranks in enumerate(nodes) if rank in ranks)
-        place = nodes[here].index(rank)
-        following = nodes[(here + 1) % len(nodes)]
-        return following[place % len(following)]
+        return self._buddies[rank]
+
+    @functools.cached_property
+    def _buddies(self) -> tuple[int | None, ...]:
+        """Every rank's buddy, worked out once: plans ask for them at every save."""
+        buddies: list[int | None] = [None] * len(self.hosts)
+        if self.active:
+            nodes = self.nodes
+            for here, ranks in enumerate(nodes):
+                following = nodes[(here + 1) % len(nodes)]
+                for place, rank in enumerate(ranks):
+                    buddies[rank] = following[place % len(following)]
+        return tuple(buddies)
 
     def senders(self, rank: int) -> list[int]:
         """The ranks whose buddy ``rank`` is."""

@@ -274,8 +274,11 @@ class OpenCheckpoint:
             self._assigned[(name, key)] = rank
             loads[rank] += nbytes
         self._relay = []
-        for name, key, shard in sorted({need for wanted in needs or [] for need in wanted}):
-            wanting = [rank for rank, wanted in enumerate(needs or []) if (name, key, shard) in wanted]
+        wanting_by: dict[tuple[str, str, int], list[int]] = {}  # each piece a rank reads itself: who
+        for rank, wanted in enumerate(needs or []):
+            for need in wanted:
+                wanting_by.setdefault(tuple(need), []).append(rank)
+        for (name, key, shard), wanting in sorted(wanting_by.items()):
             able = [rank for rank in range(self.comm.size) if visible[rank].get(shard, slowest) != slowest]
             if not able or all(visible[rank].get(shard, slowest) != slowest for rank in wanting):
                 continue
@@ -653,14 +656,17 @@ def _manifest_for_the_copyless(copies: list[StepCopy], step: int, comm: Comm) ->
     """The step's manifest for a rank that holds no copy of the step (a node that replaced a lost
     one, where the step is not in the shared tier), from the first rank whose copy opens; None for
     ranks with a copy, or when no rank has a readable one. Collective."""
+    holding = comm.allgather(bool(copies))
+    if all(holding) or not any(holding):  # the common case: nobody reads a manifest twice
+        return None
     text = None
     if copies:
         with contextlib.suppress(OSError, CorruptCheckpointError):
             text = read_manifest(copies[-1].path).to_json()
-    held = comm.allgather(text is not None)
-    if all(held) or not any(held):
+    readable = comm.allgather(text is not None)
+    if not any(readable):
         return None
-    text = comm.bcast(text, held.index(True))
+    text = comm.bcast(text, readable.index(True))
     return None if copies else Manifest.from_json(text, f"{step_dirname(step)}/manifest.json from another rank")
 
 
