@@ -30,6 +30,8 @@ _SOURCES = {
         "COMMENT_PREFIX",
         "CheckpointHeartbeat",
         "HeartbeatReader",
+        "heartbeat_path",
+        "read_heartbeat",
     ),
     "resilient_flows.checkpoint._manifest": ("read_manifest",),
     "resilient_flows.checkpoint._reader": ("read_checkpoint",),

@@ -77,7 +77,7 @@ class HeartbeatWriter:
     """Rank 0's heartbeat: the file, and (under Slurm) the job comment that points to it."""
 
     def __init__(self, directory: Path) -> None:
-        self.path = directory / FILENAME
+        self.path = heartbeat_path(directory)
         self.restore_s: float | None = None
         self._commits: deque[float] = deque(maxlen=PERIOD_GAPS + 1)
         self._published = False
@@ -139,6 +139,11 @@ def _publish_in_slurm_comment(path: Path) -> None:
             )
     except (OSError, subprocess.SubprocessError) as exc:
         logger.warning("cannot publish the checkpoint heartbeat in Slurm job %s's comment: %s", job, exc)
+
+
+def heartbeat_path(tier: str | os.PathLike) -> Path:
+    """Where the heartbeat of the shared tier ``tier`` lies."""
+    return Path(tier) / FILENAME
 
 
 def read_heartbeat(path: str | os.PathLike, *, owner: int | None = None) -> CheckpointHeartbeat:

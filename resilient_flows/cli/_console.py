@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import json
-import math
 import sys
 from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
+
+from resilient_flows.strictjson import dumps_strict
 
 
 def console(stderr: bool = False) -> Console:
@@ -20,19 +20,9 @@ def console(stderr: bool = False) -> Console:
 def print_document(document: dict[str, Any]) -> None:
     """Print a ``--json`` document on stdout, alone: strict JSON that any parser reads (a number
     that is not finite, such as a diverged loss, is null), never through rich, which would add markup."""
-    sys.stdout.write(json.dumps(_strict(document), indent=2, allow_nan=False, default=str) + "\n")
+    sys.stdout.write(dumps_strict(document, indent=2) + "\n")
 
 
 def warn(message: str) -> None:
     """A warning on stderr, so that stdout stays the table or the document."""
     console(stderr=True).print(f"[bold yellow]warning:[/] {escape(message)}", soft_wrap=True)
-
-
-def _strict(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {str(k): _strict(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_strict(v) for v in value]
-    return value

@@ -15,6 +15,7 @@ from resilient_flows.lazy import lazy_exports
 
 _SOURCES = {
     "resilient_flows.clone._lineage": (
+        "clone_seed",
         "lineage_document",
         "lineage_tree",
     ),

@@ -34,7 +34,7 @@ def lineage_tree(
         if states and spec.name in states:
             label += f"  {states[spec.name]}"
         if spec.parent is not None:
-            seed = _seed(run_dir, spec.name, damage)
+            seed = clone_seed(run_dir, spec.name, damage)
             fork = "waiting for its state" if seed is None else f"from step {seed['step']} via {seed['transport']}"
             changes = ", ".join(f"{k}={v}" for k, v in spec.parent.overrides.items()) or "unchanged"
             label += f"  ({fork}; {changes})"
@@ -58,7 +58,7 @@ def lineage_document(
     members = []
     for spec in registered_members(run_dir, damage=damage):
         parent = spec.parent
-        seed = None if parent is None else _seed(Path(run_dir), spec.name, damage)
+        seed = None if parent is None else clone_seed(Path(run_dir), spec.name, damage)
         members.append(
             {
                 "name": spec.name,
@@ -79,7 +79,7 @@ def lineage_document(
     }
 
 
-def _seed(run_dir: Path, name: str, damage: DamageLog | None) -> dict[str, Any] | None:
+def clone_seed(run_dir: Path, name: str, damage: DamageLog | None) -> dict[str, Any] | None:
     """A clone's seed; None while there is none, or when it is unreadable (then recorded in
     ``damage``: damaged, oversized, or without the step and transport it always has)."""
     layout = member_layout(run_dir, name)

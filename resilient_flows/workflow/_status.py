@@ -16,7 +16,7 @@ A damaged line or result is passed over, never a crash of the runner or a view: 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -145,10 +145,19 @@ class StatusTracker:
 
     :attr:`damage` holds the damaged lines and files it passed over: ``damage`` when given (a
     command that reports them), else a log of its own that also logs each as a warning (the runner).
+    ``observe``, when given, is handed every event as it is read, so that a view that shows more
+    than the states (the dashboard's timeline) reads the event log once with the tracker.
     """
 
-    def __init__(self, run_dir: str | os.PathLike, follow: bool = True, damage: DamageLog | None = None) -> None:
+    def __init__(
+        self,
+        run_dir: str | os.PathLike,
+        follow: bool = True,
+        damage: DamageLog | None = None,
+        observe: Callable[[dict[str, Any]], None] | None = None,
+    ) -> None:
         self.run_dir = Path(run_dir)
+        self.observe = observe
         self.follow = follow
         self.damage = DamageLog(warn=True) if damage is None else damage
         self._tail = EventTail(run_dir, self.damage)
@@ -171,6 +180,8 @@ class StatusTracker:
                     status.apply(event)
                 changed.add(name)
         for event in self._tail.new():
+            if self.observe is not None:
+                self.observe(event)
             name = event.get("member")
             if name in self._statuses:
                 self._statuses[name].apply(event)

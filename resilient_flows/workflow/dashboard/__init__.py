@@ -1,0 +1,23 @@
+"""The dashboard: a run's members, curves, faults, checkpoints and lineage in a browser.
+
+:class:`RunModel` reads the run directory incrementally (the same reading as ``status``);
+:func:`serve_dashboard` serves it live to a page that polls it; :func:`write_dashboard_report`
+writes the same page as a self-contained file. Names are imported on first use: the runner
+writes the report without importing the web server.
+"""
+
+from __future__ import annotations
+
+from resilient_flows.lazy import lazy_exports
+
+_SOURCES = {
+    "resilient_flows.workflow.dashboard._model": ("RunModel",),
+    "resilient_flows.workflow.dashboard._server": (
+        "DEFAULT_PORT",
+        "dashboard_app",
+        "serve_dashboard",
+    ),
+    "resilient_flows.workflow.dashboard._static": ("write_dashboard_report",),
+}
+
+__getattr__, __dir__, __all__ = lazy_exports(__name__, _SOURCES)

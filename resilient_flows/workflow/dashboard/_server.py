@@ -1,0 +1,156 @@
+"""``resilient-flows dashboard``: the page served live from a run directory, read only.
+
+Starlette answers three kinds of request: the page and its assets, the run's document
+(``/api/run``) and one member's details (``/api/member/NAME``). The page polls ``/api/run`` every
+two seconds with the generation it holds; the model is looked at again only when a poll comes and
+at most once per :data:`LOOK_S` whoever polls, so a server nobody watches reads nothing, and many
+open tabs cost one look.
+
+Every request needs the token printed at start, on localhost too: a login node is shared, and
+any of its users can reach its loopback address. The token comes as ``?token=`` in the printed URL,
+which sets a cookie for the page's later requests (``HttpOnly``, ``SameSite=Strict``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import secrets
+import socket
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.middleware.base import BaseHTTPMiddleware, RequestResponseEndpoint
+from starlette.requests import Request
+from starlette.responses import FileResponse, JSONResponse, PlainTextResponse, Response
+from starlette.routing import Route
+
+from resilient_flows.errors import ResilientFlowsError
+from resilient_flows.strictjson import strict
+from resilient_flows.workflow.dashboard._model import RunModel
+from resilient_flows.workflow.dashboard._page import asset_path, page_html
+
+#: Seconds between two looks at the run directory, however many pages poll.
+LOOK_S = 1.0
+#: The cookie that carries the token after the first request.
+COOKIE = "rf_dashboard_token"
+#: The default port: one ``ssh -L`` line in the docs works without editing.
+DEFAULT_PORT = 8050
+
+
+class _Looker:
+    """Looks at the model at most once per :data:`LOOK_S`; one look at a time."""
+
+    def __init__(self, model: RunModel) -> None:
+        self.model = model
+        self._lock = threading.Lock()
+        self._last = 0.0
+
+    def look(self) -> None:
+        with self._lock:
+            if time.monotonic() - self._last >= LOOK_S:
+                self.model.update()
+                self._last = time.monotonic()
+
+
+def dashboard_app(model: RunModel, token: str) -> Starlette:
+    """The Starlette application serving ``model``'s run to requests that carry ``token``."""
+    looker = _Looker(model)
+
+    async def page(request: Request) -> Response:
+        response = Response(page_html(), media_type="text/html; charset=utf-8")
+        if request.query_params.get("token"):
+            response.set_cookie(COOKIE, token, httponly=True, samesite="strict")
+        return response
+
+    async def asset(request: Request) -> Response:
+        path = asset_path(request.path_params["name"])
+        if path is None:
+            return PlainTextResponse("no such asset", status_code=404)
+        return FileResponse(path)
+
+    async def run(request: Request) -> Response:
+        await asyncio.to_thread(looker.look)
+        since = request.query_params.get("since")
+        if since is not None and since == str(model.generation):
+            return JSONResponse({"version": 1, "generation": model.generation, "unchanged": True})
+        document = await asyncio.to_thread(model.document)
+        return JSONResponse(strict(document))
+
+    async def member(request: Request) -> Response:
+        details = await asyncio.to_thread(model.member, request.path_params["name"])
+        if details is None:
+            return JSONResponse({"error": "no such member"}, status_code=404)
+        return JSONResponse(strict(details))
+
+    class TokenCheck(BaseHTTPMiddleware):
+        async def dispatch(self, request: Request, call_next: RequestResponseEndpoint) -> Response:
+            given = (
+                request.query_params.get("token")
+                or request.headers.get("x-rf-token")
+                or request.cookies.get(COOKIE)
+                or ""
+            )
+            if not hmac.compare_digest(given.encode(), token.encode()):
+                return PlainTextResponse(
+                    "this dashboard needs its token: open the URL that `resilient-flows dashboard` printed",
+                    status_code=403,
+                )
+            response = await call_next(request)
+            response.headers["Cache-Control"] = "no-store"
+            response.headers["X-Content-Type-Options"] = "nosniff"
+            response.headers["Referrer-Policy"] = "no-referrer"
+            return response
+
+    routes = [
+        Route("/", page),
+        Route("/assets/{name}", asset),
+        Route("/api/run", run),
+        Route("/api/member/{name:path}", member),
+    ]
+    return Starlette(routes=routes, middleware=[Middleware(TokenCheck)])
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A listening socket on ``host``:``port`` (0: a free port); a port in use is one clear error."""
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+    except socket.gaierror as exc:
+        raise ResilientFlowsError(f"--host {host}: not an address of this machine ({exc.strerror})") from None
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise ResilientFlowsError(
+            f"cannot listen on {host}:{port}: {exc.strerror} (choose another with --port; --port 0 takes a free one)"
+        ) from None
+    sock.listen(64)
+    return sock
+
+
+def serve_dashboard(
+    run_dir: str | Path,
+    host: str = "127.0.0.1",
+    port: int = DEFAULT_PORT,
+    token: str | None = None,
+    ready: Callable[[str, int, str], None] | None = None,
+) -> None:
+    """Serve the dashboard of ``run_dir`` until interrupted. ``ready`` is told the host, the port
+    (the one chosen for port 0) and the token once the socket listens; the token is a new random
+    one unless given."""
+    import uvicorn
+
+    model = RunModel(run_dir)
+    model.update()
+    token = token or secrets.token_urlsafe(24)
+    sock = bind(host, port)
+    if ready is not None:
+        ready(host, sock.getsockname()[1], token)
+    config = uvicorn.Config(dashboard_app(model, token), log_level="warning", access_log=False, lifespan="off")
+    uvicorn.Server(config).run(sockets=[sock])
