@@ -25,10 +25,8 @@ from typing import Any
 
 import numpy as np
 
-from resilient_flows.rundir._metrics import metrics_problem
-
-#: Points a member's curve keeps (between this and twice this).
-POINTS = 256
+#: Points a member's curve keeps (between this and twice this): a band's grid has fewer.
+POINTS = 128
 #: Sections of a log up to this many bytes are read whole; longer ones by a short read per point.
 READ_WHOLE = 1 << 20
 #: Bytes read around a sampled position to find the line there; longer lines are passed over.
@@ -123,19 +121,23 @@ def _sampled_lines(
     line starting at or after ``target`` and after each later multiple of ``spacing`` (kept), and
     the last line (kept or not); then the next target."""
     found: list[tuple[int, bytes, bool]] = []
-    if end - start <= READ_WHOLE:
+    if end - start <= READ_WHOLE:  # one read; then a search per kept line, not a step per line
         f.seek(start)
         data = f.read(end - start)
-        position, last = 0, data.rfind(b"\n")
-        while position <= last:
-            newline = data.index(b"\n", position)
-            offset = start + position
-            if offset >= target:
-                found.append((offset, data[position:newline], True))
-                target = (offset // spacing + 1) * spacing
-            elif newline == last:
-                found.append((offset, data[position:newline], False))
-            position = newline + 1
+        last = data.rfind(b"\n")
+        if last < 0:
+            return found, target
+        while True:
+            wanted = target - start
+            begin = 0 if wanted <= 0 else data.find(b"\n", wanted - 1) + 1
+            if (wanted > 0 and begin == 0) or begin > last:
+                break
+            newline = data.index(b"\n", begin)
+            found.append((start + begin, data[begin:newline], True))
+            target = ((start + begin) // spacing + 1) * spacing
+        last_begin = data.rfind(b"\n", 0, last) + 1
+        if not found or found[-1][0] != start + last_begin:
+            found.append((start + last_begin, data[last_begin:last], False))
         return found, target
     target = max(target, start)
     while target < end:
@@ -179,20 +181,29 @@ def _last_line(f: Any, start: int, end: int) -> tuple[int, bytes] | None:
 
 
 def _point(raw: bytes) -> Point | None:
+    """The sampled line, or None for one that is damaged (the views that read every line say
+    which: :func:`~resilient_flows.rundir._metrics.metrics_problem`)."""
     try:
-        record = json.loads(raw)
-    except ValueError:
+        record = json.loads(raw.decode())
+    except ValueError:  # UnicodeDecodeError too
         return None
-    if metrics_problem(record) is not None:
+    if not isinstance(record, dict):
         return None
-    loss = record.get("loss")
-    when = record.get("time")
+    step, loss, when, attempt = record.get("step"), record.get("loss"), record.get("time"), record.get("attempt", 1)
+    if not all(_is_number(v) for v in (step, attempt)) or not all(v is None or _is_number(v) for v in (loss, when)):
+        return None
+    if not math.isfinite(step):
+        return None
     return Point(
-        step=int(record["step"]),
+        step=int(step),
         loss=float(loss) if loss is not None and math.isfinite(loss) else None,
-        time=None if when is None else float(when),
-        attempt=int(record.get("attempt", 1)),
+        time=None if when is None or not math.isfinite(when) else float(when),
+        attempt=int(attempt) if math.isfinite(attempt) else 1,
     )
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 @dataclass(frozen=True)
