@@ -31,7 +31,7 @@ from requires import require, require_module
 
 from resilient_flows.cli import main
 from resilient_flows.rundir import EventLog, MetricsLog, member_layout
-from resilient_flows.training import read_spec, register_member
+from resilient_flows.training import ParentSpec, read_spec, register_member
 from resilient_flows.workflow._plan import plan_workflow
 from resilient_flows.workflow._rundir import create_run_dir
 from resilient_flows.workflow.schema import load_workflow
@@ -316,6 +316,8 @@ def test_a_new_state_and_loss_appear_within_five_seconds_of_being_written(browse
         took = time.monotonic() - written
         assert took < 5, f"the page showed what was written after {took:.1f} s"
         assert {row["name"]: row["loss"] for row in table(browser)}["m-0"] == "1.23e-4"
+        browser.execute_script("document.getElementById('timeline-panel').scrollIntoView()")  # drawn when seen
+        wait_for(browser, "return document.getElementById('timeline-plot').data")
         assert legend(browser, "timeline-plot") == ["failed"]
         assert console_errors(browser) == []
 
@@ -330,6 +332,50 @@ def test_the_server_gone_shows_a_banner_and_the_page_keeps_what_it_had(browser: 
     assert "does not answer" in banner and "retrying" in banner
     assert [row["name"] for row in table(browser)] == ["m-0", "m-1"]
     assert browser.find_element("id", "live-text").text == "disconnected"
+
+
+def clone(run_dir: Path, parent: str, name: str, step: int) -> None:
+    """Register ``name`` as a clone of ``parent`` seeded at ``step``, as the clone command does."""
+    spec = read_spec(run_dir, parent)
+    assert spec is not None
+    register_member(run_dir, dataclasses.replace(spec, name=name, parent=ParentSpec(parent, "r1", {"lr": 0.1}, 0.0)))
+    member_layout(run_dir, name).write_seed({"parent": parent, "step": step, "transport": "p2p"})
+
+
+def test_lineage_tuning_and_decisions_show_what_the_run_recorded(browser: Any, tmp_path: Path) -> None:
+    run_dir = make_run(tmp_path, {"m": 2})
+    with served(run_dir) as url:
+        open_page(browser, url)
+        for panel in ("lineage-tree", "tuned-table", "decisions-table"):
+            assert browser.find_element("id", panel).text.endswith("none in this run")
+
+    for k in range(3):
+        clone(run_dir, "m-0", f"m-0.c{k}", step=5)
+    clone(run_dir, "m-0.c0", "m-0.c0.c0", step=8)
+    for k in range(40):  # a large tree: shown folded
+        clone(run_dir, "m-1", f"m-1.c{k}", step=7)
+    events = EventLog(run_dir)
+    events.emit("tuned", "m-0", step=20, interval_s=12.5, persist_every=4, params={"mtbf_s": 3600}, observed={})
+    events.emit("ondemand", None, request="peek", slots=1, policy="dp", free=0, jobs=[{}, {}], preempt=["m-1"], cost=3)
+    with served(run_dir) as url:
+        open_page(browser, url)
+        tree = browser.find_element("id", "lineage-tree")
+        assert browser.find_element("id", "lineage-note").text == "46 members in 2 trees, collapsed"
+        assert tree.text.splitlines() == ["m-0 3 clones", "m-1 40 clones"]
+        browser.find_element("css selector", "#lineage-tree summary").click()
+        assert tree.text.splitlines()[1:5] == [
+            "m-0.c0 at step 5 · via p2p · lr=0.1 · 1 clone",
+            "m-0.c1 at step 5 · via p2p · lr=0.1",
+            "m-0.c2 at step 5 · via p2p · lr=0.1",
+            "m-1 40 clones",
+        ]
+        tree.find_element("xpath", ".//button[text()='m-0.c2']").click()  # chooses the member
+        wait_for(browser, "return document.querySelector('#detail-title .name').textContent == 'm-0.c2'")
+        tuned = browser.find_element("id", "tuned-table").text.splitlines()
+        assert tuned[1].split()[1:] == ["m-0", "20", "12.5", "4", "mtbf_s=3600", "—"]
+        decisions = browser.find_element("id", "decisions-table").text.splitlines()
+        assert decisions[1].split()[1:] == ["peek", "1", "dp", "0", "2", "preempt", "m-1", "3"]
+        assert console_errors(browser) == []
 
 
 def test_a_member_named_with_markup_shows_as_text_served_and_in_a_report(browser: Any, tmp_path: Path) -> None:

@@ -20,10 +20,11 @@
     "#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2",
     "#edc948", "#b07aa1", "#ff9da7", "#9c755f", "#bab0ac",
   ];
-  // Members' own curves when one family is drawn (with several, each takes its family's color).
+  // Chosen members' curves, dark over the families' light bands, and the best members' when one
+  // family is drawn (with several, the best members take their family's color).
   const MEMBER_COLORS = [
-    "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf",
-    "#8c564b", "#e377c2", "#bcbd22", "#7f7f7f", "#1f77b4",
+    "#1b1f24", "#b3186b", "#0a6e3c", "#6e3b00", "#4b32a8",
+    "#00727d", "#a40e0e", "#6b6b00", "#b35900", "#2d5fa6",
   ];
   // One look per kind of event, shared by the timeline and a member's own curve.
   const KIND_STYLE = {
@@ -84,6 +85,7 @@
     curveFamily: "",
     logY: true,
     connected: null,
+    observing: false,
   };
 
   // ------------------------------------------------------------------ text and numbers
@@ -111,7 +113,7 @@
   const fmtInt = (x) => (isNum(x) ? Math.round(x).toLocaleString("en-US") : "—");
   function fmtRate(x) {
     if (!isNum(x)) return "—";
-    return x >= 100 ? fmtInt(x) : x.toFixed(x >= 10 ? 1 : 2);
+    return x >= 99.5 ? fmtInt(x) : x.toFixed(x >= 9.95 ? 1 : 2);
   }
   const fmtMs = (x) => (isNum(x) ? (x >= 100 ? fmtInt(x) : x.toPrecision(3)) : "—");
   function fmtValue(x) {
@@ -570,14 +572,18 @@
     for (const [f, band] of bands) {
       if (!band) continue;
       const color = colorOf(f);
-      const common = { x: band.steps, mode: "lines", legendgroup: f, hoverinfo: "skip", showlegend: false };
-      traces.push({ ...common, y: band.p10, line: { width: 0, color }, name: plotText(`${f} p10`) });
+      const inside = band.steps.map((_, i) => i).filter((i) => isNum(band.p10[i]) && isNum(band.p90[i]));
+      const back = [...inside].reverse();
       traces.push({
-        ...common,
-        y: band.p90,
+        x: [...inside.map((i) => band.steps[i]), ...back.map((i) => band.steps[i])],
+        y: [...inside.map((i) => band.p90[i]), ...back.map((i) => band.p10[i])],
+        mode: "lines",
         line: { width: 0, color },
-        fill: "tonexty",
+        fill: "toself",
         fillcolor: withAlpha(color, 0.16),
+        legendgroup: f,
+        hoverinfo: "skip",
+        showlegend: false,
         name: plotText(`${f} 10–90%`),
       });
       medians.push({
@@ -592,13 +598,12 @@
       });
     }
     members.forEach(([name, f, curve], i) => {
-      const color = bands.length > 1 ? colorOf(f) : MEMBER_COLORS[i % MEMBER_COLORS.length];
+      const color = bands.length > 1 && !ui.chosen.size ? colorOf(f) : MEMBER_COLORS[i % MEMBER_COLORS.length];
       traces.push({
         x: curve.steps,
         y: curve.loss,
         mode: "lines",
-        line: { width: 1.2, color },
-        opacity: 0.9,
+        line: { width: ui.chosen.size ? 1.6 : 1.2, color },
         name: plotText(name),
         showlegend: members.length <= LEGEND_CURVES,
         hovertemplate: "%{fullData.name}<br>step %{x}<br>loss %{y:.4g}<extra></extra>",
@@ -614,7 +619,6 @@
     });
   }
 
-  // On a log axis over several decades only the decades are labelled (as powers of ten).
   function lossAxis(traces) {
     const axis = { type: ui.logY ? "log" : "linear", gridcolor: GRID, zeroline: false };
     if (!ui.logY) return axis;
@@ -628,7 +632,9 @@
         }
       }
     }
-    return high / low > 30 ? { ...axis, minorloglabels: "none", exponentformat: "power" } : axis;
+    // over several decades only the decades are labelled, as powers of ten; within a few, 1-2-5
+    if (high / low > 100) return { ...axis, minorloglabels: "none", exponentformat: "power" };
+    return { ...axis, dtick: "D2", tickformat: ".2~g" };
   }
 
   // The loss at `step` on a curve (the last point at or before it).
@@ -823,8 +829,26 @@
     return `block ${entry.block}` + (shown ? ` (${shown})` : "");
   }
 
+  // The plots below the fold are drawn when they come near the window, and drawn again for a new
+  // document only while there: a live page of many members spends nothing on what is not seen.
+  const inView = new Set();
+  const observer = new IntersectionObserver(
+    (entries) => {
+      for (const entry of entries) {
+        if (entry.isIntersecting) inView.add(entry.target.id);
+        else inView.delete(entry.target.id);
+      }
+      if (ui.doc && window.Plotly) {
+        drawTimeline();
+        drawSaves();
+      }
+    },
+    { rootMargin: "200px" },
+  );
+
   function drawTimeline() {
     const doc = ui.doc;
+    if (!inView.has("timeline-plot")) return null;
     if (!changed("timeline", [doc.timeline.length, doc.timeline[doc.timeline.length - 1], doc.blocks])) return null;
     const lanes = new Map(); // label -> block (null for the run)
     const kinds = new Map();
@@ -876,6 +900,7 @@
 
   function drawSaves() {
     const saves = ui.doc.saves;
+    if (!inView.has("saves-plot")) return null;
     if (!changed("saves", [saves.length, saves[saves.length - 1]])) return null;
     const timed = saves.filter((s) => isNum(s.time) && isNum(s.stall_ms));
     const stride = Math.max(1, Math.ceil(timed.length / SAVES_SHOWN));
@@ -898,6 +923,7 @@
       ],
       {
         uirevision: "saves",
+        margin: { l: 52, r: 10, t: 26, b: 36 },
         showlegend: false,
         xaxis: { type: "date", gridcolor: GRID, zeroline: false },
         yaxis: { title: { text: "stall (ms)" }, gridcolor: GRID, zeroline: false, rangemode: "tozero" },
@@ -947,7 +973,7 @@
     if (entry.parent && entry.transport) how.push(`via ${entry.transport}`);
     if (entry.parent && Object.keys(entry.overrides || {}).length) how.push(fmtFields(entry.overrides));
     if (kids.length) how.push(`${kids.length} clone${kids.length === 1 ? "" : "s"}`);
-    if (how.length) label.append(el("span", "how", how.join(" · ")));
+    if (how.length) label.append(" ", el("span", "how", how.join(" · ")));
     if (!kids.length) {
       li.className = "leaf";
       li.append(label);
@@ -1040,6 +1066,12 @@
     if (changed("tuned", doc.tuned)) renderTuned();
     if (changed("decisions", doc.decisions)) renderDecisions();
     refreshDetails();
+    if (!ui.observing) {
+      // from the first document on: before it, the empty page has everything in view
+      ui.observing = true;
+      observer.observe($("timeline-plot"));
+      observer.observe($("saves-plot"));
+    }
     plotlyReady
       .then(() => {
         if (ui.doc !== doc) return null; // a newer document draws instead
