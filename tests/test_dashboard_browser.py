@@ -363,6 +363,7 @@ def test_lineage_tuning_and_decisions_show_what_the_run_recorded(browser: Any, t
         assert browser.find_element("id", "lineage-note").text == "46 members in 2 trees, collapsed"
         assert tree.text.splitlines() == ["m-0 3 clones", "m-1 40 clones"]
         browser.find_element("css selector", "#lineage-tree summary").click()
+        wait_for(browser, "return document.getElementById('lineage-tree').innerText.split('\\n').length > 2")
         assert tree.text.splitlines()[1:5] == [
             "m-0.c0 at step 5 · via p2p · lr=0.1 · 1 clone",
             "m-0.c1 at step 5 · via p2p · lr=0.1",

@@ -222,7 +222,7 @@
     dl.replaceChildren(...items);
   }
 
-  // Run `draw` only when `value` differs from what the section shows.
+  // Whether `value` differs from what `section` shows (which from now on it does).
   function changed(section, value) {
     const signature = JSON.stringify(value);
     if (ui.drawn[section] === signature) return false;
@@ -316,7 +316,6 @@
       for (const s of STATES) if (f.states[s]) states.append(chip(s, `${s} ${f.states[s]}`));
       const progress = el("td");
       progress.append(progressBar(f.steps_done, f.steps_total));
-      progress.title = `${fmtInt(f.steps_done)} / ${fmtInt(f.steps_total)} steps`;
       tr.append(
         name,
         el("td", "num", fmtInt(f.members)),
@@ -364,13 +363,7 @@
     }
   }
 
-  function compareValues(a, b) {
-    const aNull = a === null || a === undefined;
-    const bNull = b === null || b === undefined;
-    if (aNull || bNull) return aNull === bNull ? 0 : aNull ? 1 : -1;
-    if (typeof a === "string" || typeof b === "string") return collator.compare(String(a), String(b));
-    return a - b;
-  }
+  const absent = (x) => x === null || x === undefined;
 
   function visibleMembers() {
     const { state, family, name } = ui.filters;
@@ -383,12 +376,12 @@
     );
     const get = COLUMN[ui.sort.key].get;
     const dir = ui.sort.dir;
+    const text = COLUMN[ui.sort.key].text;
     const keyed = rows.map((m) => [get(m), m]);
-    keyed.sort((x, y) => {
-      const aNull = x[0] === null || x[0] === undefined;
-      const bNull = y[0] === null || y[0] === undefined;
-      const order = aNull || bNull ? compareValues(x[0], y[0]) : dir * compareValues(x[0], y[0]);
-      return order || collator.compare(x[1].name, y[1].name);
+    // members without a value last whichever the direction; ties in name order
+    keyed.sort(([a, m], [b, n]) => {
+      if (absent(a) || absent(b)) return absent(a) - absent(b) || collator.compare(m.name, n.name);
+      return dir * (text ? collator.compare(a, b) : a - b) || collator.compare(m.name, n.name);
     });
     return keyed.map((k) => k[1]);
   }
@@ -399,7 +392,7 @@
     else if (column.key === "progress") td.append(progressBar(m.steps_done, m.steps));
     else if (column.text) {
       const value = column.get(m);
-      td.textContent = value === null || value === undefined ? "" : value;
+      td.textContent = absent(value) ? "" : value;
       if (value) td.title = value;
     } else td.textContent = column.fmt(column.get(m));
     if (column.key === "shared" && isNum(m.checkpoint.node) && !(m.checkpoint.shared >= m.checkpoint.node)) {
