@@ -239,11 +239,15 @@ def test_without_its_token_the_server_answers_403_to_every_request(tmp_path: Pat
             assert page.status == 200 and b"rf-data" not in page.read()
 
 
-def test_the_table_sorts_by_any_column_filters_and_pages(browser: Any, tmp_path: Path) -> None:
+def test_the_table_sorts_by_any_column_filters_and_pages_under_a_damage_warning(browser: Any, tmp_path: Path) -> None:
     run_dir = make_run(tmp_path, {"a": 70, "b": 50})  # a-k's loss grows with k; b's after all of a's
     EventLog(run_dir).emit("failed", "b-3", attempt=1, error="RuntimeError: boom", cause="crashed")
+    with (run_dir / "events.jsonl").open("a") as events:
+        events.write("{not json\n")
     with served(run_dir) as url:
         open_page(browser, url)
+        damage = browser.find_element("id", "damage").text
+        assert "events.jsonl: 1 damaged line" in damage, damage
         rows = table(browser)
         assert len(rows) == 100 and rows[0]["name"] == "a-0" and rows[1]["name"] == "a-1"  # natural order
         assert browser.find_element("id", "page-info").text == "1\N{EN DASH}100 of 120"

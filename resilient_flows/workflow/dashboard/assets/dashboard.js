@@ -10,6 +10,7 @@
 
 (() => {
   const POLL_MS = 2000;
+  const ANSWER_MS = 15000; // a request the server has not answered by then has failed
   const ROWS_PER_PAGE = 100;
   const MAX_CURVES = 30; // chosen members drawn over the bands
   const LARGE_TREE = 40; // lineage trees with more nodes start collapsed
@@ -504,7 +505,8 @@
     const generation = ui.doc ? ui.doc.generation : null;
     if (held && held.generation === generation) return;
     ui.loading.add(name);
-    fetch(`api/member/${encodeURIComponent(name)}`, { cache: "no-store", credentials: "same-origin" })
+    const options = { cache: "no-store", credentials: "same-origin", signal: AbortSignal.timeout(ANSWER_MS) };
+    fetch(`api/member/${encodeURIComponent(name)}`, options)
       .then((response) => (response.ok ? response.json() : null))
       .then((data) => {
         if (data) ui.details.set(name, { generation, data });
@@ -1086,7 +1088,11 @@
   async function poll() {
     try {
       const since = ui.doc ? `?since=${encodeURIComponent(ui.doc.generation)}` : "";
-      const response = await fetch(`api/run${since}`, { cache: "no-store", credentials: "same-origin" });
+      const response = await fetch(`api/run${since}`, {
+        cache: "no-store",
+        credentials: "same-origin",
+        signal: AbortSignal.timeout(ANSWER_MS),
+      });
       if (response.status === 403) {
         throw new Error("the server refused this page (403): open the URL with the token that `resilient-flows dashboard` printed");
       }
@@ -1101,7 +1107,9 @@
       ui.connected = false;
       ui.lostAt = since;
       setLive("off", "disconnected");
-      const reason = error instanceof TypeError ? "the dashboard server does not answer" : error.message;
+      let reason = error.message;
+      if (error instanceof TypeError) reason = "the dashboard server does not answer";
+      else if (error.name === "TimeoutError") reason = `the dashboard server did not answer within ${ANSWER_MS / 1000} s`;
       showProblem(`${reason} (since ${fmtClock(since.getTime() / 1000)}); retrying every ${POLL_MS / 1000} s…`);
     } finally {
       setTimeout(poll, POLL_MS);
