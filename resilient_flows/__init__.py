@@ -74,6 +74,11 @@ _SOURCES = {
         "resume_run",
         "start_run",
     ),
+    "resilient_flows.workflow.dashboard": (
+        "RunModel",
+        "serve_dashboard",
+        "write_dashboard_report",
+    ),
 }
 
 __getattr__, __dir__, __all__ = lazy_exports(__name__, _SOURCES, defined=("__version__",))

@@ -23,5 +23,6 @@ def strict(value: Any) -> Any:
 
 
 def dumps_strict(document: Any, indent: int | None = None) -> str:
-    """``document`` as strict JSON; what is not JSON (a path) as its ``str``."""
-    return json.dumps(strict(document), indent=indent, allow_nan=False, default=str)
+    """``document`` as strict JSON, without spaces unless indented; what is not JSON (a path) as its ``str``."""
+    separators = None if indent is not None else (",", ":")
+    return json.dumps(strict(document), indent=indent, separators=separators, allow_nan=False, default=str)

@@ -163,6 +163,8 @@ def test_a_killed_worker_is_retried_and_ends_like_an_uninterrupted_run(tmp_path:
     assert main(["run", str(path), "--run-dir", str(run_dir)]) == 0
     out = capsys.readouterr().out
     assert "mlp-1" in out and (run_dir / "report/loss.png").stat().st_size > 10_000
+    page = (run_dir / "report/index.html").read_text()  # the dashboard as a page, with the run in it
+    assert '"name":"mlp-1"' in page and (run_dir / "report/assets/plotly.min.js").is_file()
 
     events = list(read_events(run_dir))
     mine = [e for e in events if e["member"] == "mlp-1"]

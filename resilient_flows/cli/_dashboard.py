@@ -46,7 +46,7 @@ def _dashboard(args: argparse.Namespace) -> int:
     run_dir = Path(args.run_dir)
     out = console()
     if args.report is not None:
-        page = write_dashboard_report(run_dir, Path(args.report) if args.report else run_dir / "report")
+        page = write_dashboard_report(run_dir, Path(args.report or run_dir / "report") / "index.html")
         out.print(f"wrote {escape(str(page))}: open it in a browser, no server needed")
         return 0
 

@@ -30,6 +30,7 @@ from parsl.executors import HighThroughputExecutor
 from parsl.executors.status_handling import BlockProviderExecutor
 from rich.console import Console, Group
 from rich.live import Live
+from rich.markup import escape
 
 from resilient_flows.apps import (
     ResumingRetryHandler,
@@ -41,7 +42,7 @@ from resilient_flows.apps import (
     train_app,
 )
 from resilient_flows.clone import request_clone
-from resilient_flows.errors import WorkflowError, is_storage_full
+from resilient_flows.errors import ResilientFlowsError, WorkflowError, is_storage_full
 from resilient_flows.rundir import FULL_WAIT_S, EventLog, run_layout
 from resilient_flows.sites import SiteFacts, SiteFile, SiteOptions
 from resilient_flows.training import (
@@ -64,6 +65,7 @@ from resilient_flows.workflow._runlog import library_output_to_log
 from resilient_flows.workflow._status import StatusTracker
 from resilient_flows.workflow._walltime import BlockClock
 from resilient_flows.workflow._watchdog import Lost, Watchdog, clear_heartbeats, interchange_managers
+from resilient_flows.workflow.dashboard import write_dashboard_report
 from resilient_flows.workflow.schema import load_workflow, run_path
 
 POLL_SECONDS = 0.5
@@ -548,6 +550,11 @@ class _RunLoop:
         except OSError as exc:  # a full or failing file system must not hide how the run ended
             console.print(f"[bold red]could not write the report:[/] {exc}")
             table = status_table(statuses, title)
+        page = run_path(run_dir, workflow.report.page)
+        try:
+            write_dashboard_report(run_dir, page)
+        except (OSError, ResilientFlowsError) as exc:  # the tables and the plot are written: say so, go on
+            console.print(f"[bold yellow]could not write the report page {escape(str(page))}:[/] {escape(str(exc))}")
         for shown in (table, *extra):
             console.print(shown)
         for report in reports:
@@ -557,5 +564,5 @@ class _RunLoop:
         for name, exc in failed.items():
             what = "stage" if name in submitter.stages else "member"
             console.print(f"[bold red]{what} {name} failed:[/] {type(exc).__name__}: {exc}")
-        console.print(f"report: {summary}, {plot}")
+        console.print(f"report: {summary}, {plot}, {page}")
         return 1 if failed else 0

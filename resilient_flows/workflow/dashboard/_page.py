@@ -57,11 +57,11 @@ def page_html(data: str | None = None) -> str:
     return html.replace(_DATA_MARK, element)
 
 
-def write_report_page(directory: str | os.PathLike, document: dict[str, Any], members: dict[str, Any]) -> Path:
-    """``directory``/index.html with ``document`` and ``members`` (name -> details) in it, and its
-    assets in ``directory``/assets; the page's path."""
-    directory = Path(directory)
-    assets = directory / "assets"
+def write_report_page(page: str | os.PathLike, document: dict[str, Any], members: dict[str, Any]) -> Path:
+    """The page ``page`` with ``document`` and ``members`` (name -> details) in it, and its assets
+    beside it in ``assets/``; the page's path."""
+    page = Path(page)
+    assets = page.parent / "assets"
     assets.mkdir(parents=True, exist_ok=True)
     for name in (*_OWN, "plotly.min.js"):
         source, target = asset_path(name), assets / name
@@ -69,6 +69,5 @@ def write_report_page(directory: str | os.PathLike, document: dict[str, Any], me
             continue
         if not target.exists() or target.stat().st_size != source.stat().st_size or name in _OWN:
             shutil.copyfile(source, target)
-    page = directory / "index.html"
     write_atomically(page, page_html(dumps_strict({"document": document, "members": members})))
     return page

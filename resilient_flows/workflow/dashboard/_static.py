@@ -15,9 +15,9 @@ from resilient_flows.workflow.dashboard._model import RunModel
 from resilient_flows.workflow.dashboard._page import write_report_page
 
 
-def write_dashboard_report(run_dir: str | os.PathLike, directory: str | os.PathLike) -> Path:
-    """Write the run's dashboard as ``directory``/index.html (assets beside it); its path."""
+def write_dashboard_report(run_dir: str | os.PathLike, page: str | os.PathLike) -> Path:
+    """Write the run's dashboard as the page ``page`` (its assets beside it); its path."""
     model = RunModel(run_dir)
     model.update()
     members = {name: model.member_sample(name) for name in model.member_names()}
-    return write_report_page(directory, model.document(), members)
+    return write_report_page(page, model.document(), members)

@@ -466,8 +466,10 @@ class ReportConfig(_Section):
 
     plot: str = "report/loss.png"
     summary: str = "report/summary.txt"
+    #: The dashboard as a page that needs no server; its assets go beside it, in ``assets/``.
+    page: str = "report/index.html"
 
-    @field_validator("plot", "summary")
+    @field_validator("plot", "summary", "page")
     @classmethod
     def _inside(cls, value: str) -> str:
         return confined(value)
