@@ -159,6 +159,7 @@ def test_the_document_says_what_the_run_did(tmp_path: Path) -> None:
         ("tuned", "m-0"),
     ]
     assert doc["blocks"] == {"0": ["n1"]}
+    assert doc["run"]["started"] == 1.0 and doc["run"]["last_event"] == 60.0  # the newest, not the last line
     assert [s["stall_ms"] for s in doc["saves"]] == [2.0, 4.0]
     assert doc["tuned"][0]["interval_s"] == 30.0 and doc["decisions"][0]["request"] == "viz"
     clone = next(e for e in doc["lineage"] if e["name"] == "m-0.c1")
@@ -294,6 +295,9 @@ def test_the_report_page_carries_the_run_and_cannot_be_broken_out_of(tmp_path: P
     assert [m["name"] for m in embedded["document"]["members"]] == ["m-0", "m-1"]
     assert embedded["document"]["members"][0]["error"] == "</script><script>x()"
     assert embedded["members"]["m-1"]["curve"]["steps"][-1] == 49
+    sample = embedded["members"]["m-0"]  # from the sampled lines: each attempt's first and last
+    assert [(a["attempt"], a["first_step"], a["last_step"]) for a in sample["attempts"]] == [(1, 0, 49)]
+    assert [(m["kind"], m["step"]) for m in sample["markers"]] == [("failed", 49)]
     for asset in ("plotly.min.js", "dashboard.js", "dashboard.css"):
         assert (page.parent / "assets" / asset).stat().st_size > 0
     assert page_html().count("<script") == 2  # the live page: Plotly and ours, no data

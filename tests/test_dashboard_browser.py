@@ -72,7 +72,9 @@ def console_errors(driver: Any) -> list[str]:
 
 
 def open_page(driver: Any, url: str, generation: int = 1) -> None:
-    """Open ``url`` and wait until the page has drawn ``generation`` or a later one."""
+    """Open ``url`` and wait until the page has drawn ``generation`` or a later one. The page open
+    before is left first and its console emptied: its last poll may fail on a server just stopped."""
+    driver.get("about:blank")
     console_errors(driver)
     driver.get(url)
     wait_for(driver, f"return Number(document.body.dataset.rendered || 0) >= {generation}")

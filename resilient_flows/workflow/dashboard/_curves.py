@@ -57,6 +57,7 @@ class LossSampler:
         self.points: list[Point] = []
         self.newest: Point | None = None
         self.attempt_began: dict[int, Point] = {}  # the first point seen of each attempt
+        self.attempt_ended: dict[int, Point] = {}  # and its last
         self._offset = 0  # bytes taken in
         self._spacing = 0  # bytes between two kept lines; 0 until the first look
         self._target = 0  # the next line kept is the first that starts here or later
@@ -89,6 +90,7 @@ class LossSampler:
         if self.points and point.step <= self.points[-1].step:
             self.points = [p for p in self.points if p.step < point.step]
         self.attempt_began.setdefault(point.attempt, point)
+        self.attempt_ended[point.attempt] = point
         self.newest = point
         if keep:
             self.points.append(point)

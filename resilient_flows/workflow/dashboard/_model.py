@@ -119,6 +119,7 @@ class RunModel:
         self._tuned: list[dict[str, Any]] = []
         self._decisions: list[dict[str, Any]] = []
         self._first_event: float | None = None
+        self._last_event: float | None = None
         self._touched: set[str] = set()
         self._changed = False
         self._lock = threading.Lock()
@@ -176,8 +177,9 @@ class RunModel:
         self._changed = True
         kind, name = event.get("kind"), event.get("member")
         when = _number(event.get("time"))
-        if self._first_event is None and when is not None:
-            self._first_event = when
+        if when is not None:
+            self._first_event = when if self._first_event is None else self._first_event
+            self._last_event = when if self._last_event is None else max(self._last_event, when)
         facts = self._facts[name] if isinstance(name, str) else None
         if facts is not None:
             self._touched.add(name)
@@ -267,6 +269,7 @@ class RunModel:
                 "run_dir": str(self.run_dir),
                 "runner": None if lease is None else {"pid": lease.pid, "host": lease.host},
                 "started": self._first_event,
+                "last_event": self._last_event,
             },
             "families": families,
             "members": [self._member_row(s, rates.get(s.name)) for s in statuses],
@@ -353,26 +356,37 @@ class RunModel:
                     }
                     for attempt, (first, last) in sorted(reader.attempt_spans.items())
                 ],
-                "markers": [_placed(m, reader) for m in facts.markers],
+                "markers": [_placed(m, reader.attempt_spans) for m in facts.markers],
                 "saves": [{"time": t, "step": s, "stall_ms": ms} for t, s, ms in facts.saves],
                 "shared": self._shared_checkpoints(name),
                 "children": [n for n, spec in self._specs.items() if spec.parent and spec.parent.member == name],
             }
 
     def member_sample(self, name: str) -> dict[str, Any] | None:
-        """:meth:`member` from what the model already holds: the sampled curve instead of every
-        step, no file read (the static report embeds one per member)."""
+        """:meth:`member` from what the model already holds, reading no file (the report page
+        embeds one per member): the sampled curve instead of every step, each attempt's first and
+        last sampled lines instead of its exact span, and no shared-tier listing."""
         with self._lock:
             if name not in self._specs:
                 return None
-            facts = self._facts[name]
-            steps, losses = self._samplers[name].curve()
+            facts, sampler = self._facts[name], self._samplers[name]
+            steps, losses = sampler.curve()
+            spans = {a: (first.step, sampler.attempt_ended[a].step) for a, first in sampler.attempt_began.items()}
             return {
                 "version": DOCUMENT_VERSION,
                 "name": name,
                 "curve": {"steps": steps, "loss": losses},
-                "attempts": [],
-                "markers": list(facts.markers),
+                "attempts": [
+                    {
+                        "attempt": attempt,
+                        "first_step": first.step,
+                        "last_step": sampler.attempt_ended[attempt].step,
+                        "first_time": first.time,
+                        "last_time": sampler.attempt_ended[attempt].time,
+                    }
+                    for attempt, first in sorted(sampler.attempt_began.items())
+                ],
+                "markers": [_placed(m, spans) for m in facts.markers],
                 "saves": [{"time": t, "step": s, "stall_ms": ms} for t, s, ms in facts.saves],
                 "shared": [],
                 "children": [n for n, spec in self._specs.items() if spec.parent and spec.parent.member == name],
@@ -409,10 +423,11 @@ def _marker(kind: str, event: dict[str, Any], when: float | None) -> dict[str, A
     }
 
 
-def _placed(marker: dict[str, Any], reader: MetricsReader) -> dict[str, Any]:
-    """A failure or loss has no step of its own: it is placed at the last step its attempt logged."""
+def _placed(marker: dict[str, Any], spans: dict[int, tuple[int, int]]) -> dict[str, Any]:
+    """A failure or loss has no step of its own: it is placed at the last step its attempt logged
+    (``spans``: each attempt's first and last steps)."""
     if marker["step"] is None and marker["attempt"] is not None:
-        span = reader.attempt_spans.get(int(marker["attempt"]))
+        span = spans.get(int(marker["attempt"]))
         if span is not None:
             return {**marker, "step": span[1]}
     return marker

@@ -40,15 +40,30 @@ LOOK_S = 1.0
 COOKIE = "rf_dashboard_token"
 #: The default port: one ``ssh -L`` line in the docs works without editing.
 DEFAULT_PORT = 8050
+#: What the page may load and run: its own scripts and data only; Plotly styles its elements inline.
+CONTENT_POLICY = (
+    "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:; "
+    "connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'none'"
+)
+
+
+def _caching(path: str) -> str:
+    """Plotly's bundle (megabytes, the same for a given plotly) is kept by the browser for a day;
+    the page's own assets are checked again at each load; the data never kept."""
+    if path == "/assets/plotly.min.js":
+        return "private, max-age=86400"
+    return "no-cache" if path.startswith("/assets/") else "no-store"
 
 
 class _Looker:
-    """Looks at the model at most once per :data:`LOOK_S`; one look at a time."""
+    """Looks at the model at most once per :data:`LOOK_S`; one look at a time. The first look is
+    the one made before the server listens, with the document built, so that a page's first
+    request is answered at once."""
 
     def __init__(self, model: RunModel) -> None:
         self.model = model
         self._lock = threading.Lock()
-        self._last = 0.0
+        self._last = time.monotonic()
 
     def look(self) -> None:
         with self._lock:
@@ -101,7 +116,8 @@ def dashboard_app(model: RunModel, token: str) -> Starlette:
                     status_code=403,
                 )
             response = await call_next(request)
-            response.headers["Cache-Control"] = "no-store"
+            response.headers["Cache-Control"] = _caching(request.url.path)
+            response.headers["Content-Security-Policy"] = CONTENT_POLICY
             response.headers["X-Content-Type-Options"] = "nosniff"
             response.headers["Referrer-Policy"] = "no-referrer"
             return response
@@ -148,6 +164,7 @@ def serve_dashboard(
 
     model = RunModel(run_dir)
     model.update()
+    model.document()
     token = token or secrets.token_urlsafe(24)
     sock = bind(host, port)
     if ready is not None:

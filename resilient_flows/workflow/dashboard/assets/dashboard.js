@@ -250,6 +250,7 @@
   // ------------------------------------------------------------------ header
 
   function lastActivity(doc) {
+    if (isNum(doc.run.last_event)) return doc.run.last_event;
     let last = doc.run.started;
     for (const e of doc.timeline) if (isNum(e.time) && !(e.time <= last)) last = e.time;
     for (const s of doc.saves) if (isNum(s.time) && !(s.time <= last)) last = s.time;
@@ -776,7 +777,7 @@
   }
 
   function renderDetailTables(details) {
-    const absent = report ? "not kept in the report (serve the run to see it)" : "none";
+    const unlisted = report ? "not kept in the report (serve the run to see it)" : "none";
     $("detail-attempts").replaceChildren(
       details.attempts.length
         ? smallTable(
@@ -791,7 +792,7 @@
             ],
             details.attempts,
           )
-        : el("div", "empty", absent),
+        : el("div", "empty", "none"),
     );
     $("detail-shared").replaceChildren(
       details.shared.length
@@ -804,7 +805,7 @@
             ],
             details.shared,
           )
-        : el("div", "empty", absent),
+        : el("div", "empty", unlisted),
     );
     const children = el("div", "children");
     for (const child of details.children) {
