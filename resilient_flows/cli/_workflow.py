@@ -113,7 +113,7 @@ def _validate(args: argparse.Namespace) -> int:
     """Plan the workflow as ``run`` would, without starting anything: the workflow, the site's
     facts and Parsl configuration, and the functions its members and stages name."""
     from resilient_flows.sites import parse_site_options
-    from resilient_flows.workflow import describe_families, plan_workflow
+    from resilient_flows.workflow import describe_families, plan_workflow, visualize_note
     from resilient_flows.workflow.schema import load_workflow
 
     options = parse_site_options(args.site_options)
@@ -126,6 +126,9 @@ def _validate(args: argparse.Namespace) -> int:
     out.print(f"{escape(args.file)}: valid; {before}{len(plan.members)} member(s) on site {escape(site)}")
     for line in describe_families((m.name, m.family) for m in plan.members):
         out.print(f"  {escape(line)}")
+    note = visualize_note() if plan.workflow.monitoring else None
+    if note is not None:  # the run records all the same; parsl-visualize can run elsewhere
+        warn(note)
     return 0
 
 

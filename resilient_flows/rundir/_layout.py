@@ -10,6 +10,7 @@
     <run>/block-times.json     when each running block started, ends and is drained (members read it)
     <run>/heartbeats/<task>    one file per running attempt (members, stages, analytics)
     <run>/parsl/               Parsl's run directory: submit scripts, interchange and worker logs
+    <run>/parsl/monitoring.db  Parsl's monitoring database, for parsl-visualize (``monitoring: true``)
     <run>/report/              summary table and loss plot (where the workflow's report: says)
     <run>/members/<name>/      a member (clones included), laid out as a TaskLayout
     <run>/stages/<name>/       a stage of a pipeline, laid out as a TaskLayout
@@ -256,6 +257,12 @@ class RunLayout:
     @property
     def parsl(self) -> Path:
         return self.root / "parsl"
+
+    @property
+    def monitoring_db(self) -> Path:
+        """Parsl's monitoring database, for ``parsl-visualize``: every Parsl instance of the run (a
+        resume, a restart after a lost interchange) adds its workflow row to the same one."""
+        return self.parsl / "monitoring.db"
 
     @property
     def members(self) -> Path:

@@ -20,6 +20,7 @@ _SOURCES = {
     "resilient_flows.workflow._follow": ("follow_run",),
     "resilient_flows.workflow._leaseguard": ("guard",),
     "resilient_flows.workflow._mlcgen": ("generate",),
+    "resilient_flows.workflow._monitoring": ("visualize_note",),
     "resilient_flows.workflow._plan": ("plan_workflow",),
     "resilient_flows.workflow._report": (
         "stage_rows",

@@ -11,6 +11,7 @@ from __future__ import annotations
 from resilient_flows.errors import WorkflowError
 from resilient_flows.sites import SiteFile, SiteOptions
 from resilient_flows.training import MemberSpec
+from resilient_flows.workflow._monitoring import check_monitoring
 from resilient_flows.workflow._preflight import check_functions
 from resilient_flows.workflow._rundir import Plan
 from resilient_flows.workflow.schema import SiteConfig, Workflow
@@ -25,7 +26,8 @@ def plan_workflow(
 ) -> Plan:
     """Bind a workflow to a site: the workflow's own, with its options, unless ``site`` names
     another (without them); ``options`` change either's (``--set nodes=4``). The site's facts are
-    checked, and with ``build_site`` its Parsl configuration is built, which imports Parsl.
+    checked, and with ``build_site`` its Parsl configuration is built, which imports Parsl; a
+    workflow with ``monitoring: true`` is refused where Parsl's monitoring does not import.
 
     The plan's workflow names the site it was bound to, options included, so that ``resume``
     reads the same site again.
@@ -54,6 +56,8 @@ def plan_workflow(
         )
     if build_site:
         site_file.config()
+    if workflow.monitoring:
+        check_monitoring()
     specs = workflow.member_specs(
         local_root,
         facts.node_mtbf_s,

@@ -57,6 +57,7 @@ from resilient_flows.training import (
 )
 from resilient_flows.workflow._blocks import BlockLedger, RunnerLock, process_start_time, retire_block
 from resilient_flows.workflow._explore import PBTController
+from resilient_flows.workflow._monitoring import monitoring_hub, visualize_note
 from resilient_flows.workflow._ondemand import OnDemandAnalytics, worker_slots
 from resilient_flows.workflow._plan import plan_workflow
 from resilient_flows.workflow._report import campaign_table, ondemand_table, stage_table, status_table, write_report
@@ -263,11 +264,15 @@ class _Submitter:
 _DONE = "done"
 
 
-def _site_config(site: SiteFile, run_dir: Path, retries: int, free_stops: int) -> Config:
+def _site_config(site: SiteFile, run_dir: Path, retries: int, free_stops: int, monitor_as: str | None = None) -> Config:
     """The site's Parsl configuration for this run, with our retry handler (its blocks' error
-    handler tolerates lost blocks: see :func:`~resilient_flows.sites._build.build_config`)."""
+    handler tolerates lost blocks: see :func:`~resilient_flows.sites._build.build_config`) and,
+    where ``monitor_as`` names the workflow, Parsl's monitoring into the run's database (see
+    :mod:`resilient_flows.workflow._monitoring`)."""
     handler = ResumingRetryHandler(retries, free_without_progress=free_stops)
-    return site.config(run_dir=str(run_layout(run_dir).parsl), retries=retries, retry_handler=handler)
+    layout = run_layout(run_dir)
+    extra = {} if monitor_as is None else {"monitoring": monitoring_hub(layout.monitoring_db, monitor_as)}
+    return site.config(run_dir=str(layout.parsl), retries=retries, retry_handler=handler, **extra)
 
 
 def _managers_of(executor: Any) -> list[dict[str, Any]] | None:
@@ -404,7 +409,13 @@ def _execute(run_dir: Path, plan: Plan, members: list[MemberSpec], console: Cons
 
 def _run_held(run_dir: Path, plan: Plan, members: list[MemberSpec], console: Console, facts: SiteFacts) -> int:
     console.print(f"run [bold]{plan.workflow.name}[/] on site [bold]{plan.site}[/]: {run_dir}")
-    return _RunLoop(run_dir, plan, members, facts).run(console)
+    loop = _RunLoop(run_dir, plan, members, facts)  # its Parsl configuration: where monitoring cannot start, it says
+    if plan.workflow.monitoring:
+        console.print(f"Parsl monitoring: parsl-visualize sqlite:///{run_layout(run_dir).monitoring_db.resolve()}")
+        note = visualize_note()
+        if note is not None:
+            console.print(f"[yellow]{escape(note)}[/]")
+    return loop.run(console)
 
 
 class _RunLoop:
@@ -426,7 +437,12 @@ class _RunLoop:
         ]
         self.stages = workflow.stage_specs()
         self.site_config = functools.partial(
-            _site_config, plan.site_file, run_dir, workflow.retries, workflow.free_stops
+            _site_config,
+            plan.site_file,
+            run_dir,
+            workflow.retries,
+            workflow.free_stops,
+            workflow.name if workflow.monitoring else None,
         )
         self.config = self.site_config()
         executors = self.config.executors

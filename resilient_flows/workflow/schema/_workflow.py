@@ -50,6 +50,13 @@ class Workflow(BaseModel):
     analytics: list[AnalyticsConfig] = []
     cosched: CoschedConfig = CoschedConfig()
     report: ReportConfig = ReportConfig()
+    monitoring: Annotated[
+        bool,
+        Field(
+            description="record the run in Parsl's monitoring database, `<run>/parsl/monitoring.db`, for "
+            "`parsl-visualize` (needs the `monitoring` extra); a resume adds to the same database"
+        ),
+    ] = False
     _directory: Path | None = PrivateAttr(default=None)  # the file's: where command members run
     _source: YamlSource | None = PrivateAttr(default=None)  # the file's text: the lines of its keys
 
