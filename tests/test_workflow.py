@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from resilient_flows.cli import main
+from resilient_flows.rundir import run_layout
 from resilient_flows.training import read_events, run_member
 from resilient_flows.workflow import load_workflow, read_plan
 from resilient_flows.workflow._status import loss_curve
@@ -211,6 +212,7 @@ def test_resume_skips_finished_members_and_continues_failed_ones(tmp_path: Path,
     reference = run_member(replace(read_plan(run_dir).members[1], faults=()).to_dict(), str(tmp_path / "ref"))
     assert json.loads((run_dir / "members/b/result.json").read_text())["digest"] == reference["digest"]
     assert main(["run", str(path), "--run-dir", str(run_dir)]) == 2  # a run directory is not reused
+    assert not run_layout(run_dir).monitoring_db.exists()  # only a workflow with monitoring: true has one
 
 
 @pytest.mark.slow
