@@ -16,8 +16,8 @@ checkpoints every 200 steps):
   the ratio of the two is for information.
 
 The default (and ``--full``) also measures a real run: the quick-start workflow trains while the
-dashboard is open, and the server's CPU is compared with the CPU its members' processes
-(the runner's descendants) actually used in the same window.
+dashboard is open, and the server's CPU is compared with the CPU that the processes running its
+members (the worker pids of the ``started`` events) used in the same window.
 
 Run ``python benchmarks/dashboard_bench.py [--quick | --full] [--json PATH] [--rounds N]``:
 ``--quick``: 100 members, 3 rounds, a 10 s window (under a minute); default: 100 and 1,000
@@ -26,6 +26,7 @@ members, 5 rounds, 30 s windows, and the real run (a few minutes).
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -56,23 +57,6 @@ def cpu_seconds(pid: int) -> float:
     """User and system CPU seconds of process ``pid`` so far."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / TICKS
-
-
-def descendants(root: int) -> list[int]:
-    """The processes below ``root``, found through their parents."""
-    parents: dict[int, int] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                parents[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, ValueError, IndexError):
-                continue
-    found, frontier = [], [root]
-    while frontier:
-        children = [pid for pid, parent in parents.items() if parent in frontier]
-        found += children
-        frontier = children
-    return found
 
 
 class Server:
@@ -207,15 +191,48 @@ def measure_size(root: Path, members: int, rounds: int, window: float, pace: flo
     }
 
 
+def member_pids(run_dir: Path) -> set[int]:
+    """The processes that ran members so far: each ``started`` event names its worker's pid."""
+    try:
+        lines = (run_dir / "events.jsonl").read_text().splitlines()
+    except FileNotFoundError:
+        return set()
+    return {int(e["pid"]) for e in map(json.loads, lines) if e.get("kind") == "started" and e.get("pid")}
+
+
+class MemberCpu:
+    """The CPU the member processes use from now on: each process counted from when it was first
+    seen (a worker is idle until a member starts on it), its last reading kept when it ends."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.run_dir = run_dir
+        self.first: dict[int, float] = {}
+        self.last: dict[int, float] = {}
+        self.look()
+
+    def look(self) -> None:
+        for pid in member_pids(self.run_dir):
+            try:
+                now = cpu_seconds(pid)
+            except (OSError, IndexError):
+                continue  # ended: its last reading stands
+            self.first.setdefault(pid, now)
+            self.last[pid] = now
+
+    def used(self) -> float:
+        return sum(self.last[pid] - self.first[pid] for pid in self.first)
+
+
 def measure_real(root: Path, window: float, out: Any) -> dict[str, float]:
-    """The quick-start workflow training with the dashboard open: the server's CPU against its members'."""
+    """The quick-start workflow training with the dashboard open: the server's CPU against the CPU
+    of the processes that ran its members, over the same window."""
     run_dir = root / "quickstart"
     command = [sys.executable, "-m", "resilient_flows.cli", "run", str(REPO / "workflows" / "quickstart.yaml")]
     runner = subprocess.Popen(
         [*command, "--run-dir", str(run_dir)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=root
     )
     try:
-        while not (run_dir / "events.jsonl").exists() or b'"started"' not in (run_dir / "events.jsonl").read_bytes():
+        while not member_pids(run_dir):
             if runner.poll() is not None:
                 raise RuntimeError("the quick-start run ended before a member started")
             time.sleep(0.2)
@@ -223,32 +240,25 @@ def measure_real(root: Path, window: float, out: Any) -> dict[str, float]:
         driver = browser()
         try:
             driver.get(server.url)
-            family = [runner.pid, *descendants(runner.pid)]
-            members_before = sum(_cpu_or_zero(p) for p in family)
+            members = MemberCpu(run_dir)
             server_before, started = cpu_seconds(server.process.pid), time.monotonic()
-            time.sleep(window)
+            while time.monotonic() - started < window:
+                time.sleep(0.25)
+                members.look()
             elapsed = time.monotonic() - started
             server_cpu = cpu_seconds(server.process.pid) - server_before
-            family_now = {*family, *descendants(runner.pid)}
-            members_cpu = sum(_cpu_or_zero(p) for p in family_now) - members_before
         finally:
             driver.quit()
             server.close()
     finally:
         runner.wait(timeout=600)
+    members_cpu = members.used()
     out.print(f"  quick-start: members {members_cpu:.1f} CPU s, server {server_cpu:.2f} CPU s in {elapsed:.0f} s")
     return {
         "real_members_cpu_s": members_cpu,
         "real_server_cpu_s": server_cpu,
         "real_window_s": elapsed,
     }
-
-
-def _cpu_or_zero(pid: int) -> float:
-    try:
-        return cpu_seconds(pid)
-    except (OSError, IndexError):
-        return 0.0  # it ended: its CPU is no longer counted (the window's figure is a lower bound)
 
 
 LABELS = {

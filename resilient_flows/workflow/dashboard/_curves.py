@@ -234,7 +234,7 @@ def family_band(curves: list[tuple[list[int], list[float]]], grid_steps: int = B
         values[row, inside] = np.interp(grid[inside], steps, losses)
     present = ~np.all(np.isnan(values), axis=0)
     grid, values = grid[present], values[:, present]
-    p10, p50, p90 = np.nanpercentile(values, [10, 50, 90], axis=0)
+    p10, p50, p90 = (_percentile(values, q) for q in (0.1, 0.5, 0.9))
     return Band(
         steps=[int(s) for s in grid],
         p10=_finite(p10),
@@ -242,6 +242,19 @@ def family_band(curves: list[tuple[list[int], list[float]]], grid_steps: int = B
         p90=_finite(p90),
         count=len(usable),
     )
+
+
+def _percentile(values: np.ndarray, q: float) -> np.ndarray:
+    """Each column's ``q`` quantile over its values that are not NaN, interpolated linearly as
+    ``np.nanpercentile`` does, without its loop over columns (most of a live page's look)."""
+    ordered = np.sort(values, axis=0)  # NaN last
+    count = (~np.isnan(values)).sum(axis=0)
+    position = q * (count - 1)
+    low = np.floor(position).astype(int)
+    high = np.minimum(low + 1, count - 1)
+    columns = np.arange(values.shape[1])
+    fraction = position - low
+    return ordered[low, columns] * (1 - fraction) + ordered[high, columns] * fraction
 
 
 def _finite(values: np.ndarray) -> list[float]:
