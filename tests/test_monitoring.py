@@ -127,6 +127,9 @@ def test_a_run_and_its_resume_record_every_attempt_in_one_database(tmp_path: Pat
     ((first, name, completed),) = rows(database, "select run_id, workflow_name, time_completed from workflow")
     assert name == "mon" and completed is not None
     assert sorted(final_states(database, first).values()) == ["exec_done", "failed"]
+    tasks = {e["member"]: e["task"] for e in read_events(run_dir) if e["kind"] == "submitted"}
+    named = dict(rows(database, "select task_id, task_func_name from task where run_id = ?", first))
+    assert sorted(named) == sorted(tasks.values())  # a member's task id, as parsl-visualize lists it
     (failure,) = rows(database, "select task_fail_history from try where task_fail_history != ''")
     assert "injected error in member b at step 12" in failure[0]
 

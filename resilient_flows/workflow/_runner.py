@@ -202,7 +202,7 @@ class _Submitter:
             after = self._after(stage.inputs)
             future = stage_app(stage.to_dict(), str(self.run_dir), inputs=after, **self._resources())
             self.stages[stage.name] = self._watch(future)
-            self.events.emit("submitted", stage.name, stage=True)
+            self.events.emit("submitted", stage.name, stage=True, task=future.tid)
 
     def submit(self, member: MemberSpec) -> None:
         after = self._after(member.inputs)
@@ -215,7 +215,8 @@ class _Submitter:
             future = train_app(member.to_dict(), str(self.run_dir), inputs=after, **self._resources())
         self.futures[member.name] = self._watch(future)
         self.specs[member.name] = member
-        self.events.emit("submitted", member.name, ranks=member.ranks, parent=member.parent and member.parent.member)
+        parent = member.parent and member.parent.member
+        self.events.emit("submitted", member.name, ranks=member.ranks, parent=parent, task=future.tid)
 
     def _resources(self, ranks: int = 1, nodes: int = 1) -> dict[str, Any]:
         """The task's nodes and ranks, for an executor in MPI mode; nothing for any other."""
