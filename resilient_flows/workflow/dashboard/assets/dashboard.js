@@ -5,7 +5,8 @@
 //
 // Every value from the run (member names, errors, overrides, host names) is untrusted: it reaches
 // the page as text nodes (textContent) and reaches Plotly escaped (plotText), never as markup.
-// After each full draw of a document the body carries `data-rendered="GENERATION"`.
+// After each full draw of a document the body carries `data-rendered="GENERATION"`; once its
+// tables (header, families, members, lineage) are drawn, before the plots, `data-tables`.
 "use strict";
 
 (() => {
@@ -1062,6 +1063,7 @@
     if (changed("tuned", doc.tuned)) renderTuned();
     if (changed("decisions", doc.decisions)) renderDecisions();
     refreshDetails();
+    document.body.dataset.tables = String(doc.generation); // the run's numbers are on the page
     if (!ui.observing) {
       // from the first document on: before it, the empty page has everything in view
       ui.observing = true;
