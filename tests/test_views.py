@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +17,7 @@ from rich.console import Console
 
 from resilient_flows.cli import main
 from resilient_flows.rundir import _metrics as metrics_module
+from resilient_flows.rundir import run_layout
 from resilient_flows.rundir._metrics import MetricsReader
 from resilient_flows.workflow import _status as status_module
 from resilient_flows.workflow._families import STATES, describe_families, family_of, family_stats
@@ -227,6 +229,21 @@ def test_status_groups_above_twenty_members_and_all_lists_every_one(
     rows = table_rows(capsys.readouterr().out)
     assert [row[0] for row in rows] == [name for name, _ in members]
     assert rows[0][:3] == ["m-0", "running", "10/50"] and rows[-1][:3] == ["m-24", "finished", "50/50"]
+
+
+def test_status_of_a_run_whose_runner_died_says_its_running_members_are_not(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    run_dir, _ = make_run(tmp_path, 3, running=1)
+    assert main(["status", str(run_dir)]) == 1
+    assert "runner" not in capsys.readouterr().err  # no runner ever held it: nothing to say
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    record = {"pid": int(dead.stdout), "host": socket.gethostname(), "started": 1, "orphan_timeout_s": 60}
+    run_layout(run_dir).write_lease(record)  # a runner that died without letting go of the run
+    assert main(["status", str(run_dir)]) == 1
+    err = " ".join(capsys.readouterr().err.split())
+    assert "the run's runner is gone: members shown queued, running or retrying are not" in err
+    assert f"resilient-flows resume {run_dir} continues it" in err
 
 
 class Opens:

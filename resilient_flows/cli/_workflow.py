@@ -9,6 +9,7 @@ imports the workflow's own functions in a separate process, as a worker will; ne
 from __future__ import annotations
 
 import argparse
+import shlex
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -222,8 +223,21 @@ def _status(args: argparse.Namespace) -> int:
     else:
         title = f"{plan.workflow.name} on {plan.site}: {args.run_dir}"
         console().print(status_table(statuses, title, all_members=args.all))
+    _warn_unheld(run_dir, [s.state for s in statuses.values()])
     _warn_damage(run_dir, damage)
     return 0 if done else 1
+
+
+def _warn_unheld(run_dir: Path, states: list[str]) -> None:
+    """The states are the last ones the members recorded: where the run's runner is gone (it
+    ended, or died), a member shown running or queued is not, and the user should know how to
+    continue it."""
+    from resilient_flows.training import holding_runner, read_lease
+
+    active = any(state in ("queued", "running", "retrying") for state in states)
+    if active and read_lease(run_dir) is not None and holding_runner(run_dir) is None:
+        command = shlex.join(["resilient-flows", "resume", str(run_dir)])
+        warn(f"the run's runner is gone: members shown queued, running or retrying are not; {command} continues it")
 
 
 def _warn_damage(run_dir: Path, damage: DamageLog) -> None:
