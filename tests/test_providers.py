@@ -262,13 +262,14 @@ def polaris(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> PBSProProvider:
 def test_pbspro_job_from_polaris_yaml_is_queued_runs_and_completes(
     pbspro: Path, polaris: PBSProProvider, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv(engine.QUEUE_SECONDS_ENV, "1")
+    monkeypatch.setenv(engine.QUEUE_SECONDS_ENV, "3600")  # queued until the test lets it start
     command, out, release = task(tmp_path)
 
     job_id = polaris.submit(command, tasks_per_node=1, job_name="block-0")
 
     assert job_id.endswith(".pbs-server")
     assert polaris.status([job_id])[0].state == JobState.PENDING
+    engine.update(pbspro, int(job_id.split(".")[0]), queue_seconds=0)
     wait_for(polaris, job_id, JobState.RUNNING)
     record = engine.record(pbspro, int(job_id.split(".")[0]))
     script = Path(record["argv"][-1])
