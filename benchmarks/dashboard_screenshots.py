@@ -14,49 +14,23 @@ Needs Debian's ``chromium`` and ``chromium-driver`` and selenium; reaches no net
 from __future__ import annotations
 
 import argparse
-import re
-import shutil
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import synthetic_run
-from selenium import webdriver
-from selenium.webdriver.chrome.service import Service
+from dashboard_bench import Server, browser
 
 REPO = Path(__file__).resolve().parents[1]
 WIDTH, HEIGHT = 1400, 900
 
 
-@contextmanager
-def served(run_dir: Path) -> Iterator[str]:
-    """The dashboard of ``run_dir`` served on a free port; its URL with the token."""
-    command = [sys.executable, "-m", "resilient_flows.cli", "dashboard", str(run_dir), "--port", "0"]
-    server = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
-    try:
-        assert server.stdout is not None
-        for line in server.stdout:
-            found = re.search(r"http://\S+/\?token=\S+", line)
-            if found:
-                yield found.group(0)
-                return
-        raise SystemExit(f"the dashboard of {run_dir} did not start")
-    finally:
-        server.terminate()
-        server.wait()
-
-
-def browser() -> Any:
-    options = webdriver.ChromeOptions()
-    options.binary_location = shutil.which("chromium")
-    for argument in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--hide-scrollbars"):
-        options.add_argument(argument)
-    driver = webdriver.Chrome(service=Service(executable_path=shutil.which("chromedriver")), options=options)
+def screen_browser() -> Any:
+    """The benchmark's headless Chromium, its screen exactly the screenshots' size."""
+    driver = browser()
     metrics = {"width": WIDTH, "height": HEIGHT, "deviceScaleFactor": 1, "mobile": False}
     driver.execute_cdp_cmd("Emulation.setDeviceMetricsOverride", metrics)
     return driver
@@ -107,11 +81,14 @@ def main(argv: list[str] | None = None) -> int:
     many = work / "synthetic-1000"
     if not many.exists():
         synthetic_run.main([str(many), "--members", "1000", "--steps", "2000"])
-    driver = browser()
+    driver = screen_browser()
     try:
         for run_dir, image in ((quickstart, "dashboard-quickstart.png"), (many, "dashboard-1000.png")):
-            with served(run_dir) as url:
-                drawn = shoot(driver, url, args.out / image)
+            server = Server(run_dir)
+            try:
+                drawn = shoot(driver, url=server.url, image=args.out / image)
+            finally:
+                server.close()
             size = (args.out / image).stat().st_size
             print(f"{image}: first drawn {drawn:.2f} s after navigation, {size / 1024:.0f} KiB")
     finally:

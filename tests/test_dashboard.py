@@ -11,9 +11,6 @@ from __future__ import annotations
 import json
 import math
 import re
-import subprocess
-import sys
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -21,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from dashboard_server import served
 from test_views import append, make_run
 
 from resilient_flows.cli import main
@@ -196,37 +194,13 @@ def test_a_member_s_details_place_its_failures_at_its_last_logged_step(tmp_path:
 def test_a_diverged_loss_is_null_in_what_the_server_sends(tmp_path: Path) -> None:
     run_dir, _ = make_run(tmp_path, 2, running=1)
     write_metrics(member_layout(run_dir, "m-0").metrics, [{"step": 10, "attempt": 1, "time": 20.0, "loss": math.nan}])
-    with serving(run_dir) as (base, token):
+    with served(run_dir) as url:
+        base, token = url.split("/?token=")
         body = get(f"{base}/api/run?token={token}")
         doc = json.loads(body, parse_constant=lambda name: pytest.fail(f"{name} in the document"))
         assert doc["members"][0]["loss"] is None
         details = json.loads(get(f"{base}/api/member/m-0?token={token}"))
         assert details["curve"]["steps"][-1] == 10 and details["curve"]["loss"][-1] is None
-
-
-class serving:
-    """``resilient-flows dashboard RUN --port 0`` in a subprocess; (base URL, token) while in the block."""
-
-    def __init__(self, run_dir: Path, *args: str) -> None:
-        self.command = [sys.executable, "-m", "resilient_flows.cli", "dashboard", str(run_dir), "--port", "0", *args]
-
-    def __enter__(self) -> tuple[str, str]:
-        self.process = subprocess.Popen(self.command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        lines: list[str] = []
-        reader = threading.Thread(target=lambda: lines.extend(iter(self.process.stdout.readline, "")), daemon=True)
-        reader.start()
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            found = [m for text in lines if (m := re.search(r"(http://\S+)/\?token=(\S+)", text))]
-            if found:
-                return found[0].group(1), found[0].group(2)
-            assert self.process.poll() is None, "".join(lines)
-            time.sleep(0.05)
-        raise AssertionError(f"the dashboard printed no URL: {''.join(lines)}")
-
-    def __exit__(self, *exc: object) -> None:
-        self.process.terminate()
-        self.process.wait(timeout=30)
 
 
 def get(url: str, headers: dict[str, str] | None = None) -> str:
@@ -244,7 +218,8 @@ def status_of(url: str, headers: dict[str, str] | None = None) -> int:
 
 def test_the_server_needs_its_token_and_serves_only_its_assets(tmp_path: Path) -> None:
     run_dir, _ = make_run(tmp_path, 3, running=1)
-    with serving(run_dir) as (base, token):
+    with served(run_dir) as url:
+        base, token = url.split("/?token=")
         assert base.startswith("http://127.0.0.1:")  # localhost unless --host says otherwise
         for path in ("/", "/api/run", "/api/member/m-0", "/assets/dashboard.js"):
             assert status_of(base + path) == 403
@@ -277,7 +252,8 @@ def test_a_port_in_use_and_a_directory_that_is_no_run_are_one_line_each(
     assert main(["dashboard", str(tmp_path)]) == 2
     assert "plan.json" in capsys.readouterr().err
     run_dir, _ = make_run(tmp_path, 2, running=0)
-    with serving(run_dir) as (base, _):
+    with served(run_dir) as url:
+        base = url.split("/?token=")[0]
         port = base.rsplit(":", 1)[1]
         assert main(["dashboard", str(run_dir), "--port", port]) == 2
         err = capsys.readouterr().err

@@ -12,21 +12,18 @@ from __future__ import annotations
 import dataclasses
 import html
 import json
-import re
 import shutil
-import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
-from conftest import REPO, python_env
+from conftest import REPO
+from dashboard_server import served
 from requires import require, require_module
 
 from resilient_flows.cli import main
@@ -129,25 +126,6 @@ def table(driver: Any) -> list[dict[str, str]]:
             loss: tr.cells[4].textContent,
         }));"""
     )
-
-
-@contextmanager
-def served(run_dir: Path) -> Iterator[str]:
-    """``resilient-flows dashboard RUN_DIR --port 0`` running; the URL it printed, token included."""
-    command = [sys.executable, "-m", "resilient_flows.cli", "dashboard", str(run_dir), "--port", "0"]
-    server = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env=python_env(), cwd=REPO)
-    try:
-        assert server.stdout is not None
-        for line in server.stdout:
-            found = re.search(r"http://\S+/\?token=\S+", line)
-            if found:
-                yield found.group(0)
-                break
-        else:
-            raise AssertionError(f"the dashboard server printed no URL (exit status {server.wait()})")
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
 
 
 def make_run(root: Path, families: dict[str, int], steps: int = 50, logged: int = 10) -> Path:
