@@ -24,6 +24,7 @@ from requires import require
 from test_multinode import SITE as NODES_SITE
 from test_multinode import _run_workflow as run_on_nodes
 from test_multinode import cluster  # noqa: F401 (a fixture)
+from test_workflow import write
 
 from resilient_flows.cli import main
 from resilient_flows.rundir import run_layout
@@ -46,12 +47,6 @@ members:
 faults:
   - {error: b, at_step: 12}
 """
-
-
-def write(tmp_path: Path, text: str) -> Path:
-    path = tmp_path / "wf.yaml"
-    path.write_text(text)
-    return path
 
 
 def rows(database: Path, query: str, *params: Any) -> list[tuple]:
