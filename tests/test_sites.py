@@ -8,7 +8,7 @@ from pathlib import Path
 import parsl
 import pytest
 from parsl.executors import HighThroughputExecutor
-from parsl.providers import LocalProvider
+from parsl.providers import LocalProvider, SlurmProvider
 
 from resilient_flows.errors import SiteConfigError
 from resilient_flows.sites import SiteFacts, SiteFile, load_site, site_facts, site_names
@@ -146,6 +146,51 @@ def test_alcf_sites_take_the_allocation_from_the_environment(user_env: None, mon
     monkeypatch.setenv("PBS_QUEUE", "prod")
     assert load_site("polaris").executors[0].provider.queue == "prod"
     assert load_site("theta").executors[0].provider.account == "MyAlloc"
+
+
+SLURM_POLLED = "executors:\n  - type: HighThroughputExecutor\n    provider: {type: SlurmProvider, %s}\n"
+
+
+def test_a_site_file_sets_how_often_parsl_polls_its_provider(tmp_path: Path, user_env: None) -> None:
+    """Parsl asks Slurm about its blocks every 60 s: a lost pilot job waits that long for its
+    replacement. A site sets its own interval; the provider is otherwise Parsl's, unchanged."""
+    assert (
+        load_site(write(tmp_path, SLURM_POLLED % "partition: debug")).executors[0].provider.status_polling_interval
+        == 60
+    )
+    provider = (
+        load_site(write(tmp_path, SLURM_POLLED % "partition: debug, status_polling_interval: 2.5"))
+        .executors[0]
+        .provider
+    )
+    assert isinstance(provider, SlurmProvider) and type(provider).__name__ == "SlurmProvider"
+    assert provider.status_polling_interval == 2.5 and provider.partition == "debug"
+    assert SlurmProvider(partition="debug").status_polling_interval == 60  # Parsl's class itself is untouched
+    for name in ("local-slurm", "local-slurm-nodes"):  # the local clusters answer at once: seconds, not a minute
+        assert load_site(name).executors[0].provider.status_polling_interval == 2, name
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (
+            SLURM_POLLED % "status_polling_interval: 0",
+            r"status_polling_interval must be a positive number of seconds, got 0",
+        ),
+        (SLURM_POLLED % "status_polling_interval: 30s", r"must be a positive number of seconds, got '30s'"),
+        (
+            SLURM_POLLED % "status_poling_interval: 5",
+            r"unknown key 'status_poling_interval' \(did you mean 'status_polling_interval'\?\)",
+        ),
+        (
+            "executors:\n  - {type: HighThroughputExecutor, status_polling_interval: 5}\n",
+            r"\(HighThroughputExecutor\): unknown key 'status_polling_interval'",
+        ),
+    ],
+)
+def test_a_bad_polling_interval_is_named(tmp_path: Path, text: str, message: str) -> None:
+    with pytest.raises(SiteConfigError, match=message):
+        load_site(write(tmp_path, text))
 
 
 def test_a_site_tolerates_lost_blocks(user_env: None) -> None:

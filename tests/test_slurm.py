@@ -16,7 +16,6 @@ from pathlib import Path
 import parsl
 import pytest
 from parsl.dataflow.dflow import DataFlowKernel
-from parsl.providers import SlurmProvider
 from rich.console import Console
 from slurm import cancel, cancel_all, require_slurm, slurm_jobs, worker_job_id
 
@@ -30,8 +29,6 @@ from resilient_flows.workflow._walltime import FORCE_S
 pytestmark = [pytest.mark.slow, pytest.mark.slurm, pytest.mark.timeout(150)]
 
 LABEL = "local-slurm"
-#: How often Parsl asks Slurm about its blocks here; SlurmProvider hard-codes 60 s, too slow for a test.
-POLL_S = 2
 
 
 @pytest.fixture
@@ -41,8 +38,7 @@ def dfk(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[DataFlowKer
     # Workers import `worker_job_id` from tests/slurm.py: pilot jobs inherit this environment.
     tests_dir = str(Path(__file__).parent)
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (tests_dir, os.environ.get("PYTHONPATH")) if p))
-    monkeypatch.setattr(SlurmProvider, "status_polling_interval", property(lambda self: POLL_S))
-    kernel = parsl.load(load_site(LABEL, run_dir=str(tmp_path / "runinfo"), strategy_period=POLL_S))
+    kernel = parsl.load(load_site(LABEL, run_dir=str(tmp_path / "runinfo")))
     provider = kernel.executors[LABEL].provider
     try:
         yield kernel
@@ -90,10 +86,9 @@ def test_a_cancelled_pilot_job_is_replaced_and_its_task_retried(dfk: DataFlowKer
     assert set(dfk.executors[LABEL].provider.resources) == {first, second}
 
 
-def test_a_workflow_member_survives_scancel_of_its_pilot_job(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_workflow_member_survives_scancel_of_its_pilot_job(tmp_path: Path) -> None:
     """The member trains in a Slurm pilot job; we scancel the job; it finishes on a new block from its checkpoint."""
     require_slurm()
-    monkeypatch.setattr(SlurmProvider, "status_polling_interval", property(lambda self: POLL_S))
     workflow = tmp_path / "wf.yaml"
     workflow.write_text(
         "name: slurm\nsite: local-slurm\nretries: 1\ncheckpoint: {interval: 125}\n"
@@ -132,7 +127,6 @@ def test_members_leave_each_block_before_its_walltime(tmp_path: Path, monkeypatc
     drained before its end, its members commit and stop for free, and continue on a fresh block
     from that checkpoint; none is started in a block's last margin, none is killed by the walltime."""
     require_slurm()
-    monkeypatch.setattr(SlurmProvider, "status_polling_interval", property(lambda self: POLL_S))
     tests_dir = str(Path(__file__).parent)  # workers import the `paced` workload from tests/
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (tests_dir, os.environ.get("PYTHONPATH")) if p))
     site = tmp_path / "short-blocks.yaml"

@@ -11,6 +11,11 @@ the configuration as ``run`` does, so both say the same line. Only the public cl
 PatientBlockErrorHandler, patience_s: 300}``) can be named: a site file selects configuration,
 it does not import arbitrary code.
 
+Beyond its constructor's arguments, any provider takes ``status_polling_interval``: the seconds
+between Parsl's looks at its blocks, which Parsl fixes per provider class (60 s for Slurm and PBS
+Pro: a lost pilot job waits up to a minute for its replacement). A cluster whose scheduler is
+cheap to ask, such as the local ones the tests start, sets a few seconds.
+
 String values may use the environment (``${NAME}``, ``${NAME:-default}``, ``${NAME:?hint}``,
 ``$${`` for a literal ``${``; see :mod:`resilient_flows.envvars`), so that one site file serves
 every user of a machine. The top-level ``facts:`` mapping describes the
@@ -20,7 +25,9 @@ machine for resilient-flows (see :mod:`resilient_flows.sites._facts`) and never 
 from __future__ import annotations
 
 import difflib
+import functools
 import inspect
+import math
 import os
 import typing
 from typing import Any
@@ -32,6 +39,7 @@ import typeguard
 from parsl.config import Config
 from parsl.executors.status_handling import BlockProviderExecutor
 from parsl.jobs.error_handlers import simple_error_handler
+from parsl.providers.base import ExecutionProvider
 
 from resilient_flows.envvars import expand_env
 from resilient_flows.errors import SiteConfigError
@@ -41,6 +49,8 @@ from resilient_flows.sites._blockerrors import PatientBlockErrorHandler
 _NAMESPACES = (parsl.executors, parsl.providers, parsl.launchers, cobalt)
 #: Our classes a site file names beside Parsl's (``block_error_handler: {type: ...}``).
 _OURS = (PatientBlockErrorHandler,)
+#: The key any provider takes beside its constructor's arguments (see the module's docstring).
+POLL_KEY = "status_polling_interval"
 
 
 def _classes() -> dict[str, type]:
@@ -95,13 +105,40 @@ def _build(spec: Any, where: str, classes: dict[str, type]) -> Any:
             f"{where}: unknown type {name!r}{hint} (Parsl executors, providers and launchers, "
             "CobaltProvider and PatientBlockErrorHandler)"
         )
-    _check_keys(cls, spec, f"{where} ({name})")
+    provider = issubclass(cls, ExecutionProvider)
+    poll_s = None
+    if provider and POLL_KEY in spec:
+        poll_s = _poll_seconds(spec.pop(POLL_KEY), f"{where} ({name}): {POLL_KEY}")
+    _check_keys(cls, spec, f"{where} ({name})", extra={POLL_KEY} if provider else frozenset())
     args = {key: _value(key, value, f"{where}.{key}", classes) for key, value in spec.items()}
     _check_types(cls, args, f"{where} ({name})")
     try:
-        return cls(**args)
+        built = cls(**args)
     except (TypeError, ValueError, typeguard.TypeCheckError) as exc:
         raise SiteConfigError(f"{where} ({name}): {exc}") from None
+    if poll_s is not None:
+        built.__class__ = _polled(cls, poll_s)
+    return built
+
+
+def _poll_seconds(value: Any, where: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
+        raise SiteConfigError(f"{where} must be a positive number of seconds, got {value!r}")
+    return value
+
+
+@functools.cache
+def _polled(cls: type, seconds: float) -> type:
+    """``cls`` polled every ``seconds``: Parsl's providers declare their interval as a property of
+    the class, so a provider of a site that sets its own becomes an instance of this subclass,
+    which differs in nothing else (its name, module and behaviour are ``cls``'s)."""
+    namespace = {
+        "__module__": cls.__module__,
+        "__qualname__": cls.__qualname__,
+        "__doc__": cls.__doc__,
+        POLL_KEY: property(lambda self: seconds, doc=f"Every {seconds:g} s, as the site file sets."),
+    }
+    return type(cls.__name__, (cls,), namespace)
 
 
 def _value(key: str, value: Any, where: str, classes: dict[str, type]) -> Any:
@@ -131,11 +168,17 @@ def _check_types(cls: type, args: dict[str, Any], where: str) -> None:
             raise SiteConfigError(f"{where}: {key} must be {expected}, got {value!r}") from None
 
 
-def _check_keys(cls: type, spec: dict[str, Any], where: str, exclude: frozenset[str] | set[str] = frozenset()) -> None:
+def _check_keys(
+    cls: type,
+    spec: dict[str, Any],
+    where: str,
+    exclude: frozenset[str] | set[str] = frozenset(),
+    extra: frozenset[str] | set[str] = frozenset(),
+) -> None:
     params = inspect.signature(cls).parameters
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
         return
-    allowed = sorted(n for n in params if n not in exclude and n != "self")
+    allowed = sorted({n for n in params if n not in exclude and n != "self"} | set(extra))
     for key in spec:
         if key not in allowed:
             close = difflib.get_close_matches(key, allowed, n=1)
