@@ -30,7 +30,7 @@ from resilient_flows.checkpoint import heartbeat_path, read_heartbeat, scan
 from resilient_flows.clone import clone_seed
 from resilient_flows.rundir import DamageLog, MetricsReader, member_layout
 from resilient_flows.training import MemberSpec, holding_runner
-from resilient_flows.workflow._families import family_of, family_stats
+from resilient_flows.workflow._families import family_of, family_stats, group_by_family
 from resilient_flows.workflow._report import last_error
 from resilient_flows.workflow._rundir import MemberIndex, read_plan
 from resilient_flows.workflow._status import MemberStatus, StatusTracker
@@ -109,6 +109,7 @@ class RunModel:
         self._tracker = StatusTracker(self.run_dir, follow=False, damage=self.damage, observe=self._observe)
         self._statuses: dict[str, MemberStatus] = {}
         self._specs: dict[str, MemberSpec] = {}
+        self._children: dict[str, list[str]] = {}  # a member's clones, in the order registered
         self._samplers: dict[str, LossSampler] = {}
         self._facts: collections.defaultdict[str, MemberFacts] = collections.defaultdict(MemberFacts)
         self._seeds: dict[str, dict[str, Any]] = {}
@@ -134,6 +135,10 @@ class RunModel:
             if len(specs) != len(self._specs):
                 self._changed = True
                 self._specs = {m.name: m for m in specs}
+                self._children = {}
+                for spec in specs:
+                    if spec.parent is not None:
+                        self._children.setdefault(spec.parent.member, []).append(spec.name)
             self._statuses = self._tracker.update([(m.name, m.steps) for m in specs], {m.name: m.family for m in specs})
             for name, status in self._statuses.items():
                 self._refresh(name, status)
@@ -230,8 +235,9 @@ class RunModel:
         statuses = list(self._statuses.values())
         rates = {name: sampler.rate() for name, sampler in self._samplers.items()}
         families, bands, highlighted = [], {}, {}
+        groups = group_by_family(statuses)
         for stats in family_stats(statuses):
-            members = [s for s in statuses if family_of(s.name, s.family) == stats.family]
+            members = groups[stats.family]
             band = family_band([self._samplers[s.name].curve() for s in members])
             if band is not None:
                 bands[stats.family] = band.__dict__
@@ -338,29 +344,12 @@ class RunModel:
             self._readers[name] = reader
             while len(self._readers) > READERS_KEPT:
                 self._readers.popitem(last=False)
-            facts = self._facts[name]
             steps = sorted(reader.curve)
             stride = max(1, -(-len(steps) // MEMBER_POINTS))
             shown = steps[::stride] + (steps[-1:] if steps and (len(steps) - 1) % stride else [])
-            return {
-                "version": DOCUMENT_VERSION,
-                "name": name,
-                "curve": {"steps": shown, "loss": [reader.curve[s] for s in shown]},
-                "attempts": [
-                    {
-                        "attempt": attempt,
-                        "first_step": first,
-                        "last_step": last,
-                        "first_time": reader.attempt_times.get(attempt, (None, None))[0],
-                        "last_time": reader.attempt_times.get(attempt, (None, None))[1],
-                    }
-                    for attempt, (first, last) in sorted(reader.attempt_spans.items())
-                ],
-                "markers": [_placed(m, reader.attempt_spans) for m in facts.markers],
-                "saves": [{"time": t, "step": s, "stall_ms": ms} for t, s, ms in facts.saves],
-                "shared": self._shared_checkpoints(name),
-                "children": [n for n, spec in self._specs.items() if spec.parent and spec.parent.member == name],
-            }
+            curve = {"steps": shown, "loss": [reader.curve[s] for s in shown]}
+            times = {a: reader.attempt_times.get(a, (None, None)) for a in reader.attempt_spans}
+            return self._details(name, curve, reader.attempt_spans, times, self._shared_checkpoints(name))
 
     def member_sample(self, name: str) -> dict[str, Any] | None:
         """:meth:`member` from what the model already holds, reading no file (the report page
@@ -369,28 +358,43 @@ class RunModel:
         with self._lock:
             if name not in self._specs:
                 return None
-            facts, sampler = self._facts[name], self._samplers[name]
+            sampler = self._samplers[name]
             steps, losses = sampler.curve()
-            spans = {a: (first.step, sampler.attempt_ended[a].step) for a, first in sampler.attempt_began.items()}
-            return {
-                "version": DOCUMENT_VERSION,
-                "name": name,
-                "curve": {"steps": steps, "loss": losses},
-                "attempts": [
-                    {
-                        "attempt": attempt,
-                        "first_step": first.step,
-                        "last_step": sampler.attempt_ended[attempt].step,
-                        "first_time": first.time,
-                        "last_time": sampler.attempt_ended[attempt].time,
-                    }
-                    for attempt, first in sorted(sampler.attempt_began.items())
-                ],
-                "markers": [_placed(m, spans) for m in facts.markers],
-                "saves": [{"time": t, "step": s, "stall_ms": ms} for t, s, ms in facts.saves],
-                "shared": [],
-                "children": [n for n, spec in self._specs.items() if spec.parent and spec.parent.member == name],
-            }
+            ends = {a: (first, sampler.attempt_ended[a]) for a, first in sampler.attempt_began.items()}
+            spans = {a: (first.step, last.step) for a, (first, last) in ends.items()}
+            times = {a: (first.time, last.time) for a, (first, last) in ends.items()}
+            return self._details(name, {"steps": steps, "loss": losses}, spans, times, [])
+
+    def _details(
+        self,
+        name: str,
+        curve: dict[str, list],
+        spans: dict[int, tuple[int, int]],
+        times: dict[int, tuple[float | None, float | None]],
+        shared: list[dict[str, Any]],
+    ) -> dict[str, Any]:
+        """A member's details document: ``spans`` and ``times`` are each attempt's first and last
+        steps and times."""
+        facts = self._facts[name]
+        return {
+            "version": DOCUMENT_VERSION,
+            "name": name,
+            "curve": curve,
+            "attempts": [
+                {
+                    "attempt": attempt,
+                    "first_step": first,
+                    "last_step": last,
+                    "first_time": times[attempt][0],
+                    "last_time": times[attempt][1],
+                }
+                for attempt, (first, last) in sorted(spans.items())
+            ],
+            "markers": [_placed(m, spans) for m in facts.markers],
+            "saves": [{"time": t, "step": s, "stall_ms": ms} for t, s, ms in facts.saves],
+            "shared": shared,
+            "children": self._children.get(name, []),
+        }
 
     def _shared_checkpoints(self, name: str) -> list[dict[str, Any]]:
         try:
