@@ -62,7 +62,8 @@ def test_follow_redraws_until_the_runner_lets_go_of_the_run(tmp_path: Path, caps
     assert 1.0 <= took < 5.0, took  # it waited for the runner, and noticed it let go
     assert main(["status", str(run_dir), "--follow"]) == 0  # let go of: the final table at once
     out = capsys.readouterr().out
-    assert "gone without ending" not in out and out.count("finished") == 2
+    assert out.count("finished") == 2
+    assert "resume" not in capsys.readouterr().err
 
 
 def test_follow_ends_with_a_runner_that_died_and_says_how_to_continue(
@@ -76,9 +77,9 @@ def test_follow_ends_with_a_runner_that_died_and_says_how_to_continue(
     began = time.monotonic()
     assert main(["status", str(run_dir), "--follow"]) == 1  # m-0 still at step 10 of 50
     assert time.monotonic() - began < 5.0
-    out = capsys.readouterr().out
-    assert f"runner (process {dead.pid} on {record['host']}) is gone without ending the run" in out
-    assert "resilient-flows resume" in out
+    err = " ".join(capsys.readouterr().err.split())
+    assert f"the run's runner (process {dead.pid} on {record['host']}) is gone" in err
+    assert f"resilient-flows resume {run_dir} continues it" in err
 
 
 def test_a_run_is_held_by_a_live_runner_here_or_a_fresh_lease_elsewhere(tmp_path: Path) -> None:

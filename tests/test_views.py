@@ -9,6 +9,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,9 @@ from resilient_flows.cli import main
 from resilient_flows.rundir import _metrics as metrics_module
 from resilient_flows.rundir import run_layout
 from resilient_flows.rundir._metrics import MetricsReader
+from resilient_flows.training import end_lease
 from resilient_flows.workflow import _status as status_module
+from resilient_flows.workflow._blocks import RunnerLock
 from resilient_flows.workflow._families import STATES, describe_families, family_of, family_stats
 from resilient_flows.workflow._plan import plan_workflow
 from resilient_flows.workflow._plots import BEST_DRAWN, LEGEND_FAMILIES, loss_figure, plot_losses
@@ -236,14 +239,71 @@ def test_status_of_a_run_whose_runner_died_says_its_running_members_are_not(
 ) -> None:
     run_dir, _ = make_run(tmp_path, 3, running=1)
     assert main(["status", str(run_dir)]) == 1
-    assert "runner" not in capsys.readouterr().err  # no runner ever held it: nothing to say
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-    record = {"pid": int(dead.stdout), "host": socket.gethostname(), "started": 1, "orphan_timeout_s": 60}
+    err = " ".join(capsys.readouterr().err.split())  # no runner ever held it: how to start one
+    unheld = "members shown queued, running or retrying are not"
+    assert f"no runner holds this run: {unheld}; resilient-flows resume {run_dir} continues it" in err
+    pid = dead_pid()
+    record = {"pid": pid, "host": socket.gethostname(), "started": 1, "orphan_timeout_s": 60}
     run_layout(run_dir).write_lease(record)  # a runner that died without letting go of the run
     assert main(["status", str(run_dir)]) == 1
     err = " ".join(capsys.readouterr().err.split())
-    assert "the run's runner is gone: members shown queued, running or retrying are not" in err
+    host = socket.gethostname()
+    assert (
+        f"the run's runner (process {pid} on {host}) is gone: members shown queued, running or retrying are not" in err
+    )
     assert f"resilient-flows resume {run_dir} continues it" in err
+
+
+def dead_pid() -> int:
+    """The pid of a process that has exited (and been reaped)."""
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    return int(dead.stdout)
+
+
+def test_status_of_a_run_whose_runner_died_never_denies_members_that_still_beat(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    run_dir, _ = make_run(tmp_path, 3, running=2)
+    pid, host = dead_pid(), socket.gethostname()
+    run_layout(run_dir).write_lease({"pid": pid, "host": host, "started": 1, "orphan_timeout_s": 300})
+    beats = run_layout(run_dir).heartbeats
+    beats.mkdir()
+    (beats / "m-0").write_text("{}")  # m-0 beats; m-1's beat is a minute old
+    (beats / "m-1").write_text("{}")
+    os.utime(beats / "m-1", (time.time() - 60, time.time() - 60))
+    os.symlink(beats / "m-0", beats / "m-2")  # a link is not a heartbeat
+    assert main(["status", str(run_dir)]) == 1
+    err = " ".join(capsys.readouterr().err.split())
+    assert f"the run's runner (process {pid} on {host}) is gone; member m-0 still train" in err
+    assert "will commit a checkpoint and stop within about" in err and "are not" not in err
+    assert f"then resilient-flows resume {run_dir} continues the run" in err
+    assert main(["status", "--json", str(run_dir)]) == 1
+    runner = json.loads(capsys.readouterr().out)["runner"]
+    assert runner["state"] == "gone" and runner["beating"] == ["m-0"]
+    assert (runner["pid"], runner["host"], runner["orphan_timeout_s"]) == (pid, host, 300.0)
+
+
+def test_status_says_how_to_resume_a_stopped_run_whatever_its_members_states(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    run_dir, _ = make_run(tmp_path, 2, running=1)
+    append(run_dir, [{"time": 30.0, "kind": "preempted", "member": "m-0", "attempt": 1, "step": 9}])
+    RunnerLock(run_dir).acquire()
+    assert main(["status", "--json", str(run_dir)]) == 1
+    assert json.loads(capsys.readouterr().out)["runner"]["state"] == "holding"
+    assert "resume" not in capsys.readouterr().err  # held: nothing to do
+    end_lease(run_dir)  # the runner stopped its members (the orphan stop, Ctrl-C) and ended
+    assert main(["status", str(run_dir)]) == 1
+    captured = capsys.readouterr()
+    assert table_rows(captured.out)[0][:2] == ["m-0", "preempted"]
+    err = " ".join(captured.err.split())
+    unheld = "members shown queued, running or retrying are not"
+    resume = f"resilient-flows resume {run_dir} continues it"
+    assert f"no runner holds this run (its runner ended): {unheld}; {resume}" in err
+    append(run_dir, [{"time": 90.0, "kind": "finished", "member": "m-0", "step": 49}])
+    (run_dir / "members" / "m-0" / "result.json").write_text(json.dumps({"member": "m-0", "step": 49}))
+    assert main(["status", str(run_dir)]) == 0
+    assert "resume" not in capsys.readouterr().err  # done: nothing to continue
 
 
 class Opens:

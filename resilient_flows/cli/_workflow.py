@@ -9,7 +9,6 @@ imports the workflow's own functions in a separate process, as a worker will; ne
 from __future__ import annotations
 
 import argparse
-import shlex
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -197,6 +196,8 @@ def _status(args: argparse.Namespace) -> int:
     from resilient_flows.rundir import DamageLog
     from resilient_flows.training import stage_finished
     from resilient_flows.workflow import (
+        liveness,
+        member_notes,
         member_statuses,
         read_plan,
         run_members,
@@ -217,27 +218,23 @@ def _status(args: argparse.Namespace) -> int:
     statuses = member_statuses(args.run_dir, [(m.name, m.steps) for m in members], families, damage)
     stages_done = all(stage_finished(args.run_dir, s.name) for s in stages)
     done = stages_done and all(s.state in ("finished", "retired") for s in statuses.values())
+    runner = liveness(run_dir, [*statuses, *(s.name for s in stages)])
     if args.json:
         rows = stage_rows(run_dir, stages)
-        print_document(status_document(run_dir, plan.workflow.name, plan.site, statuses, rows, damage, done))
+        document = status_document(
+            run_dir, plan.workflow.name, plan.site, statuses, rows, damage, done, runner.document()
+        )
+        print_document(document)
     else:
         title = f"{plan.workflow.name} on {plan.site}: {args.run_dir}"
         console().print(status_table(statuses, title, all_members=args.all))
-    _warn_unheld(run_dir, [s.state for s in statuses.values()])
+    for note in member_notes(statuses.values()):
+        warn(note)
     _warn_damage(run_dir, damage)
+    advice = None if done else runner.advice(run_dir)
+    if advice is not None:  # the states are the last ones recorded: say what they are worth now
+        warn(advice)
     return 0 if done else 1
-
-
-def _warn_unheld(run_dir: Path, states: list[str]) -> None:
-    """The states are the last ones the members recorded: where the run's runner is gone (it
-    ended, or died), a member shown running or queued is not, and the user should know how to
-    continue it."""
-    from resilient_flows.training import holding_runner, read_lease
-
-    active = any(state in ("queued", "running", "retrying") for state in states)
-    if active and read_lease(run_dir) is not None and holding_runner(run_dir) is None:
-        command = shlex.join(["resilient-flows", "resume", str(run_dir)])
-        warn(f"the run's runner is gone: members shown queued, running or retrying are not; {command} continues it")
 
 
 def _warn_damage(run_dir: Path, damage: DamageLog) -> None:

@@ -24,6 +24,7 @@ _SOURCES = {
         "EventLog",
         "EventTail",
         "FULL_WAIT_S",
+        "NO_CHECKPOINT",
         "read_events",
     ),
     "resilient_flows.rundir._files": ("read_json",),

@@ -59,6 +59,10 @@ EVENT_KINDS = (
     "drained",
 )
 
+#: The ``warning`` field of a ``warning`` event from a member that trains without checkpoints
+#: (see :mod:`resilient_flows.training.boundary._unsaved`), which ``status`` shows as a note.
+NO_CHECKPOINT = "no_checkpoint"
+
 
 class EventLog:
     """Appends events to the run's event log; cheap to construct in every worker.

@@ -88,6 +88,7 @@ _SOURCES = {
         "declared_params",
         "params_problem",
         "signature_params",
+        "with_defaults",
     ),
     "resilient_flows.training._probe": (
         "LOOP",

@@ -22,8 +22,8 @@ A member's params (its ``params``, with its ``grid`` point or its campaign's sam
 against the declaration: every name must be declared (an unknown one is an error with the closest
 declared name), every value must have its declared type as JSON carries it (strict: ``"3"`` is
 not an int, ``3`` is a float, a list is a tuple), and every field without a default must be
-given. The declaration checks and does not convert: the function still finds in ``ctx.params``
-what the workflow wrote (a built-in fills in its defaults itself).
+given. The declaration checks and does not convert: the function finds in ``ctx.params`` what
+the workflow wrote, and the declared default of every param it left out (:func:`with_defaults`).
 
 ``validate`` and ``run`` check every member before anything is queued; :func:`run_member` checks
 again before it trains, so that a member started from a plain Parsl script is refused with the
@@ -129,6 +129,28 @@ def check_params(
     problem = None if declared is None else params_problem(ref, declared, params, exempt, what)
     if problem is not None:
         raise WorkloadError(problem[1])
+
+
+def with_defaults(declared: type | None, params: Mapping[str, Any]) -> dict[str, Any]:
+    """``params`` and, for each declared field they leave out, its default: what the function
+    finds in ``ctx.params``. A declaration is the user's promise of those values; a workload that
+    reads ``ctx.params["batch"]`` must not fail, at every retry, for a default it declared."""
+    filled = dict(params)
+    if declared is None:
+        return filled
+    if issubclass(declared, BaseModel):
+        for name, info in declared.model_fields.items():
+            if name not in filled and not info.is_required():
+                filled[name] = info.get_default(call_default_factory=True)
+        return filled
+    for field in dataclasses.fields(declared):
+        if field.name in filled:
+            continue
+        if field.default is not dataclasses.MISSING:
+            filled[field.name] = field.default
+        elif field.default_factory is not dataclasses.MISSING:
+            filled[field.name] = field.default_factory()
+    return filled
 
 
 @functools.cache

@@ -6,6 +6,7 @@ a plain process, under ``mpiexec``, or in a test.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from typing import Any
 
@@ -13,7 +14,7 @@ from resilient_flows.checkpoint import read_checkpoint
 from resilient_flows.rundir import EventLog, member_layout
 from resilient_flows.training._context import TrainContext
 from resilient_flows.training._heartbeat import Heartbeat, analytics_task
-from resilient_flows.training._params import check_params
+from resilient_flows.training._params import check_params, with_defaults
 from resilient_flows.training._spec import OPTIMIZER_KEYS, MemberSpec
 from resilient_flows.training._workloads import check_call, resolve_workload
 
@@ -33,6 +34,7 @@ def run_member(spec: dict[str, Any], run_dir: str, comm: Any = None) -> dict[str
     workload = resolve_workload(member.workload, member.evaluate, member.workdir)
     check_call(workload.train, f"workload {member.workload} of member {member.name}", "ctx")
     check_params(member.workload, workload.params, member.params, exempt=_clone_optimizer_overrides(member))
+    member = dataclasses.replace(member, params=with_defaults(workload.params, member.params))
     ctx = TrainContext(member, run_dir, comm=comm)
     try:
         result = workload.train(ctx)
@@ -72,7 +74,8 @@ def _evaluate(specs: list[dict[str, Any]], run_dir: str) -> dict[str, Any]:
             report[member.name] = {"step": found[0], "note": f"workload {member.workload} has no evaluate function"}
         else:
             step, state = found
-            report[member.name] = {"step": step, **workload.evaluate({**member.params, "steps": member.steps}, state)}
+            params = with_defaults(workload.params, member.params)
+            report[member.name] = {"step": step, **workload.evaluate({**params, "steps": member.steps}, state)}
     return report
 
 

@@ -19,10 +19,12 @@ _SOURCES = {
     ),
     "resilient_flows.workflow._follow": ("follow_run",),
     "resilient_flows.workflow._leaseguard": ("guard",),
+    "resilient_flows.workflow._liveness": ("liveness",),
     "resilient_flows.workflow._mlcgen": ("generate",),
     "resilient_flows.workflow._monitoring": ("visualize_note",),
     "resilient_flows.workflow._plan": ("plan_workflow",),
     "resilient_flows.workflow._report": (
+        "member_notes",
         "stage_rows",
         "stage_table",
         "status_table",

@@ -13,15 +13,13 @@ it unrenewed for two renewals.
 
 from __future__ import annotations
 
-import shlex
 import time
 from pathlib import Path
 
 from rich.console import Console, Group, RenderableType
 from rich.live import Live
-from rich.markup import escape
 
-from resilient_flows.training import holding_runner, read_lease
+from resilient_flows.training import holding_runner
 from resilient_flows.workflow._report import stage_table, status_table
 from resilient_flows.workflow._rundir import MemberIndex, read_plan
 from resilient_flows.workflow._status import StatusTracker
@@ -34,8 +32,8 @@ REFRESH_S = 2.0
 def follow_run(run_dir: Path, console: Console, all_members: bool = False, refresh_s: float = REFRESH_S) -> None:
     """Redraw the run's status table every ``refresh_s`` seconds while its runner holds it, or
     until Ctrl-C; returns at once for a run that no runner holds. The table vanishes when it
-    returns: the caller prints the final one, whose exit status says how the run ended. A runner
-    that died (it never let go of the run) is named, with how to continue the run."""
+    returns: the caller prints the final one, whose exit status says how the run ended, and who
+    holds the run now (a runner that died without letting go of it), with how to continue it."""
     plan = read_plan(run_dir)
     stages = plan.workflow.stage_specs()
     index = MemberIndex(run_dir, plan)
@@ -54,9 +52,3 @@ def follow_run(run_dir: Path, console: Console, all_members: bool = False, refre
                 time.sleep(refresh_s)
     except KeyboardInterrupt:
         return
-    lease = read_lease(run_dir)
-    if lease is not None and not lease.ended:
-        console.print(
-            f"[bold yellow]the runner (process {lease.pid} on {escape(lease.host)}) is gone without ending the "
-            f"run:[/] {escape(shlex.join(['resilient-flows', 'resume', str(run_dir)]))} continues it"
-        )

@@ -73,6 +73,12 @@ def member_table(statuses: Iterable[MemberStatus], title: str, errors: bool = Fa
     return table
 
 
+def member_notes(statuses: Iterable[MemberStatus]) -> list[str]:
+    """A line per note a member left for its user (see :attr:`MemberStatus.notes`), whole: the
+    table has no room for advice, and cut advice is no advice."""
+    return [f"{s.name}: {note}" for s in statuses for note in s.notes.values()]
+
+
 def last_error(status: MemberStatus, width: int = ERROR_SHOWN) -> str:
     """The member's last error as one line of at most ``width`` characters ("-" without one): its
     first line (a traceback's text follows the message), whitespace runs collapsed, cut with "…"."""

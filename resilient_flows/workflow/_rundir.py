@@ -7,6 +7,7 @@ where it and the rest of the run lie is :mod:`resilient_flows.rundir`'s.
 from __future__ import annotations
 
 import os
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -55,12 +56,35 @@ def create_run_dir(path: Path, plan: Plan, source_text: str) -> Path:
         "members": [m.to_dict() for m in plan.members],
     }
     text = encode_plan(document)
-    layout.members.mkdir(parents=True, exist_ok=True)
+    try:
+        layout.members.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise _unwritable(path, exc, "cannot create the run directory", "; choose another with --run-dir") from None
+    require_writable(path, "; choose another with --run-dir")
     layout.write_workflow(source_text)
     for member in plan.members:
         register_member(path, member)
     write_plan(layout, text)
     return path.resolve()
+
+
+def require_writable(path: Path, hint: str = "") -> None:
+    """Refuse a run directory this process cannot write (a read-only mount, another user's).
+
+    Found here it is one line before anything starts; found by the runner's first write, it is a
+    traceback after Parsl has started, or a member that fails at every retry. Root bypasses
+    permission bits, so the answer comes from a real write, not from ``os.access``.
+    """
+    try:
+        with tempfile.NamedTemporaryFile(dir=path, prefix=".writable-"):
+            pass
+    except OSError as exc:
+        raise _unwritable(path, exc, "cannot write to the run directory", hint) from None
+
+
+def _unwritable(path: Path, exc: OSError, what: str, hint: str) -> WorkflowError:
+    """The one line for a run directory that cannot be written; ``hint`` follows the reason."""
+    return WorkflowError(f"{what} {path}: {exc.strerror or exc}{hint}")
 
 
 def run_members(

@@ -61,7 +61,15 @@ from resilient_flows.workflow._monitoring import monitoring_hub, visualize_note
 from resilient_flows.workflow._ondemand import OnDemandAnalytics, worker_slots
 from resilient_flows.workflow._plan import plan_workflow
 from resilient_flows.workflow._report import campaign_table, ondemand_table, stage_table, status_table, write_report
-from resilient_flows.workflow._rundir import MemberIndex, Plan, create_run_dir, default_run_dir, read_plan, run_members
+from resilient_flows.workflow._rundir import (
+    MemberIndex,
+    Plan,
+    create_run_dir,
+    default_run_dir,
+    read_plan,
+    require_writable,
+    run_members,
+)
 from resilient_flows.workflow._runlog import library_output_to_log
 from resilient_flows.workflow._status import StatusTracker
 from resilient_flows.workflow._walltime import BlockClock
@@ -134,6 +142,7 @@ def resume_run(
     """
     directory = Path(run_dir).resolve()
     plan = read_plan(directory)
+    require_writable(directory)
     if options is not None:
         site = plan.workflow.site.merged(options)
         plan = dataclasses.replace(plan, workflow=plan.workflow.model_copy(update={"site": site}))

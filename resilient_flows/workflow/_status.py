@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from resilient_flows.errors import DamagedFileError, FileTooLargeError
-from resilient_flows.rundir import DamageLog, EventTail, MetricsReader, TaskLayout, member_layout
+from resilient_flows.rundir import NO_CHECKPOINT, DamageLog, EventTail, MetricsReader, TaskLayout, member_layout
 from resilient_flows.training import member_dir
 
 #: The state a member is in after each kind of event.
@@ -48,7 +48,8 @@ class MemberStatus:
 
     ``family`` is the workflow entry it came from (see :func:`~resilient_flows.workflow._families.family_of`
     for runs that did not record it); ``timeline`` holds its :data:`TIMELINE_KINDS` events as
-    (time, kind), ``since`` the time of its first event.
+    (time, kind), ``since`` the time of its first event. ``notes``: what the member warned of
+    that its user should act on (training without checkpoints), by kind, until it no longer holds.
     """
 
     name: str
@@ -64,6 +65,7 @@ class MemberStatus:
     family: str = ""
     timeline: list[tuple[float, str]] = field(default_factory=list)
     since: float | None = None
+    notes: dict[str, str] = field(default_factory=dict)
     _result_due: bool = field(default=True, init=False, repr=False, compare=False)
 
     @property
@@ -102,6 +104,10 @@ class MemberStatus:
             self.errors.append(str(event.get("error")))
         if kind == "preempted":
             self.preemptions += 1
+        if kind == "warning" and event.get("warning") == NO_CHECKPOINT:
+            self.notes[NO_CHECKPOINT] = str(event.get("reason"))
+        elif kind == "checkpointed":
+            self.notes.pop(NO_CHECKPOINT, None)
         if kind in ("finished", "retired"):
             self._result_due = True
         if kind in TIMELINE_KINDS and "time" in event and not (kind == "failed" and event.get("cause") == "preempted"):

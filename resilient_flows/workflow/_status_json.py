@@ -34,6 +34,7 @@ def member_document(status: MemberStatus) -> dict[str, Any]:
         "failures": status.failures,
         "preemptions": status.preemptions,
         "errors": list(status.errors),
+        "notes": list(status.notes.values()),
         "test_accuracy": accuracy if isinstance(accuracy, (int, float)) and not isinstance(accuracy, bool) else None,
     }
 
@@ -46,11 +47,13 @@ def status_document(
     stages: list[dict[str, Any]],
     damage: DamageLog,
     done: bool,
+    runner: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The run (its directory, workflow name and site), every member (never grouped by family:
     a script groups as it likes), the stages' rows (see
     :func:`~resilient_flows.workflow._report.stage_rows`), what was passed over as damaged, and
-    whether everything finished (the exit status says the same)."""
+    whether everything finished (the exit status says the same), and who holds the run
+    (``runner``: :meth:`~resilient_flows.workflow._liveness.Liveness.document`)."""
     return {
         "version": STATUS_VERSION,
         "run_dir": str(run_dir),
@@ -60,4 +63,5 @@ def status_document(
         "members": [member_document(s) for s in statuses.values()],
         "stages": stages,
         "damage": damage.documents(run_dir),
+        "runner": runner,
     }

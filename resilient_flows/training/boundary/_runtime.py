@@ -43,6 +43,7 @@ from resilient_flows.training.boundary._ranks import Ranks
 from resilient_flows.training.boundary._requests import Request, consume_request, fire_faults, pending_request
 from resilient_flows.training.boundary._saver import OnCommit, Saver
 from resilient_flows.training.boundary._signals import StopSignals
+from resilient_flows.training.boundary._unsaved import UnsavedWatch
 
 logger = logging.getLogger(__name__)
 
@@ -118,6 +119,7 @@ class StepRuntime:
         self.step_s: float | None = None  # this attempt's seconds per step, once two boundaries were seen
         self.commit_s: float | None = None  # seconds from the last save to its last commit
         self._save_began = (-1, 0.0)  # (step, monotonic time) of the last save
+        self._unsaved = UnsavedWatch(cadence, attempt, emit)
 
     def beat(self, heartbeat: Heartbeat) -> None:
         """``heartbeat`` hears of every step and commit from now on."""
@@ -130,6 +132,7 @@ class StepRuntime:
     def log(self, step: int, values: dict[str, float]) -> None:
         """Record ``step``'s metrics: kept for the member's result, appended to its metrics log."""
         self.last_metrics = {"step": step, **values}
+        self._unsaved.logged(step, self.saver.last_saved)
         if self.metrics is not None:
             own = {k: v for k, v in values.items() if k not in _RESERVED}
             self.metrics.append({"step": int(step), "attempt": self.attempt, "time": time.time(), **own})
@@ -173,6 +176,7 @@ class StepRuntime:
         goes on from the last committed one) until it has lasted :data:`STORAGE_RETRIES` tries."""
         self.flush_metrics()  # every step up to a committed checkpoint is on disk
         self._save_began = (step, time.monotonic())
+        self._unsaved.saved()
         try:
             self.saver.save(step, persist=persist, on_commit=self._on_commit(handoff), cached=handoff is not None)
         except StorageFullError as exc:  # an earlier checkpoint's; this one is queued
