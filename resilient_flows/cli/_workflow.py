@@ -231,7 +231,8 @@ def _status(args: argparse.Namespace) -> int:
     for note in member_notes(statuses.values()):
         warn(note)
     _warn_damage(run_dir, damage)
-    advice = None if done else runner.advice(run_dir)
+    active = any(s.state in ("queued", "running", "retrying") for s in statuses.values())
+    advice = None if done else runner.advice(run_dir, active)
     if advice is not None:  # the states are the last ones recorded: say what they are worth now
         warn(advice)
     return 0 if done else 1

@@ -56,8 +56,9 @@ class Liveness:
             "beating": list(self.beating),
         }
 
-    def advice(self, run_dir: str | os.PathLike) -> str | None:
-        """What to tell the user of a run that is not done; None while a runner holds it."""
+    def advice(self, run_dir: str | os.PathLike, active: bool = True) -> str | None:
+        """What to tell the user of a run that is not done; None while a runner holds it.
+        ``active``: some member is shown queued, running or retrying, which it then is not."""
         if self.runner == HOLDING:
             return None
         resume = shlex.join(["resilient-flows", "resume", str(run_dir)])
@@ -68,7 +69,8 @@ class Liveness:
         else:
             gone = "no runner holds this run"
         if not self.beating:
-            return f"{gone}: members shown queued, running or retrying are not; {resume} continues it"
+            unheld = ": members shown queued, running or retrying are not" if active else ""
+            return f"{gone}{unheld}; {resume} continues it"
         left = None
         if self.runner == GONE and self.orphan_timeout_s is not None and self.renewed_s is not None:
             left = self.orphan_timeout_s - self.renewed_s
