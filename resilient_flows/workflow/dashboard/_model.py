@@ -29,8 +29,9 @@ from typing import Any
 from resilient_flows.checkpoint import heartbeat_path, read_heartbeat, scan
 from resilient_flows.clone import clone_seed
 from resilient_flows.rundir import DamageLog, MetricsReader, member_layout
-from resilient_flows.training import MemberSpec, holding_runner
+from resilient_flows.training import MemberSpec
 from resilient_flows.workflow._families import family_of, family_stats, group_by_family
+from resilient_flows.workflow._liveness import liveness
 from resilient_flows.workflow._report import last_error
 from resilient_flows.workflow._rundir import MemberIndex, read_plan
 from resilient_flows.workflow._status import MemberStatus, StatusTracker
@@ -264,7 +265,7 @@ class RunModel:
             for name in names:
                 steps, losses = self._samplers[name].curve()
                 curves[name] = {"steps": steps, "loss": losses}
-        lease = holding_runner(self.run_dir)
+        runner = liveness(self.run_dir, self._specs).document()
         return {
             "version": DOCUMENT_VERSION,
             "generation": self.generation,
@@ -273,7 +274,7 @@ class RunModel:
                 "name": self.plan.workflow.name,
                 "site": self.plan.site,
                 "run_dir": str(self.run_dir),
-                "runner": None if lease is None else {"pid": lease.pid, "host": lease.host},
+                "runner": runner,
                 "started": self._first_event,
                 "last_event": self._last_event,
             },

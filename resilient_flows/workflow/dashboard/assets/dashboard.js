@@ -258,17 +258,27 @@
     return last;
   }
 
+  // Who holds the run, in words that never deny members whose heartbeats are fresh.
+  function runnerText(r) {
+    const who = `${r.pid}@${r.host}`;
+    const beating = r.beating.length;
+    const still = beating ? `; ${beating} member${beating > 1 ? "s" : ""} still training` : "";
+    if (r.state === "holding") return `runner ${who}`;
+    if (r.state === "gone") return `runner ${who} gone${still || "; resume to continue"}`;
+    return `no runner${r.state === "ended" ? " (ended)" : ""}${still}`;
+  }
+
   function renderHeader() {
     const doc = ui.doc;
     const run = doc.run;
     $("run-name").textContent = run.name;
     document.title = `${run.name} · resilient-flows`;
-    const runner = run.runner
-      ? el("span", "", `runner ${run.runner.pid}@${run.runner.host}`)
-      : el("span", "", "no runner (ended)");
-    runner.style.color = run.runner ? "var(--ok)" : "var(--muted)";
+    const runner = el("span", "", runnerText(run.runner));
+    const held = run.runner.state === "holding";
+    const training = held || run.runner.beating.length > 0;
+    runner.style.color = held ? "var(--ok)" : run.runner.state === "gone" ? "var(--warn)" : "var(--muted)";
     const now = report ? doc.written : doc.written + (Date.now() - ui.received) / 1000;
-    const end = run.runner ? now : lastActivity(doc);
+    const end = training ? now : lastActivity(doc);
     const pairs = [
       ["site", run.site],
       ["run dir", run.run_dir, "mono", run.run_dir],
