@@ -135,7 +135,12 @@ def test_a_local_block_carries_the_token_and_its_leftovers_are_found_by_it(tmp_p
             os.killpg(group, signal.SIGKILL)
 
 
-def test_a_slurm_block_record_searches_by_token_and_job() -> None:
+def test_a_block_record_is_searched_for_by_its_token_and_its_job_or_group() -> None:
     record = {"executor": "e", "block": "0", "job_id": "2", "provider": "SlurmProvider", "token": "t"}
     assert _stragglers_of(record) == {"token": "t", "slurm_job": "2"}
     assert _stragglers_of({k: v for k, v in record.items() if k != "token"}) == {}
+    assert _stragglers_of({**record, "token": ""}) == {}
+    local = {**record, "provider": "LocalProvider", "pgid": 4242}
+    assert _stragglers_of(local) == {"token": "t", "group": 4242}
+    assert _stragglers_of({**local, "pgid": "4242"}) == {}  # a damaged ledger names no group
+    assert _stragglers_of({**record, "provider": "PBSProProvider"}) == {}  # Slurm jobs only

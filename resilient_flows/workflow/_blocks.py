@@ -157,8 +157,8 @@ def _stragglers_of(record: dict[str, Any]) -> dict[str, Any]:
     token = record.get("token")
     if not isinstance(token, str) or not token:
         return {}
-    if record.get("pgid") is not None:
-        return {"token": token, "group": int(record["pgid"])}
+    if isinstance(record.get("pgid"), int):
+        return {"token": token, "group": record["pgid"]}
     if record.get("provider") == "SlurmProvider":
         return {"token": token, "slurm_job": str(record["job_id"])}
     return {}
