@@ -17,7 +17,7 @@ from collections.abc import Iterable, Mapping
 import pytest
 from requires import unmet
 
-__all__ = ["cancel", "cancel_all", "require_slurm", "slurm_jobs", "slurm_problem", "worker_job_id"]
+__all__ = ["cancel", "cancel_all", "leave_orphan", "require_slurm", "slurm_jobs", "slurm_problem", "worker_job_id"]
 
 SKIP_REASON = "no Slurm cluster: run .ci/slurm-up"
 #: Node states (``sinfo %t``) in which the node can run jobs now or soon.
@@ -103,3 +103,21 @@ def worker_job_id(sleep_s: float = 0) -> str | None:
     """
     time.sleep(sleep_s)
     return os.environ.get("SLURM_JOB_ID")
+
+
+def leave_orphan() -> tuple[str | None, int, str | None]:
+    """A Parsl app body: start a sleeping process of this Python that outlives the pilot job where
+    Slurm tracks a job's processes by parentage (``proctrack/linuxproc``): its parent exits at once.
+    The job the worker runs in, the orphan's pid, and the runner's token the worker carries."""
+    import sys
+
+    from resilient_flows.workflow._stragglers import TOKEN_ENV
+
+    program = (
+        "import subprocess, sys\n"
+        "sleeper = [sys.executable, '-c', 'import time; time.sleep(300)']\n"
+        "print(subprocess.Popen(sleeper, start_new_session=True, stdin=subprocess.DEVNULL,"
+        " stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).pid)\n"
+    )
+    parent = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=60, check=True)
+    return os.environ.get("SLURM_JOB_ID"), int(parent.stdout), os.environ.get(TOKEN_ENV)

@@ -25,7 +25,7 @@ from resilient_flows.errors import WorkflowError
 from resilient_flows.training import CheckpointSpec, MemberSpec, TrainContext, read_events, run_member
 from resilient_flows.training._heartbeat import BEAT_S, Heartbeat, heartbeat_path, read_heartbeat
 from resilient_flows.workflow import read_plan
-from resilient_flows.workflow._blocks import BlockLedger, RunnerLock, cancel_block, kill_stragglers, process_start_time
+from resilient_flows.workflow._blocks import BlockLedger, RunnerLock, cancel_block, process_start_time
 from resilient_flows.workflow._watchdog import WATCH_S, Watchdog, clear_heartbeats, stall_timeout
 
 REPO = Path(__file__).resolve().parents[1]
@@ -198,41 +198,6 @@ def test_a_local_block_of_a_dead_runner_is_killed_only_while_it_is_the_recorded_
     finally:
         if block.poll() is None:
             os.killpg(block.pid, signal.SIGKILL)
-
-
-def test_the_leftovers_of_a_killed_pool_are_reaped_and_nothing_else(tmp_path: Path) -> None:
-    """A pool killed with SIGKILL leaves its multiprocessing manager behind, in the block's group."""
-    group = subprocess.Popen(
-        ["bash", "-c", f"{sys.executable} -c 'import time; time.sleep(60)' & sleep 60 & wait"], start_new_session=True
-    )
-    try:
-        deadline = time.monotonic() + 10
-        while len(members_of(group.pid)) < 3 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        python = [pid for pid, cmd in members_of(group.pid).items() if cmd.startswith(sys.executable)]
-        assert len(python) == 1
-        assert kill_stragglers(group.pid) == 1
-        time.sleep(0.2)
-        left = members_of(group.pid)
-        assert python[0] not in left and group.pid in left  # bash and sleep are not this Python: left alone
-    finally:
-        os.killpg(group.pid, signal.SIGKILL)
-        group.wait()
-
-
-def test_the_leftovers_of_a_slurm_job_on_this_host_are_found_by_their_job_id() -> None:
-    """Slurm's proctrack/linuxproc loses the orphans of a killed pool; they carry the job's id."""
-    env = {**os.environ, "SLURM_JOB_ID": "987654"}
-    orphan = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], env=env)
-    bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-    try:
-        time.sleep(0.3)
-        assert kill_stragglers(slurm_job="987654") == 1
-        assert orphan.wait(timeout=10) == -signal.SIGKILL and bystander.poll() is None
-    finally:
-        for proc in (orphan, bystander):
-            proc.kill()
-            proc.wait()
 
 
 def members_of(pgid: int) -> dict[int, str]:

@@ -8,7 +8,9 @@ therefore appends each block it starts, and its interchange, to the run's block 
 
 A process on this machine (a local pool, an interchange) is recorded with its start time as the
 kernel reports it, so that a recycled process id is never mistaken for it: nothing but the
-recorded process is ever signalled.
+recorded process is ever signalled. What a block leaves behind is searched for by the token of the
+runner that started it, recorded with the block (see :mod:`resilient_flows.workflow._stragglers`):
+never by a job or group number alone, which another run (on another cluster) may share.
 """
 
 from __future__ import annotations
@@ -18,7 +20,6 @@ import logging
 import os
 import signal
 import socket
-import sys
 import threading
 import time
 from collections.abc import Iterable
@@ -37,8 +38,8 @@ from resilient_flows.training import (
     RENEW_S,
     process_start_time,
     read_lease,
-    stat_fields,
 )
+from resilient_flows.workflow._stragglers import kill_stragglers, new_token
 
 logger = logging.getLogger(__name__)
 
@@ -54,10 +55,12 @@ def _same_process(pid: int | None, started: int | None) -> bool:
 
 @dataclass
 class BlockLedger:
-    """Appends the blocks and interchanges of this runner to the run's block ledger."""
+    """Appends the blocks and interchanges of this runner to the run's block ledger; ``token`` is
+    what this runner's blocks carry (:func:`~resilient_flows.workflow._stragglers.carry_token`)."""
 
     run_dir: Path
     runner: int = field(default_factory=os.getpid)
+    token: str = field(default_factory=new_token)
     _seen: set[tuple[str, str]] = field(default_factory=set)
     _leftovers: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)  # executor -> block -> its processes
 
@@ -76,7 +79,7 @@ class BlockLedger:
                 if (executor.label, block) in self._seen:
                     continue
                 self._seen.add((executor.label, block))
-                record = _job_record(executor.provider, job_id)
+                record = {**_job_record(executor.provider, job_id), "token": self.token}
                 found = _stragglers_of(record)
                 if found:
                     self._leftovers.setdefault(executor.label, {})[block] = found
@@ -149,12 +152,15 @@ def _job_record(provider: Any, job_id: str) -> dict[str, Any]:
 
 
 def _stragglers_of(record: dict[str, Any]) -> dict[str, Any]:
-    """How to find a recorded block's processes on this host once it ended: its process group
-    (LocalProvider), or its Slurm job id."""
-    if record.get("pgid") is not None:
-        return {"group": record["pgid"]}
+    """How to find a recorded block's processes on this host once it ended: its runner's token and
+    its process group (LocalProvider) or its Slurm job id; nothing without a token."""
+    token = record.get("token")
+    if not isinstance(token, str) or not token:
+        return {}
+    if isinstance(record.get("pgid"), int):
+        return {"token": token, "group": record["pgid"]}
     if record.get("provider") == "SlurmProvider":
-        return {"slurm_job": str(record["job_id"])}
+        return {"token": token, "slurm_job": str(record["job_id"])}
     return {}
 
 
@@ -208,51 +214,22 @@ def _kill_group(group: int) -> None:
         os.killpg(group, signal.SIGKILL)
 
 
-def kill_stragglers(group: int | None = None, slurm_job: str | None = None) -> int:
-    """SIGKILL the processes on this host that run this Python and belong to process group ``group``
-    or to Slurm job ``slurm_job`` (a pool's leftovers); how many. Other processes that may have come
-    to use the numbers are never touched.
-
-    A Slurm job's orphans escape its end where Slurm tracks processes by parentage
-    (``proctrack/linuxproc``); with cgroups Slurm kills them itself.
-    """
-    killed = 0
-    python = os.path.realpath(sys.executable)
-    job = None if slurm_job is None else f"SLURM_JOB_ID={slurm_job}".encode()
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            command = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")[0].decode()
-            if os.path.realpath(command) != python:
-                continue
-            ours = group is not None and int(stat_fields(entry)[2]) == group
-            if not ours and job is not None:
-                ours = job in Path(f"/proc/{entry}/environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if ours:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(int(entry), signal.SIGKILL)
-                killed += 1
-    return killed
-
-
 def cancel_block(provider: Any, record: dict[str, Any]) -> bool:
     """Cancel one recorded block through ``provider``; False when there was nothing to cancel.
 
     A LocalProvider's block is its process group, signalled as a whole while the recorded process
     still lives on this host; once it is gone (its pool died first), what is left of the group that
-    runs this Python (orphaned workers still training, the multiprocessing manager) is killed. A
-    batch provider's job is cancelled with its own command (``scancel``,
-    ``qdel``), whether or not it still runs: cancelling a finished job is harmless.
+    runs this Python and carries the block's token (orphaned workers still training, the
+    multiprocessing manager) is killed. A batch provider's job is cancelled with its own command
+    (``scancel``, ``qdel``), whether or not it still runs: cancelling a finished job is harmless.
     """
     if isinstance(provider, LocalProvider):
         if record.get("host") != socket.gethostname():
             return False
         if _kill_recorded(record.get("pid"), record.get("started"), signal.SIGKILL, group=True):
             return True
-        return record.get("pgid") is not None and kill_stragglers(group=int(record["pgid"])) > 0
+        found = _stragglers_of(record)
+        return bool(found) and kill_stragglers(**found) > 0
     job_id = str(record["job_id"])
     resources = getattr(provider, "resources", None)
     if isinstance(resources, dict) and job_id not in resources:  # a job another runner submitted

@@ -72,6 +72,7 @@ from resilient_flows.workflow._rundir import (
 )
 from resilient_flows.workflow._runlog import library_output_to_log
 from resilient_flows.workflow._status import StatusTracker
+from resilient_flows.workflow._stragglers import carry_token
 from resilient_flows.workflow._walltime import BlockClock
 from resilient_flows.workflow._watchdog import Lost, Watchdog, clear_heartbeats, interchange_managers
 from resilient_flows.workflow.dashboard import write_dashboard_report
@@ -274,15 +275,26 @@ class _Submitter:
 _DONE = "done"
 
 
-def _site_config(site: SiteFile, run_dir: Path, retries: int, free_stops: int, monitor_as: str | None = None) -> Config:
+def _site_config(
+    site: SiteFile,
+    run_dir: Path,
+    retries: int,
+    free_stops: int,
+    monitor_as: str | None = None,
+    token: str | None = None,
+) -> Config:
     """The site's Parsl configuration for this run, with our retry handler (its blocks' error
-    handler tolerates lost blocks: see :func:`~resilient_flows.sites._build.build_config`) and,
-    where ``monitor_as`` names the workflow, Parsl's monitoring into the run's database (see
-    :mod:`resilient_flows.workflow._monitoring`)."""
+    handler tolerates lost blocks: see :func:`~resilient_flows.sites._build.build_config`), blocks
+    that carry the runner's ``token``, where given (what is left of them is found by it: see
+    :mod:`resilient_flows.workflow._stragglers`) and, where ``monitor_as`` names the workflow,
+    Parsl's monitoring into the run's database (see :mod:`resilient_flows.workflow._monitoring`)."""
     handler = ResumingRetryHandler(retries, free_without_progress=free_stops)
     layout = run_layout(run_dir)
     extra = {} if monitor_as is None else {"monitoring": monitoring_hub(layout.monitoring_db, monitor_as)}
-    return site.config(run_dir=str(layout.parsl), retries=retries, retry_handler=handler, **extra)
+    config = site.config(run_dir=str(layout.parsl), retries=retries, retry_handler=handler, **extra)
+    if token is not None:
+        carry_token(config, token)
+    return config
 
 
 def _managers_of(executor: Any) -> list[dict[str, Any]] | None:
@@ -453,6 +465,7 @@ class _RunLoop:
             workflow.retries,
             workflow.free_stops,
             workflow.name if workflow.monitoring else None,
+            token=self.ledger.token,
         )
         self.config = self.site_config()
         executors = self.config.executors
