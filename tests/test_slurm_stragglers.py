@@ -109,7 +109,8 @@ def test_a_slurm_block_of_this_run_spares_the_same_job_of_another_cluster(
 ) -> None:
     tests_dir = str(Path(__file__).parent)  # workers import `leave_orphan` from tests/slurm.py
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (tests_dir, os.environ.get("PYTHONPATH")) if p))
-    monkeypatch.setenv("PATH", os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]]))  # Parsl's
+    # Parsl starts its interchange by name, from beside this Python (as the runner makes sure).
+    monkeypatch.setenv("PATH", os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]]))
     here = dict(os.environ)
     align_job_numbers(here, other_cluster)
 
