@@ -118,8 +118,9 @@ def test_a_slurm_block_of_this_run_spares_the_same_job_of_another_cluster(
     pid_file = tmp_path / "sentinel.pid"
     program = f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(300)"
     sentinel_env = {**other_cluster, TOKEN_ENV: new_token()}
+    command = f'exec {sys.executable} -c "{program}"'
     submitted = subprocess.run(
-        ["sbatch", "--parsable", "-J", "rf-sentinel", "--wrap", f'exec {sys.executable} -c "{program}"'],
+        ["sbatch", "--parsable", "-J", "rf-sentinel", "-o", str(tmp_path / "sentinel.out"), "--wrap", command],
         env=sentinel_env,
         capture_output=True,
         text=True,
