@@ -61,7 +61,7 @@ def other_cluster() -> Iterator[dict[str, str]]:
 
 def submit_held(count: int, env: Mapping[str, str]) -> list[int]:
     """Submit ``count`` held jobs and cancel them: each takes a job number; their numbers."""
-    loop = 'for _ in $(seq "$1"); do sbatch -H --parsable -J rf-pad -o /dev/null --wrap true || exit 1; done'
+    loop = 'for _ in $(seq "$1"); do sbatch -H --parsable -J rf-pad --wrap true || exit 1; done'
     out = subprocess.run(
         ["bash", "-c", loop, "pad", str(count)], env=env, capture_output=True, text=True, timeout=120, check=True
     )
@@ -109,7 +109,8 @@ def test_a_slurm_block_of_this_run_spares_the_same_job_of_another_cluster(
 ) -> None:
     tests_dir = str(Path(__file__).parent)  # workers import `leave_orphan` from tests/slurm.py
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (tests_dir, os.environ.get("PYTHONPATH")) if p))
-    monkeypatch.setenv("PATH", os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]]))  # Parsl's
+    # Parsl starts its interchange by name, from beside this Python (as the runner makes sure).
+    monkeypatch.setenv("PATH", os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]]))
     here = dict(os.environ)
     align_job_numbers(here, other_cluster)
 
@@ -117,9 +118,9 @@ def test_a_slurm_block_of_this_run_spares_the_same_job_of_another_cluster(
     pid_file = tmp_path / "sentinel.pid"
     program = f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(300)"
     sentinel_env = {**other_cluster, TOKEN_ENV: new_token()}
-    wrapped = f'exec {sys.executable} -c "{program}"'
+    command = f'exec {sys.executable} -c "{program}"'
     submitted = subprocess.run(
-        [*("sbatch", "--parsable", "-J", "rf-sentinel", "-o", str(tmp_path / "sentinel.out")), "--wrap", wrapped],
+        ["sbatch", "--parsable", "-J", "rf-sentinel", "-o", str(tmp_path / "sentinel.out"), "--wrap", command],
         env=sentinel_env,
         capture_output=True,
         text=True,
