@@ -61,7 +61,7 @@ def other_cluster() -> Iterator[dict[str, str]]:
 
 def submit_held(count: int, env: Mapping[str, str]) -> list[int]:
     """Submit ``count`` held jobs and cancel them: each takes a job number; their numbers."""
-    loop = 'for _ in $(seq "$1"); do sbatch -H --parsable -J rf-pad --wrap true || exit 1; done'
+    loop = 'for _ in $(seq "$1"); do sbatch -H --parsable -J rf-pad -o /dev/null --wrap true || exit 1; done'
     out = subprocess.run(
         ["bash", "-c", loop, "pad", str(count)], env=env, capture_output=True, text=True, timeout=120, check=True
     )
