@@ -11,16 +11,12 @@ from __future__ import annotations
 import argparse
 import shlex
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from rich.markup import escape
 
-from resilient_flows.cli._console import console, print_document, warn
+from resilient_flows.cli._console import console, print_document, warn, warn_damage
 from resilient_flows.errors import WorkflowError
 from resilient_flows.workflow import GROUP_ABOVE
-
-if TYPE_CHECKING:
-    from resilient_flows.rundir import DamageLog
 
 DETACH_HELP = (
     "start the runner in the background, out of reach of the terminal's or ssh session's end (its output: "
@@ -224,7 +220,7 @@ def _status(args: argparse.Namespace) -> int:
         title = f"{plan.workflow.name} on {plan.site}: {args.run_dir}"
         console().print(status_table(statuses, title, all_members=args.all))
     _warn_unheld(run_dir, [s.state for s in statuses.values()])
-    _warn_damage(run_dir, damage)
+    warn_damage(run_dir, damage)
     return 0 if done else 1
 
 
@@ -238,12 +234,6 @@ def _warn_unheld(run_dir: Path, states: list[str]) -> None:
     if active and read_lease(run_dir) is not None and holding_runner(run_dir) is None:
         command = shlex.join(["resilient-flows", "resume", str(run_dir)])
         warn(f"the run's runner is gone: members shown queued, running or retrying are not; {command} continues it")
-
-
-def _warn_damage(run_dir: Path, damage: DamageLog) -> None:
-    """Say on stderr what a view passed over as damaged, a line per file."""
-    for found in damage.found():
-        warn(found.describe(run_dir))
 
 
 def _preempt(args: argparse.Namespace) -> int:
@@ -296,5 +286,5 @@ def _lineage(args: argparse.Namespace) -> int:
     else:
         states = {n: f"{s.state}, step {'-' if s.step is None else s.step + 1}/{s.steps}" for n, s in statuses.items()}
         console().print(lineage_tree(args.run_dir, states, damage))
-    _warn_damage(run_dir, damage)
+    warn_damage(run_dir, damage)
     return 0

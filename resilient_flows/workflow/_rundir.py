@@ -98,7 +98,7 @@ class MemberIndex:
             self._mtime = mtime
             self._members = run_members(self.path, self.plan, self._known)
             self._clones = [m for m in self._members if m.parent is not None]
-            directories = sum(1 for entry in os.scandir(root) if entry.is_dir()) if mtime is not None else 0
+            directories = 0 if mtime is None else sum(1 for e in os.scandir(root) if e.is_dir(follow_symlinks=False))
             self._incomplete = directories > len(self._known)
         return self._members
 

@@ -8,7 +8,15 @@ open tabs cost one look.
 
 Every request needs the token printed at start, on localhost too: a login node is shared, and
 any of its users can reach its loopback address. The token comes as ``?token=`` in the printed URL,
-which sets a cookie for the page's later requests (``HttpOnly``, ``SameSite=Strict``).
+which sets a cookie for the page's later requests (``HttpOnly``, ``SameSite=Strict``). A browser
+sends a host's cookies to every port of it, so the cookie's name is the server's own
+(``rf_dashboard_<random>``): two dashboards on one host do not overwrite each other's, and another
+server there finds no cookie it would take for its own. Every response, errors included, carries
+the security headers (:data:`SECURITY_HEADERS`).
+
+What the pages show is read from the run directory through
+:func:`~resilient_flows.capped.open_regular`: a symbolic link there, to a file outside the run or
+inside it, is never followed, and so nothing outside the run is ever served.
 """
 
 from __future__ import annotations
@@ -23,11 +31,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 from starlette.applications import Starlette
+from starlette.datastructures import MutableHeaders
 from starlette.middleware import Middleware
 from starlette.middleware.base import BaseHTTPMiddleware, RequestResponseEndpoint
 from starlette.requests import Request
 from starlette.responses import FileResponse, JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from resilient_flows.errors import ResilientFlowsError
 from resilient_flows.strictjson import strict
@@ -36,8 +46,9 @@ from resilient_flows.workflow.dashboard._page import asset_path, page_html
 
 #: Seconds between two looks at the run directory, however many pages poll.
 LOOK_S = 1.0
-#: The cookie that carries the token after the first request.
-COOKIE = "rf_dashboard_token"
+#: The start of the name of the cookie that carries the token after the first request; each
+#: server adds a random part of its own.
+COOKIE_PREFIX = "rf_dashboard_"
 #: The default port: one ``ssh -L`` line in the docs works without editing.
 DEFAULT_PORT = 8050
 #: What the page may load and run: its own scripts and data only; Plotly styles its elements inline.
@@ -45,6 +56,14 @@ CONTENT_POLICY = (
     "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:; "
     "connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'none'"
 )
+#: Headers every response carries, a refusal or an error too: what the page may load, no sniffing
+#: of types (a text answer is never run as a script), no referrer (the URL holds the token).
+SECURITY_HEADERS = {
+    "Content-Security-Policy": CONTENT_POLICY,
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "X-Frame-Options": "DENY",
+}
 
 
 def _caching(path: str) -> str:
@@ -72,14 +91,39 @@ class _Looker:
                 self._last = time.monotonic()
 
 
-def dashboard_app(model: RunModel, token: str) -> Starlette:
-    """The Starlette application serving ``model``'s run to requests that carry ``token``."""
+class _Headed:
+    """Adds :data:`SECURITY_HEADERS` and the caching rule to every response of ``app``: outside
+    Starlette's own middleware, so that the 500 its outermost layer makes of an exception has
+    them too, as have the 403 of a missing token and the 404 of an unknown path."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        caching = _caching(scope["path"])
+
+        async def headed(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = MutableHeaders(scope=message)
+                headers.update({**SECURITY_HEADERS, "Cache-Control": caching})
+            await send(message)
+
+        await self.app(scope, receive, headed)
+
+
+def dashboard_app(model: RunModel, token: str, cookie: str | None = None) -> ASGIApp:
+    """The application serving ``model``'s run to requests that carry ``token``; ``cookie``: the
+    name of the cookie that carries it (a new random one unless given)."""
     looker = _Looker(model)
+    cookie = cookie or COOKIE_PREFIX + secrets.token_hex(8)
 
     async def page(request: Request) -> Response:
         response = Response(page_html(), media_type="text/html; charset=utf-8")
         if request.query_params.get("token"):
-            response.set_cookie(COOKIE, token, httponly=True, samesite="strict")
+            response.set_cookie(cookie, token, path="/", httponly=True, samesite="strict")
         return response
 
     async def asset(request: Request) -> Response:
@@ -107,7 +151,7 @@ def dashboard_app(model: RunModel, token: str) -> Starlette:
             given = (
                 request.query_params.get("token")
                 or request.headers.get("x-rf-token")
-                or request.cookies.get(COOKIE)
+                or request.cookies.get(cookie)
                 or ""
             )
             if not hmac.compare_digest(given.encode(), token.encode()):
@@ -115,12 +159,7 @@ def dashboard_app(model: RunModel, token: str) -> Starlette:
                     "this dashboard needs its token: open the URL that `resilient-flows dashboard` printed",
                     status_code=403,
                 )
-            response = await call_next(request)
-            response.headers["Cache-Control"] = _caching(request.url.path)
-            response.headers["Content-Security-Policy"] = CONTENT_POLICY
-            response.headers["X-Content-Type-Options"] = "nosniff"
-            response.headers["Referrer-Policy"] = "no-referrer"
-            return response
+            return await call_next(request)
 
     routes = [
         Route("/", page),
@@ -128,7 +167,7 @@ def dashboard_app(model: RunModel, token: str) -> Starlette:
         Route("/api/run", run),
         Route("/api/member/{name:path}", member),
     ]
-    return Starlette(routes=routes, middleware=[Middleware(TokenCheck)])
+    return _Headed(Starlette(routes=routes, middleware=[Middleware(TokenCheck)]))
 
 
 def bind(host: str, port: int) -> socket.socket:
