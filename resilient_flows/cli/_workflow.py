@@ -191,7 +191,7 @@ def _status(args: argparse.Namespace) -> int:
         follow_run(Path(args.run_dir), console(), all_members=args.all)
 
     from resilient_flows.rundir import DamageLog
-    from resilient_flows.training import stage_finished
+    from resilient_flows.training import read_lease, stage_finished
     from resilient_flows.workflow import (
         member_statuses,
         read_plan,
@@ -213,25 +213,26 @@ def _status(args: argparse.Namespace) -> int:
     statuses = member_statuses(args.run_dir, [(m.name, m.steps) for m in members], families, damage)
     stages_done = all(stage_finished(args.run_dir, s.name) for s in stages)
     done = stages_done and all(s.state in ("finished", "retired") for s in statuses.values())
+    lease = read_lease(run_dir, damage)
     if args.json:
         rows = stage_rows(run_dir, stages)
         print_document(status_document(run_dir, plan.workflow.name, plan.site, statuses, rows, damage, done))
     else:
         title = f"{plan.workflow.name} on {plan.site}: {args.run_dir}"
         console().print(status_table(statuses, title, all_members=args.all))
-    _warn_unheld(run_dir, [s.state for s in statuses.values()])
+    _warn_unheld(run_dir, [s.state for s in statuses.values()], lease is not None)
     warn_damage(run_dir, damage)
     return 0 if done else 1
 
 
-def _warn_unheld(run_dir: Path, states: list[str]) -> None:
+def _warn_unheld(run_dir: Path, states: list[str], leased: bool) -> None:
     """The states are the last ones the members recorded: where the run's runner is gone (it
     ended, or died), a member shown running or queued is not, and the user should know how to
-    continue it."""
-    from resilient_flows.training import holding_runner, read_lease
+    continue it. ``leased``: whether a runner ever held the run (its lease is readable)."""
+    from resilient_flows.training import holding_runner
 
     active = any(state in ("queued", "running", "retrying") for state in states)
-    if active and read_lease(run_dir) is not None and holding_runner(run_dir) is None:
+    if active and leased and holding_runner(run_dir) is None:
         command = shlex.join(["resilient-flows", "resume", str(run_dir)])
         warn(f"the run's runner is gone: members shown queued, running or retrying are not; {command} continues it")
 

@@ -105,7 +105,7 @@ class RunModel:
         self.plan = read_plan(self.run_dir)
         self.damage = DamageLog() if damage is None else damage
         self.generation = 0
-        self._index = MemberIndex(self.run_dir, self.plan)
+        self._index = MemberIndex(self.run_dir, self.plan, self.damage)
         self._tracker = StatusTracker(self.run_dir, follow=False, damage=self.damage, observe=self._observe)
         self._statuses: dict[str, MemberStatus] = {}
         self._specs: dict[str, MemberSpec] = {}
