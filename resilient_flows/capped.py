@@ -1,11 +1,17 @@
-"""Reading run- and checkpoint-directory files with a cap on their size.
+"""The one safe reader of run- and checkpoint-directory files (:mod:`resilient_flows.rundir` exports it).
 
 Those files lie on shared file systems that other jobs, users and crashes write to, so what they
-hold is input, not something this process just wrote: a stray file of gigabytes (a log renamed over
-a manifest, a runaway writer) must not be read whole into memory. Every read of such a file goes
-through here with the cap of its kind, and a larger file is refused with
-:class:`~resilient_flows.errors.FileTooLargeError`, naming it and the cap, after reading at most one
-byte more than the cap.
+hold is input, not something this process just wrote. Every read of such a file goes through here:
+
+- only a regular file is read (:func:`open_regular`): a symbolic link is not followed (it may lead
+  out of the run, to any file the reader may read, or in a loop), a FIFO is not waited on (it would
+  block its reader for good), a device is never opened; anything else is
+  :class:`~resilient_flows.errors.DamagedFileError`, which the views record as damage;
+- with the cap of its kind: a stray file of gigabytes (a log renamed over a manifest, a runaway
+  writer) is refused with :class:`~resilient_flows.errors.FileTooLargeError`, naming it and the
+  cap, after reading at most one byte more than the cap;
+- JSON nested at most :data:`MAX_DEPTH` deep (:func:`parse_json`): deeper nesting would exhaust the
+  parser's stack, and a ``RecursionError`` is never let out.
 
 Append-only logs (the event log, metrics logs, the runners' ledger) grow without bound and
 are read as a stream of lines instead (:class:`CappedLines`): each line is capped, and a longer one

@@ -30,7 +30,7 @@ from resilient_flows.training import MemberSpec, ParentSpec, register_member
 from resilient_flows.workflow.dashboard import RunModel, dashboard_app, write_dashboard_report
 from resilient_flows.workflow.dashboard._curves import LossSampler, family_band
 from resilient_flows.workflow.dashboard._page import page_html
-from resilient_flows.workflow.dashboard._server import SECURITY_HEADERS
+from resilient_flows.workflow.dashboard._server import SECURITY_HEADERS, server_name
 
 
 def write_metrics(path: Path, records: list[dict]) -> None:
@@ -231,6 +231,8 @@ def test_the_server_needs_its_token_and_serves_only_its_assets(tmp_path: Path) -
             assert status_of(base + path, {"X-RF-Token": token}) == 200
         with urllib.request.urlopen(f"{base}/?token={token}", timeout=30) as response:
             cookie = response.headers["Set-Cookie"]
+            name = base.rsplit("/", 1)[1]  # the server's own: its path and its cookie's name
+            assert cookie.startswith(f"rf_dashboard_{name}=") and f"Path=/{name}/" in cookie
             assert "HttpOnly" in cookie and "SameSite=strict" in cookie
             assert "<!-- rf-data -->" not in response.read().decode()
         with_cookie = {"Cookie": cookie.split(";")[0]}
@@ -258,7 +260,7 @@ def test_a_port_in_use_and_a_directory_that_is_no_run_are_one_line_each(
     run_dir, _ = make_run(tmp_path, 2, running=0)
     with served(run_dir) as url:
         base = url.split("/?token=")[0]
-        port = base.rsplit(":", 1)[1]
+        port = base.split(":")[2].split("/")[0]
         assert main(["dashboard", str(run_dir), "--port", port]) == 2
         err = capsys.readouterr().err
         assert f"cannot listen on 127.0.0.1:{port}" in err and "--port 0" in err
@@ -333,17 +335,17 @@ def test_every_answer_carries_the_security_headers_refusals_and_errors_too(
     run_dir, _ = make_run(tmp_path, 2, running=1)
     model = RunModel(run_dir)
     model.update()
-    app = dashboard_app(model, "t0ken")
+    app = dashboard_app(model, "t0ken", "d1")
 
     def broken(name: str) -> None:
         raise RuntimeError("a bug")
 
     monkeypatch.setattr(model, "member", broken)
     answers = {
-        200: ask(app, "/api/run", token="t0ken"),
-        403: ask(app, "/api/run"),
-        404: ask(app, "/assets/x.js", token="t0ken"),
-        500: ask(app, "/api/member/m-0", token="t0ken"),
+        200: ask(app, "/d1/api/run", token="t0ken"),
+        403: ask(app, "/d1/api/run"),
+        404: ask(app, "/d1/assets/x.js", token="t0ken"),
+        500: ask(app, "/d1/api/member/m-0", token="t0ken"),
     }
     for status, (found, headers, _) in answers.items():
         assert found == status
@@ -361,18 +363,19 @@ def test_two_servers_cookies_have_names_of_their_own(tmp_path: Path) -> None:
     model.update()
     cookies = []
     for _ in range(2):
-        app = dashboard_app(model, "t0ken")
-        status, headers, _ = ask(app, "/", query="token=t0ken")
+        name = server_name()
+        app = dashboard_app(model, "t0ken", name)
+        status, headers, _ = ask(app, f"/{name}/", query="token=t0ken")
         assert status == 200
-        cookies.append(headers["set-cookie"])
-        name = headers["set-cookie"].split("=", 1)[0]
-        assert ask(app, "/api/run")[0] == 403  # no token, no cookie
-        with_cookie = [(b"cookie", f"{name}=t0ken".encode())]
-        assert _ask_with(app, "/api/run", with_cookie)[0] == 200
-        assert _ask_with(app, "/api/run", [(b"cookie", b"rf_dashboard_token=t0ken")])[0] == 403  # another's name
-    names = [c.split("=", 1)[0] for c in cookies]
-    assert names[0] != names[1] and all(re.fullmatch(r"rf_dashboard_[0-9a-f]{16}", n) for n in names)
-    assert all("HttpOnly" in c and "SameSite=strict" in c and "Path=/" in c for c in cookies)
+        cookie = headers["set-cookie"]
+        assert cookie.startswith(f"rf_dashboard_{name}=t0ken;") and f"Path=/{name}/" in cookie
+        assert "HttpOnly" in cookie and "SameSite=strict" in cookie
+        cookies.append(cookie.split(";")[0])
+        assert ask(app, f"/{name}/api/run")[0] == 403  # no token, no cookie
+        assert _ask_with(app, f"/{name}/api/run", [(b"cookie", cookie.split(";")[0].encode())])[0] == 200
+        assert _ask_with(app, f"/{name}/api/run", [(b"cookie", b"rf_dashboard_token=t0ken")])[0] == 403  # not its own
+        assert ask(app, "/api/run", token="t0ken")[0] == 404  # nothing outside its path
+    assert cookies[0] != cookies[1] and all(re.fullmatch(r"rf_dashboard_[0-9a-f]{16}=t0ken", c) for c in cookies)
 
 
 def _ask_with(app: Any, path: str, headers: list[tuple[bytes, bytes]]) -> tuple[int, dict[str, str], bytes]:
@@ -398,8 +401,8 @@ def test_a_link_out_of_the_run_is_not_served(tmp_path: Path) -> None:
     metrics.symlink_to(tmp_path / "elsewhere.jsonl")
     model = RunModel(run_dir)
     model.update()
-    app = dashboard_app(model, "t0ken")
-    bodies = [ask(app, path, token="t0ken") for path in ("/api/run", "/api/member/m-0", "/api/member/m-1")]
+    app = dashboard_app(model, "t0ken", "d1")
+    bodies = [ask(app, "/d1" + path, token="t0ken") for path in ("/api/run", "/api/member/m-0", "/api/member/m-1")]
     assert [status for status, _, _ in bodies] == [200, 200, 200]
     assert all(b"secret" not in body for _, _, body in bodies)
     document = json.loads(bodies[0][2])

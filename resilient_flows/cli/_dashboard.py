@@ -53,10 +53,10 @@ def _dashboard(args: argparse.Namespace) -> int:
         warn_damage(run_dir, damage)
         return 0
 
-    def ready(host: str, port: int, token: str) -> None:
+    def ready(host: str, port: int, page: str) -> None:
         shown = f"[{host}]" if ":" in host else host
         out.print(f"dashboard of {escape(str(run_dir))} (Ctrl-C to stop):", soft_wrap=True)
-        out.print(f"  http://{shown}:{port}/?token={token}", soft_wrap=True, highlight=False)
+        out.print(f"  http://{shown}:{port}{page}", soft_wrap=True, highlight=False)
         if _loopback(host):
             login = f"{getpass.getuser()}@{socket.gethostname()}"
             out.print(
