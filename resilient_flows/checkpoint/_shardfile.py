@@ -37,6 +37,7 @@ from typing import Protocol
 import torch
 import xxhash
 
+from resilient_flows.capped import parse_json
 from resilient_flows.checkpoint._dtypes import SAFETENSORS_DTYPES
 from resilient_flows.errors import CorruptCheckpointError
 
@@ -472,7 +473,7 @@ class MappedShard:
             )
         try:
             (hlen,) = struct.unpack("<Q", self._map[:8])
-            header = json.loads(self._map[8 : 8 + hlen])
+            header = parse_json(self._map[8 : 8 + hlen])  # a nest too deep is ValueError
             self._entries = {k: v for k, v in header.items() if k != "__metadata__"}
         except (struct.error, ValueError, AttributeError) as exc:
             self.close()
