@@ -267,9 +267,9 @@ def test_clone_refuses_the_same_members_as_preempt_and_leaves_nothing(
 # ---------------------------------------------------------------------- files that are no files
 
 #: Runs views of one damaged run directory, each with a deadline, and prints one JSON line per view:
-#: what it returned (or raised) and what it printed. Views are commands, or the readers that no
-#: command reaches cheaply: the lease (as the lease guard and ``resume`` read it), a checkpoint
-#: heartbeat (as the preemption agent reads it) and the dashboard's document and member details.
+#: what it returned (or raised) and what it printed. Views are commands, or what no command reaches
+#: cheaply: the lease (as the lease guard reads it), ``resume`` up to where Parsl would start, a
+#: checkpoint heartbeat (as the preemption agent reads it), the dashboard's document and details.
 VIEWS = r"""
 import contextlib, io, json, signal, sys
 from pathlib import Path
@@ -289,6 +289,12 @@ def heartbeat(run):
         print(exc, file=sys.stderr)
         return 1
     return 0
+
+def resume(run):
+    import resilient_flows.workflow._runner as runner
+    runner._run_held = lambda *args: 0  # where Parsl would start: the plan, members, results, site and lease are read
+    from resilient_flows.cli import main
+    return main(["resume", run])
 
 def document(run):
     from resilient_flows.workflow.dashboard import RunModel
@@ -320,16 +326,13 @@ for view in json.loads(sys.argv[1]):
 @pytest.fixture(scope="module")
 def pristine(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A run of two members (m-0 running, m-1 finished) whose m-0 committed steps 2 and 4 (and its
-    checkpoint heartbeat), with a runner's lease: every file the views read, written by the
+    checkpoint heartbeat), and that no runner holds: every file the views read, written by the
     library's writers."""
     from test_checkpoint_views import save_steps
-
-    from resilient_flows.rundir import run_layout
 
     base = tmp_path_factory.mktemp("pristine")
     run_dir, _ = make_run(base, 2, running=1)
     save_steps(run_dir / "members/m-0/checkpoints", (2, 4))
-    run_layout(run_dir).write_lease({"pid": 1, "host": "elsewhere", "started": None, "orphan_timeout_s": 60})
     return run_dir
 
 
@@ -359,12 +362,12 @@ LIST, VERIFY, EXPORT = ["checkpoints", "list"], ["checkpoints", "verify"], ["che
 READERS = {
     "events.jsonl": (STATUS, JSON, LINEAGE, REPORT, "document"),
     "members/m-0/metrics.jsonl": (STATUS, JSON, REPORT, "document"),
-    "members/m-1/result.json": (STATUS, JSON, LINEAGE, REPORT, "document"),
-    "members/m-0/spec.json": (STATUS, LINEAGE, REPORT, "document"),
+    "members/m-1/result.json": (STATUS, JSON, LINEAGE, REPORT, "document", "resume"),
+    "members/m-0/spec.json": (STATUS, LINEAGE, REPORT, "document", "resume"),
     "members/m-0/checkpoints/checkpoint-heartbeat.json": (REPORT, "document", "heartbeat"),
     "members/m-0/checkpoints/step-00000004/manifest.json": (LIST, VERIFY, EXPORT, "document"),
     "members/m-0/checkpoints/latest": (LIST,),  # read by no one: a tier is found by its step directories
-    "runner.json": (STATUS, JSON, "lease"),
+    "runner.json": (STATUS, JSON, "lease", "resume"),
 }
 
 
@@ -411,6 +414,8 @@ def test_a_file_that_is_no_such_file_is_one_warning_in_every_view(
         assert "Traceback" not in printed and "secret" not in printed, result
         if name.endswith("latest") or view == "lease" or (name.endswith("manifest.json") and view == "document"):
             continue  # nothing reads `latest`; no lease is no runner; a checkpoint's problem is in its row
+        if view == "resume" and not name.endswith("spec.json"):
+            continue  # a lease that is no lease is taken over, a result that is no result resumed
         if view == JSON:
             assert Path(name).name in json.dumps(json.loads(result["out"])["damage"]), result
             continue
