@@ -178,6 +178,11 @@ def _too_deep(data: bytes) -> bool:
     if b"\\" in data:  # escapes out, so that each quote left opens or closes a string
         data = _ESCAPE.sub(b"", data)
     brackets = _STRING.sub(b"", data.translate(None, _NOT_STRUCTURE))  # brackets within strings out
+    left = brackets
+    for _ in range(MAX_DEPTH):  # each pass takes (at least) the innermost level of pairs out, in C
+        left = left.replace(b"[]", b"").replace(b"{}", b"")
+        if b"[" not in left and b"{" not in left:  # shallow enough (any closer left over is the parser's)
+            return False
     return max(itertools.accumulate(map(_NESTING.__getitem__, brackets)), default=0) > MAX_DEPTH
 
 
