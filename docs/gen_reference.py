@@ -464,8 +464,10 @@ def rundir_page() -> str:
         "A member's or stage's directory:\n\n",
         "```text\n" + member_lines + "\n```\n\n",
         "Files that other processes read while they are written are replaced whole (written beside, "
-        "then renamed), and every file is read with a size cap: a run directory on a shared file "
-        "system is input, not trusted state.\n\n",
+        "then renamed), and every file is read as a regular file only (a symbolic link is never "
+        "followed, a FIFO never waited on, a directory walk follows no link), with a size cap, and "
+        "JSON nested at most 64 deep: a run directory on a shared file system is input, not trusted "
+        "state. A file that fails any of these is passed over with one warning that names it.\n\n",
         "## Every name, by layout property\n\n",
         "The run's files (`RunLayout`) and a member's or stage's (`TaskLayout`; a stage's directory is "
         "`<run>/stages/<name>/`), as `resilient_flows.rundir` names them:\n\n",

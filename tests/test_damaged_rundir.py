@@ -6,9 +6,16 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
 from pathlib import Path
 
 import pytest
+from conftest import REPO, python_env
 from test_views import append, make_run
 
 from resilient_flows.capped import LINE_CAP
@@ -258,3 +265,167 @@ def test_clone_refuses_the_same_members_as_preempt_and_leaves_nothing(
     assert main(["clone", str(run_dir), "nope"]) == 2
     assert "has no member 'nope'; its members: m-0, m-1, m-2" in capsys.readouterr().err
     assert sorted(p.relative_to(run_dir) for p in run_dir.rglob("*")) == before
+
+
+# ---------------------------------------------------------------------- files that are no files
+
+#: Runs views of one damaged run directory, each with a deadline, and prints one JSON line per view:
+#: what it returned (or raised) and what it printed. Views are commands, or what no command reaches
+#: cheaply: the lease (as the lease guard reads it), ``resume`` up to where Parsl would start, a
+#: checkpoint heartbeat (as the preemption agent reads it), the dashboard's document and details.
+VIEWS = r"""
+import contextlib, io, json, signal, sys
+from pathlib import Path
+
+def hung(*_):
+    raise TimeoutError("hung")
+
+def lease(run):
+    from resilient_flows.training import holding_runner, read_lease
+    return 0 if read_lease(run) is None and holding_runner(run) is None else 1
+
+def heartbeat(run):
+    from resilient_flows.checkpoint import read_heartbeat
+    try:
+        read_heartbeat(Path(run, "members/m-0/checkpoints/checkpoint-heartbeat.json"))
+    except ValueError as exc:  # no heartbeat, and why: what the agent logs
+        print(exc, file=sys.stderr)
+        return 1
+    return 0
+
+def resume(run):
+    import resilient_flows.workflow._runner as runner
+    runner._run_held = lambda *args: 0  # where Parsl would start: the plan, members, results, site and lease are read
+    from resilient_flows.cli import main
+    return main(["resume", run])
+
+def document(run):
+    from resilient_flows.workflow.dashboard import RunModel
+    model = RunModel(run)
+    model.update()
+    shown = json.dumps([model.document(), *(model.member(name) for name in model.member_names())])
+    for found in model.damage.found():
+        print("warning:", found.describe(run), file=sys.stderr)
+    return 1 if "secret" in shown else 0
+
+signal.signal(signal.SIGALRM, hung)
+for view in json.loads(sys.argv[1]):
+    out, err = io.StringIO(), io.StringIO()
+    signal.alarm(30)
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            if isinstance(view, str):
+                code = globals()[view](sys.argv[2])
+            else:
+                from resilient_flows.cli import main
+                code = main(view)
+    except BaseException as exc:
+        code = f"{type(exc).__name__}: {exc}"
+    signal.alarm(0)
+    print(json.dumps({"view": view, "code": code, "out": out.getvalue(), "err": err.getvalue()}), flush=True)
+"""
+
+
+@pytest.fixture(scope="module")
+def pristine(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A run of two members (m-0 running, m-1 finished) whose m-0 committed steps 2 and 4 (and its
+    checkpoint heartbeat), and that no runner holds: every file the views read, written by the
+    library's writers."""
+    from test_checkpoint_views import save_steps
+
+    base = tmp_path_factory.mktemp("pristine")
+    run_dir, _ = make_run(base, 2, running=1)
+    save_steps(run_dir / "members/m-0/checkpoints", (2, 4))
+    return run_dir
+
+
+def _damage(run_dir: Path, name: str, kind: str) -> None:
+    """Put ``kind`` where the run's file ``name`` is."""
+    path = run_dir / name
+    path.unlink(missing_ok=True)
+    if kind == "fifo":
+        os.mkfifo(path)  # a reader that opened it plainly would wait for a writer for good
+    elif kind == "link-out":
+        outside = run_dir.parent / "outside.json"  # JSON of a kind every reader takes
+        outside.write_text('{"secret": "not the run\'s"}\n')
+        path.symlink_to(outside)
+    elif kind == "link-loop":
+        path.symlink_to(path.name)
+    elif kind == "sparse":
+        path.touch()
+        os.truncate(path, 200 << 20)  # 200 MB of zeros, none on disk
+    else:
+        path.write_text("[" * 100_000 + "]" * 100_000 + "\n")
+
+
+STATUS, JSON, LINEAGE, REPORT = ["status"], ["status", "--json"], ["lineage"], ["dashboard", "--report"]
+LIST, VERIFY, EXPORT = ["checkpoints", "list"], ["checkpoints", "verify"], ["checkpoints", "export"]
+
+#: Each file, and the views that read it.
+READERS = {
+    "events.jsonl": (STATUS, JSON, LINEAGE, REPORT, "document"),
+    "members/m-0/metrics.jsonl": (STATUS, JSON, REPORT, "document"),
+    "members/m-1/result.json": (STATUS, JSON, LINEAGE, REPORT, "document", "resume"),
+    "members/m-0/spec.json": (STATUS, LINEAGE, REPORT, "document", "resume"),
+    "members/m-0/checkpoints/checkpoint-heartbeat.json": (REPORT, "document", "heartbeat"),
+    "members/m-0/checkpoints/step-00000004/manifest.json": (LIST, VERIFY, EXPORT, "document"),
+    "members/m-0/checkpoints/latest": (LIST,),  # read by no one: a tier is found by its step directories
+    "runner.json": (STATUS, JSON, "lease", "resume"),
+}
+
+
+def _argv(view: list[str] | str, run_dir: Path) -> list[str] | str:
+    if isinstance(view, str):
+        return view
+    if view == EXPORT:
+        return [*view, str(run_dir), "m-0", "--out", str(run_dir.parent / "out.safetensors")]
+    if view == REPORT:
+        return ["dashboard", str(run_dir), "--report", str(run_dir.parent / "report")]
+    return [*view, str(run_dir)]
+
+
+def run_views(run_dir: Path, views: list[list[str] | str]) -> tuple[list[dict], int]:
+    """What each view did, and the peak memory of the process that ran them all, in bytes."""
+    command = [sys.executable, "-c", VIEWS, json.dumps(views), str(run_dir)]
+    with tempfile.TemporaryFile() as out:
+        child = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=python_env(), cwd=REPO)
+        deadline = threading.Timer(240, child.kill)  # each view has 30 s; this is for the process itself
+        deadline.start()
+        _, status, usage = os.wait4(child.pid, 0)  # the child's own peak memory, not that of earlier children
+        deadline.cancel()
+        child.returncode = os.waitstatus_to_exitcode(status)
+        out.seek(0)
+        lines = out.read().decode().splitlines()
+    assert child.returncode == 0, "\n".join(lines)
+    return [json.loads(line) for line in lines if line.startswith('{"view"')], usage.ru_maxrss * 1024
+
+
+@pytest.mark.parametrize("kind", ["fifo", "link-out", "link-loop", "sparse", "nested"])
+@pytest.mark.parametrize("name", list(READERS))
+def test_a_file_that_is_no_such_file_is_one_warning_in_every_view(
+    pristine: Path, tmp_path: Path, name: str, kind: str
+) -> None:
+    run_dir = tmp_path / "run"
+    shutil.copytree(pristine, run_dir, symlinks=True)
+    _damage(run_dir, name, kind)
+    views = READERS[name]
+    results, peak = run_views(run_dir, [_argv(view, run_dir) for view in views])
+    assert [r["view"] for r in results] == [_argv(view, run_dir) for view in views]  # none hung
+    for view, result in zip(views, results, strict=True):
+        printed = result["out"] + result["err"]
+        assert result["code"] in (0, 1, 2), result  # not an exception, nor a view that hung
+        assert "Traceback" not in printed and "secret" not in printed, result
+        if name.endswith("latest") or view == "lease" or (name.endswith("manifest.json") and view == "document"):
+            continue  # nothing reads `latest`; no lease is no runner; a checkpoint's problem is in its row
+        if view == "resume" and not name.endswith("spec.json"):
+            continue  # a lease that is no lease is taken over, a result that is no result resumed
+        if view == JSON:
+            assert Path(name).name in json.dumps(json.loads(result["out"])["damage"]), result
+            continue
+        shown = name.removeprefix("members/m-0/checkpoints/")  # a checkpoint's files: as in its tier
+        if view in (LIST, VERIFY):  # the newest checkpoint is invalid: its row and the exit's reason say why
+            assert result["code"] == 1 and shown in printed, result
+        else:  # one warning, naming the file
+            assert len([line for line in result["err"].splitlines() if shown in line]) == 1, result
+    if kind == "sparse":
+        assert peak < 500 << 20

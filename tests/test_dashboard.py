@@ -8,6 +8,8 @@ server's token, its answers and its assets through real HTTP.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import math
 import re
@@ -15,6 +17,7 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -24,9 +27,10 @@ from test_views import append, make_run
 from resilient_flows.cli import main
 from resilient_flows.rundir import member_layout
 from resilient_flows.training import MemberSpec, ParentSpec, register_member
-from resilient_flows.workflow.dashboard import RunModel, write_dashboard_report
+from resilient_flows.workflow.dashboard import RunModel, dashboard_app, write_dashboard_report
 from resilient_flows.workflow.dashboard._curves import LossSampler, family_band
 from resilient_flows.workflow.dashboard._page import page_html
+from resilient_flows.workflow.dashboard._server import SECURITY_HEADERS, server_name
 
 
 def write_metrics(path: Path, records: list[dict]) -> None:
@@ -227,6 +231,8 @@ def test_the_server_needs_its_token_and_serves_only_its_assets(tmp_path: Path) -
             assert status_of(base + path, {"X-RF-Token": token}) == 200
         with urllib.request.urlopen(f"{base}/?token={token}", timeout=30) as response:
             cookie = response.headers["Set-Cookie"]
+            name = base.rsplit("/", 1)[1]  # the server's own: its path and its cookie's name
+            assert cookie.startswith(f"rf_dashboard_{name}=") and f"Path=/{name}/" in cookie
             assert "HttpOnly" in cookie and "SameSite=strict" in cookie
             assert "<!-- rf-data -->" not in response.read().decode()
         with_cookie = {"Cookie": cookie.split(";")[0]}
@@ -254,7 +260,7 @@ def test_a_port_in_use_and_a_directory_that_is_no_run_are_one_line_each(
     run_dir, _ = make_run(tmp_path, 2, running=0)
     with served(run_dir) as url:
         base = url.split("/?token=")[0]
-        port = base.rsplit(":", 1)[1]
+        port = base.split(":")[2].split("/")[0]
         assert main(["dashboard", str(run_dir), "--port", port]) == 2
         err = capsys.readouterr().err
         assert f"cannot listen on 127.0.0.1:{port}" in err and "--port 0" in err
@@ -286,3 +292,121 @@ def test_the_dashboard_command_writes_the_report_page(tmp_path: Path, capsys: py
     assert main(["dashboard", str(run_dir), "--report", str(tmp_path / "elsewhere")]) == 0
     assert (tmp_path / "elsewhere" / "index.html").is_file() and (tmp_path / "elsewhere" / "assets").is_dir()
     assert "no server needed" in capsys.readouterr().out
+
+
+# ---------------------------------------------------------------------- what the server answers, in-process
+
+
+def ask(app: Any, path: str, query: str = "", token: str | None = None) -> tuple[int, dict[str, str], bytes]:
+    """One GET answered by the ASGI application ``app``: status, headers (lower-case names), body."""
+    sent: list[dict] = []
+    headers = [] if token is None else [(b"x-rf-token", token.encode())]
+
+    async def receive() -> dict:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message: dict) -> None:
+        sent.append(message)
+
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "GET",
+        "scheme": "http",
+        "path": path,
+        "raw_path": path.encode(),
+        "root_path": "",
+        "query_string": query.encode(),
+        "headers": headers,
+        "server": ("127.0.0.1", 8050),
+        "client": ("127.0.0.1", 40000),
+    }
+    with contextlib.suppress(RuntimeError):  # an error the application let out, after its 500
+        asyncio.run(app(scope, receive, send))
+    (start,) = [m for m in sent if m["type"] == "http.response.start"]
+    body = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+    return start["status"], {k.decode().lower(): v.decode() for k, v in start["headers"]}, body
+
+
+def test_every_answer_carries_the_security_headers_refusals_and_errors_too(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run_dir, _ = make_run(tmp_path, 2, running=1)
+    model = RunModel(run_dir)
+    model.update()
+    app = dashboard_app(model, "t0ken", "d1")
+
+    def broken(name: str) -> None:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(model, "member", broken)
+    answers = {
+        200: ask(app, "/d1/api/run", token="t0ken"),
+        403: ask(app, "/d1/api/run"),
+        404: ask(app, "/d1/assets/x.js", token="t0ken"),
+        500: ask(app, "/d1/api/member/m-0", token="t0ken"),
+    }
+    for status, (found, headers, _) in answers.items():
+        assert found == status
+        assert {name.lower(): headers.get(name.lower()) for name in SECURITY_HEADERS} == {
+            name.lower(): value for name, value in SECURITY_HEADERS.items()
+        }, status
+        assert headers["cache-control"] == ("no-cache" if status == 404 else "no-store")  # an asset's rule
+    assert "default-src 'self'" in SECURITY_HEADERS["Content-Security-Policy"]
+    assert SECURITY_HEADERS["X-Content-Type-Options"] == "nosniff"
+
+
+def test_two_servers_cookies_have_names_of_their_own(tmp_path: Path) -> None:
+    run_dir, _ = make_run(tmp_path, 2, running=1)
+    model = RunModel(run_dir)
+    model.update()
+    cookies = []
+    for _ in range(2):
+        name = server_name()
+        app = dashboard_app(model, "t0ken", name)
+        status, headers, _ = ask(app, f"/{name}/", query="token=t0ken")
+        assert status == 200
+        cookie = headers["set-cookie"]
+        assert cookie.startswith(f"rf_dashboard_{name}=t0ken;") and f"Path=/{name}/" in cookie
+        assert "HttpOnly" in cookie and "SameSite=strict" in cookie
+        cookies.append(cookie.split(";")[0])
+        assert ask(app, f"/{name}/api/run")[0] == 403  # no token, no cookie
+        assert _ask_with(app, f"/{name}/api/run", [(b"cookie", cookie.split(";")[0].encode())])[0] == 200
+        assert _ask_with(app, f"/{name}/api/run", [(b"cookie", b"rf_dashboard_token=t0ken")])[0] == 403  # not its own
+        assert ask(app, "/api/run", token="t0ken")[0] == 404  # nothing outside its path
+    assert cookies[0] != cookies[1] and all(re.fullmatch(r"rf_dashboard_[0-9a-f]{16}=t0ken", c) for c in cookies)
+
+
+def _ask_with(app: Any, path: str, headers: list[tuple[bytes, bytes]]) -> tuple[int, dict[str, str], bytes]:
+    """:func:`ask` with the request's headers as given."""
+    original = headers
+
+    async def call(scope: dict, receive: Any, send: Any) -> None:
+        await app({**scope, "headers": original}, receive, send)
+
+    return ask(call, path)
+
+
+def test_a_link_out_of_the_run_is_not_served(tmp_path: Path) -> None:
+    run_dir, _ = make_run(tmp_path, 2, running=1)
+    outside = tmp_path / "elsewhere.json"
+    outside.write_text('{"member": "m-1", "step": 49, "loss": 0.5, "secret": "not the run\'s"}')
+    result = member_layout(run_dir, "m-1").result
+    result.unlink()
+    result.symlink_to(outside)
+    metrics = member_layout(run_dir, "m-0").metrics
+    (tmp_path / "elsewhere.jsonl").write_text(json.dumps({"step": 0, "loss": 1.0, "secret": "x"}) + "\n")
+    metrics.unlink()
+    metrics.symlink_to(tmp_path / "elsewhere.jsonl")
+    model = RunModel(run_dir)
+    model.update()
+    app = dashboard_app(model, "t0ken", "d1")
+    bodies = [ask(app, "/d1" + path, token="t0ken") for path in ("/api/run", "/api/member/m-0", "/api/member/m-1")]
+    assert [status for status, _, _ in bodies] == [200, 200, 200]
+    assert all(b"secret" not in body for _, _, body in bodies)
+    document = json.loads(bodies[0][2])
+    assert [(d["file"], d["problem"]) for d in document["damage"]] == [
+        ("members/m-0/metrics.jsonl", "a symbolic link, not followed"),
+        ("members/m-1/result.json", "a symbolic link, not followed"),
+    ]

@@ -22,15 +22,18 @@ from resilient_flows.capped import (
     DOCUMENT_CAP,
     LINE_CAP,
     MANIFEST_CAP,
+    MAX_DEPTH,
     PLAN_CAP,
     CappedLines,
+    parse_json,
     read_capped,
+    read_json_capped,
 )
 from resilient_flows.checkpoint import Checkpointer, CheckpointError, scan
 from resilient_flows.checkpoint import _manifest as manifest_module
 from resilient_flows.checkpoint._manifest import read_manifest, write_manifest
 from resilient_flows.clone._lineage import lineage_tree
-from resilient_flows.errors import FileTooLargeError, WorkflowError
+from resilient_flows.errors import DamagedFileError, FileTooLargeError, WorkflowError
 from resilient_flows.integrations.pathstore import REF_FORMAT, PathStore, read_ref
 from resilient_flows.rundir import _plan as plan_file_module
 from resilient_flows.rundir._events import EventLog, EventTail, read_events
@@ -306,7 +309,7 @@ def test_read_capped_reads_a_file_at_its_cap_and_stops_one_byte_past_it(tmp_path
     assert read_capped(path, 100, "file") == b"x" * 100
     with pytest.raises(FileTooLargeError, match=re.escape(f"file {path} is larger than its cap of 99 bytes")):
         read_capped(path, 99, "file")
-    with pytest.raises(OSError, match="stream is not a regular file"):  # a device that never ends
+    with pytest.raises(DamagedFileError, match="stream /dev/zero is a device, not a regular file"):  # never ends
         read_capped("/dev/zero", 4096, "stream")
 
 
@@ -314,5 +317,63 @@ def test_a_fifo_in_a_files_place_is_refused_at_once(tmp_path: Path) -> None:
     """Whoever can write the run directory could otherwise block a member at its step boundary."""
     fifo = tmp_path / "control.json"
     os.mkfifo(fifo)
-    with pytest.raises(OSError, match="control request is not a regular file"):
+    with pytest.raises(DamagedFileError, match=r"control request \S+ is a FIFO, not a regular file"):
         read_capped(fifo, 1024, "control request")
+
+
+@pytest.mark.parametrize(
+    ("make", "problem"),
+    [
+        (lambda path: os.mkfifo(path), "a FIFO, not a regular file"),
+        (lambda path: path.symlink_to(path.name), "a symbolic link, not followed"),  # a loop
+        (lambda path: path.symlink_to(path.with_name("real")), "a symbolic link, not followed"),
+        (lambda path: path.mkdir(), "a directory, not a regular file"),
+    ],
+)
+def test_a_log_that_is_no_regular_file_has_no_lines_and_says_why(
+    tmp_path: Path, make: Callable[[Path], Any], problem: str
+) -> None:
+    (tmp_path / "real").write_text('{"step": 1}\n')
+    path = tmp_path / "log"
+    make(path)
+    refused: list[str] = []
+    lines = CappedLines(path, 100, "log", refused=refused.append)
+    assert list(lines) == [] and refused == [problem] and lines.offset == 0
+    with pytest.raises(DamagedFileError, match=re.escape(f"log {path} is {problem}")):
+        read_json_capped(path, 100, "log")
+
+
+def test_an_unfinished_line_already_over_the_cap_is_said_at_once(tmp_path: Path) -> None:
+    path = tmp_path / "log"
+    path.write_bytes(b"one\n" + b"x" * 11)
+    told: list[tuple[int, str]] = []
+    reader = CappedLines(path, 10, "log", oversized=lambda number, why: told.append((number, why)))
+    assert list(reader) == [b"one"] and reader.offset == 4  # the line is still left for later readers
+    assert told == [(2, "unfinished, and already over the cap of 10 bytes")]
+
+
+@pytest.mark.parametrize(
+    ("text", "parsed"),
+    [
+        ('{"a": "[[[[[[[[", "b": [[[1]]]}', {"a": "[[[[[[[[", "b": [[[1]]]}),  # brackets in strings do not nest
+        ('["\\\\", "\\"[[[[", ' + "[" * (MAX_DEPTH - 1) + "]" * (MAX_DEPTH - 1) + "]", None),  # escapes
+        ("[" * MAX_DEPTH + "]" * MAX_DEPTH, None),  # as deep as allowed
+        (" " * 70_000 + "[1]", [1]),  # blanks before a large document
+    ],
+)
+def test_json_as_deep_as_allowed_is_read(text: str, parsed: Any) -> None:
+    assert parse_json(text.encode()) == (json.loads(text) if parsed is None else parsed)
+
+
+@pytest.mark.parametrize(
+    ("data", "problem"),
+    [
+        (b"[" * 100_000 + b"]" * 100_000, f"nested more than {MAX_DEPTH} levels deep"),
+        (b"[" * (MAX_DEPTH + 1) + b"]" * (MAX_DEPTH + 1), f"nested more than {MAX_DEPTH} levels deep"),
+        (b'{"a": "\\\\"' + b", [" * 100 + b"]" * 100 + b"}", f"nested more than {MAX_DEPTH} levels deep"),
+        (b"\0" * 100_000, "it starts with b'\\x00', which no JSON document does"),
+    ],
+)
+def test_json_too_deep_or_not_starting_as_json_is_refused_before_it_is_parsed(data: bytes, problem: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(problem)):
+        parse_json(data)

@@ -306,24 +306,25 @@ def test_status_says_how_to_resume_a_stopped_run_whatever_its_members_states(
 
 
 class Opens:
-    """Counts files opened, by name: through pathlib and ``io.open``, and through ``os.open`` (how
-    capped reads open a file without blocking on a FIFO), not twice for a descriptor wrapped."""
+    """Counts files opened, by name: through pathlib and ``io.open``, and the files capped reads
+    look at (``os.lstat``: they look before they open, and open what is there without blocking on
+    a FIFO), not twice for a descriptor wrapped."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.names: list[str] = []
-        real_io, real_os = io.open, os.open
+        real_io, real_lstat = io.open, os.lstat
 
         def counting_io(file: Any, *args: Any, **kwargs: Any) -> Any:
             if not isinstance(file, int):
                 self.names.append(Path(file).name)
             return real_io(file, *args, **kwargs)
 
-        def counting_os(file: Any, *args: Any, **kwargs: Any) -> Any:
+        def counting_lstat(file: Any, *args: Any, **kwargs: Any) -> Any:
             self.names.append(Path(file).name)
-            return real_os(file, *args, **kwargs)
+            return real_lstat(file, *args, **kwargs)
 
         monkeypatch.setattr(io, "open", counting_io)
-        monkeypatch.setattr(os, "open", counting_os)
+        monkeypatch.setattr(os, "lstat", counting_lstat)
 
     def take(self) -> dict[str, int]:
         counts = {name: self.names.count(name) for name in sorted(set(self.names))}

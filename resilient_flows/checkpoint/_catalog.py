@@ -11,6 +11,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from stat import S_ISREG
 
 from resilient_flows.checkpoint._summary import read_summary
 from resilient_flows.checkpoint._tiers import Tier, shard_path
@@ -53,9 +54,14 @@ def find_tiers(path: str | os.PathLike, max_depth: int = 4) -> list[Tier]:
 def _check_sizes(step_dir: Path, shard_bytes: Mapping[str, int]) -> None:
     for name, nbytes in shard_bytes.items():
         try:
-            size = shard_path(step_dir, name).stat().st_size
+            found = shard_path(step_dir, name).stat()
         except FileNotFoundError:
             raise CorruptCheckpointError(f"{name} is missing") from None
+        except OSError as exc:  # a link in a loop
+            raise CorruptCheckpointError(f"{name}: cannot read it ({exc.strerror})") from None
+        size = found.st_size
+        if not S_ISREG(found.st_mode):
+            raise CorruptCheckpointError(f"{name} is not a regular file")
         if size != nbytes:
             raise CorruptCheckpointError(f"{name} has {size} bytes, the manifest says {nbytes}")
 

@@ -38,6 +38,9 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from resilient_flows.capped import open_regular, parse_json
+from resilient_flows.errors import DamagedFileError
+
 logger = logging.getLogger(__name__)
 
 FILENAME = "checkpoint-heartbeat.json"
@@ -47,8 +50,6 @@ COMMENT_PREFIX = "rf-heartbeat:"
 MAX_BYTES = 64 * 1024
 #: The period is the median of this many latest gaps between commits.
 PERIOD_GAPS = 5
-#: How a reader opens a heartbeat (see :func:`_read_untrusted`).
-_OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC
 #: The most characters of a file's own values that a reader's messages repeat.
 _SHOWN = 80
 
@@ -157,8 +158,8 @@ def read_heartbeat(path: str | os.PathLike, *, owner: int | None = None) -> Chec
     path = Path(path)
     data = _read_untrusted(path, owner)
     try:
-        raw = json.loads(data)
-    except (ValueError, RecursionError) as exc:  # a deep nest of brackets exhausts the parser's stack
+        raw = parse_json(data)
+    except ValueError as exc:  # a deep nest of brackets too
         raise ValueError(f"{path}: not JSON ({_shown(exc)})") from exc
     if not isinstance(raw, dict) or raw.get("format") != FORMAT:
         raise ValueError(f"{path}: not a {FORMAT} file")
@@ -176,52 +177,30 @@ def read_heartbeat(path: str | os.PathLike, *, owner: int | None = None) -> Chec
 def _read_untrusted(path: Path, owner: int | None) -> bytes:
     """The bytes of the regular file ``path``, at most :data:`MAX_BYTES`.
 
-    The name is looked up (without following a symlink) relative to its directory, opened once,
-    so that what is checked is what is opened: a device is never opened (an open alone can act,
-    as ``/dev/watchdog``'s does), a FIFO cannot block (``O_NONBLOCK``), a symlink is not followed
-    (``O_NOFOLLOW``), and the descriptor is not inherited by the commands the agent runs.
+    It is opened as every file others may have written is
+    (:func:`~resilient_flows.capped.open_regular`): a device is never opened (an open alone can act,
+    as ``/dev/watchdog``'s does), a FIFO cannot block, a symlink is not followed, what is checked
+    is what is opened, and the descriptor is not inherited by the commands the agent runs.
     """
-    directory = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
-        seen = os.stat(path.name, dir_fd=directory, follow_symlinks=False)
-        _check(path, seen, owner)
-        fd = os.open(path.name, _OPEN_FLAGS, dir_fd=directory)
-    except OSError as exc:  # named relative to the directory: say which file
-        raise OSError(exc.errno, exc.strerror, str(path)) from None
-    finally:
-        os.close(directory)
-    try:
-        opened = os.fstat(fd)
-        if (opened.st_dev, opened.st_ino) != (seen.st_dev, seen.st_ino):
-            raise ValueError(f"{path}: replaced while it was opened")
-        _check(path, opened, owner)
-        chunks, size = [], 0
-        while size <= MAX_BYTES and (chunk := os.read(fd, MAX_BYTES + 1 - size)):
-            chunks.append(chunk)
-            size += len(chunk)
-    finally:
-        os.close(fd)
-    if size > MAX_BYTES:
+        f = open_regular(path, "heartbeat")
+    except DamagedFileError as exc:
+        raise ValueError(f"{path}: {exc.problem}, so no heartbeat") from None
+    with f:
+        _check(path, os.fstat(f.fileno()), owner)
+        data = f.read(MAX_BYTES + 1)
+    if len(data) > MAX_BYTES:
         raise ValueError(f"{path}: larger than {MAX_BYTES} bytes, not a heartbeat")
-    return b"".join(chunks)
+    return data
 
 
 def _check(path: Path, st: os.stat_result, owner: int | None) -> None:
-    if not stat.S_ISREG(st.st_mode):
-        raise ValueError(f"{path}: not a regular file (a heartbeat is one; this is {_kind(st.st_mode)})")
     if owner is not None and st.st_uid != owner:
         raise ValueError(f"{path}: owned by uid {st.st_uid}, not by the job's owner (uid {owner})")
     if owner is not None and st.st_mode & stat.S_IWOTH:
         raise ValueError(f"{path}: anyone may write it, so it speaks for no one")
     if st.st_size > MAX_BYTES:
         raise ValueError(f"{path}: larger than {MAX_BYTES} bytes, not a heartbeat")
-
-
-def _kind(mode: int) -> str:
-    for test, name in ((stat.S_ISLNK, "a symlink"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISDIR, "a directory")):
-        if test(mode):
-            return name
-    return "a device or socket"
 
 
 def _shown(value: object) -> str:

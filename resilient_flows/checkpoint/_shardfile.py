@@ -25,6 +25,7 @@ import math
 import mmap
 import os
 import queue
+import stat
 import struct
 import threading
 import warnings
@@ -36,6 +37,7 @@ from typing import Protocol
 import torch
 import xxhash
 
+from resilient_flows.capped import parse_json
 from resilient_flows.checkpoint._dtypes import SAFETENSORS_DTYPES
 from resilient_flows.errors import CorruptCheckpointError
 
@@ -313,7 +315,7 @@ class _ChunkReader:
 
     def __init__(self, path: Path, offset: int = 0) -> None:
         """Read from ``offset`` on: a multiple of the page size, as direct I/O needs."""
-        self._fd = _open(path, os.O_RDONLY, direct=True)
+        self._fd = _open(path, os.O_RDONLY | os.O_NONBLOCK, direct=True)
         os.lseek(self._fd, offset, os.SEEK_SET)
         self._free: queue.SimpleQueue[mmap.mmap | None] = queue.SimpleQueue()
         self._full: queue.SimpleQueue[tuple[mmap.mmap, int] | BaseException] = queue.SimpleQueue()
@@ -420,6 +422,19 @@ def _open(path: Path, flags: int, direct: bool) -> int:
     return os.open(path, flags, 0o644)
 
 
+def _open_shard(path: Path) -> int:
+    """A descriptor of the shard file ``path``; CorruptCheckpointError when it is missing or not a
+    regular file. Opened without blocking: a FIFO in a shard's place must not hang its reader."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise CorruptCheckpointError(f"{path.name} is missing") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise CorruptCheckpointError(f"{path.name} is not a regular file")
+    return fd
+
+
 def _drop_direct(fd: int) -> None:
     """Switch ``fd`` from direct to buffered I/O."""
     fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_DIRECT)
@@ -442,14 +457,14 @@ class MappedShard:
     def __init__(self, path: Path, record: ShardRecord) -> None:
         self.path = path
         self.record = record
+        fd = _open_shard(path)
         try:
-            size = path.stat().st_size
-        except FileNotFoundError:
-            raise CorruptCheckpointError(f"{path.name} is missing") from None
-        if size != record.nbytes:
-            raise CorruptCheckpointError(f"{path.name} has {size} bytes, the manifest says {record.nbytes}")
-        with open(path, "rb") as f:
-            self._map = mmap.mmap(f.fileno(), 0, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ)
+            size = os.fstat(fd).st_size
+            if size != record.nbytes:
+                raise CorruptCheckpointError(f"{path.name} has {size} bytes, the manifest says {record.nbytes}")
+            self._map = mmap.mmap(fd, 0, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ)
+        finally:
+            os.close(fd)
         found = xxhash.xxh3_64_hexdigest(self._map[: record.header_bytes])
         if found != record.header_xxh3_64:
             self.close()
@@ -458,7 +473,7 @@ class MappedShard:
             )
         try:
             (hlen,) = struct.unpack("<Q", self._map[:8])
-            header = json.loads(self._map[8 : 8 + hlen])
+            header = parse_json(self._map[8 : 8 + hlen])  # a nest too deep is ValueError
             self._entries = {k: v for k, v in header.items() if k != "__metadata__"}
         except (struct.error, ValueError, AttributeError) as exc:
             self.close()

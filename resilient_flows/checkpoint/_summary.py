@@ -14,15 +14,14 @@ parser uses them, so that the two readers cannot disagree on them.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from resilient_flows.capped import MANIFEST_CAP, read_capped
+from resilient_flows.capped import MANIFEST_CAP, parse_json, read_capped
 from resilient_flows.checkpoint._dtypes import SAFETENSORS_DTYPES
 from resilient_flows.checkpoint._tiers import MANIFEST, shard_filename
-from resilient_flows.errors import CorruptCheckpointError, FileTooLargeError
+from resilient_flows.errors import CorruptCheckpointError, DamagedFileError, FileTooLargeError
 
 FORMAT = "resilient-flows-checkpoint"
 VERSION = 2
@@ -100,18 +99,24 @@ def read_summary(step_dir: Path) -> ManifestSummary:
 
 
 def read_manifest_bytes(step_dir: Path) -> bytes:
-    """The manifest file of ``step_dir``; CorruptCheckpointError when it is missing or over its cap."""
+    """The manifest file of ``step_dir``; CorruptCheckpointError when it is missing, over its cap,
+    or not a regular file (see :func:`~resilient_flows.capped.open_regular`)."""
     try:
-        return read_capped(step_dir / MANIFEST, MANIFEST_CAP, "the checkpoint manifest")
+        return read_capped(step_dir / MANIFEST, MANIFEST_CAP, "the checkpoint manifest", expect_json=True)
     except FileNotFoundError:
         raise CorruptCheckpointError(f"{step_dir.name}: {MANIFEST} is missing") from None
     except FileTooLargeError as exc:
         raise CorruptCheckpointError(f"{step_dir.name}: {exc}") from None
+    except DamagedFileError as exc:
+        raise CorruptCheckpointError(f"{step_dir.name}/{MANIFEST}: {exc.problem}") from None
+    except ValueError as exc:  # its start cannot start JSON
+        raise CorruptCheckpointError(f"{step_dir.name}/{MANIFEST}: manifest is not valid JSON ({exc})") from None
 
 
 def manifest_json(text: str | bytes, where: str) -> Any:
-    """The JSON of a manifest; CorruptCheckpointError naming ``where`` when it is not JSON."""
+    """The JSON of a manifest; CorruptCheckpointError naming ``where`` when it is not JSON (or is
+    nested deeper than :data:`~resilient_flows.capped.MAX_DEPTH`)."""
     try:
-        return json.loads(text)
-    except (ValueError, UnicodeDecodeError) as exc:
+        return parse_json(text.encode() if isinstance(text, str) else text)
+    except ValueError as exc:  # UnicodeDecodeError too
         raise CorruptCheckpointError(f"{where}: manifest is not valid JSON ({exc})") from None

@@ -71,19 +71,22 @@ class Tier:
         return self.path / step_dirname(step)
 
     def step_dirs(self) -> dict[int, Path]:
-        """Every step directory, committed or not."""
-        if not self.path.is_dir():
+        """Every step directory, committed or not; a symbolic link is none (it may lead anywhere)."""
+        try:
+            entries = list(os.scandir(self.path))
+        except (FileNotFoundError, NotADirectoryError):
             return {}
         found = {}
-        for entry in self.path.iterdir():
+        for entry in entries:
             match = _STEP_DIR.match(entry.name)
-            if match and entry.is_dir():
-                found[int(match.group(1))] = entry
+            if match and entry.is_dir(follow_symlinks=False):
+                found[int(match.group(1))] = Path(entry.path)
         return found
 
     def committed_steps(self) -> list[int]:
-        """Steps whose manifest is in place, newest first. Says nothing of their validity."""
-        return sorted((s for s, d in self.step_dirs().items() if (d / MANIFEST).is_file()), reverse=True)
+        """Steps whose manifest is in place, newest first. Says nothing of their validity: a
+        manifest that is not a regular file counts, for its readers to refuse and say so."""
+        return sorted((s for s, d in self.step_dirs().items() if os.path.lexists(d / MANIFEST)), reverse=True)
 
     def clean_debris(self) -> list[str]:
         """Remove what interrupted writes left behind; returns what was removed.

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import os
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.markup import escape
 
 from resilient_flows.strictjson import dumps_strict
+
+if TYPE_CHECKING:
+    from resilient_flows.rundir import DamageLog
 
 
 def console(stderr: bool = False) -> Console:
@@ -26,3 +30,9 @@ def print_document(document: dict[str, Any]) -> None:
 def warn(message: str) -> None:
     """A warning on stderr, so that stdout stays the table or the document."""
     console(stderr=True).print(f"[bold yellow]warning:[/] {escape(message)}", soft_wrap=True)
+
+
+def warn_damage(run_dir: str | os.PathLike, damage: DamageLog) -> None:
+    """Say on stderr what a view passed over as damaged, a line per file."""
+    for found in damage.found():
+        warn(found.describe(run_dir))

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from rich.markup import escape
 
-from resilient_flows.cli._console import console
+from resilient_flows.cli._console import console, warn_damage
 
 
 def add_parsers(commands: argparse._SubParsersAction) -> None:
@@ -41,19 +41,22 @@ def add_parsers(commands: argparse._SubParsersAction) -> None:
 
 
 def _dashboard(args: argparse.Namespace) -> int:
+    from resilient_flows.rundir import DamageLog
     from resilient_flows.workflow.dashboard import serve_dashboard, write_dashboard_report
 
     run_dir = Path(args.run_dir)
     out = console()
     if args.report is not None:
-        page = write_dashboard_report(run_dir, Path(args.report or run_dir / "report") / "index.html")
+        damage = DamageLog()
+        page = write_dashboard_report(run_dir, Path(args.report or run_dir / "report") / "index.html", damage)
         out.print(f"wrote {escape(str(page))}: open it in a browser, no server needed")
+        warn_damage(run_dir, damage)
         return 0
 
-    def ready(host: str, port: int, token: str) -> None:
+    def ready(host: str, port: int, page: str) -> None:
         shown = f"[{host}]" if ":" in host else host
         out.print(f"dashboard of {escape(str(run_dir))} (Ctrl-C to stop):", soft_wrap=True)
-        out.print(f"  http://{shown}:{port}/?token={token}", soft_wrap=True, highlight=False)
+        out.print(f"  http://{shown}:{port}{page}", soft_wrap=True, highlight=False)
         if _loopback(host):
             login = f"{getpass.getuser()}@{socket.gethostname()}"
             out.print(

@@ -10,16 +10,12 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from rich.markup import escape
 
-from resilient_flows.cli._console import console, print_document, warn
+from resilient_flows.cli._console import console, print_document, warn, warn_damage
 from resilient_flows.errors import WorkflowError
 from resilient_flows.workflow import GROUP_ABOVE
-
-if TYPE_CHECKING:
-    from resilient_flows.rundir import DamageLog
 
 DETACH_HELP = (
     "start the runner in the background, out of reach of the terminal's or ssh session's end (its output: "
@@ -218,7 +214,7 @@ def _status(args: argparse.Namespace) -> int:
     statuses = member_statuses(args.run_dir, [(m.name, m.steps) for m in members], families, damage)
     stages_done = all(stage_finished(args.run_dir, s.name) for s in stages)
     done = stages_done and all(s.state in ("finished", "retired") for s in statuses.values())
-    runner = liveness(run_dir, [*statuses, *(s.name for s in stages)])
+    runner = liveness(run_dir, [*statuses, *(s.name for s in stages)], damage)
     if args.json:
         rows = stage_rows(run_dir, stages)
         document = status_document(
@@ -230,18 +226,12 @@ def _status(args: argparse.Namespace) -> int:
         console().print(status_table(statuses, title, all_members=args.all))
     for note in member_notes(statuses.values()):
         warn(note)
-    _warn_damage(run_dir, damage)
+    warn_damage(run_dir, damage)
     active = any(s.state in ("queued", "running", "retrying") for s in statuses.values())
     advice = None if done else runner.advice(run_dir, active)
     if advice is not None:  # the states are the last ones recorded: say what they are worth now
         warn(advice)
     return 0 if done else 1
-
-
-def _warn_damage(run_dir: Path, damage: DamageLog) -> None:
-    """Say on stderr what a view passed over as damaged, a line per file."""
-    for found in damage.found():
-        warn(found.describe(run_dir))
 
 
 def _preempt(args: argparse.Namespace) -> int:
@@ -294,5 +284,5 @@ def _lineage(args: argparse.Namespace) -> int:
     else:
         states = {n: f"{s.state}, step {'-' if s.step is None else s.step + 1}/{s.steps}" for n, s in statuses.items()}
         console().print(lineage_tree(args.run_dir, states, damage))
-    _warn_damage(run_dir, damage)
+    warn_damage(run_dir, damage)
     return 0

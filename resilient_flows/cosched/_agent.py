@@ -54,6 +54,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from resilient_flows.capped import read_json_capped
 from resilient_flows.checkpoint import CheckpointHeartbeat, HeartbeatReader
 from resilient_flows.cosched._batch import SHOWN, UNITS, BatchCommandError, BatchJob, BatchSystem, Unit, clean, uid_of
 from resilient_flows.cosched._jobs import Decision, OnDemandRequest, RunningJob
@@ -579,21 +580,17 @@ def load_state(path: Path, scheduler: str) -> tuple[dict[str, _Preemption], dict
     """The preemptions under way and the requests served, as an earlier agent for ``scheduler``
     left them in ``path`` (nothing if there is no such file).
 
-    The file is read with a cap and checked field by field; anything else raises
+    The file is read as every file others may have written is (:func:`~resilient_flows.capped.read_json_capped`:
+    a regular file only, capped, not nested deep) and checked field by field; anything else raises
     :class:`AgentStateError`.
     """
     try:
-        with open(path, "rb") as f:
-            data = f.read(STATE_CAP + 1)
+        return _state(read_json_capped(path, STATE_CAP, "agent state"), scheduler)
     except FileNotFoundError:
         return {}, {}
     except OSError as exc:
         raise AgentStateError(f"agent state {path}: cannot be read ({exc.strerror})") from exc
-    try:
-        if len(data) > STATE_CAP:
-            raise ValueError(f"larger than {STATE_CAP} bytes")
-        return _state(json.loads(data), scheduler)
-    except (ValueError, RecursionError) as exc:
+    except ValueError as exc:
         raise AgentStateError(
             f"agent state {path}: {clean(exc)}; move it aside to start without it (and release by hand any job it held)"
         ) from exc

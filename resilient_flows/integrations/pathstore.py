@@ -40,7 +40,7 @@ from typing import Any
 
 import torch
 
-from resilient_flows.capped import CONTROL_CAP, DOCUMENT_CAP, read_capped
+from resilient_flows.capped import CONTROL_CAP, DOCUMENT_CAP, open_regular, parse_json, read_capped
 from resilient_flows.checkpoint import MANIFEST, Checkpointer, Tier, flatten, read_checkpoint, unflatten
 from resilient_flows.durable import fsync_dir, write_durably
 from resilient_flows.errors import CheckpointError, FileTooLargeError
@@ -98,12 +98,14 @@ def read_ref(path: str | os.PathLike) -> Ref | None:
     """The reference at ``path`` (symlinks followed), or None when it is absent or not one.
 
     A file that starts as a reference but is over the cap raises FileTooLargeError: skipping it
-    would let garbage collection drop the checkpoint it names."""
+    would let garbage collection drop the checkpoint it names. The link ``save_last="link"`` makes
+    is followed here, to the file it names, which is read as a regular file only."""
+    target = os.path.realpath(path)
     try:
-        with open(path, "rb") as f:
+        with open_regular(target, "checkpoint reference") as f:
             if f.read(len(REF_FORMAT) + 12).find(REF_FORMAT.encode()) < 0:
                 return None
-        data = json.loads(read_capped(path, DOCUMENT_CAP, "checkpoint reference"))
+        data = parse_json(read_capped(target, DOCUMENT_CAP, "checkpoint reference"))
         if data["version"] > REF_VERSION:
             raise CheckpointError(
                 f"{path} was written by a newer resilient-flows (reference version {data['version']})"

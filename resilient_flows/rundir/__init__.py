@@ -8,6 +8,13 @@ and reads and writes its files through them. The append-only logs and the plan h
 :mod:`~resilient_flows.rundir._plan`. What readers find damaged they record in a
 :class:`~resilient_flows.rundir._damage.DamageLog`, for the views to report.
 
+Everything read from a run or checkpoint directory is read through one safe reader, exported
+here: :func:`open_regular` (a regular file only: no symbolic link followed, never blocking on a
+FIFO, never opening a device), :func:`read_capped` and :func:`read_json_capped` (size-capped),
+:func:`parse_json` (nesting-capped) and :class:`CappedLines` (the append-only logs). It lives in
+:mod:`resilient_flows.capped`, below this package, because ``checkpoint/`` reads its manifests and
+heartbeats with it and must stay importable without the rest.
+
 This package is below the runner, the members and the views: it imports none of them.
 """
 
@@ -16,6 +23,13 @@ from __future__ import annotations
 from resilient_flows.lazy import lazy_exports
 
 _SOURCES = {
+    "resilient_flows.capped": (
+        "CappedLines",
+        "open_regular",
+        "parse_json",
+        "read_capped",
+        "read_json_capped",
+    ),
     "resilient_flows.rundir._damage": (
         "Damage",
         "DamageLog",

@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from resilient_flows.capped import LINE_CAP, CappedLines
+from resilient_flows.capped import LINE_CAP, CappedLines, parse_json
 from resilient_flows.errors import is_storage_full
 from resilient_flows.rundir._damage import DamageLog
 from resilient_flows.rundir._layout import run_layout
@@ -187,13 +187,22 @@ def _finite(value: Any) -> bool:
 
 
 def _lines(path: Path, offset: int, line: int, damage: DamageLog | None) -> CappedLines:
-    oversized = None if damage is None else lambda number, why: damage.line(path, number, why)
-    return CappedLines(path, LINE_CAP, "event log", offset, line, oversized)
+    if damage is None:
+        return CappedLines(path, LINE_CAP, "event log", offset, line)
+    return CappedLines(
+        path,
+        LINE_CAP,
+        "event log",
+        offset,
+        line,
+        oversized=lambda number, why: damage.line(path, number, why),
+        refused=lambda why: damage.file(path, why),
+    )
 
 
 def _parse(raw: bytes, path: Path, number: int, damage: DamageLog | None) -> dict[str, Any] | None:
     try:
-        record = json.loads(raw)
+        record = parse_json(raw)
     except ValueError as exc:  # UnicodeDecodeError too
         problem: str | None = f"not JSON ({exc})"
     else:

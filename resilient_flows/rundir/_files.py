@@ -21,10 +21,11 @@ from resilient_flows.errors import DamagedFileError, FileTooLargeError
 def read_json(path: Path, cap: int, what: str) -> Any:
     """The document in ``path``: ``FileNotFoundError`` when there is none, ``FileTooLargeError``
     over ``cap``, ``DamagedFileError`` (a ``ValueError``) naming ``what`` and the file when it is
-    not JSON (being written by a writer that does not rename, or damaged)."""
+    not JSON (being written by a writer that does not rename, or damaged), nested too deep, or not
+    a regular file (see :func:`~resilient_flows.capped.open_regular`)."""
     try:
         return read_json_capped(path, cap, what)
-    except FileTooLargeError:
+    except (FileTooLargeError, DamagedFileError):
         raise
     except ValueError as exc:  # UnicodeDecodeError too
         raise DamagedFileError(path, what, f"not JSON ({exc})") from None

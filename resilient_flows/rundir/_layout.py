@@ -38,6 +38,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from stat import S_ISREG
 from typing import Any
 
 from resilient_flows.capped import CONTROL_CAP, DOCUMENT_CAP, read_capped
@@ -209,7 +210,12 @@ class TaskLayout:
             return None
 
     def has_result(self) -> bool:
-        return self.result.is_file()
+        """Whether the result is in place: a regular file, as :meth:`read_result` reads it (a
+        link, perhaps to another run's result, is none)."""
+        try:
+            return S_ISREG(self.result.lstat().st_mode)
+        except OSError:
+            return False
 
 
 @dataclass(frozen=True)

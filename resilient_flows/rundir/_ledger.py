@@ -12,7 +12,7 @@ import os
 from collections.abc import Iterator
 from typing import Any
 
-from resilient_flows.capped import LINE_CAP, CappedLines
+from resilient_flows.capped import LINE_CAP, CappedLines, parse_json
 from resilient_flows.rundir._layout import RunLayout
 
 
@@ -33,7 +33,7 @@ def read_records(layout: RunLayout) -> Iterator[dict[str, Any]]:
     """Every complete record in file order; torn and oversized lines are skipped."""
     for line in CappedLines(layout.blocks, LINE_CAP, "runner ledger"):
         try:
-            record = json.loads(line)
+            record = parse_json(line)
         except ValueError:
             continue
         if isinstance(record, dict):

@@ -15,8 +15,8 @@ import time
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from resilient_flows.capped import LINE_CAP, CappedLines
-from resilient_flows.errors import is_storage_full
+from resilient_flows.capped import LINE_CAP, CappedLines, open_regular, parse_json, unfinished_over_cap
+from resilient_flows.errors import DamagedFileError, is_storage_full
 from resilient_flows.rundir._damage import DamageLog
 
 logger = logging.getLogger(__name__)
@@ -167,11 +167,20 @@ class MetricsReader:
         """The complete lines after the ``seen`` (bytes, lines), numbered, each within the line cap;
         the (bytes, lines) seen then."""
         offset, line = seen
-        damage = self.damage
-        oversized = None if damage is None else lambda number, why: damage.line(self.path, number, why)
-        lines = CappedLines(self.path, LINE_CAP, "metrics log", offset, line, oversized)
+        lines = CappedLines(self.path, LINE_CAP, "metrics log", offset, line, self._oversized, self._refused)
         numbered = [(lines.line, raw) for raw in lines]
         return numbered, (lines.offset, lines.line)
+
+    def _oversized(self, number: int, problem: str) -> None:
+        if self.damage is not None:
+            self.damage.line(self.path, number, problem)
+
+    def _refused(self, problem: str) -> None:
+        """The log is not a regular file (see :func:`~resilient_flows.capped.open_regular`)."""
+        if self.damage is not None:
+            self.damage.file(self.path, problem)
+        else:
+            logger.warning("metrics log %s is %s; not read", self.path, problem)
 
     def _record(self, number: int, raw: bytes) -> dict[str, Any] | None:
         """Line ``number``, or None for a line that is damaged (then recorded)."""
@@ -194,7 +203,7 @@ class MetricsReader:
         as it was (:meth:`read_curve` continues where it stopped). Damaged lines at the end are
         passed over, and numbered by counting the lines before them only then."""
         try:
-            with self.path.open("rb") as f:
+            with open_regular(self.path, "metrics log") as f:
                 size = f.seek(0, os.SEEK_END)
                 want = _TAIL_BYTES
                 while True:
@@ -205,6 +214,9 @@ class MetricsReader:
                     if len(lines) > 1 or start == 0 or want > LINE_CAP:  # the first may be cut short
                         break
                     want *= 2
+                unfinished = start + chunk.rfind(b"\n") + 1  # where the last line, not ended yet, begins (or before)
+                if size - unfinished > LINE_CAP and self.damage is not None:
+                    self.damage.line(self.path, _line_number(f, unfinished), unfinished_over_cap(LINE_CAP))
                 begins = list(itertools.accumulate((len(raw) + 1 for raw in lines), initial=start))
                 for index in reversed(range(0 if start == 0 else 1, len(lines))):
                     record, problem = _parse(lines[index])
@@ -215,6 +227,8 @@ class MetricsReader:
                         self.damage.line(self.path, _line_number(f, begins[index]), str(problem))
         except FileNotFoundError:
             return
+        except DamagedFileError as exc:
+            self._refused(exc.problem)
 
 
 def _line_number(f: BinaryIO, offset: int) -> int:
@@ -230,7 +244,7 @@ def _line_number(f: BinaryIO, offset: int) -> int:
 def _parse(raw: bytes) -> tuple[dict[str, Any] | None, str | None]:
     """A metrics line and None, or None and what is wrong with it."""
     try:
-        record = json.loads(raw)
+        record = parse_json(raw)
     except ValueError as exc:  # UnicodeDecodeError too
         return None, f"not JSON ({exc})"
     problem = metrics_problem(record)

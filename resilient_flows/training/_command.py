@@ -34,6 +34,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from resilient_flows.capped import open_regular
 from resilient_flows.errors import PermanentError, Preempted, ResilientFlowsError
 from resilient_flows.rundir import EventLog, member_layout
 from resilient_flows.training._contract import EXIT_CANNOT_RUN, EXIT_PREEMPTED, STOP_SIGNALS, RunContract
@@ -263,10 +264,10 @@ def _finish(spec: MemberSpec, run_dir: str, attempt: int, events: EventLog, stat
 def _last_line(path: Path) -> str:
     """The command's last line of output, for the failure's message (what a traceback ends with)."""
     try:
-        with path.open("rb") as f:
+        with open_regular(path, "command log") as f:
             f.seek(max(0, f.seek(0, os.SEEK_END) - 4096))
             lines = [line for line in f.read().decode(errors="replace").splitlines() if line.strip()]
-    except OSError:
+    except (OSError, ValueError):  # none, or not a regular file
         return ""
     last = lines[-1].strip() if lines else ""
     return "" if last.startswith("--- attempt ") else last[:300]

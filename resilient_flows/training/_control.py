@@ -21,6 +21,7 @@ second, for file systems whose directory times lag behind (NFS attribute caching
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from dataclasses import asdict, dataclass
@@ -62,12 +63,7 @@ def registered_members(
     and its member left out.
     """
     root = run_layout(run_dir).members
-    spec_name = TaskLayout(root).spec.name
-    paths = (
-        sorted(root.glob(f"*/{spec_name}"), key=lambda p: (p.stat().st_mtime_ns, p.parent.name))
-        if root.is_dir()
-        else []
-    )
+    paths = _spec_paths(root, TaskLayout(root).spec.name)
     known = {} if known is None else known
     for path in paths:
         if path in known:
@@ -79,6 +75,23 @@ def registered_members(
                 raise
             damage.file(path, exc.problem if isinstance(exc, DamagedFileError) else str(exc))
     return [known[path] for path in paths if path in known]
+
+
+def _spec_paths(root: Path, spec_name: str) -> list[Path]:
+    """The spec file of every member directory in ``root``, in the order they were written. A
+    symbolic link is no member directory (walks of a run directory follow none), but a spec file
+    that is one is listed, for its reader to refuse and say so."""
+    try:
+        entries = list(os.scandir(root))
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    found = []
+    for entry in entries:
+        if entry.is_dir(follow_symlinks=False):
+            path = Path(entry.path, spec_name)
+            with contextlib.suppress(FileNotFoundError):
+                found.append((path.lstat().st_mtime_ns, entry.name, path))
+    return [path for _, _, path in sorted(found)]
 
 
 def _load_spec(layout: TaskLayout) -> MemberSpec:

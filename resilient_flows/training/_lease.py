@@ -27,7 +27,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from resilient_flows.rundir import run_layout
+from resilient_flows.errors import DamagedFileError, FileTooLargeError
+from resilient_flows.rundir import DamageLog, run_layout
 
 logger = logging.getLogger(__name__)
 
@@ -74,12 +75,17 @@ def process_start_time(pid: int) -> int | None:
         return None
 
 
-def read_lease(run_dir: str | os.PathLike) -> RunnerLease | None:
-    """The run's lease, or None when no runner ever held it or its record is unreadable."""
+def read_lease(run_dir: str | os.PathLike, damage: DamageLog | None = None) -> RunnerLease | None:
+    """The run's lease, or None when no runner ever held it or its record is unreadable: a record
+    that is damaged (not JSON, oversized, not a regular file) is recorded in ``damage`` when given."""
     layout = run_layout(run_dir)
     try:
-        age = time.time() - layout.lease.stat().st_mtime
+        age = time.time() - layout.lease.lstat().st_mtime
         record = layout.read_lease()
+    except (DamagedFileError, FileTooLargeError) as exc:
+        if damage is not None:
+            damage.file(layout.lease, exc.problem if isinstance(exc, DamagedFileError) else str(exc))
+        return None
     except (OSError, ValueError):
         return None
     if not isinstance(record, dict):

@@ -23,6 +23,7 @@ Run as ``python -m resilient_flows.cli.leaseguard RUN_DIR --runner PID --started
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
@@ -43,8 +44,8 @@ def guard(run_dir: Path, runner: int, started: int | None, poll_s: float = POLL_
     members and cancel its blocks; what was cancelled, in words."""
     while True:
         lease = read_lease(run_dir)
-        if lease is None and not run_layout(run_dir).lease.exists():
-            return []  # the run directory is gone
+        if lease is None and not os.path.lexists(run_layout(run_dir).lease):
+            return []  # the run directory is gone (a damaged record is waited out, as an unreadable one)
         if lease is not None and (lease.pid != runner or lease.ended):
             return []  # another runner holds the run now, or this one let go of it
         if lease is not None and lease.expired and process_start_time(runner) != started:

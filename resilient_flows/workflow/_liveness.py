@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from resilient_flows.rundir import run_layout
+from resilient_flows.rundir import DamageLog, run_layout
 from resilient_flows.training import BEAT_S, holding_runner, read_lease
 
 #: A heartbeat rewritten within this many seconds belongs to an attempt that still trains: a few
@@ -81,11 +81,12 @@ class Liveness:
         return f"{gone}; {_listed(self.beating)} still train and {stop}; then {resume} continues the run"
 
 
-def liveness(run_dir: str | os.PathLike, members: Collection[str]) -> Liveness:
-    """The run's runner and the heartbeats of its ``members``, now."""
+def liveness(run_dir: str | os.PathLike, members: Collection[str], damage: DamageLog | None = None) -> Liveness:
+    """The run's runner and the heartbeats of its ``members``, now; a damaged lease is recorded in
+    ``damage`` and counts as none."""
     beating = tuple(name for name in fresh_heartbeats(run_dir) if name in members)
     held = holding_runner(run_dir)
-    lease = held if held is not None else read_lease(run_dir)
+    lease = held if held is not None else read_lease(run_dir, damage)
     if lease is None:
         return Liveness(NEVER, beating=beating)
     state = HOLDING if held is not None else ENDED if lease.ended else GONE
@@ -98,8 +99,10 @@ def fresh_heartbeats(run_dir: str | os.PathLike, now: float | None = None) -> tu
     now = time.time() if now is None else now
     directory = Path(run_layout(run_dir).heartbeats)
     try:
+        if not stat.S_ISDIR(os.lstat(directory).st_mode):  # a link to a directory elsewhere is none
+            return ()
         entries = list(os.scandir(directory))
-    except OSError:  # none yet, or not a directory
+    except OSError:  # none yet
         return ()
     fresh = []
     for entry in entries:

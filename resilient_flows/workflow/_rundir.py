@@ -103,12 +103,14 @@ class MemberIndex:
     of members.
 
     A clone's directory appears before its spec file; directories seen without one are looked at
-    again on every call until it is there.
+    again on every call until it is there. ``damage``: where a view records damaged specs (see
+    :func:`run_members`).
     """
 
-    def __init__(self, path: Path, plan: Plan) -> None:
+    def __init__(self, path: Path, plan: Plan, damage: DamageLog | None = None) -> None:
         self.path = path
         self.plan = plan
+        self.damage = damage
         self._known: dict[Path, MemberSpec] = {}
         self._mtime: int | None = None
         self._members: list[MemberSpec] = []
@@ -120,9 +122,9 @@ class MemberIndex:
         mtime = root.stat().st_mtime_ns if root.is_dir() else None
         if mtime != self._mtime or self._incomplete:
             self._mtime = mtime
-            self._members = run_members(self.path, self.plan, self._known)
+            self._members = run_members(self.path, self.plan, self._known, self.damage)
             self._clones = [m for m in self._members if m.parent is not None]
-            directories = sum(1 for entry in os.scandir(root) if entry.is_dir()) if mtime is not None else 0
+            directories = 0 if mtime is None else sum(1 for e in os.scandir(root) if e.is_dir(follow_symlinks=False))
             self._incomplete = directories > len(self._known)
         return self._members
 

@@ -16,7 +16,6 @@ model saw (as :class:`~resilient_flows.rundir.MetricsReader` keeps it).
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from dataclasses import dataclass
@@ -24,6 +23,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from resilient_flows.capped import open_regular, parse_json
+from resilient_flows.errors import DamagedFileError
 
 #: Points a member's curve keeps (between this and twice this): a band's grid has fewer.
 POINTS = 128
@@ -63,9 +65,10 @@ class LossSampler:
         self._target = 0  # the next line kept is the first that starts here or later
 
     def update(self) -> bool:
-        """Take in what was appended since the last look; whether anything was."""
+        """Take in what was appended since the last look; whether anything was. A log that is not
+        a regular file has nothing to take in (the member's status records it as damage)."""
         try:
-            with self.path.open("rb") as f:
+            with open_regular(self.path, "metrics log") as f:
                 end = os.fstat(f.fileno()).st_size
                 if end < self._offset:  # replaced by a shorter file: start again
                     self._reset()
@@ -74,7 +77,7 @@ class LossSampler:
                 if self._spacing == 0:
                     self._spacing = max(1, end // self.budget)
                 lines, self._target = _sampled_lines(f, self._offset, end, self._target, self._spacing)
-        except FileNotFoundError:
+        except (FileNotFoundError, DamagedFileError):
             return False
         if not lines:
             return False
@@ -186,7 +189,7 @@ def _point(raw: bytes) -> Point | None:
     """The sampled line, or None for one that is damaged (the views that read every line say
     which: :func:`~resilient_flows.rundir._metrics.metrics_problem`)."""
     try:
-        record = json.loads(raw.decode())
+        record = parse_json(raw)
     except ValueError:  # UnicodeDecodeError too
         return None
     if not isinstance(record, dict):

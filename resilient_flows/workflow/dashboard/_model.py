@@ -101,12 +101,12 @@ class MemberFacts:
 class RunModel:
     """The dashboard's view of the run in ``run_dir``; safe to share between threads."""
 
-    def __init__(self, run_dir: str | Path) -> None:
+    def __init__(self, run_dir: str | Path, damage: DamageLog | None = None) -> None:
         self.run_dir = Path(run_dir)
         self.plan = read_plan(self.run_dir)
-        self.damage = DamageLog()
+        self.damage = DamageLog() if damage is None else damage
         self.generation = 0
-        self._index = MemberIndex(self.run_dir, self.plan)
+        self._index = MemberIndex(self.run_dir, self.plan, self.damage)
         self._tracker = StatusTracker(self.run_dir, follow=False, damage=self.damage, observe=self._observe)
         self._statuses: dict[str, MemberStatus] = {}
         self._specs: dict[str, MemberSpec] = {}
@@ -170,10 +170,16 @@ class RunModel:
         :data:`HEARTBEAT_FOLLOW_S` after its last event while the tier lags behind its newest
         checkpoint (the copy to the shared tier finishes after the member's last event)."""
         facts.heartbeat_looked = True
+        path = heartbeat_path(member_layout(self.run_dir, name).checkpoints)
         try:
-            beat = read_heartbeat(heartbeat_path(member_layout(self.run_dir, name).checkpoints))
-        except (OSError, ValueError):
+            beat = read_heartbeat(path)
+        except OSError:  # none yet
             beat = None
+        except ValueError as exc:  # its writer replaces it whole: damaged
+            self.damage.file(path, str(exc).removeprefix(f"{path}: "))
+            beat = None
+        else:
+            self.damage.repaired(path)
         if beat is not None and beat.step != facts.shared_step:
             facts.shared_step, facts.shared_committed = beat.step, beat.committed
             self._changed = True

@@ -8,7 +8,16 @@ open tabs cost one look.
 
 Every request needs the token printed at start, on localhost too: a login node is shared, and
 any of its users can reach its loopback address. The token comes as ``?token=`` in the printed URL,
-which sets a cookie for the page's later requests (``HttpOnly``, ``SameSite=Strict``).
+which sets a cookie for the page's later requests (``HttpOnly``, ``SameSite=Strict``). A browser
+sends a host's cookies to every port of it, whatever server listens there: so each server has a
+random name, serves under ``/<name>/`` only and names its cookie ``rf_dashboard_<name>`` with that
+path. Two dashboards on one host do not overwrite each other's cookie, and other servers there
+are not sent it (unless asked for that path). Every response, errors included, carries the
+security headers (:data:`SECURITY_HEADERS`).
+
+What the pages show is read from the run directory through
+:func:`~resilient_flows.capped.open_regular`: a symbolic link there, to a file outside the run or
+inside it, is never followed, and so nothing outside the run is ever served.
 """
 
 from __future__ import annotations
@@ -23,11 +32,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 from starlette.applications import Starlette
+from starlette.datastructures import MutableHeaders
 from starlette.middleware import Middleware
 from starlette.middleware.base import BaseHTTPMiddleware, RequestResponseEndpoint
 from starlette.requests import Request
 from starlette.responses import FileResponse, JSONResponse, PlainTextResponse, Response
-from starlette.routing import Route
+from starlette.routing import Mount, Route
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from resilient_flows.errors import ResilientFlowsError
 from resilient_flows.strictjson import strict
@@ -36,8 +47,9 @@ from resilient_flows.workflow.dashboard._page import asset_path, page_html
 
 #: Seconds between two looks at the run directory, however many pages poll.
 LOOK_S = 1.0
-#: The cookie that carries the token after the first request.
-COOKIE = "rf_dashboard_token"
+#: The start of the name of the cookie that carries the token after the first request; each
+#: server adds its own name.
+COOKIE_PREFIX = "rf_dashboard_"
 #: The default port: one ``ssh -L`` line in the docs works without editing.
 DEFAULT_PORT = 8050
 #: What the page may load and run: its own scripts and data only; Plotly styles its elements inline.
@@ -45,6 +57,14 @@ CONTENT_POLICY = (
     "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:; "
     "connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'none'"
 )
+#: Headers every response carries, a refusal or an error too: what the page may load, no sniffing
+#: of types (a text answer is never run as a script), no referrer (the URL holds the token).
+SECURITY_HEADERS = {
+    "Content-Security-Policy": CONTENT_POLICY,
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "X-Frame-Options": "DENY",
+}
 
 
 def _caching(path: str) -> str:
@@ -72,14 +92,44 @@ class _Looker:
                 self._last = time.monotonic()
 
 
-def dashboard_app(model: RunModel, token: str) -> Starlette:
-    """The Starlette application serving ``model``'s run to requests that carry ``token``."""
+class _Headed:
+    """Adds :data:`SECURITY_HEADERS` and the caching rule to every response of ``app``: outside
+    Starlette's own middleware, so that the 500 its outermost layer makes of an exception has
+    them too, as have the 403 of a missing token and the 404 of an unknown path."""
+
+    def __init__(self, app: ASGIApp, prefix: str) -> None:
+        self.app = app
+        self.prefix = prefix
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        caching = _caching(scope["path"].removeprefix(self.prefix))
+
+        async def headed(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = MutableHeaders(scope=message)
+                headers.update({**SECURITY_HEADERS, "Cache-Control": caching})
+            await send(message)
+
+        await self.app(scope, receive, headed)
+
+
+def server_name() -> str:
+    """A new server's name: the path it serves under, and its cookie's name."""
+    return secrets.token_hex(8)
+
+
+def dashboard_app(model: RunModel, token: str, name: str) -> ASGIApp:
+    """The application serving ``model``'s run under ``/<name>/`` to requests that carry ``token``."""
     looker = _Looker(model)
+    prefix, cookie = f"/{name}", COOKIE_PREFIX + name
 
     async def page(request: Request) -> Response:
         response = Response(page_html(), media_type="text/html; charset=utf-8")
         if request.query_params.get("token"):
-            response.set_cookie(COOKIE, token, httponly=True, samesite="strict")
+            response.set_cookie(cookie, token, path=prefix + "/", httponly=True, samesite="strict")
         return response
 
     async def asset(request: Request) -> Response:
@@ -107,7 +157,7 @@ def dashboard_app(model: RunModel, token: str) -> Starlette:
             given = (
                 request.query_params.get("token")
                 or request.headers.get("x-rf-token")
-                or request.cookies.get(COOKIE)
+                or request.cookies.get(cookie)
                 or ""
             )
             if not hmac.compare_digest(given.encode(), token.encode()):
@@ -115,12 +165,7 @@ def dashboard_app(model: RunModel, token: str) -> Starlette:
                     "this dashboard needs its token: open the URL that `resilient-flows dashboard` printed",
                     status_code=403,
                 )
-            response = await call_next(request)
-            response.headers["Cache-Control"] = _caching(request.url.path)
-            response.headers["Content-Security-Policy"] = CONTENT_POLICY
-            response.headers["X-Content-Type-Options"] = "nosniff"
-            response.headers["Referrer-Policy"] = "no-referrer"
-            return response
+            return await call_next(request)
 
     routes = [
         Route("/", page),
@@ -128,7 +173,7 @@ def dashboard_app(model: RunModel, token: str) -> Starlette:
         Route("/api/run", run),
         Route("/api/member/{name:path}", member),
     ]
-    return Starlette(routes=routes, middleware=[Middleware(TokenCheck)])
+    return _Headed(Starlette(routes=[Mount(prefix, routes=routes)], middleware=[Middleware(TokenCheck)]), prefix)
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -158,8 +203,8 @@ def serve_dashboard(
     ready: Callable[[str, int, str], None] | None = None,
 ) -> None:
     """Serve the dashboard of ``run_dir`` until interrupted. ``ready`` is told the host, the port
-    (the one chosen for port 0) and the token once the socket listens; the token is a new random
-    one unless given."""
+    (the one chosen for port 0) and the page's path with the token (``/<name>/?token=...``) once
+    the socket listens; the token is a new random one unless given."""
     import uvicorn
 
     model = RunModel(run_dir)
@@ -167,7 +212,9 @@ def serve_dashboard(
     model.document()
     token = token or secrets.token_urlsafe(24)
     sock = bind(host, port)
+    name = server_name()
     if ready is not None:
-        ready(host, sock.getsockname()[1], token)
-    config = uvicorn.Config(dashboard_app(model, token), log_level="warning", access_log=False, lifespan="off")
+        ready(host, sock.getsockname()[1], f"/{name}/?token={token}")
+    app = dashboard_app(model, token, name)
+    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off")
     uvicorn.Server(config).run(sockets=[sock])
