@@ -38,12 +38,16 @@ from resilient_flows.workflow._status import loss_curve
 HERE = Path(__file__).resolve().parent
 SCRIPT = HERE / "command_script.py"
 TOKEN_VARIABLE = "RESILIENT_FLOWS_TEST_RUN_TOKEN"
-#: A member that trains, a command member that trains: both resume bit for bit.
+#: A member that trains (``chaos:paced``: ``mlp-digits``, paced, waiting at 80 % of its steps for
+#: the gate that the test opens once it stopped the run) and a command member that trains; both
+#: resume bit for bit.
 TRAINING = (
     "name: stop\nretries: 1\ncheckpoint: {interval: 50}\nmembers:\n"
-    "  - {name: m, workload: mlp-digits, steps: 1500, params: {hidden: 16}}\n"
-    f"  - {{name: c, steps: 400, command: [{sys.executable}, {SCRIPT}, --step-s, '0.02']}}\n"
+    "  - {name: m, workload: 'chaos:paced', steps: 400, params: {hidden: 16, pause_ms: 10}}\n"
+    f"  - {{name: c, steps: 600, command: [{sys.executable}, {SCRIPT}, --step-s, '0.02']}}\n"
 )
+GATE_ENV = "RESILIENT_FLOWS_CHAOS_GATE"  # benchmarks/chaos.py's
+BENCHMARKS = HERE.parent / "benchmarks"
 #: A command member that ignores every stop and leaves a child behind, beside a training member.
 STUBBORN = (
     "name: stuck\nretries: 1\ncheckpoint: {interval: 50}\nmembers:\n"
@@ -60,7 +64,7 @@ class Terminal:
     controlling terminal and its process group the terminal's foreground one; what it writes is
     read from a thread (a full pty would stop it)."""
 
-    def __init__(self, args: list[str], token: str) -> None:
+    def __init__(self, args: list[str], env: dict[str, str]) -> None:
         master, slave = os.openpty()
         fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))
         self.master = master
@@ -69,7 +73,7 @@ class Terminal:
             stdin=slave,
             stdout=slave,
             stderr=slave,
-            env={**os.environ, TOKEN_VARIABLE: token},
+            env=env,
         )
         os.close(slave)
         self._output = bytearray()
@@ -133,12 +137,14 @@ def kill_all(token: str) -> None:
             os.kill(int(line.split(":")[0]), signal.SIGKILL)
 
 
-def start(tmp_path: Path, text: str) -> tuple[Terminal, Path, str]:
+def start(tmp_path: Path, text: str, **env: str) -> tuple[Terminal, Path, str]:
+    """``run`` of the workflow ``text`` on the local site in a :class:`Terminal`; with its run
+    directory and the token of its processes."""
     workflow = tmp_path / "wf.yaml"
     workflow.write_text(text)
     run_dir, token = tmp_path / "run", uuid.uuid4().hex
-    site = quick_site(tmp_path, "local")
-    return Terminal(["run", str(workflow), "--site", str(site), "--run-dir", str(run_dir)], token), run_dir, token
+    args = ["run", str(workflow), "--site", str(quick_site(tmp_path, "local")), "--run-dir", str(run_dir)]
+    return Terminal(args, {**os.environ, **env, TOKEN_VARIABLE: token}), run_dir, token
 
 
 def beating(run_dir: Path, names: list[str]) -> bool:
@@ -147,6 +153,10 @@ def beating(run_dir: Path, names: list[str]) -> bool:
     committed = {e["member"] for e in events if e["kind"] == "checkpointed"}
     ended = {e["member"] for e in events if e["kind"] in ("preempted", "finished", "failed")}
     return set(names) <= committed and not ended & set(names)
+
+
+def digest_of(run_dir: Path, name: str) -> str:
+    return json.loads((run_dir / "members" / name / "result.json").read_text())["digest"]
 
 
 def stopped(run_dir: Path, name: str) -> bool:
@@ -178,12 +188,18 @@ def assert_clean_stop(terminal: Terminal, status: int, run_dir: Path, token: str
 @pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_ctrl_c_stops_members_at_a_checkpoint_and_resume_ends_like_an_uninterrupted_run(
-    tmp_path: Path, capsys: pytest.CaptureFixture
+    tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    terminal, run_dir, token = start(tmp_path, TRAINING)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(BENCHMARKS), os.environ.get("PYTHONPATH", "")]))
+    monkeypatch.syspath_prepend(str(BENCHMARKS))  # the reference trains chaos:paced here
+    gate = tmp_path / "gate"
+    terminal, run_dir, token = start(tmp_path, TRAINING, **{GATE_ENV: str(gate)})
     try:
-        wait_for(lambda: beating(run_dir, ["m", "c"]), 120, f"both members training: {terminal.output[-2000:]}")
+        wait_for(lambda: beating(run_dir, ["m", "c"]), 240, f"both members training: {terminal.output[-2000:]}")
         terminal.ctrl_c()
+        asked = run_dir / "members/m/control.json"
+        wait_for(lambda: asked.exists() or stopped(run_dir, "m"), 60, "the runner asking m to stop")
+        gate.touch()  # m, had it reached its gate, goes on to its next step, where it stops
         status, _ = terminal.wait(60)
         assert_clean_stop(terminal, status, run_dir, token, 130)
     finally:
@@ -199,14 +215,10 @@ def test_ctrl_c_stops_members_at_a_checkpoint_and_resume_ends_like_an_uninterrup
     plan = read_plan(run_dir)
     m, c = plan.members
     reference = tmp_path / "ref"
-    assert (
-        json.loads((run_dir / "members/m/result.json").read_text())["digest"]
-        == (run_member(replace(m, faults=()).to_dict(), str(reference))["digest"])
-    )
-    assert (
-        run_command(replace(c, command=[sys.executable, str(SCRIPT)]).to_dict(), str(reference))["digest"]
-        == (json.loads((run_dir / "members/c/result.json").read_text())["digest"])
-    )
+    quiet = replace(m, params={**m.params, "pause_ms": 0})  # the pause changes no weight
+    plain = replace(c, command=[sys.executable, str(SCRIPT)])  # nor does the sleep
+    assert digest_of(run_dir, "m") == run_member(quiet.to_dict(), str(reference))["digest"]
+    assert digest_of(run_dir, "c") == run_command(plain.to_dict(), str(reference))["digest"]
     for name in ("m", "c"):
         assert loss_curve(run_dir, name) == loss_curve(reference, name), name
 
@@ -218,7 +230,7 @@ def test_a_second_ctrl_c_stops_at_once_and_leaves_no_process(tmp_path: Path) -> 
     and has a child of its own: the second Ctrl-C kills them with everything else."""
     terminal, run_dir, token = start(tmp_path, STUBBORN)
     try:
-        wait_for(lambda: beating(run_dir, ["m"]), 120, f"m training: {terminal.output[-2000:]}")
+        wait_for(lambda: beating(run_dir, ["m"]), 240, f"m training: {terminal.output[-2000:]}")
         wait_for(lambda: any("sleep 1000" in p for p in processes_of(token)), 60, "the command's child")
         terminal.ctrl_c()
         wait_for(lambda: stopped(run_dir, "m"), 60, "m stopped on the first Ctrl-C")
@@ -239,7 +251,7 @@ def test_a_second_ctrl_c_stops_at_once_and_leaves_no_process(tmp_path: Path) -> 
 def test_a_signal_to_the_runner_alone_stops_the_run_cleanly(tmp_path: Path, sig: signal.Signals, expected: int) -> None:
     terminal, run_dir, token = start(tmp_path, ALONE)
     try:
-        wait_for(lambda: beating(run_dir, ["m"]), 120, f"m training: {terminal.output[-2000:]}")
+        wait_for(lambda: beating(run_dir, ["m"]), 240, f"m training: {terminal.output[-2000:]}")
         os.kill(terminal.process.pid, sig)
         status, _ = terminal.wait(120)
         assert_clean_stop(terminal, status, run_dir, token, expected)

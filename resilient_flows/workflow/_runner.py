@@ -558,7 +558,7 @@ class _RunLoop:
             while not self.interrupts.requested and (lost_parsl := self._poll(watchdog, console, live)) is None:
                 time.sleep(POLL_SECONDS)
             if lost_parsl is None:  # stopped by a signal: Parsl shuts down as after a run
-                self._drain(console)
+                self._drain(console, live)
                 lost_parsl = _DONE
         finally:
             self._stop_parsl(dfk, lost_parsl)
@@ -586,7 +586,7 @@ class _RunLoop:
             if self.interrupts.requested:  # a command member that outlived its stop: its launcher is gone
                 kill_commands(self.ledger.token, self.run_dir)
 
-    def _drain(self, console: Console) -> None:
+    def _drain(self, console: Console, live: Live) -> None:
         """The first stop signal: every running member commits a checkpoint and stops, and nothing
         starts or is retried meanwhile (see :mod:`resilient_flows.workflow._interrupt`)."""
         name = self.interrupts.name
@@ -603,8 +603,11 @@ class _RunLoop:
             self.run_dir, {m.name for m in everyone}, f"the runner was stopped ({name})", stop_wait_s(everyone)
         )
         drain.hold(self.config.executors)
+        names, families = [(m.name, m.steps) for m in everyone], {m.name: m.family for m in everyone}
         try:
             while not drain.update():
+                statuses = self.tracker.update(names, families)
+                live.update(status_table(statuses, f"{self.workflow.name}: stopping ({name})"))
                 time.sleep(POLL_SECONDS / 5)
         finally:
             drain.finish()
