@@ -38,13 +38,14 @@ from resilient_flows.workflow._status import loss_curve
 HERE = Path(__file__).resolve().parent
 SCRIPT = HERE / "command_script.py"
 TOKEN_VARIABLE = "RESILIENT_FLOWS_TEST_RUN_TOKEN"
-#: A member that trains (``chaos:paced``: ``mlp-digits``, paced, waiting at 80 % of its steps for
-#: the gate that the test opens once it stopped the run) and a command member that trains; both
-#: resume bit for bit.
+#: A member that trains (``chaos:paced``: ``mlp-digits`` with a pause) and a command member that
+#: trains, each waiting for the gate that the test opens once the runner asked them to stop (at 80 %
+#: of the steps, as ``chaos:paced`` waits), so that both are caught mid-run on a loaded machine too.
 TRAINING = (
-    "name: stop\nretries: 1\ncheckpoint: {interval: 50}\nmembers:\n"
-    "  - {name: m, workload: 'chaos:paced', steps: 400, params: {hidden: 16, pause_ms: 10}}\n"
-    f"  - {{name: c, steps: 600, command: [{sys.executable}, {SCRIPT}, --step-s, '0.02']}}\n"
+    "name: stop\nretries: 1\ncheckpoint: {interval: 20}\nmembers:\n"
+    "  - {name: m, workload: 'chaos:paced', steps: 200, params: {hidden: 16, pause_ms: 5}}\n"
+    f"  - {{name: c, steps: 200, command: [{sys.executable}, {SCRIPT}, --step-s, '0.01', --gate, GATE,"
+    " --hold-at, '160']}\n"
 )
 GATE_ENV = "RESILIENT_FLOWS_CHAOS_GATE"  # benchmarks/chaos.py's
 BENCHMARKS = HERE.parent / "benchmarks"
@@ -159,6 +160,10 @@ def digest_of(run_dir: Path, name: str) -> str:
     return json.loads((run_dir / "members" / name / "result.json").read_text())["digest"]
 
 
+def asked(run_dir: Path, name: str) -> bool:
+    return (run_dir / "members" / name / "control.json").exists()
+
+
 def stopped(run_dir: Path, name: str) -> bool:
     return any(e["kind"] == "preempted" and e["member"] == name for e in read_events(run_dir))
 
@@ -193,13 +198,12 @@ def test_ctrl_c_stops_members_at_a_checkpoint_and_resume_ends_like_an_uninterrup
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(BENCHMARKS), os.environ.get("PYTHONPATH", "")]))
     monkeypatch.syspath_prepend(str(BENCHMARKS))  # the reference trains chaos:paced here
     gate = tmp_path / "gate"
-    terminal, run_dir, token = start(tmp_path, TRAINING, **{GATE_ENV: str(gate)})
+    terminal, run_dir, token = start(tmp_path, TRAINING.replace("GATE", str(gate)), **{GATE_ENV: str(gate)})
     try:
         wait_for(lambda: beating(run_dir, ["m", "c"]), 240, f"both members training: {terminal.output[-2000:]}")
         terminal.ctrl_c()
-        asked = run_dir / "members/m/control.json"
-        wait_for(lambda: asked.exists() or stopped(run_dir, "m"), 60, "the runner asking m to stop")
-        gate.touch()  # m, had it reached its gate, goes on to its next step, where it stops
+        wait_for(lambda: all(asked(run_dir, n) or stopped(run_dir, n) for n in "mc"), 60, "the members asked to stop")
+        gate.touch()  # one waiting at the gate goes on to its next step, where it stops
         status, _ = terminal.wait(60)
         assert_clean_stop(terminal, status, run_dir, token, 130)
     finally:
@@ -216,7 +220,7 @@ def test_ctrl_c_stops_members_at_a_checkpoint_and_resume_ends_like_an_uninterrup
     m, c = plan.members
     reference = tmp_path / "ref"
     quiet = replace(m, params={**m.params, "pause_ms": 0})  # the pause changes no weight
-    plain = replace(c, command=[sys.executable, str(SCRIPT)])  # nor does the sleep
+    plain = replace(c, command=[sys.executable, str(SCRIPT)])  # nor do the sleep and the gate
     assert digest_of(run_dir, "m") == run_member(quiet.to_dict(), str(reference))["digest"]
     assert digest_of(run_dir, "c") == run_command(plain.to_dict(), str(reference))["digest"]
     for name in ("m", "c"):
