@@ -31,8 +31,9 @@ from resilient_flows.checkpoint._tiers import Tier
 from resilient_flows.cli import main
 from resilient_flows.training import read_events, run_member
 from resilient_flows.training._command import run_command
+from resilient_flows.training._heartbeat import Heartbeat
 from resilient_flows.workflow import read_plan
-from resilient_flows.workflow._interrupt import Interrupts, StopNow
+from resilient_flows.workflow._interrupt import Drain, Interrupts, StopNow
 from resilient_flows.workflow._status import loss_curve
 
 HERE = Path(__file__).resolve().parent
@@ -277,3 +278,15 @@ def test_the_first_signal_asks_and_a_second_raises_only_where_armed() -> None:
         with pytest.raises(StopNow), interrupts.armed():
             pass
     assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
+
+
+def test_a_drain_asks_each_beating_member_once_and_withdraws_what_nobody_took(tmp_path: Path) -> None:
+    drain = Drain(tmp_path, {"m", "n"}, "the runner was stopped (SIGINT)", wait_s=60)
+    with Heartbeat(tmp_path, "m", attempt=2), Heartbeat(tmp_path, "analytics@a1", attempt=1):
+        assert drain.update() is False  # m beats: asked, and waited for
+        request = json.loads((tmp_path / "members/m/control.json").read_text())
+        assert request == {"action": "preempt", "reason": "the runner was stopped (SIGINT)"}
+        assert drain.asked == {("m", 2)} and not (tmp_path / "members/n").exists()
+    assert drain.update() is True  # nothing of the members beats any more (analytics are not waited for)
+    drain.finish()
+    assert not (tmp_path / "members/m/control.json").exists()  # m ended without taking it
