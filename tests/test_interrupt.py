@@ -264,6 +264,7 @@ def test_a_signal_to_the_runner_alone_stops_the_run_cleanly(tmp_path: Path, sig:
         terminal.kill()
         kill_all(token)
     assert f"{sig.name}: the running members commit a checkpoint and stop" in terminal.output
+    assert "Traceback" not in (run_dir / "runner.log").read_text()  # a detached runner's output
     assert_stopped_with_a_checkpoint(run_dir, ["m"], sig.name)
 
 

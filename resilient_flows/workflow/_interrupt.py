@@ -24,6 +24,7 @@ and the runner would then wait for good for the dead interchange's answers. So:
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import shlex
 import signal
@@ -36,6 +37,7 @@ from typing import Any
 
 from parsl.executors import HighThroughputExecutor
 
+from resilient_flows.errors import Preempted
 from resilient_flows.rundir import member_layout, run_layout
 from resilient_flows.training import BEAT_S, read_heartbeat, request_preemption
 from resilient_flows.workflow._watchdog import ANSWER_S, interchange_managers
@@ -163,6 +165,31 @@ class Drain:
                 request = layout.read_control()
                 if isinstance(request, dict) and request.get("reason") == self.reason:
                     layout.control.unlink()
+
+
+class _QuietStops(logging.Filter):
+    """Parsl logs each task that ends without a retry as an error, with its traceback: a member
+    that stopped as the runner asked is no error, and its traceback would read like one in the
+    runner's log (the output of a detached runner)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.exc_info and isinstance(record.exc_info[1], Preempted))
+
+
+_QUIET = _QuietStops()
+#: Where Parsl logs a task's failure.
+PARSL_DFK_LOGGER = "parsl.dataflow.dflow"
+
+
+@contextlib.contextmanager
+def quiet_stops() -> Iterator[None]:
+    """Leave out of the logs the failures of the tasks of members that stopped while in the block."""
+    logger = logging.getLogger(PARSL_DFK_LOGGER)
+    logger.addFilter(_QUIET)
+    try:
+        yield
+    finally:
+        logger.removeFilter(_QUIET)
 
 
 def _beating(run_dir: Path, members: set[str]) -> dict[str, dict[str, Any]]:

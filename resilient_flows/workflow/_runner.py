@@ -62,7 +62,7 @@ from resilient_flows.workflow._blocks import (
     retire_block,
 )
 from resilient_flows.workflow._explore import PBTController
-from resilient_flows.workflow._interrupt import Drain, Interrupts, StopNow, resume_line, shielded
+from resilient_flows.workflow._interrupt import Drain, Interrupts, StopNow, quiet_stops, resume_line, shielded
 from resilient_flows.workflow._leaseguard import stop_wait_s
 from resilient_flows.workflow._monitoring import monitoring_hub, visualize_note
 from resilient_flows.workflow._ondemand import OnDemandAnalytics, worker_slots
@@ -558,10 +558,12 @@ class _RunLoop:
             while not self.interrupts.requested and (lost_parsl := self._poll(watchdog, console, live)) is None:
                 time.sleep(POLL_SECONDS)
             if lost_parsl is None:  # stopped by a signal: Parsl shuts down as after a run
-                self._drain(console, live)
+                with quiet_stops():
+                    self._drain(console, live)
                 lost_parsl = _DONE
         finally:
-            self._stop_parsl(dfk, lost_parsl)
+            with quiet_stops() if self.interrupts.requested else contextlib.nullcontext():
+                self._stop_parsl(dfk, lost_parsl)
         return None if lost_parsl == _DONE else lost_parsl
 
     def _stop_parsl(self, dfk: Any, lost_parsl: str | None) -> None:
