@@ -264,7 +264,8 @@ def test_a_signal_to_the_runner_alone_stops_the_run_cleanly(tmp_path: Path, sig:
         terminal.kill()
         kill_all(token)
     assert f"{sig.name}: the running members commit a checkpoint and stop" in terminal.output
-    assert "Traceback" not in (run_dir / "runner.log").read_text()  # a detached runner's output
+    log = run_dir / "runner.log"  # a detached runner's output; created by a first warning
+    assert not log.exists() or "Traceback" not in log.read_text()
     assert_stopped_with_a_checkpoint(run_dir, ["m"], sig.name)
 
 
