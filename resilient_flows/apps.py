@@ -262,6 +262,10 @@ class ResumingRetryHandler:
       ``failure_kind: "permanent"``, with ``cost: null``, and no ``retried`` event follows.
     - Anything else: cost 1.
 
+    Once :meth:`stop_requeueing` was called (the runner stops: Ctrl-C, SIGTERM), nothing is retried:
+    a preempted attempt ends there, its own ``preempted`` event the member's last, and any other
+    failure is recorded without a ``retried`` event. ``resume`` continues them all.
+
     An attempt that ended within :data:`QUICK_ATTEMPT_S` of its launch makes the next one wait,
     twice as long after each such attempt in a row (from :data:`BACKOFF_S` up to
     :data:`MAX_BACKOFF_S`): the retry's app is given ``backoff_s``, which it sleeps before it starts.
@@ -281,6 +285,11 @@ class ResumingRetryHandler:
         self._stalled: dict[int, int] = {}  # task -> attempts in a row that ended without progress
         self._quick: dict[int, int] = {}  # task -> attempts in a row that ended quickly
         self._waited: dict[int, float] = {}  # task -> the backoff its latest attempt slept
+        self.stopping = False
+
+    def stop_requeueing(self) -> None:
+        """From now on, retry nothing: the runner stops, and Parsl with it."""
+        self.stopping = True
 
     def __call__(self, exception: Exception, task_record: dict[str, Any]) -> float:
         permanent = _permanent(exception)
@@ -335,6 +344,8 @@ class ResumingRetryHandler:
         preempted = isinstance(exception, Preempted) or (
             isinstance(exception, BashExitFailure) and exception.exitcode == EXIT_PREEMPTED
         )
+        if preempted and self.stopping:
+            return math.inf  # it stopped where its `preempted` event says; a resume requeues it
         declined = preempted and declined_attempt(member_dir(run_dir, name)) == attempt
         if not declined:  # a start declined near a drain trained nothing by design: no stall either
             self._stalled[task] = 0 if progressed else self._stalled.get(task, 0) + 1
@@ -362,6 +373,8 @@ class ResumingRetryHandler:
             cost=cost,
             checkpoint=None if latest < 0 else latest,
         )
+        if self.stopping:
+            return math.inf
         if task_record["fail_cost"] + cost <= self.retries:
             wait = self._backoff(task, task_record)
             events.emit(

@@ -7,6 +7,7 @@ belong to resilient-flows are marked; everything else is ordinary PyTorch.
 from __future__ import annotations
 
 import argparse
+import os
 import time
 
 import torch
@@ -19,6 +20,8 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--lr", type=float, default=0.05)
     parser.add_argument("--step-s", type=float, default=0.0, help="sleep per step, to be caught mid-run")
+    parser.add_argument("--gate", help="a file to wait for before step --hold-at: a test's member, caught mid-run")
+    parser.add_argument("--hold-at", type=int, default=0)
     args = parser.parse_args()
 
     run = from_env()  # resilient-flows (1/3)
@@ -37,6 +40,8 @@ def main() -> None:
         loss.backward()
         optimizer.step()
         time.sleep(args.step_s)
+        while args.gate and step + 1 == args.hold_at and not os.path.exists(args.gate):
+            time.sleep(0.05)  # changes no weight
         run.step(step, loss=loss.item())  # resilient-flows (3/3)
     run.close(model=model)  # commit the last step; its report becomes the member's result
 

@@ -66,6 +66,17 @@ def test_stops_without_progress_are_free_only_up_to_the_limit(tmp_path: Path) ->
     assert causes[3][0].startswith("preempted without progress (4 attempts")
 
 
+def test_once_the_runner_stops_nothing_is_retried_and_a_stop_leaves_its_own_event_last(tmp_path: Path) -> None:
+    """Ctrl-C: a member that stopped as asked is not requeued, and no `failed` event follows its
+    `preempted` one; another failure is recorded, with no `retried`."""
+    handler = ResumingRetryHandler(retries=5)
+    handler.stop_requeueing()
+    assert handler(Preempted("m", 4, "the runner was stopped (SIGINT)"), record_of(member(), tmp_path)) == math.inf
+    assert list(read_events(tmp_path)) == []
+    assert handler(RuntimeError("boom"), record_of(member("other"), tmp_path)) == math.inf
+    assert [e["kind"] for e in read_events(tmp_path)] == ["failed"]
+
+
 def test_a_newer_checkpoint_makes_the_next_stops_free_again(tmp_path: Path) -> None:
     spec = member()
     handler = ResumingRetryHandler(retries=5, free_without_progress=1)

@@ -21,7 +21,8 @@ DESCRIPTION = "The ``resilient-flows`` command line."
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command in ``argv``; a user's mistake is one line on stderr and exit status 2."""
+    """Run the command in ``argv``; a user's mistake is one line on stderr and exit status 2, a
+    Ctrl-C that the command does not take itself (the runner does) one line and status 130."""
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
@@ -29,6 +30,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ResilientFlowsError, FileNotFoundError, NotADirectoryError, PermissionError) as exc:
         console(stderr=True).print(f"[bold red]error:[/] {escape(str(exc))}", soft_wrap=True)
         return 2
+    except KeyboardInterrupt:
+        console(stderr=True).print("interrupted")
+        return 130
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -40,7 +40,8 @@ __all__ = ["detach_runner"]
 START_TIMEOUT_S = 120.0
 #: Seconds between two looks at the lease while the runner starts.
 POLL_S = 0.1
-#: Seconds a runner stopped before it took the run has to exit.
+#: Seconds a runner stopped before it took the run has to exit (one that took it may need longer:
+#: its members commit a checkpoint first, see :func:`~resilient_flows.workflow._leaseguard.stop_wait_s`).
 STOP_S = 30.0
 #: How much of the log's end is searched for the error that stopped a runner from starting.
 LOG_TAIL_BYTES = 64 * 1024
@@ -129,8 +130,9 @@ def _interruptible() -> Iterator[None]:
 
 
 def _stop(runner: subprocess.Popen) -> None:
-    """SIGINT, as Ctrl-C stops a foreground runner: one that took the run already lets go of it
-    and cancels its blocks; SIGKILL if it does not stop (stuck on a hung file system): what it
+    """SIGINT, as Ctrl-C stops a foreground runner (:mod:`resilient_flows.workflow._interrupt`):
+    one that took the run already has its members commit a checkpoint and stop, cancels its blocks
+    and lets go of the run; SIGKILL if it does not stop (stuck on a hung file system): what it
     started is then its guard's to cancel, as after any runner that dies."""
     runner.send_signal(signal.SIGINT)
     try:

@@ -121,6 +121,13 @@ class BlockLedger:
         """Cancel what runner ``runner`` recorded (its guard does, once it is gone); in words."""
         return _cancel([r for r in self.previous() if r.get("runner") == runner], executors)
 
+    def cancel_own(self, executors: Iterable[Any]) -> list[str]:
+        """Kill what this runner recorded, at once (a second Ctrl-C): local blocks' process groups
+        and interchanges with SIGKILL, batch jobs with their provider's cancel; in words."""
+        self.record(executors)  # a block started since the last look
+        mine = [r for r in read_records(run_layout(self.run_dir)) if r.get("runner") == self.runner]
+        return _cancel(mine, executors)
+
     def _append(self, record: dict[str, Any]) -> None:
         append_record(run_layout(self.run_dir), {"time": round(time.time(), 3), "runner": self.runner, **record})
 

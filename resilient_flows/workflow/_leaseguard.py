@@ -25,10 +25,15 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from resilient_flows.rundir import EventLog, run_layout
 from resilient_flows.training import BEAT_S, RunnerLease, process_start_time, read_lease
+
+if TYPE_CHECKING:
+    from resilient_flows.training import MemberSpec
 
 #: Seconds between two looks at the runner.
 POLL_S = 2.0
@@ -55,7 +60,6 @@ def guard(run_dir: Path, runner: int, started: int | None, poll_s: float = POLL_
 
 def _retire(run_dir: Path, runner: int, lease: RunnerLease) -> list[str]:
     from resilient_flows.sites import SiteFile
-    from resilient_flows.training import DEFAULT_GRACE_S
     from resilient_flows.workflow._blocks import BlockLedger
     from resilient_flows.workflow._rundir import read_plan
 
@@ -67,13 +71,21 @@ def _retire(run_dir: Path, runner: int, lease: RunnerLease) -> list[str]:
         f"{lease.orphan_timeout_s:g} s): its members stop at their next step, then its blocks are cancelled",
     )
     plan = read_plan(run_dir)
-    graces = [DEFAULT_GRACE_S if m.grace_s is None else m.grace_s for m in plan.members if m.command]
-    _wait_for_members(run_dir, max([STOP_WAIT_S, *(g + POLL_S for g in graces)]))
+    _wait_for_members(run_dir, stop_wait_s(plan.members))
     site = SiteFile.open(plan.site, plan.workflow.site)
     executors = site.config(run_dir=str(run_layout(run_dir).parsl)).executors
     done = BlockLedger(run_dir).cancel_runner(runner, executors)
     events.emit("warning", None, reason=f"runner {runner}'s leftovers cancelled: {'; '.join(done) or 'none'}")
     return done
+
+
+def stop_wait_s(members: Iterable[MemberSpec]) -> float:
+    """Seconds the running members among ``members`` may take to commit a checkpoint and stop:
+    :data:`STOP_WAIT_S`, or a command member's stop grace, and a look, where that is longer."""
+    from resilient_flows.training import DEFAULT_GRACE_S
+
+    graces = [DEFAULT_GRACE_S if m.grace_s is None else m.grace_s for m in members if m.command]
+    return max([STOP_WAIT_S, *(g + POLL_S for g in graces)])
 
 
 def _wait_for_members(run_dir: Path, wait_s: float = STOP_WAIT_S) -> None:

@@ -55,8 +55,15 @@ from resilient_flows.training import (
     member_dir,
     stage_finished,
 )
-from resilient_flows.workflow._blocks import BlockLedger, RunnerLock, process_start_time, retire_block
+from resilient_flows.workflow._blocks import (
+    BlockLedger,
+    RunnerLock,
+    process_start_time,
+    retire_block,
+)
 from resilient_flows.workflow._explore import PBTController
+from resilient_flows.workflow._interrupt import Drain, Interrupts, StopNow, quiet_stops, resume_line, shielded
+from resilient_flows.workflow._leaseguard import stop_wait_s
 from resilient_flows.workflow._monitoring import monitoring_hub, visualize_note
 from resilient_flows.workflow._ondemand import OnDemandAnalytics, worker_slots
 from resilient_flows.workflow._plan import plan_workflow
@@ -72,7 +79,7 @@ from resilient_flows.workflow._rundir import (
 )
 from resilient_flows.workflow._runlog import library_output_to_log
 from resilient_flows.workflow._status import StatusTracker
-from resilient_flows.workflow._stragglers import carry_token
+from resilient_flows.workflow._stragglers import carry_token, kill_commands
 from resilient_flows.workflow._walltime import BlockClock
 from resilient_flows.workflow._watchdog import Lost, Watchdog, clear_heartbeats, interchange_managers
 from resilient_flows.workflow.dashboard import write_dashboard_report
@@ -338,7 +345,8 @@ def _load_parsl(config: Config, fresh: Callable[[], Config], console: Console) -
     deadline = time.monotonic() + FULL_WAIT_S
     while True:
         try:
-            return parsl.load(config), config
+            with shielded():  # its interchange never sees a terminal's Ctrl-C: see _interrupt
+                return parsl.load(config), config
         except OSError as exc:
             if not is_storage_full(exc) or time.monotonic() > deadline:
                 raise
@@ -380,6 +388,8 @@ def _abandon(dfk: Any, executors: list[Any]) -> None:
             proc.kill()
             executor.connected_managers = list  # the interchange would never answer
             executor.connected_blocks = list
+    if dfk.cleanup_called:  # a second Ctrl-C in the middle of its shutdown: Parsl refuses another
+        return
     shutdown = threading.Thread(target=dfk.cleanup, name="abandon-parsl", daemon=True)
     shutdown.start()
     shutdown.join(ABANDON_S)
@@ -388,6 +398,19 @@ def _abandon(dfk: Any, executors: list[Any]) -> None:
             jobs = list(getattr(executor, "blocks_to_job_id", {}).values())
             if jobs and executor.provider is not None:
                 executor.provider.cancel(jobs)
+
+
+def _kill_parsl(dfk: Any, executors: list[Any], ledger: BlockLedger) -> None:
+    """Stop a Parsl instance at once (a second Ctrl-C): its blocks and interchange killed, with
+    every process of theirs, then what is left of Parsl shut down as for a lost interchange."""
+    ledger.cancel_own(executors)
+    for executor in executors:
+        proc = getattr(executor, "interchange_proc", None)
+        if proc is not None:
+            proc.kill()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=ABANDON_S)
+    _abandon(dfk, executors)
 
 
 @contextlib.contextmanager
@@ -425,13 +448,25 @@ def _execute(run_dir: Path, plan: Plan, members: list[MemberSpec], console: Cons
     if plan.site_file is None:  # read back from the run directory: the site is read once, here
         plan = dataclasses.replace(plan, site_file=SiteFile.open(plan.site, plan.workflow.site))
     facts = plan.site_file.facts()
-    with library_output_to_log(run_layout(run_dir).runner_log, console), _holding(run_dir, facts.orphan_timeout_s):
-        return _run_held(run_dir, plan, members, console, facts)
+    runner_log = run_layout(run_dir).runner_log
+    with Interrupts() as interrupts:  # Ctrl-C and SIGTERM: see resilient_flows.workflow._interrupt
+        try:
+            with library_output_to_log(runner_log, console), _holding(run_dir, facts.orphan_timeout_s):
+                return _run_held(run_dir, plan, members, console, facts, interrupts)
+        except StopNow:
+            console.print(
+                f"[bold yellow]stopped at once[/] ({interrupts.name} twice): every process of the run was "
+                f"killed; members resume from their newest committed checkpoint with: {escape(resume_line(run_dir))}",
+                soft_wrap=True,
+            )
+            return interrupts.status
 
 
-def _run_held(run_dir: Path, plan: Plan, members: list[MemberSpec], console: Console, facts: SiteFacts) -> int:
+def _run_held(
+    run_dir: Path, plan: Plan, members: list[MemberSpec], console: Console, facts: SiteFacts, interrupts: Interrupts
+) -> int:
     console.print(f"run [bold]{plan.workflow.name}[/] on site [bold]{plan.site}[/]: {run_dir}")
-    loop = _RunLoop(run_dir, plan, members, facts)  # its Parsl configuration: where monitoring cannot start, it says
+    loop = _RunLoop(run_dir, plan, members, facts, interrupts)  # where monitoring cannot start, it says
     if plan.workflow.monitoring:
         console.print(f"Parsl monitoring: parsl-visualize sqlite:///{run_layout(run_dir).monitoring_db.resolve()}")
         note = visualize_note()
@@ -445,9 +480,11 @@ class _RunLoop:
     watches; per Parsl instance, start Parsl, submit, poll until everything is done (or the
     interchange is lost, which needs a new instance), stop Parsl; then report."""
 
-    def __init__(self, run_dir: Path, plan: Plan, members: list[MemberSpec], facts: SiteFacts) -> None:
+    def __init__(
+        self, run_dir: Path, plan: Plan, members: list[MemberSpec], facts: SiteFacts, interrupts: Interrupts
+    ) -> None:
         workflow = self.workflow = plan.workflow
-        self.run_dir, self.plan, self.facts = run_dir, plan, facts
+        self.run_dir, self.plan, self.facts, self.interrupts = run_dir, plan, facts, interrupts
         self.tracker = StatusTracker(run_dir)
         self.index = MemberIndex(run_dir, plan)
         self.started = time.monotonic()
@@ -482,15 +519,17 @@ class _RunLoop:
         self.block_clock: BlockClock | None = None
 
     def run(self, console: Console) -> int:
-        with Live(console=console, refresh_per_second=4, transient=True) as live:
-            while True:  # one pass per Parsl instance: a lost interchange needs a new one
+        with Live(console=console, refresh_per_second=4, transient=True) as live, self.interrupts.armed():
+            while not self.interrupts.requested:  # one pass per Parsl instance: a lost interchange needs a new one
                 lost_parsl = self._one_parsl(console, live)
-                if lost_parsl is None:
+                if lost_parsl is None or self.interrupts.requested:
                     break
                 console.print(f"[bold yellow]{lost_parsl}[/]: starting Parsl again; unfinished tasks resume")
                 self.pending = self.submitter.restart()
                 self.ondemand.drop_unfinished()
                 self.config = self.site_config()
+        if self.interrupts.requested:
+            return self._stopped(console)
         return self._report(console)
 
     def _submit_analytics(self, specs: list[dict], part: str, priority: int | None) -> Future:
@@ -512,21 +551,80 @@ class _RunLoop:
             self.block_clock = BlockClock(self.run_dir, self.facts.walltime_s, _managers_of)
         lost_parsl = None
         try:
-            self.submitter.submit_stages(self.stages)
-            for member in self.pending:
-                self.submitter.submit(member)
-            while (lost_parsl := self._poll(watchdog, console, live)) is None:
+            if not self.interrupts.requested:
+                self.submitter.submit_stages(self.stages)
+                for member in self.pending:
+                    self.submitter.submit(member)
+            while not self.interrupts.requested and (lost_parsl := self._poll(watchdog, console, live)) is None:
                 time.sleep(POLL_SECONDS)
+            if lost_parsl is None:  # stopped by a signal: Parsl shuts down as after a run
+                with quiet_stops():
+                    self._drain(console, live)
+                lost_parsl = _DONE
         finally:
-            logs = _file_logs(self.config.run_dir)
-            if lost_parsl not in (None, _DONE):
-                _abandon(dfk, self.config.executors)
+            with quiet_stops() if self.interrupts.requested else contextlib.nullcontext():
+                self._stop_parsl(dfk, lost_parsl)
+        return None if lost_parsl == _DONE else lost_parsl
+
+    def _stop_parsl(self, dfk: Any, lost_parsl: str | None) -> None:
+        """Shut the Parsl instance down: at once after a second stop signal, abandoned after its
+        interchange was lost, else as Parsl does (its blocks cancelled)."""
+        executors = self.config.executors
+        logs = _file_logs(self.config.run_dir)
+        try:
+            if self.interrupts.again:
+                _kill_parsl(dfk, executors, self.ledger)
+            elif lost_parsl not in (None, _DONE):
+                _abandon(dfk, executors)
             else:
                 dfk.cleanup()
+        except StopNow:  # in the middle of a shutdown
+            _kill_parsl(dfk, executors, self.ledger)
+            raise
+        finally:
             parsl.clear()
             _close_logs(logs)
-            self.ledger.reap(self.config.executors, everything=True)
-        return None if lost_parsl == _DONE else lost_parsl
+            self.ledger.reap(executors, everything=True)
+            if self.interrupts.requested:  # a command member that outlived its stop: its launcher is gone
+                kill_commands(self.ledger.token, self.run_dir)
+
+    def _drain(self, console: Console, live: Live) -> None:
+        """The first stop signal: every running member commits a checkpoint and stops, and nothing
+        starts or is retried meanwhile (see :mod:`resilient_flows.workflow._interrupt`)."""
+        name = self.interrupts.name
+        console.print(
+            f"[bold yellow]{name}[/]: the running members commit a checkpoint and stop"
+            + (" (Ctrl-C again: stop at once)" if name == "SIGINT" else ""),
+            soft_wrap=True,
+        )
+        handler = self.config.retry_handler
+        if isinstance(handler, ResumingRetryHandler):
+            handler.stop_requeueing()
+        everyone = self.index.members()
+        drain = Drain(
+            self.run_dir, {m.name for m in everyone}, f"the runner was stopped ({name})", stop_wait_s(everyone)
+        )
+        drain.hold(self.config.executors)
+        names, families = [(m.name, m.steps) for m in everyone], {m.name: m.family for m in everyone}
+        try:
+            while not drain.update():
+                statuses = self.tracker.update(names, families)
+                live.update(status_table(statuses, f"{self.workflow.name}: stopping ({name})"))
+                time.sleep(POLL_SECONDS / 5)
+        finally:
+            drain.finish()
+
+    def _stopped(self, console: Console) -> int:
+        """The table as the members left it, and how to continue; 128 + the signal's number."""
+        everyone = self.index.members()
+        statuses = self.tracker.update([(m.name, m.steps) for m in everyone], {m.name: m.family for m in everyone})
+        console.print(status_table(statuses, f"{self.workflow.name}: stopped ({self.interrupts.name})"))
+        console.print(
+            f"[bold yellow]stopped[/] ({self.interrupts.name}): members resume from their newest committed "
+            f"checkpoint with: {escape(resume_line(self.run_dir))}",
+            soft_wrap=True,
+        )
+        return self.interrupts.status
 
     def _poll(self, watchdog: Watchdog, console: Console, live: Live) -> str | None:
         """One look at the run: :data:`_DONE` when everything is done, why Parsl was lost, or None."""

@@ -23,15 +23,18 @@ import os
 import secrets
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from resilient_flows.training import stat_fields
+from resilient_flows.training import ENV_NAMES, stat_fields
 
-__all__ = ["TOKEN_ENV", "carry_token", "is_straggler", "kill_stragglers", "new_token"]
+__all__ = ["TOKEN_ENV", "carry_token", "is_straggler", "kill_commands", "kill_stragglers", "new_token"]
 
 #: The environment variable that holds the runner's token in every process of its blocks.
 TOKEN_ENV = "RESILIENT_FLOWS_RUNNER_TOKEN"
+#: The variable of a command member's run contract that names its run directory.
+RUN_DIR_ENV = ENV_NAMES["run_dir"]
 
 
 def new_token() -> str:
@@ -76,9 +79,31 @@ def kill_stragglers(token: str | None, group: int | None = None, slurm_job: str 
     return killed
 
 
+def kill_commands(token: str, run_dir: Path) -> int:
+    """SIGKILL the processes on this host that carry ``token`` and whose run contract names
+    ``run_dir``: command members and whatever they started, once the run's workers are gone; how
+    many. A command member's launcher kills it when it dies, but not the processes the command
+    started, which would train on, orphaned (they run other programs than this Python)."""
+    names = {f"{RUN_DIR_ENV}={path}".encode() for path in (run_dir, run_dir.resolve())}
+    mine = f"{TOKEN_ENV}={token}".encode()
+
+    def ours(pid: int) -> bool:
+        try:
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:  # gone, or not readable (not ours)
+            return False
+        return mine in environ and not names.isdisjoint(environ)
+
+    return sum(_kill_checked(int(e), ours) for e in os.listdir("/proc") if e.isdigit() and int(e) != os.getpid())
+
+
 def _kill_if(pid: int, token: str, group: int | None, slurm_job: str | None) -> bool:
-    """Kill ``pid`` if it is a straggler, through a handle taken before the check where Linux has
-    one (a pidfd), so that a process that took the number meanwhile is never the one signalled."""
+    return _kill_checked(pid, lambda p: is_straggler(p, token, group, slurm_job))
+
+
+def _kill_checked(pid: int, check: Callable[[int], bool]) -> bool:
+    """Kill ``pid`` if ``check`` finds it ours, through a handle taken before the check where Linux
+    has one (a pidfd), so that a process that took the number meanwhile is never the one signalled."""
     try:
         handle = os.pidfd_open(pid)
     except ProcessLookupError:
@@ -86,7 +111,7 @@ def _kill_if(pid: int, token: str, group: int | None, slurm_job: str | None) -> 
     except (AttributeError, OSError):  # no pidfd (an old kernel): the check and the kill race
         handle = None
     try:
-        if not is_straggler(pid, token, group, slurm_job):
+        if not check(pid):
             return False
         with contextlib.suppress(ProcessLookupError, PermissionError):
             if handle is None:
