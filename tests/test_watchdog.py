@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from parsl.executors.high_throughput.errors import ManagerLost
+from parsl.executors.high_throughput.errors import WorkerLost
 
 from resilient_flows.apps import ResumingRetryHandler
 from resilient_flows.errors import WorkflowError
@@ -104,7 +104,7 @@ def test_a_lost_attempt_whose_only_checkpoint_went_with_its_node_retries_free(
     spec = MemberSpec(name="m", workload="mlp-digits", params={}, steps=600)
     beat(tmp_path, "m", committed=committed)
     record = {"id": 0, "func_name": "train_app", "args": (spec.to_dict(), str(tmp_path)), "fail_cost": 0, "try_id": 0}
-    assert ResumingRetryHandler(retries=2)(ManagerLost(b"m", "n1"), record) == cost
+    assert ResumingRetryHandler(retries=2)(WorkerLost(3, "n1"), record) == cost
     (failed,) = [e for e in read_events(tmp_path) if e["kind"] == "failed"]
     assert failed["cause"] == ("lost after progress" if cost == 0 else "lost without progress")
     assert not heartbeat_path(tmp_path, "m").exists()
