@@ -318,20 +318,21 @@ def test_a_fault_recorded_by_an_earlier_attempt_is_not_this_ones(tmp_path: Path)
 def test_a_retry_waiting_out_its_backoff_beats_and_its_block_is_not_declared_lost(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A command that exits 75 at once is retried after a 25 s backoff, on a site whose stall
-    timeout is 12 s: a worker that held the retry silently for its backoff had its block declared
-    lost and cancelled, and ``status`` showed ``ManagerLost`` as the last error. The waiting retry
-    beats: no ``lost`` event, the costly stop is the only failure, and the last error is the real one."""
+    """A command that exits 75 at once is retried after a 30 s backoff, on a site whose stall
+    timeout is 8 s (a block that just took a task may stay silent three times that, 24 s): a
+    worker that held the retry silently for its backoff had its block declared lost and cancelled,
+    and ``status`` showed ``ManagerLost`` as the last error. The waiting retry beats: no ``lost``
+    event, the costly stop is the only failure, and the last error is the real one."""
     from resilient_flows import apps
     from resilient_flows.cli import main
     from resilient_flows.workflow._report import last_error
     from resilient_flows.workflow._status import member_statuses
 
     monkeypatch.setattr(apps, "QUICK_ATTEMPT_S", 600.0)  # every attempt quick, however long it queued
-    monkeypatch.setattr(apps, "BACKOFF_S", 25.0)  # the first wait: twice the stall timeout
+    monkeypatch.setattr(apps, "BACKOFF_S", 30.0)  # the first wait: longer than a start may be silent
     site = tmp_path / "site.yaml"
     text = (Path(__file__).parents[1] / "site-configs" / "local.yaml").read_text()
-    site.write_text(text.replace("stall_timeout: 30s", "stall_timeout: 12s"))
+    site.write_text(text.replace("stall_timeout: 30s", "stall_timeout: 8s"))
     workflow = tmp_path / "wf.yaml"
     workflow.write_text(
         "name: backoff\nretries: 0\nfree_stops: 1\nmembers:\n"
@@ -342,7 +343,7 @@ def test_a_retry_waiting_out_its_backoff_beats_and_its_block_is_not_declared_los
     damage = DamageLog()
     events = list(read_events(run_dir, damage))
     assert not damage and [e for e in events if e["kind"] == "lost"] == []
-    assert [e["wait_s"] for e in events if e["kind"] == "retried"] == [25.0]
+    assert [e["wait_s"] for e in events if e["kind"] == "retried"] == [30.0]
     failed = [(e["cause"].split(" (")[0], e["cost"], e["error"]) for e in events if e["kind"] == "failed"]
     assert [(cause, cost) for cause, cost, _ in failed] == [("preempted", 0.0), ("preempted without progress", 1.0)]
     (status,) = member_statuses(run_dir, [("stuck", 1)]).values()
