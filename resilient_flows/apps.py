@@ -3,8 +3,9 @@ that resumes.
 
 A retried app runs :func:`~resilient_flows.training.run_member` (or ``run_stage``) again with the
 same spec, which restores the latest committed checkpoint: every retry is a resume. What a retry costs is
-decided by :class:`ResumingRetryHandler`: stopping on request is free, losing the process after
-making progress (a walltime, a lost node, a killed worker) is free, a real error costs one, and an
+decided by :class:`ResumingRetryHandler`: stopping on request is free, the machine's faults (a lost
+node, worker pool or peer rank) are free, losing the process after making progress (a killed
+worker) is free, a real error costs one, and an
 error that no retry can fix (a workload that cannot be imported, a parameter its function does not
 take, a program that is not there) fails the member at once.
 
@@ -26,22 +27,35 @@ import os
 import shlex
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from parsl import bash_app, python_app
 from parsl.app.errors import BashExitFailure
 from parsl.executors.high_throughput.errors import ManagerLost, WorkerLost
 
-from resilient_flows.errors import PERMANENT, STORAGE_FULL, Failure, LaunchError, ParamsError, Preempted, is_permanent
+from resilient_flows.errors import (
+    INFRASTRUCTURE,
+    PERMANENT,
+    STORAGE_FULL,
+    Failure,
+    LaunchError,
+    ParamsError,
+    Preempted,
+    is_permanent,
+)
 from resilient_flows.rundir import EventLog, TaskLayout
 from resilient_flows.training import (
     EXIT_CANNOT_RUN,
     EXIT_PREEMPTED,
+    PEER_LOST,
     CommandKilled,
+    Heartbeat,
     MemberSpec,
     StageSpec,
     analytics_task,
+    attempt_fault,
     declined_attempt,
     has_result,
     heartbeat_path,
@@ -67,8 +81,9 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-#: Failures that lose a running attempt from outside: free when the member made progress.
-_LOST = (WorkerLost, ManagerLost, CommandKilled)
+#: Failures that lose a running attempt from outside: free when the member made progress. (A lost
+#: manager is the machine's fault: see :func:`_machine_fault`.)
+_LOST = (WorkerLost, CommandKilled)
 
 #: An attempt shorter than this (seconds from launch to its end) makes the retry wait.
 QUICK_ATTEMPT_S = 10.0
@@ -96,7 +111,7 @@ def train_app(
     """
     from resilient_flows.training import run_member
 
-    _wait(backoff_s)
+    _wait(backoff_s, run_dir, spec["name"])
 
     return run_member(spec, run_dir)
 
@@ -116,7 +131,7 @@ def command_app(
     """
     from resilient_flows.training import run_command
 
-    _wait(backoff_s)
+    _wait(backoff_s, run_dir, spec["name"])
 
     return run_command(spec, run_dir)
 
@@ -134,7 +149,7 @@ def stage_app(
     ``backoff_s``: the retry's backoff."""
     from resilient_flows.training import run_stage
 
-    _wait(backoff_s)
+    _wait(backoff_s, run_dir, spec["name"])
 
     return run_stage(spec, run_dir)
 
@@ -176,7 +191,7 @@ def mpi_train_app(
     ``backoff_s``: the retry's backoff, slept before the launch.
     """
 
-    _wait(backoff_s)
+    _wait(backoff_s, run_dir, spec["name"])
     prefix = launch_prefix(int(ranks), int(spec.get("nodes", 1)), os.environ)
     layout = TaskLayout(member_dir(run_dir, spec["name"]))
     layout.write_spec(spec)
@@ -248,11 +263,19 @@ class ResumingRetryHandler:
       stopped cleanly, while it makes progress: once ``free_without_progress`` attempts in a row
       ended without a newer checkpoint, each further stop costs 1, so that a script that exits 75
       at once cannot loop forever.
-    - A lost worker or manager (SIGKILL, node failure, walltime), a command killed by a signal, or
-      a full file system: cost 0 when the member made progress, else 1, so a task that dies
-      before making progress cannot loop forever. Progress is a newer checkpoint than at its
-      previous failure in the tiers the runner sees, or one the lost attempt committed in any
-      tier (its heartbeat says so): a node-local checkpoint lost with its node was progress too.
+    - The machine's fault (``failure_kind: "infrastructure"``): its worker pool lost (a lost
+      node, a block Slurm ended for a node failure or the watchdog cancelled), or a peer rank
+      gone while no rank failed on its own (a rank records it, see
+      :mod:`resilient_flows.training._faults`: ``srun`` only reports an exit status). Cost 0,
+      however it was seen first, while the member makes progress, as for stops; and the block the
+      attempt ran in is handed to ``on_block_lost(executor, block, why)`` before the retry is
+      sent, so that the runner holds and retires it: no retry lands in a block that lost a node.
+    - A lost worker (a worker process killed: the member's own crash as often as the machine's),
+      a command killed by a signal, or a full file system: cost 0 when the member made progress,
+      else 1, so a task that dies before making progress cannot loop forever. Progress is a newer
+      checkpoint than at its previous failure in the tiers the runner sees, or one the lost attempt
+      committed in any tier (its heartbeat says so): a node-local checkpoint lost with its node
+      was progress too.
     - A member whose result is already written (its result file) finished; its process dying
       afterwards (an abort at interpreter exit) is a ``warning`` event, not a failure: no retry.
     - An error that no retry can fix (:func:`~resilient_flows.errors.is_permanent`: a workload
@@ -268,7 +291,8 @@ class ResumingRetryHandler:
 
     An attempt that ended within :data:`QUICK_ATTEMPT_S` of its launch makes the next one wait,
     twice as long after each such attempt in a row (from :data:`BACKOFF_S` up to
-    :data:`MAX_BACKOFF_S`): the retry's app is given ``backoff_s``, which it sleeps before it starts.
+    :data:`MAX_BACKOFF_S`): the retry's app is given ``backoff_s``, which it sleeps, beating, before
+    it starts.
 
     Failures and retries go to the run's event log. Recording them never hides the task's own
     error: should the record fail (an unwritable run directory, a spec that does not parse), the
@@ -276,11 +300,17 @@ class ResumingRetryHandler:
     the task's, not the handler's.
     """
 
-    def __init__(self, retries: int, free_without_progress: int = 3) -> None:
+    def __init__(
+        self,
+        retries: int,
+        free_without_progress: int = 3,
+        on_block_lost: Callable[[str, str, str], None] | None = None,
+    ) -> None:
         if free_without_progress < 0:
             raise ValueError(f"free_without_progress must be >= 0, got {free_without_progress}")
         self.retries = retries
         self.free_without_progress = free_without_progress
+        self.on_block_lost = on_block_lost
         self._progress: dict[int, int] = {}
         self._stalled: dict[int, int] = {}  # task -> attempts in a row that ended without progress
         self._quick: dict[int, int] = {}  # task -> attempts in a row that ended quickly
@@ -346,28 +376,16 @@ class ResumingRetryHandler:
         )
         if preempted and self.stopping:
             return math.inf  # it stopped where its `preempted` event says; a resume requeues it
-        declined = preempted and declined_attempt(member_dir(run_dir, name)) == attempt
-        if not declined:  # a start declined near a drain trained nothing by design: no stall either
-            self._stalled[task] = 0 if progressed else self._stalled.get(task, 0) + 1
-        if declined:
-            cost, why = 0.0, "declined to start: its block is drained before a checkpoint"
-        elif preempted:
-            if progressed or self._stalled.get(task, 0) <= self.free_without_progress:
-                cost, why = 0.0, "preempted"
-            else:
-                stops = self._stalled.get(task, 0)
-                cost, why = 1.0, f"preempted without progress ({stops} attempts in a row without a newer checkpoint)"
-        elif isinstance(exception, _LOST) or failure.kind == STORAGE_FULL:
-            what = "lost" if isinstance(exception, _LOST) else "storage full"
-            cost, why = (0.0, f"{what} after progress") if progressed else (1.0, f"{what} without progress")
-        else:
-            cost, why = 1.0, "error"
+        machine = _machine_fault(exception, member_dir(run_dir, name), record)
+        if machine is not None:  # classified here, once: the block that lost it gets no retry
+            self._retire(task_record, machine[1], machine[0])
+        cost, why = self._cost(exception, failure, task, progressed, attempt, run_dir, name, machine)
         events.emit(
             "failed",
             name,
             attempt=attempt,
             error=str(failure),
-            failure_kind=failure.kind,
+            failure_kind=INFRASTRUCTURE if machine is not None else failure.kind,
             errno=failure.errno,
             cause=why,
             cost=cost,
@@ -385,6 +403,48 @@ class ResumingRetryHandler:
                 **({"wait_s": round(wait, 3)} if wait else {}),
             )
         return cost
+
+    def _cost(
+        self,
+        exception: Exception,
+        failure: Failure,
+        task: int,
+        progressed: bool,
+        attempt: int,
+        run_dir: str,
+        name: str,
+        machine: tuple[str, str | None] | None,
+    ) -> tuple[float, str]:
+        """What the attempt's end costs, and why."""
+        preempted = isinstance(exception, Preempted) or (
+            isinstance(exception, BashExitFailure) and exception.exitcode == EXIT_PREEMPTED
+        )
+        declined = preempted and declined_attempt(member_dir(run_dir, name)) == attempt
+        if not declined:  # a start declined near a drain trained nothing by design: no stall either
+            self._stalled[task] = 0 if progressed else self._stalled.get(task, 0) + 1
+        stalls = self._stalled.get(task, 0)
+        if declined:
+            return 0.0, "declined to start: its block is drained before a checkpoint"
+        if preempted or machine is not None:
+            what = "preempted" if machine is None else f"infrastructure: {machine[0]}"
+            if progressed or stalls <= self.free_without_progress:
+                return 0.0, what
+            return 1.0, f"{what} without progress ({stalls} attempts in a row without a newer checkpoint)"
+        if isinstance(exception, _LOST) or failure.kind == STORAGE_FULL:
+            what = "lost" if isinstance(exception, _LOST) else "storage full"
+            return (0.0, f"{what} after progress") if progressed else (1.0, f"{what} without progress")
+        return 1.0, "error"
+
+    def _retire(self, task_record: dict[str, Any], block: str | None, why: str) -> None:
+        """Hand the block the attempt ran in to :attr:`on_block_lost` (which holds and retires it),
+        before Parsl sends the retry anywhere: never into a block known to have lost a node."""
+        label = task_record.get("executor")
+        if block is None or self.on_block_lost is None or not isinstance(label, str):
+            return
+        try:
+            self.on_block_lost(label, str(block), why)
+        except Exception as exc:  # the retry goes on; at worst into the dying block, which the watchdog ends
+            logger.warning("could not retire block %s of %s: %s", block, label, exc)
 
     def _backoff(self, task: int, task_record: dict[str, Any]) -> float:
         """Seconds the next attempt waits, handed to it as ``backoff_s``: 0 after a long attempt.
@@ -404,6 +464,30 @@ class ResumingRetryHandler:
         return wait
 
 
+def _machine_fault(
+    exception: Exception, directory: Path, record: dict[str, Any] | None
+) -> tuple[str, str | None] | None:
+    """Why the attempt's end was the machine's fault, not the member's, and the block it ran in
+    (None: unknown); None when it was not (or cannot be told so).
+
+    Its worker pool lost (``ManagerLost``: its node died, Slurm ended the block for a node
+    failure, the watchdog cancelled the block), or a rank that saw a peer rank's connection
+    close or reset while no rank failed on its own (:mod:`resilient_flows.training._faults`):
+    the launcher's exit status of a member on several nodes says nothing more. The ranks'
+    record is consumed: it is about this attempt only.
+    """
+    fault = attempt_fault(directory)
+    TaskLayout(directory).fault.unlink(missing_ok=True)
+    block = None if record is None else record.get("block")
+    if isinstance(exception, ManagerLost):
+        return "its worker pool was lost", None if block is None else str(block)
+    if fault is not None and fault["kind"] == PEER_LOST:
+        where = f"rank {fault.get('rank')} on {fault.get('host')}"
+        found = fault.get("block") if fault.get("block") is not None else block
+        return f"a peer rank is gone ({where}: {fault.get('reason')})", None if found is None else str(found)
+    return None
+
+
 def _permanent(exception: BaseException) -> bool:
     """Whether no retry can fix ``exception``; a bash app's launch (the MPI member) reports it by
     the exit status of a program that could not be started."""
@@ -412,11 +496,13 @@ def _permanent(exception: BaseException) -> bool:
     return is_permanent(exception)
 
 
-def _wait(backoff_s: float) -> None:
+def _wait(backoff_s: float, run_dir: str, task: str) -> None:
     """The retry's backoff, slept by the attempt before it starts (a duration: the runner's and the
-    worker's clocks need not agree)."""
+    worker's clocks need not agree). It beats meanwhile: a worker that holds a task must never look
+    silent to the watchdog, which would declare its block lost."""
     if backoff_s > 0:
-        time.sleep(backoff_s)
+        with Heartbeat(run_dir, task, None, waiting_s=backoff_s):
+            time.sleep(backoff_s)
 
 
 def _forget_analytics_heartbeat(task_record: dict[str, Any]) -> None:

@@ -11,6 +11,7 @@ import os
 from dataclasses import dataclass, replace
 
 __all__ = [
+    "INFRASTRUCTURE",
     "PERMANENT",
     "STORAGE_FULL",
     "CheckpointError",
@@ -135,6 +136,8 @@ class Failure:
 STORAGE_FULL = "storage-full"
 #: :attr:`Failure.kind` of an error that no retry can fix.
 PERMANENT = "permanent"
+#: :attr:`Failure.kind` of the machine's fault, not the member's: a lost node, worker pool, manager or peer rank.
+INFRASTRUCTURE = "infrastructure"
 
 
 class CorruptCheckpointError(CheckpointError):

@@ -335,9 +335,12 @@ def _wait_for(what: str, predicate, timeout: float) -> None:
         time.sleep(0.1)
 
 
-def _lose_during_run(cluster: dict[str, str], tmp_path: Path, both: bool) -> tuple[Path, list[dict], list[str]]:
-    """Run NODE_LOSS and, once the member logged step LOSE_AFTER, crash the node of its rank 0
-    (``both``: and its other node, its buddy, together); a crashed node boots again, empty, once
+def _lose_during_run(
+    cluster: dict[str, str], tmp_path: Path, both: bool, rank: int = 0
+) -> tuple[Path, list[dict], list[str]]:
+    """Run NODE_LOSS and, once the member logged step LOSE_AFTER, crash the node of its rank
+    ``rank`` (0: the node its block's worker pool runs on; 1: the other one, where only a rank
+    runs) or, with ``both``, both its nodes together; a crashed node boots again, empty, once
     the block it was in has ended. The run directory, its events and the first attempt's hosts."""
     env = {**cluster, "PYTHONPATH": os.pathsep.join([str(REPO / "benchmarks"), cluster["PYTHONPATH"]])}
     (tmp_path / "wf.yaml").write_text(NODE_LOSS)
@@ -354,7 +357,7 @@ def _lose_during_run(cluster: dict[str, str], tmp_path: Path, both: bool) -> tup
     try:
         _wait_for(f"step {LOSE_AFTER}", lambda: max(loss_curve(run_dir, "ddp"), default=-1) >= LOSE_AFTER, 180)
         (started,) = [e for e in _events(run_dir) if e["kind"] == "started"]
-        lost = list(started["hosts"] if both else started["hosts"][:1])
+        lost = list(started["hosts"] if both else started["hosts"][rank : rank + 1])
         for node in lost:
             _slurm_node("down", node, env)
         if both:  # one node is left: the member needs two, so the crashed ones must come back
@@ -431,6 +434,29 @@ def test_slurm_member_that_lost_a_node_resumes_on_the_nodes_left_and_the_node_se
         capture_output=True,
     )
     assert sorted(out_file.read_text().split()) == sorted(nodes)
+
+
+@pytest.mark.slow
+@pytest.mark.slurm
+@pytest.mark.timeout(420)
+def test_slurm_member_that_lost_the_node_of_its_rank_1_spends_no_retry(cluster: dict[str, str], tmp_path: Path) -> None:
+    """The node of rank 1 crashes; the block's worker pool, on rank 0's node, lives on. Whichever
+    sees it first (the srun step failing as its peer's connection resets, Slurm marking the node
+    down and ending the block, the watchdog), the fault is the machine's: no failure is charged,
+    no retry is sent into the block that lost the node, and the member resumes on a new block
+    without the lost node from its newest checkpoint and finishes."""
+    run_dir, events, hosts = _lose_during_run(cluster, tmp_path, both=False, rank=1)
+    survivor, lost = hosts
+    failed = [e for e in events if e["kind"] == "failed"]
+    assert failed and all(e["cost"] == 0.0 for e in failed), failed
+    assert all(e["failure_kind"] == "infrastructure" for e in failed), failed
+    started = [e for e in events if e["kind"] == "started"]
+    first_block = started[0]["block"]
+    assert all(e["block"] != first_block for e in started[1:]), started
+    assert all(lost not in e["hosts"] for e in started[1:]), started
+    assert [e["kind"] for e in events if e["kind"] in ("finished", "failed")][-1] == "finished"
+    _resumed_within(run_dir, events, intervals=1)
+    assert survivor in started[-1]["hosts"]
 
 
 @pytest.mark.slow

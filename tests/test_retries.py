@@ -14,7 +14,8 @@ from parsl.executors.high_throughput.errors import WorkerLost
 
 from resilient_flows.apps import BACKOFF_S, MAX_BACKOFF_S, ResumingRetryHandler
 from resilient_flows.errors import Preempted
-from resilient_flows.training import MemberSpec, read_events
+from resilient_flows.rundir import DamageLog
+from resilient_flows.training import MemberSpec, heartbeat_path, read_events
 from resilient_flows.training._command import run_command
 
 LAUNCHED = datetime.datetime(2026, 12, 5, 12, 0, 0)
@@ -228,3 +229,134 @@ def test_a_script_that_only_exits_75_ends_and_one_that_aborts_after_its_result_f
 
     states = {name: s.state for name, s in member_statuses(run_dir, [("stuck", 1), ("aborts", 1)]).items()}
     assert states == {"stuck": "failed", "aborts": "finished"}
+
+
+# ----------------------------------------------------------------------------- the machine's faults
+
+
+def mpi_record(spec: MemberSpec, run_dir: Path, try_id: int = 0) -> dict[str, Any]:
+    """The task record of a member on several nodes, run by the executor ``slurm``."""
+    return {**record_of(spec, run_dir, try_id=try_id), "func_name": "mpi_train_app", "executor": "slurm"}
+
+
+def nodes_member() -> MemberSpec:
+    return MemberSpec(name="m", workload="mlp-digits", params={}, steps=20, ranks=2, nodes=2)
+
+
+def started_attempt(run_dir: Path, name: str = "m") -> Path:
+    """The member's directory with one more attempt counted, as its rank 0 does when it starts."""
+    from resilient_flows.rundir import TaskLayout
+
+    directory = run_dir / "members" / name
+    directory.mkdir(parents=True, exist_ok=True)
+    TaskLayout(directory).count_attempt()
+    return directory
+
+
+def test_a_lost_worker_pool_is_the_machines_fault_its_block_retired_before_the_retry(tmp_path: Path) -> None:
+    """``ManagerLost``: free even without progress (while stops would be), its block handed over."""
+    from parsl.executors.high_throughput.errors import ManagerLost
+
+    retired: list[tuple[str, str, str]] = []
+    handler = ResumingRetryHandler(retries=2, free_without_progress=1, on_block_lost=lambda *a: retired.append(a))
+    spec = nodes_member()
+    started_attempt(tmp_path)
+    beat = heartbeat_path(tmp_path, "m")  # the lost attempt's, left behind by its killed process
+    beat.parent.mkdir(parents=True)
+    beat.write_text(json.dumps({"task": "m", "attempt": 1, "block": "4", "committed": None}))
+    record = mpi_record(spec, tmp_path)
+    assert handler(ManagerLost(b"x", "n1"), record) == 0.0
+    assert handler(ManagerLost(b"x", "n1"), record) == 1.0  # a second in a row without progress
+    first, second = [e for e in read_events(tmp_path) if e["kind"] == "failed"]
+    assert (first["failure_kind"], first["cause"], first["cost"]) == (
+        "infrastructure",
+        "infrastructure: its worker pool was lost",
+        0.0,
+    )
+    assert second["cause"].startswith("infrastructure: its worker pool was lost without progress (2 attempts")
+    assert [(label, block) for label, block, _ in retired] == [("slurm", "4")]  # the second had no heartbeat left
+
+
+def test_a_rank_that_saw_its_peer_gone_makes_the_launchers_exit_status_free(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The node of rank 1 died: srun exits 1, but rank 0 recorded that its peer's connection closed."""
+    from parsl.app.errors import BashExitFailure
+
+    from resilient_flows.training import record_fault
+
+    retired: list[tuple[str, str, str]] = []
+    handler = ResumingRetryHandler(retries=2, on_block_lost=lambda *a: retired.append(a))
+    directory = started_attempt(tmp_path)
+    monkeypatch.setenv("PARSL_WORKER_BLOCK_ID", "0")  # rank 0 runs in its block's worker pool
+    closed = RuntimeError("[gloo/transport/tcp/pair.cc:553] Connection closed by peer [10.247.0.3]:46809")
+    record_fault(directory, 0, closed)
+    assert handler(BashExitFailure("mpi_train_app", 1), mpi_record(nodes_member(), tmp_path)) == 0.0
+    (failed,) = [e for e in read_events(tmp_path) if e["kind"] == "failed"]
+    assert failed["failure_kind"] == "infrastructure" and failed["cost"] == 0.0
+    assert failed["cause"].startswith("infrastructure: a peer rank is gone (rank 0 on ")
+    assert [(label, block) for label, block, _ in retired] == [("slurm", "0")]
+    assert not (directory / "fault.json").exists()  # consumed: it was about that attempt only
+
+
+def test_a_rank_that_failed_on_its_own_is_charged_though_its_peer_saw_it_gone(tmp_path: Path) -> None:
+    from parsl.app.errors import BashExitFailure
+
+    from resilient_flows.training import attempt_fault, record_fault
+
+    retired: list[tuple[str, str, str]] = []
+    handler = ResumingRetryHandler(retries=2, on_block_lost=lambda *a: retired.append(a))
+    directory = started_attempt(tmp_path)
+    record_fault(directory, 1, ValueError("a bug in the workload"))
+    record_fault(directory, 0, ConnectionResetError("Connection reset by peer"))
+    fault = attempt_fault(directory)
+    assert fault is not None and (fault["kind"], fault["rank"]) == ("error", 1)
+    assert handler(BashExitFailure("mpi_train_app", 1), mpi_record(nodes_member(), tmp_path)) == 1.0
+    (failed,) = [e for e in read_events(tmp_path) if e["kind"] == "failed"]
+    assert (failed["failure_kind"], failed["cause"]) == ("error", "error") and retired == []
+
+
+def test_a_fault_recorded_by_an_earlier_attempt_is_not_this_ones(tmp_path: Path) -> None:
+    from resilient_flows.training import attempt_fault, record_fault
+
+    directory = started_attempt(tmp_path)
+    record_fault(directory, 0, RuntimeError("Connection closed by peer"))
+    started_attempt(tmp_path)
+    assert attempt_fault(directory) is None
+
+
+@pytest.mark.slow
+def test_a_retry_waiting_out_its_backoff_beats_and_its_block_is_not_declared_lost(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A command that exits 75 at once is retried after a 30 s backoff, on a site whose stall
+    timeout is 8 s (a block that just took a task may stay silent three times that, 24 s): a
+    worker that held the retry silently for its backoff had its block declared lost and cancelled,
+    and ``status`` showed ``ManagerLost`` as the last error. The waiting retry beats: no ``lost``
+    event, the costly stop is the only failure, and the last error is the real one."""
+    from resilient_flows import apps
+    from resilient_flows.cli import main
+    from resilient_flows.workflow._report import last_error
+    from resilient_flows.workflow._status import member_statuses
+
+    monkeypatch.setattr(apps, "QUICK_ATTEMPT_S", 600.0)  # every attempt quick, however long it queued
+    monkeypatch.setattr(apps, "BACKOFF_S", 30.0)  # the first wait: longer than a start may be silent
+    site = tmp_path / "site.yaml"
+    text = (Path(__file__).parents[1] / "site-configs" / "local.yaml").read_text()
+    site.write_text(text.replace("stall_timeout: 30s", "stall_timeout: 8s"))
+    workflow = tmp_path / "wf.yaml"
+    workflow.write_text(
+        "name: backoff\nretries: 0\nfree_stops: 1\nmembers:\n"
+        "  - {name: stuck, steps: 1, command: [sh, -c, 'exit 75']}\n"
+    )
+    run_dir = tmp_path / "run"
+    assert main(["run", str(workflow), "--site", str(site), "--run-dir", str(run_dir)]) == 1
+    damage = DamageLog()
+    events = list(read_events(run_dir, damage))
+    assert not damage and [e for e in events if e["kind"] == "lost"] == []
+    assert [e["wait_s"] for e in events if e["kind"] == "retried"] == [30.0]
+    failed = [(e["cause"].split(" (")[0], e["cost"], e["error"]) for e in events if e["kind"] == "failed"]
+    assert [(cause, cost) for cause, cost, _ in failed] == [("preempted", 0.0), ("preempted without progress", 1.0)]
+    (status,) = member_statuses(run_dir, [("stuck", 1)]).values()
+    assert (status.state, status.failures, status.attempts) == ("failed", 1, 2)
+    assert status.errors == [failed[-1][2]] and last_error(status).startswith("Preempted: member stuck preempted")

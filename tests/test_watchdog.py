@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from parsl.executors.high_throughput.errors import ManagerLost
+from parsl.executors.high_throughput.errors import WorkerLost
 
 from resilient_flows.apps import ResumingRetryHandler
 from resilient_flows.errors import WorkflowError
@@ -26,7 +26,7 @@ from resilient_flows.training import CheckpointSpec, MemberSpec, TrainContext, r
 from resilient_flows.training._heartbeat import BEAT_S, Heartbeat, heartbeat_path, read_heartbeat
 from resilient_flows.workflow import read_plan
 from resilient_flows.workflow._blocks import BlockLedger, RunnerLock, cancel_block, process_start_time
-from resilient_flows.workflow._watchdog import WATCH_S, Watchdog, clear_heartbeats, stall_timeout
+from resilient_flows.workflow._watchdog import START_FACTOR, WATCH_S, Watchdog, clear_heartbeats, stall_timeout
 
 REPO = Path(__file__).resolve().parents[1]
 CLI = Path(sys.executable).with_name("resilient-flows")
@@ -104,7 +104,7 @@ def test_a_lost_attempt_whose_only_checkpoint_went_with_its_node_retries_free(
     spec = MemberSpec(name="m", workload="mlp-digits", params={}, steps=600)
     beat(tmp_path, "m", committed=committed)
     record = {"id": 0, "func_name": "train_app", "args": (spec.to_dict(), str(tmp_path)), "fail_cost": 0, "try_id": 0}
-    assert ResumingRetryHandler(retries=2)(ManagerLost(b"m", "n1"), record) == cost
+    assert ResumingRetryHandler(retries=2)(WorkerLost(3, "n1"), record) == cost
     (failed,) = [e for e in read_events(tmp_path) if e["kind"] == "failed"]
     assert failed["cause"] == ("lost after progress" if cost == 0 else "lost without progress")
     assert not heartbeat_path(tmp_path, "m").exists()
@@ -153,6 +153,58 @@ def test_a_silent_attempt_is_lost_once_after_its_timeout(tmp_path: Path) -> None
     assert watchdog.check([]) == []
     clock.advance(10.5)
     assert [(lost.task, lost.attempt) for lost in watchdog.check([])] == [("a", 3)]
+
+
+def quiet_blocks(watchdog: Watchdog, tasks: int) -> list[str]:
+    """The blocks the watchdog finds lost now, when block 0 of executor x holds ``tasks`` tasks."""
+    watchdog._read_beats(watchdog.clock())
+    managers = [{"block_id": "0", "tasks": tasks, "active": True}]
+    return [lost.block for lost in watchdog._quiet_blocks("x", managers, watchdog.clock())]
+
+
+def test_a_block_whose_task_stopped_beating_is_lost_after_the_stall_timeout(tmp_path: Path) -> None:
+    clock = Clock()
+    watchdog = Watchdog(tmp_path, site_stall_s=30.0, timeouts={}, clock=clock)
+    assert quiet_blocks(watchdog, 1) == []  # it took a task: starting
+    beat(tmp_path, "m", block="0")
+    clock.advance(5.0)
+    assert quiet_blocks(watchdog, 1) == []  # beating
+    heartbeat_path(tmp_path, "m").unlink()  # its rank 0 exited; the srun step waits for the others
+    clock.advance(2.0)
+    assert quiet_blocks(watchdog, 1) == []
+    clock.advance(30.5)
+    assert quiet_blocks(watchdog, 1) == ["0"]
+
+
+def test_a_block_that_just_took_a_task_may_take_longer_to_beat(tmp_path: Path) -> None:
+    """Its task may still be starting (imports, an srun step forming its group on a loaded node):
+    START_FACTOR times the stall timeout, counted again whenever it takes another task."""
+    clock = Clock()
+    watchdog = Watchdog(tmp_path, site_stall_s=30.0, timeouts={}, clock=clock)
+    assert quiet_blocks(watchdog, 1) == []
+    clock.advance(60.0)
+    assert quiet_blocks(watchdog, 1) == []
+    clock.advance(10.0)
+    assert quiet_blocks(watchdog, 2) == []  # a second task taken: its start counts afresh
+    clock.advance(START_FACTOR * 30.0 - 1.0)
+    assert quiet_blocks(watchdog, 2) == []
+    clock.advance(2.0)
+    assert quiet_blocks(watchdog, 2) == ["0"]
+
+
+def test_a_retry_waiting_out_its_backoff_keeps_its_block_beating(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The retry's app beats while it sleeps its backoff, with no attempt of its own yet."""
+    from resilient_flows import apps
+
+    monkeypatch.setenv("PARSL_WORKER_BLOCK_ID", "0")
+    seen: list[dict | None] = []
+    monkeypatch.setattr(apps.time, "sleep", lambda s: seen.append(read_heartbeat(heartbeat_path(tmp_path, "m"))))
+    apps._wait(16.0, str(tmp_path), "m")
+    (record,) = seen
+    assert record is not None and (record["attempt"], record["block"], record["waiting_s"]) == (None, "0", 16.0)
+    assert not heartbeat_path(tmp_path, "m").exists()  # the attempt's own heartbeat takes over
 
 
 def test_a_finished_attempt_is_never_lost_and_old_heartbeats_are_cleared(tmp_path: Path) -> None:

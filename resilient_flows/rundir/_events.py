@@ -117,6 +117,11 @@ def _has_room(fd: int, size: int) -> bool:
 #: Fields every reader of the log may convert with ``float``/``int`` where an event has them.
 _NUMBERS = ("time", "step", "attempt")
 
+#: Of those, the ones that may be null: unknown (a block the watchdog found silent has no attempt
+#: of its own, nor has a retry waiting out its backoff). Readers take null for unknown; a field its
+#: kind always has (:data:`_REQUIRED`) is never null.
+_NULLABLE = ("attempt",)
+
 #: Fields an event of a kind always has, which its readers index without looking.
 _REQUIRED = {
     "checkpointed": ("step",),
@@ -164,8 +169,9 @@ class EventTail:
 
 def event_problem(record: Any) -> str | None:
     """What is wrong with a parsed line, or None for an event: an object with a ``kind``, a
-    ``member`` that is a name or null, numbers where readers convert them, and the fields its
-    kind always has. Such a line was not written by :meth:`EventLog.emit`."""
+    ``member`` that is a name or null, numbers where readers convert them (an ``attempt`` may be
+    null: unknown), and the fields its kind always has. Such a line was not written by
+    :meth:`EventLog.emit`."""
     if not isinstance(record, dict):
         return f"not a JSON object (a {type(record).__name__})"
     if not isinstance(record.get("kind"), str):
@@ -173,12 +179,16 @@ def event_problem(record: Any) -> str | None:
     if not isinstance(record.get("member"), (str, type(None))):
         return "its member is not a name"
     kind = record["kind"]
-    for name in _REQUIRED.get(kind, ()):
+    required = _REQUIRED.get(kind, ())
+    for name in required:
         if name not in record:
             return f"a {kind} event without {name}"
     for name in _NUMBERS:
-        if name in record and not _finite(record[name]):
-            return f"its {name} is not a number"
+        if name not in record or _finite(record[name]):
+            continue
+        if record[name] is None and name in _NULLABLE and name not in required:
+            continue
+        return f"its {name} is not a number"
     return None
 
 

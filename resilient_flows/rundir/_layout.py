@@ -24,6 +24,7 @@ A member's or stage's directory::
     control.json               a request to stop or retire, from the runner or the CLI
     pace.json                  its observed seconds per step and per checkpoint commit, kept across attempts
     declined.json              the last attempt that declined to start (its block about to be drained)
+    fault.json                 how the last failed attempt of a member on several ranks failed, as a rank saw it
     clone-order.<request>.json (an order to clone it), seed.json (what a clone started from), handoff.json
     (a fork's hand-off), output.log (a command's output), command-result.json (a command's
     report), output/ (a stage's output), result.json (written last: the task finished)
@@ -79,6 +80,10 @@ class TaskLayout:
     @property
     def declined(self) -> Path:
         return self.root / "declined.json"
+
+    @property
+    def fault(self) -> Path:
+        return self.root / "fault.json"
 
     @property
     def seed(self) -> Path:
@@ -156,6 +161,12 @@ class TaskLayout:
 
     def read_declined(self) -> Any:
         return read_json(self.declined, CONTROL_CAP, "declined start")
+
+    def write_fault(self, record: dict[str, Any]) -> None:
+        write_json(self.fault, record, fsync=False)
+
+    def read_fault(self) -> Any:
+        return read_json(self.fault, CONTROL_CAP, "rank fault")
 
     def write_clone_order(self, request: str, order: dict[str, Any]) -> Path:
         path = self.clone_order(request)

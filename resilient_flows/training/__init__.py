@@ -62,9 +62,11 @@ _SOURCES = {
         "read_launch_env",
         "shutdown_process_group",
     ),
+    "resilient_flows.training._faults": ("PEER_LOST", "attempt_fault", "record_fault"),
     "resilient_flows.training._functions": ("import_function",),
     "resilient_flows.training._heartbeat": (
         "BEAT_S",
+        "Heartbeat",
         "analytics_task",
         "heartbeat_path",
         "read_heartbeat",

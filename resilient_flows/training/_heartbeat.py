@@ -65,6 +65,10 @@ def read_heartbeat(path: Path) -> dict[str, Any] | None:
 class Heartbeat:
     """Beats for one attempt of one task while it runs; a context manager.
 
+    A retry beats from the moment its worker takes it, while it waits out its backoff too
+    (``waiting_s``: how long; ``attempt`` None, as the attempt is counted when it starts): its
+    block holds the task, and a block that holds tasks none of which beats is declared lost.
+
     :meth:`progress` is called by the task at each step (an attribute store, nothing else); the
     beating thread turns it into a step rate. On a clean exit, any exception included, the file
     is removed, so that a finished or failed attempt is never mistaken for a silent one; a killed
@@ -79,9 +83,10 @@ class Heartbeat:
         self,
         run_dir: str | os.PathLike,
         task: str,
-        attempt: int,
+        attempt: int | None,
         beat_s: float = BEAT_S,
         on_orphaned: Callable[[str], None] | None = None,
+        waiting_s: float | None = None,
     ) -> None:
         self.path = heartbeat_path(run_dir, task)
         self.run_dir = Path(run_dir)
@@ -94,6 +99,7 @@ class Heartbeat:
             "host": socket.gethostname(),
             "block": current_block(),
             "started": round(time.time(), 3),
+            **({} if waiting_s is None else {"waiting_s": waiting_s}),
         }
         self._step: int | None = None
         self._committed: int | None = None

@@ -6,7 +6,9 @@ workload's DDP or FSDP and the shared checkpointer use. Launched by ``srun`` (a 
 the nodes of a Slurm block), the ranks form the group from Slurm's variables instead and never
 initialise MPI: a Slurm without an MPI plugin would make each rank an MPI world of its own. Exit
 status :data:`EXIT_PREEMPTED` tells the retry handler that the member stopped on request after
-committing a checkpoint, which is not a failure.
+committing a checkpoint, which is not a failure; a rank that fails records whether it failed on
+its own or saw a peer rank gone (:mod:`resilient_flows.training._faults`), which the launcher's
+exit status cannot say.
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ from resilient_flows.capped import DOCUMENT_CAP
 from resilient_flows.errors import LaunchError, Preempted
 from resilient_flows.rundir import read_json
 from resilient_flows.training._contract import EXIT_PREEMPTED
+from resilient_flows.training._control import member_dir
+from resilient_flows.training._faults import record_fault
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -37,7 +41,21 @@ def main(argv: list[str] | None = None) -> int:
     except LaunchError as exc:
         _report(run_dir, spec, exc)
         raise
+    except Exception as exc:  # the launcher reports an exit status only: say whose fault it was
+        record_fault(member_dir(run_dir, str(spec.get("name"))), _rank(), exc)
+        raise
     return 0
+
+
+def _rank() -> int | None:
+    """This process's rank, as its launcher tells it; None where it does not."""
+    from resilient_flows.training._distributed import read_launch_env
+
+    try:
+        launch = read_launch_env()
+    except LaunchError:
+        return None
+    return None if launch is None else launch.rank
 
 
 def _report(run_dir: str, spec: dict[str, Any], exc: LaunchError) -> None:

@@ -218,7 +218,7 @@ def running_jobs(
         if started is None:
             continue
         start = min(float(started["time"]), now)
-        attempt = int(started.get("attempt", 1))
+        attempt = int(started.get("attempt") or 1)
         since = [e for e in mine if e["time"] >= started["time"]]
         saves = [float(e["time"]) for e in since if e["kind"] == "checkpointed"]
         committed = latest_committed_step(run_dir, member)
@@ -273,7 +273,7 @@ def _restart_cost(events: list[dict[str, Any]]) -> float | None:
     started: dict[tuple[str, int], float] = {}
     gaps = []
     for e in events:
-        key = (e.get("member"), int(e.get("attempt", 0)))
+        key = (e.get("member"), int(e.get("attempt") or 0))
         if e["kind"] == "started":
             started[key] = float(e["time"])
         elif e["kind"] == "resumed" and key in started:

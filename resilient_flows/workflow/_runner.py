@@ -85,6 +85,8 @@ from resilient_flows.workflow._watchdog import Lost, Watchdog, clear_heartbeats,
 from resilient_flows.workflow.dashboard import write_dashboard_report
 from resilient_flows.workflow.schema import load_workflow, run_path
 
+logger = logging.getLogger(__name__)
+
 POLL_SECONDS = 0.5
 
 #: Seconds Parsl has to shut down an instance whose interchange was lost: its own work (the dead
@@ -295,13 +297,22 @@ def _site_config(
     that carry the runner's ``token``, where given (what is left of them is found by it: see
     :mod:`resilient_flows.workflow._stragglers`) and, where ``monitor_as`` names the workflow,
     Parsl's monitoring into the run's database (see :mod:`resilient_flows.workflow._monitoring`)."""
-    handler = ResumingRetryHandler(retries, free_without_progress=free_stops)
+    handler = ResumingRetryHandler(retries, free_without_progress=free_stops, on_block_lost=_retire_lost_block)
     layout = run_layout(run_dir)
     extra = {} if monitor_as is None else {"monitoring": monitoring_hub(layout.monitoring_db, monitor_as)}
     config = site.config(run_dir=str(layout.parsl), retries=retries, retry_handler=handler, **extra)
     if token is not None:
         carry_token(config, token)
     return config
+
+
+def _retire_lost_block(label: str, block: str, why: str) -> None:
+    """The retry handler found that a task's block lost a node (or its pool): hold the block, so
+    that the interchange sends it no retry, and cancel it, so that Parsl starts a healthy one.
+    Called from Parsl's thread that judges the failure, before the retry is submitted."""
+    executor = parsl.dfk().executors.get(label)
+    if isinstance(executor, BlockProviderExecutor) and retire_block(executor, block):
+        logger.info("retired block %s of %s: %s", block, label, why)
 
 
 def _managers_of(executor: Any) -> list[dict[str, Any]] | None:

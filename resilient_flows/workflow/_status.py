@@ -42,6 +42,15 @@ _STATE_AFTER = {
 TIMELINE_KINDS = ("failed", "lost", "preempted", "resumed")
 
 
+def free_stop(event: Mapping[str, Any]) -> bool:
+    """Whether a ``failed`` event records a stop that cost nothing rather than a failure: a
+    preemption (its member stopped on request, making progress) or a start declined near its
+    block's drain (by design). Neither is counted among the member's failures nor shown as its
+    last error; a stop charged for lack of progress is."""
+    cause = str(event.get("cause") or "")
+    return cause == "preempted" or (cause.startswith("declined to start") and not event.get("cost"))
+
+
 @dataclass
 class MemberStatus:
     """One member as its events and files describe it.
@@ -95,10 +104,10 @@ class MemberStatus:
             self.since = float(event["time"])
         self.state = _STATE_AFTER.get(kind, self.state)
         if kind == "started":
-            self.attempts = max(self.attempts, int(event.get("attempt", 1)))
+            self.attempts = max(self.attempts, int(event.get("attempt") or 1))
         elif kind in ("checkpointed", "resumed", "preempted"):
             self.checkpoint = max(self.checkpoint or -1, int(event["step"]))
-        elif kind == "failed" and event.get("cause") != "preempted":  # a preemption is no failure
+        elif kind == "failed" and not free_stop(event):
             self.attempts = max(self.attempts, int(event.get("attempt") or 0))  # it may fail before it starts
             self.failures += 1
             self.errors.append(str(event.get("error")))
@@ -110,7 +119,7 @@ class MemberStatus:
             self.notes.pop(NO_CHECKPOINT, None)
         if kind in ("finished", "retired"):
             self._result_due = True
-        if kind in TIMELINE_KINDS and "time" in event and not (kind == "failed" and event.get("cause") == "preempted"):
+        if kind in TIMELINE_KINDS and "time" in event and not (kind == "failed" and free_stop(event)):
             self.timeline.append((float(event["time"]), kind))
 
     def refresh(self, directory: Path, follow: bool, damage: DamageLog | None = None) -> None:

@@ -8,7 +8,8 @@ any of these states waits forever. The watchdog looks every :data:`WATCH_S` seco
 - each running attempt's heartbeat (:mod:`resilient_flows.training._heartbeat`): an attempt whose
   file has not changed for longer than its stall timeout is lost;
 - each block's managers, as the interchange reports them: a block that holds tasks of which none
-  beats for longer than the site's stall timeout is lost;
+  beats for longer than the site's stall timeout is lost (:data:`START_FACTOR` times that since it
+  took a task, while none of its tasks has beaten yet: they may still be starting);
 - each executor's interchange process: once it exited, or stopped answering, the executor can run
   nothing more.
 
@@ -46,6 +47,11 @@ ANSWER_S = 10.0
 
 #: How many times its step time an attempt may stay silent, when its member sets no timeout.
 STEP_FACTOR = 10.0
+
+#: How many times the site's stall timeout a block that took a task may stay silent before any of
+#: its tasks beats: a start (a worker importing torch, an ``srun`` step forming its ranks' group)
+#: takes long on a loaded node, and only a task that has started can beat.
+START_FACTOR = 3.0
 
 
 @dataclass(frozen=True)
@@ -106,6 +112,8 @@ class Watchdog:
         self.clock = clock
         self._beats: dict[str, _Beat] = {}
         self._quiet_since: dict[tuple[str, str], float] = {}  # (executor, block) holding tasks, none beating
+        self._held: dict[tuple[str, str], int] = {}  # tasks each block held at the last look
+        self._starting: set[tuple[str, str]] = set()  # blocks that took a task and have not beaten since
         self._reported: set[tuple[Any, ...]] = set()
         self._looked = float("-inf")
 
@@ -141,6 +149,8 @@ class Watchdog:
     def forget_block(self, executor: str, block: str) -> None:
         """The block was cancelled: its tasks' silence is no longer news."""
         self._quiet_since.pop((executor, block), None)
+        self._held.pop((executor, block), None)
+        self._starting.discard((executor, block))
 
     def _read_beats(self, now: float) -> None:
         try:
@@ -188,18 +198,25 @@ class Watchdog:
             for beat in self._beats.values()
             if now - beat.changed <= self.site_stall_s and beat.record.get("block") is not None
         }
-        for key in [k for k in self._quiet_since if k[0] == label and k[1] not in holding]:
-            del self._quiet_since[key]
+        for key in [k for k in self._held if k[0] == label and k[1] not in holding]:
+            self.forget_block(*key)
         for block, tasks in holding.items():
             key = (label, block)
+            took = tasks > self._held.get(key, 0)
+            self._held[key] = tasks
             if block in beating:
                 self._quiet_since.pop(key, None)
+                self._starting.discard(key)
                 continue
+            if took:  # a task that has just been taken cannot have beaten yet
+                self._starting.add(key)
+                self._quiet_since[key] = now
             since = self._quiet_since.setdefault(key, now)
-            if now - since > self.site_stall_s:
+            limit = self.site_stall_s * (START_FACTOR if key in self._starting else 1.0)
+            if now - since > limit:
                 yield Lost(
                     f"block {block} holds {tasks} task(s) but none has beaten for {now - since:.0f} s "
-                    f"(stall_timeout {self.site_stall_s:.0f} s): its workers are gone or hung",
+                    f"(stall_timeout {limit:.0f} s): its workers are gone or hung",
                     block=block,
                     executor=label,
                 )

@@ -34,7 +34,7 @@ from resilient_flows.workflow._families import family_of, family_stats, group_by
 from resilient_flows.workflow._liveness import liveness
 from resilient_flows.workflow._report import last_error
 from resilient_flows.workflow._rundir import MemberIndex, read_plan
-from resilient_flows.workflow._status import MemberStatus, StatusTracker
+from resilient_flows.workflow._status import MemberStatus, StatusTracker, free_stop
 from resilient_flows.workflow.dashboard._curves import LossSampler, family_band
 
 #: The version of the documents: within a version fields are only added.
@@ -212,7 +212,7 @@ class RunModel:
             self._tuned.append(_fields(event))
         elif kind == "ondemand":
             self._decisions.append(_fields(event))
-        if kind in MARKER_KINDS and facts is not None and not (kind == "failed" and event.get("cause") == "preempted"):
+        if kind in MARKER_KINDS and facts is not None and not (kind == "failed" and free_stop(event)):
             facts.markers.append(_marker(kind, event, when))
         if kind in TIMELINE_KINDS:
             self._timeline.append(self._entry(kind, event, when, facts))
