@@ -429,3 +429,16 @@ def test_a_file_that_is_no_such_file_is_one_warning_in_every_view(
             assert len([line for line in result["err"].splitlines() if shown in line]) == 1, result
     if kind == "sparse":
         assert peak < 500 << 20
+
+
+def test_status_reads_the_event_log_once_and_says_its_damage_once(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    run_dir, _ = make_run(tmp_path, 2, running=1)
+    (run_dir / "events.jsonl").unlink()
+    (run_dir / "events.jsonl").mkdir()
+    for command in (["status"], ["status", "--json"]):
+        assert main([*command, str(run_dir)]) == 1
+        damage, advice = capsys.readouterr().err.splitlines()
+        assert damage == "warning: events.jsonl: a directory, not a regular file; ignored"
+        assert advice.startswith("warning: no runner holds this run")

@@ -192,9 +192,9 @@ def _status(args: argparse.Namespace) -> int:
     from resilient_flows.rundir import DamageLog
     from resilient_flows.training import stage_finished
     from resilient_flows.workflow import (
+        StatusTracker,
         liveness,
         member_notes,
-        member_statuses,
         read_plan,
         run_members,
         stage_rows,
@@ -206,17 +206,19 @@ def _status(args: argparse.Namespace) -> int:
     run_dir = Path(args.run_dir)
     plan = read_plan(run_dir)
     stages = plan.workflow.stage_specs()
-    if stages and not args.json:
-        console().print(stage_table(run_dir, stages))
     damage = DamageLog()
     members = run_members(run_dir, plan, damage=damage)
     families = {m.name: m.family for m in members}
-    statuses = member_statuses(args.run_dir, [(m.name, m.steps) for m in members], families, damage)
+    tracker = StatusTracker(run_dir, follow=False, damage=damage)  # the event log read once, for all
+    statuses = tracker.update([(m.name, m.steps) for m in members], families)
+    stage_events = tracker.events_of([s.name for s in stages])
+    if stages and not args.json:
+        console().print(stage_table(run_dir, stages, stage_events))
     stages_done = all(stage_finished(args.run_dir, s.name) for s in stages)
     done = stages_done and all(s.state in ("finished", "retired") for s in statuses.values())
     runner = liveness(run_dir, [*statuses, *(s.name for s in stages)], damage)
     if args.json:
-        rows = stage_rows(run_dir, stages)
+        rows = stage_rows(run_dir, stages, stage_events)
         document = status_document(
             run_dir, plan.workflow.name, plan.site, statuses, rows, damage, done, runner.document()
         )

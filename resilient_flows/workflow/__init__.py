@@ -45,6 +45,7 @@ _SOURCES = {
     ),
     "resilient_flows.workflow._status": (
         "MemberStatus",
+        "StatusTracker",
         "member_statuses",
     ),
     "resilient_flows.workflow._status_json": ("status_document",),
