@@ -50,16 +50,20 @@ def _model() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
     return model, torch.optim.SGD(model.parameters(), lr=0.1)
 
 
+def _step(model: torch.nn.Module, opt: torch.optim.Optimizer) -> torch.Tensor:
+    loss = model(torch.ones(1, 2)).square().sum()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    return loss
+
+
 def own_loop(ctx: TrainContext) -> dict[str, Any]:
     """Its own ``for`` over the steps: it logs them, but no step boundary ever saves."""
     model, opt = _model()
     ctx.track(model=model, optimizer=opt)
     for step in range(ctx.params["steps"]):
-        loss = model(torch.ones(1, 2)).square().sum()
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        ctx.log(step, loss=loss)
+        ctx.log(step, loss=_step(model, opt))
     return ctx.result(model)
 
 
@@ -68,9 +72,5 @@ def boundary_loop(ctx: TrainContext) -> dict[str, Any]:
     model, opt = _model()
     ctx.track(model=model, optimizer=opt)
     for step in ctx.steps(ctx.params["steps"]):
-        loss = model(torch.ones(1, 2)).square().sum()
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        ctx.log(step, loss=loss)
+        ctx.log(step, loss=_step(model, opt))
     return ctx.result(model)

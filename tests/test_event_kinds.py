@@ -12,6 +12,7 @@ import pytest
 from parsl.app.errors import BashExitFailure
 from parsl.executors.high_throughput.errors import ManagerLost
 from rich.console import Console
+from test_permanent_failures import record_of
 
 from resilient_flows.apps import ResumingRetryHandler
 from resilient_flows.errors import WorkloadError
@@ -45,18 +46,6 @@ AS_WRITTEN: dict[str, list[dict[str, Any]]] = {
     "draining": [{"member": None, "executor": "x", "block": "0", "end_in_s": 20.0}],
     "drained": [{"member": None, "executor": "x", "block": "0", "job_id": "1"}],
 }
-
-
-def record_of(spec: MemberSpec, run_dir: Path, func_name: str, try_id: int = 0) -> dict[str, Any]:
-    return {
-        "id": 0,
-        "func_name": func_name,
-        "args": (spec.to_dict(), str(run_dir)),
-        "kwargs": {},
-        "fail_cost": 0,
-        "try_id": try_id,
-        "executor": "x",
-    }
 
 
 def write_the_handlers(run_dir: Path) -> None:

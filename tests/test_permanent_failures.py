@@ -45,15 +45,16 @@ def train(ctx):
 """
 
 
-def record_of(spec: MemberSpec, run_dir: Path, func_name: str = "train_app") -> dict[str, Any]:
-    """A Parsl task record of a first attempt, as the retry handler sees it."""
+def record_of(spec: MemberSpec, run_dir: Path, func_name: str = "train_app", try_id: int = 0) -> dict[str, Any]:
+    """A Parsl task record of an attempt (the first, by default), as the retry handler sees it."""
     return {
         "id": 0,
         "func_name": func_name,
         "args": (spec.to_dict(), str(run_dir)),
         "kwargs": {},
         "fail_cost": 0,
-        "try_id": 0,
+        "try_id": try_id,
+        "executor": "x",
     }
 
 
