@@ -12,7 +12,7 @@ import os
 import shutil
 import subprocess
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 import pytest
 from requires import unmet
@@ -121,3 +121,12 @@ def leave_orphan() -> tuple[str | None, int, str | None]:
     )
     parent = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=60, check=True)
     return os.environ.get("SLURM_JOB_ID"), int(parent.stdout), os.environ.get(TOKEN_ENV)
+
+
+def wait_for(predicate: Callable[[], bool], timeout: float, what: str, poll_s: float = 0.2) -> None:
+    """Return once ``predicate`` holds; fail the test, naming ``what``, after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(poll_s)

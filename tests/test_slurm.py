@@ -10,14 +10,14 @@ import json
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import parsl
 import pytest
 from parsl.dataflow.dflow import DataFlowKernel
 from rich.console import Console
-from slurm import cancel, cancel_all, require_slurm, slurm_jobs, worker_job_id
+from slurm import cancel, cancel_all, require_slurm, slurm_jobs, wait_for, worker_job_id
 
 from resilient_flows.sites import SITE_DIR, load_site
 from resilient_flows.training import read_events, run_member
@@ -48,14 +48,6 @@ def dfk(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[DataFlowKer
             kernel.cleanup()
         finally:
             cancel(job_ids)
-
-
-def wait_for(predicate: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.5)
 
 
 def test_an_app_runs_in_a_slurm_pilot_job(dfk: DataFlowKernel) -> None:

@@ -15,15 +15,14 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import parsl
 import pytest
 from conftest import REPO
 from requires import require
-from slurm import cancel, leave_orphan, require_slurm, slurm_jobs, slurm_problem
+from slurm import cancel, leave_orphan, require_slurm, slurm_jobs, slurm_problem, wait_for
 
 from resilient_flows.sites import SiteFile
 from resilient_flows.workflow._blocks import BlockLedger, process_start_time, retire_block
@@ -33,14 +32,6 @@ pytestmark = [pytest.mark.slow, pytest.mark.slurm, pytest.mark.timeout(300)]
 
 LABEL = "local-slurm"
 SLEEP = "import time; time.sleep(300)"
-
-
-def wait_for(predicate: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.2)
 
 
 @pytest.fixture
