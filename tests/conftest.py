@@ -67,6 +67,22 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     return SlurmTestsTogether(config, log)
 
 
+@pytest.fixture(autouse=True)
+def _empty_slurm_cluster(request: pytest.FixtureRequest) -> None:
+    """A Slurm test starts on an empty one-node cluster: jobs an earlier test left behind (one that
+    failed before its cleanup) would hold the CPUs its pilot jobs wait for, and it would time out
+    for a reason of another test's making. They are cancelled here, and named."""
+    if not on_slurm(request.node.nodeid) or not os.environ.get("SLURM_CONF") or shutil.which("squeue") is None:
+        return
+    from slurm import clear_cluster, slurm_problem
+
+    if slurm_problem() is not None:
+        return
+    left = clear_cluster()
+    if left:
+        print(f"cancelled jobs an earlier test left on the cluster: {', '.join(left)}")
+
+
 @pytest.fixture
 def tiers(tmp_path: Path) -> tuple[Path, Path]:
     """A (shared, local) pair of tier directories."""

@@ -17,7 +17,17 @@ from collections.abc import Callable, Iterable, Mapping
 import pytest
 from requires import unmet
 
-__all__ = ["cancel", "cancel_all", "leave_orphan", "require_slurm", "slurm_jobs", "slurm_problem", "worker_job_id"]
+__all__ = [
+    "cancel",
+    "cancel_all",
+    "clear_cluster",
+    "leave_orphan",
+    "require_slurm",
+    "slurm_jobs",
+    "slurm_problem",
+    "wait_for",
+    "worker_job_id",
+]
 
 SKIP_REASON = "no Slurm cluster: run .ci/slurm-up"
 #: Node states (``sinfo %t``) in which the node can run jobs now or soon.
@@ -130,3 +140,10 @@ def wait_for(predicate: Callable[[], bool], timeout: float, what: str, poll_s: f
         if time.monotonic() > deadline:
             pytest.fail(f"timed out after {timeout} s waiting for {what}")
         time.sleep(poll_s)
+
+
+def clear_cluster(timeout: float = 60) -> list[str]:
+    """Cancel every job still pending or running and wait until they have all ended; their ids."""
+    left = cancel_all()
+    wait_for(lambda: not [j for j, state in slurm_jobs() if j in left and state in _ACTIVE], timeout, "them to end")
+    return left

@@ -113,9 +113,11 @@ def test_a_workflow_member_survives_scancel_of_its_pilot_job(tmp_path: Path) -> 
     assert json.loads((run_dir / "members/m/result.json").read_text())["digest"] == reference["digest"]
 
 
+@pytest.mark.alone  # each block's usable minute is timed against the members' start-up
 @pytest.mark.timeout(480)
 def test_members_leave_each_block_before_its_walltime(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Blocks of Slurm's least walltime (1 minute) and members that need about three: each block is
+    """Blocks of Slurm's least walltime (1 minute) and members whose 50 s of steps do not fit in the
+    part of one that is left after start-up and the drain margin (at most 40 s): each block is
     drained before its end, its members commit and stop for free, and continue on a fresh block
     from that checkpoint; none is started in a block's last margin, none is killed by the walltime."""
     require_slurm()
@@ -128,7 +130,7 @@ def test_members_leave_each_block_before_its_walltime(tmp_path: Path, monkeypatc
     workflow = tmp_path / "wf.yaml"
     workflow.write_text(
         f"name: walltime\nsite: {site}\nretries: 0\ncheckpoint: {{interval: 100}}\nmembers:\n"
-        "  - {name: m, workload: 'paced:train', steps: 400, params: {step_s: 0.2}, seeds: [0, 1]}\n"
+        "  - {name: m, workload: 'paced:train', steps: 250, params: {step_s: 0.2}, seeds: [0, 1]}\n"
     )
     run_dir = tmp_path / "run"
     try:
@@ -150,7 +152,7 @@ def test_members_leave_each_block_before_its_walltime(tmp_path: Path, monkeypatc
 
     drains = [e for e in events if e["kind"] == "preempted" and "walltime" in e["reason"]]
     assert len(drains) >= len(members), "every member moved to a fresh block at least once"
-    assert len([e for e in events if e["kind"] == "drained"]) >= 2
+    assert [e for e in events if e["kind"] == "drained"], "a block was drained before its end"
     redone = {}
     for name in members:
         steps = [json.loads(line)["step"] for line in (run_dir / "members" / name / "metrics.jsonl").open()]
