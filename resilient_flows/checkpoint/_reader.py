@@ -621,23 +621,8 @@ def read_agreed(
             problems = comm.allgather(problem)
             if not any(problems):
                 arrays = opened.fill(targets)
-                node = node or socket.gethostname()
-                here = {file: _source(tier, tiers, node) for file, tier in opened.sources.items()}
-                counted = {_source(tier, tiers, node): n for tier, n in opened.bytes_read.items()}
-                read_from: dict[str, set[str]] = {}
-                bytes_from: dict[str, int] = {}
-                for sources, nbytes in comm.allgather((here, counted)):
-                    for file, where in sources.items():
-                        read_from.setdefault(file, set()).add(where)
-                    for where, count in nbytes.items():
-                        bytes_from[where] = bytes_from.get(where, 0) + count
-                return Restored(
-                    s,
-                    manifest.world_size,
-                    opened.state(arrays),
-                    {f: sorted(w) for f, w in sorted(read_from.items())},
-                    dict(sorted(bytes_from.items())),
-                )
+                read_from, bytes_from = _sources_of_all_ranks(opened, tiers, node or socket.gethostname(), comm)
+                return Restored(s, manifest.world_size, opened.state(arrays), read_from, bytes_from)
         finally:
             if opened is not None:
                 opened.close()
@@ -650,6 +635,23 @@ def read_agreed(
     if step is not None:
         raise CheckpointError(f"no valid checkpoint of step {step} in {', '.join(str(t.path) for t in tiers)}")
     return None
+
+
+def _sources_of_all_ranks(
+    opened: OpenCheckpoint, tiers: list[Tier], node: str, comm: Comm
+) -> tuple[dict[str, list[str]], dict[str, int]]:
+    """Where the ranks read each file from, and the bytes read per source, over all ranks: what a
+    restore reports, so that a resume after a lost node can show it read nothing from the shared tier."""
+    here = {file: _source(tier, tiers, node) for file, tier in opened.sources.items()}
+    counted = {_source(tier, tiers, node): n for tier, n in opened.bytes_read.items()}
+    read_from: dict[str, set[str]] = {}
+    bytes_from: dict[str, int] = {}
+    for sources, nbytes in comm.allgather((here, counted)):
+        for file, where in sources.items():
+            read_from.setdefault(file, set()).add(where)
+        for where, count in nbytes.items():
+            bytes_from[where] = bytes_from.get(where, 0) + count
+    return {f: sorted(w) for f, w in sorted(read_from.items())}, dict(sorted(bytes_from.items()))
 
 
 def _manifest_for_the_copyless(copies: list[StepCopy], step: int, comm: Comm) -> Manifest | None:
