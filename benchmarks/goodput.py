@@ -4,9 +4,9 @@ A member of fixed pace (:func:`paced`: a tiny model, ``step_s`` of sleep per ste
 every ``interval`` steps, so that the figures are about recovery and not the interval) runs
 through the real ``resilient-flows`` command, once without faults and once per kind of fault,
 struck from outside every ``period`` seconds (15 s) while it trains. A fault strikes only once the
-member trains again after the previous one (a recovery slower than the period is not struck
-twice) and not in its last few seconds. The kinds (local site; chaos.py's injectors where it has
-one):
+member trained 2 s again after the previous one (a recovery slower than the period is not struck
+before it made progress, which would rightly cost a retry) and not in its last few seconds. The
+kinds (local site; chaos.py's injectors where it has one):
 
 ``member-kill``   SIGKILL of the process that runs the member's training (its heartbeat's pid:
                   for a Python member, the Parsl worker that runs ``run_member``);
@@ -70,6 +70,8 @@ CLUSTER_KINDS = ("member-kill", "node-loss")
 CHAOS_KIND = {"worker-kill": "worker-kill", "pool-kill": "pool-kill", "manager-kill": "manager-process-kill"}
 #: No fault in a member's last seconds: it would finish before the runner noticed.
 MARGIN_S = 4.0
+#: How long an attempt trains before the next fault may strike it (see :class:`Periodic`).
+SETTLE_S = 2.0
 #: How often the injector looks at the member's progress.
 LOOK_S = 0.1
 
@@ -122,13 +124,16 @@ def config_of(mode: Mode, steps: int) -> chaos.Config:
 
 
 class Periodic(chaos.Chaos):
-    """Strikes ``kind`` every ``period_s`` while the member trains: once it trains again after
-    the previous fault (a newer attempt logged a step), and not within :data:`MARGIN_S` of its end."""
+    """Strikes ``kind`` every ``period_s`` while the member trains, counted from its first step:
+    only once the attempt the previous fault started trained :data:`SETTLE_S` (and past two
+    checkpoints), so that a recovery slower than the period is not struck again before it made
+    progress (which would rightly be charged a retry), and not within :data:`MARGIN_S` of its end."""
 
-    def __init__(self, kind: str, period_s: float, step_s: float, steps: int, **parts: Any) -> None:
+    def __init__(self, kind: str, period_s: float, step_s: float, steps: int, interval: int, **parts: Any) -> None:
         super().__init__([], 0.0, seed=0, **parts)
         self.kind, self.period_s = kind, period_s
         self.last_step = steps - 1 - int(MARGIN_S / step_s)
+        self.settle_steps = max(2 * interval + 1, int(SETTLE_S / step_s))
         self.metrics: chaos.EventTail | None = None
 
     def run(self) -> None:
@@ -137,19 +142,20 @@ class Periodic(chaos.Chaos):
             progress = self._progress()
             if progress is None:
                 continue
-            attempt, step, first_time = progress
+            attempt, step, trained, first_time = progress
             if step >= self.last_step:
                 return
             origin = first_time if struck_at is None else struck_at
-            if attempt <= struck_attempt or time.time() - origin < self.period_s:
+            if attempt <= struck_attempt or trained < self.settle_steps or time.time() - origin < self.period_s:
                 continue
             fault = chaos.Fault(self.kind, len(self.faults))
             if self._strike(fault):
                 self.faults.append(fault)
                 struck_at, struck_attempt = fault.time, attempt
 
-    def _progress(self) -> tuple[int, int, float] | None:
-        """(attempt, step, time of the run's first step) of the member's newest line, None before any."""
+    def _progress(self) -> tuple[int, int, int, float] | None:
+        """(attempt, step, lines of that attempt, time of the run's first step) of the member's
+        newest line; None before any."""
         if self.metrics is None:
             found = list((self.run_dir / "members").glob("*/metrics.jsonl"))
             if not found:
@@ -158,7 +164,9 @@ class Periodic(chaos.Chaos):
         lines = self.metrics.read()
         if not lines:
             return None
-        return int(lines[-1]["attempt"]), int(lines[-1]["step"]), float(lines[0]["time"])
+        attempt = int(lines[-1]["attempt"])
+        trained = sum(int(line["attempt"]) == attempt for line in lines)
+        return attempt, int(lines[-1]["step"]), trained, float(lines[0]["time"])
 
     def _strike(self, fault: chaos.Fault) -> bool:
         if self.kind in CHAOS_KIND:
@@ -228,7 +236,7 @@ def measure(
         nonlocal injector
         parts = {"run_dir": directory / "run", "shared": None, "runner": runner, "watcher": watcher}
         parts.update(facts=facts, config=config, nodes=nodes_dir, cluster=cluster)
-        injector = Periodic(kind, period_s, mode.step_s, steps, **parts)
+        injector = Periodic(kind, period_s, mode.step_s, steps, mode.interval, **parts)
         return injector
 
     timeout_s = 3 * steps * mode.step_s + 300
@@ -282,6 +290,8 @@ def site_copy(site: str, spare_nodes: int | None, directory: Path) -> tuple[Path
     try:
         load_site(path)
     except SiteConfigError as exc:
+        if "spare_nodes" not in str(exc):
+            raise SystemExit(f"the site {site} does not load: {exc}") from None
         path.unlink()
         return None, f"spare_nodes: {spare_nodes} is not known on this commit ({exc}); measured without spares"
     return path, None
