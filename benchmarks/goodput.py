@@ -86,7 +86,7 @@ class Mode:
 
 
 MODES = {
-    "quick": Mode(kinds=("member-kill",), rounds=1, steps=180),
+    "quick": Mode(kinds=("member-kill",), rounds=1, steps=220),
     "default": Mode(kinds=LOCAL_KINDS, rounds=2, steps=350),
     "full": Mode(kinds=LOCAL_KINDS, rounds=5, steps=950),
 }
@@ -321,6 +321,7 @@ def commit() -> str:
 def run_rounds(args: Any, mode: Mode, site: str, work: Path, out: Any, site_file: Path | None) -> list[list[Measured]]:
     """Each round: the fault-free member, then each kind, in an order rotated round by round."""
     steps = CLUSTER_STEPS[harness.size_of(args)] if site != "local" else mode.steps
+    steps = max(steps, int((args.period + MARGIN_S + SETTLE_S + 1.0) / mode.step_s))  # room for one fault at least
     rounds = []
     for r in range(args.rounds or mode.rounds):
         measured = []
