@@ -90,8 +90,10 @@ MODES = {
     "default": Mode(kinds=LOCAL_KINDS, rounds=2, steps=350),
     "full": Mode(kinds=LOCAL_KINDS, rounds=5, steps=950),
 }
-#: On the emulated cluster a lost node costs a new block (about a minute): one loss per run.
+#: On the emulated cluster a lost node costs a new block (about a minute): one loss per run, so
+#: that the member trains between losses (struck again 2 s after each restart, it would crawl).
 CLUSTER_STEPS = {"quick": 700, "default": 700, "full": 1200}
+MAX_FAULTS = {"node-loss": 1}
 
 
 def paced(ctx: Any) -> dict[str, Any]:
@@ -143,7 +145,7 @@ class Periodic(chaos.Chaos):
             if progress is None:
                 continue
             attempt, step, trained, first_time = progress
-            if step >= self.last_step:
+            if step >= self.last_step or len(self.faults) >= MAX_FAULTS.get(self.kind, len(self.faults) + 1):
                 return
             origin = first_time if struck_at is None else struck_at
             if attempt <= struck_attempt or trained < self.settle_steps or time.time() - origin < self.period_s:
