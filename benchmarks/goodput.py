@@ -36,8 +36,9 @@ N`` into the run's copy of the site (said so when this commit's sites do not kno
 
 ``python benchmarks/goodput.py [--quick | --full] [--cluster] [--spare-nodes N] [--kinds K,K]
 [--rounds N] [--period S] [--json PATH] [--dir DIR]``; ``--quick`` (member-kill only, one round)
-takes about a minute, the default (every local kind, two rounds) about ten, ``--cluster`` adds
-node loss (a few minutes a round).
+takes about two minutes on a 2-core machine (each run's runner start is half of it), the
+default (every local kind, two rounds) 15 to 40, as loaded as the machine is; ``--cluster``
+(member kill and one node loss per run; ``--quick``: node loss only) about seven a round.
 """
 
 from __future__ import annotations
