@@ -89,10 +89,10 @@ issue 13 where it sets one:
   shard (the restore falls back one checkpoint). Attempts that lived through a full file system
   are reported apart: their checkpoints could not be written;
 - recovery per fault kind, median and p95: from the fault to the first step of the next attempt
-  of each member whose attempt it ended. In an ensemble larger than its workers a retried member
-  waits behind the queued ones for a free worker, so the recovery splits into detection (fault
-  -> ``failed``, ``lost``, or a new runner's ``submitted``), that wait, and restart (next
-  attempt ``started`` -> its first step: restore and one step). The target "p95 <= heartbeat
+  of each member whose attempt it ended, split as ``goodput.py`` splits it (``recovery_split``):
+  detection (fault -> ``failed``, ``lost``, or a new runner's ``submitted``), restart (-> the next
+  attempt's ``started``: in an ensemble larger than its workers, the wait for a free one too),
+  restore (-> ``resumed``: training again) and redone steps. The target "p95 <= heartbeat
   threshold + restore" is checked as detection p95 <= the threshold of whatever noticed the loss
   plus how often it looks: Parsl's ``heartbeat_threshold`` + ``heartbeat_period``, or for the
   hangs and for losses the runner's watchdog found, the member's ``stall_timeout`` + 2 s, counted
@@ -162,7 +162,9 @@ REPO = Path(__file__).resolve().parents[1]
 BENCH_DIR = Path(__file__).resolve().parent
 sys.path.append(str(BENCH_DIR))  # clusterenv, also when the tests import this file
 import harness  # noqa: E402
+import recovery_split  # noqa: E402
 from clusterenv import read_env_file  # noqa: E402
+from recovery_split import percentile  # noqa: E402
 
 CLI = Path(sys.executable).with_name("resilient-flows")
 TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
@@ -1632,14 +1634,8 @@ class Loss:
     detected_by: str  # the first sign of the loss: failed, lost, submitted (a new runner) or started
     recovery_s: float | None  # fault -> the next attempt's first step
     detect_s: float | None  # fault (or the silence it caused, if later) -> the first sign of the loss
-    restart_s: float | None  # the next attempt: started -> its first step
-    restore_s: float | None  # the next attempt: started -> resumed
+    split: recovery_split.Split | None  # detection, restart, restore, redone steps (None: no fault)
     through_full: bool  # the attempt lived through a full file system: checkpoints may have failed
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
 
 
 def by_member(data: RunData) -> dict[str, list[dict[str, Any]]]:
@@ -1716,26 +1712,20 @@ def _loss(
 ) -> Loss:
     """What attempt ``a`` of ``name``, ended by ``fault`` and followed by ``b``, cost."""
     started = {e["attempt"]: e["time"] for e in mine if e["kind"] == "started"}
-    resumed = {e["attempt"]: e["time"] for e in mine if e["kind"] == "resumed"}
     finished = [e["time"] for e in mine if e["kind"] == "finished"]
     # when the watchdog found an attempt silent: since when, in wall-clock time
     silent_since = {e["time"]: e["time"] - e["silent_s"] for e in mine if e["kind"] == "lost" and e.get("silent_s")}
-    steps: dict[int, set[int]] = {}
-    first_line: dict[int, float] = {}
-    for step, attempt, when in data.metrics.get(name, []):
-        steps.setdefault(attempt, set()).add(step)
-        first_line[attempt] = min(first_line.get(attempt, when), when)
-    later = set().union(*(s for c, s in steps.items() if c > a))
-    first_new = first_line.get(b) or next((t for t in finished if t > started[b]), None)
+    lines = data.metrics.get(name, [])
+    first_new = min((t for _, c, t in lines if c == b), default=None)
+    first_new = first_new or next((t for t in finished if t > started[b]), None)
     recovery = None if fault is None or first_new is None else first_new - fault.time
     # a hang is noticeable once the attempt falls silent: a pool whose manager process died runs
     # its tasks on, beating, until they need it
     detect = None if fault is None else detected - max(fault.time, silent_since.get(detected, fault.time))
-    restart = None if first_new is None else first_new - started[b]
-    restore = resumed[b] - started[b] if b in resumed else None
+    split = recovery_split.split_of(mine, lines, name, a, detected if fault is None else fault.time, 0.0)
+    split = replace(split, redone_s=split.redone_steps * recovery_split.step_time_s(lines))
     through = any(f.time < detected and f.end > started[a] for f in fulls)
-    lost = len(steps.get(a, set()) & later)
-    return Loss(name, a, fault, lost, how, recovery, detect, restart, restore, through)
+    return Loss(name, a, fault, split.redone_steps, how, recovery, detect, split if fault else None, through)
 
 
 def attribute(
@@ -2032,9 +2022,9 @@ def figures(
         "attempts_unexplained", "attempts lost that no fault explains", unexplained, "attempts", "= 0", unexplained == 0
     )
 
-    restores = [loss.restore_s for loss in lost if loss.restore_s is not None]
+    restores = [loss.split.restore_s for loss in lost if loss.split and loss.split.restore_s is not None]
     restore_s = statistics.median(restores) if restores else 0.0
-    add("restore_median", "restore (started -> resumed), median", restore_s, "s")
+    add("restore_median", "restore (started -> training again), median", restore_s, "s")
     local = facts.name == "local"
     for kind in sorted(injected):
         mine = [loss for loss in explained if loss.fault.kind == kind and loss.recovery_s is not None]
@@ -2042,17 +2032,13 @@ def figures(
         if mine:
             recoveries = [loss.recovery_s for loss in mine]
             detections = [loss.detect_s for loss in mine]
-            restarts = [loss.restart_s for loss in mine]
+            parts = recovery_split.summary(loss.split for loss in mine if loss.split is not None)
             p95, limit = percentile(detections, 0.95), max(detection_limit_s(loss, config, facts) for loss in mine)
             add(f"recovery_{kind}_median", f"recovery {kind}, median", statistics.median(recoveries), "s")
             add(f"recovery_{kind}_p95", f"recovery {kind}, p95", percentile(recoveries, 0.95), "s")
             add(f"detection_{kind}_p95", "  of which detection, p95", p95, "s", f"<= {limit:g}", p95 <= limit)
-            add(
-                f"restart_{kind}_median",
-                "  of which restart (restore, first step), median",
-                statistics.median(restarts),
-                "s",
-            )
+            for part in ("restart", "restore", "redone"):  # the split goodput.py reports (recovery_split)
+                add(f"{part}_{kind}_median", f"  of which {part}, median", parts.get(f"{part}_median"), "s")
         elif kind in WINDOWED and (windowed := [r for f in struck for r in window_recoveries(data, f)]):
             add(
                 f"recovery_{kind}_median",

@@ -1,0 +1,396 @@
+"""Goodput: the time one fault costs a training member, split into where it goes, per kind of fault.
+
+A member of fixed pace (:func:`paced`: a tiny model, ``step_s`` of sleep per step, a checkpoint
+every ``interval`` steps, so that the figures are about recovery and not the interval) runs
+through the real ``resilient-flows`` command, once without faults and once per kind of fault,
+struck from outside every ``period`` seconds (15 s) while it trains. A fault strikes only once the
+member trained 2 s again after the previous one (a recovery slower than the period is not struck
+before it made progress, which would rightly cost a retry) and not in its last few seconds. The
+kinds (local site; chaos.py's injectors where it has one):
+
+``member-kill``   SIGKILL of the process that runs the member's training (its heartbeat's pid:
+                  for a Python member, the Parsl worker that runs ``run_member``);
+``worker-kill``   SIGKILL of a busy worker of the run's pools, found through ``/proc`` as
+                  chaos.py finds it (for a Python member, the same process as ``member-kill``);
+``pool-kill``     SIGKILL of the worker pool (``process_worker_pool.py``);
+``manager-kill``  SIGKILL of the pool's multiprocessing manager process;
+``preempt``       the member asked to stop through its control file (the runner's preempt path),
+                  then requeued by the retry handler;
+``node-loss``     ``--cluster``: the node of the member's block crashes on the emulated 3-node
+                  Slurm cluster (``.ci/slurm-up --nodes 3``, chaos.py's ``--slurm-nodes``).
+
+The **cost of one fault** is (the faulted member's wall time - the fault-free member's) / faults,
+a member's wall time counted from its first ``started`` event to its ``finished`` one (the
+runner's own start and stop are no recovery). It is split (:mod:`recovery_split`) into
+detection (fault -> the runner's ``failed``/``lost`` event), restart (-> the next attempt's
+``started``), restore (-> its ``resumed``: training again) and redone steps (steps computed twice
+x the fault-free step time); what the four leave is ``other`` (the step the fault interrupted,
+checkpoint waits). **Goodput at one fault a minute** is 1 - cost / 60 s. Figures are medians
+(and p95) over rounds; each round runs the fault-free member and every kind side by side.
+
+Checks: every faulted member's digest equals the fault-free one's (bit for bit), and no retry
+was charged (the ``cost`` of the ``failed`` events is 0). Targets (issue 34): a member process
+SIGKILLed every 15 s costs <= 1.5 s per fault on a quiet machine; with ``--cluster`` and a spare
+node, a node loss trains again <= 10 s after the kill. ``--spare-nodes N`` writes ``spare_nodes:
+N`` into the run's copy of the site (said so when this commit's sites do not know the option).
+
+``python benchmarks/goodput.py [--quick | --full] [--cluster] [--spare-nodes N] [--kinds K,K]
+[--rounds N] [--period S] [--json PATH] [--dir DIR]``; ``--quick`` (member-kill only, one round)
+takes about two minutes on a 2-core machine (each run's runner start is half of it), the
+default (every local kind, two rounds) 15 to 40, as loaded as the machine is; ``--cluster``
+(member kill and one node loss per run; ``--quick``: node loss only) about seven a round.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+BENCH_DIR = Path(__file__).resolve().parent
+sys.path.insert(0, str(BENCH_DIR))
+import chaos  # noqa: E402
+import harness  # noqa: E402
+import recovery_split  # noqa: E402
+from goodput_report import print_report, rows_of, write_document  # noqa: E402
+
+LOCAL_KINDS = ("member-kill", "worker-kill", "pool-kill", "manager-kill", "preempt")
+CLUSTER_KINDS = ("member-kill", "node-loss")
+#: chaos.py's injector of each kind that it has (the others are :class:`Periodic`'s own).
+CHAOS_KIND = {"worker-kill": "worker-kill", "pool-kill": "pool-kill", "manager-kill": "manager-process-kill"}
+#: No fault in a member's last seconds: it would finish before the runner noticed.
+MARGIN_S = 4.0
+#: How long an attempt trains before the next fault may strike it (see :class:`Periodic`).
+SETTLE_S = 2.0
+#: How often the injector looks at the member's progress.
+LOOK_S = 0.1
+
+
+@dataclass(frozen=True)
+class Mode:
+    kinds: tuple[str, ...]
+    rounds: int
+    steps: int
+    step_s: float = 0.1
+    interval: int = 2  # checkpoint every so many steps
+
+
+MODES = {
+    "quick": Mode(kinds=("member-kill",), rounds=1, steps=220),
+    "default": Mode(kinds=LOCAL_KINDS, rounds=2, steps=350),
+    "full": Mode(kinds=LOCAL_KINDS, rounds=5, steps=950),
+}
+#: On the emulated cluster a lost node costs a new block (about a minute): one loss per run, so
+#: that the member trains between losses (struck again 2 s after each restart, it would crawl).
+CLUSTER_STEPS = {"quick": 700, "default": 700, "full": 1200}
+MAX_FAULTS = {"node-loss": 1}
+
+
+def paced(ctx: Any) -> dict[str, Any]:
+    """``goodput:paced``: a tiny linear model whose every step ends with ``step_s`` of sleep: a
+    member of known pace whatever the machine's load, deterministic (its random draws come from
+    torch's generator, which a checkpoint restores) so that a faulted run's digest must equal
+    the fault-free one's."""
+    torch.manual_seed(ctx.seed)
+    model = torch.nn.Linear(8, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    ctx.track(model=model, optimizer=opt)
+    for step in ctx.steps(ctx.params["steps"]):
+        x = torch.randn(16, 8)
+        loss = (model(x) - x.sum(1, keepdim=True)).square().mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        time.sleep(float(ctx.params["step_s"]))
+        ctx.log(step, loss=loss)
+    return ctx.result(model)
+
+
+def config_of(mode: Mode, steps: int) -> chaos.Config:
+    """chaos.py's configuration of one paced member: its workflow, and what its injectors read."""
+    params = {"steps": steps, "step_s": mode.step_s}
+    return chaos.Config(members=1, steps=steps, interval=mode.interval, params=params, workload="goodput:paced")
+
+
+# ---------------------------------------------------------------------- the injector
+
+
+class Periodic(chaos.Chaos):
+    """Strikes ``kind`` every ``period_s`` while the member trains, counted from its first step:
+    only once the attempt the previous fault started trained :data:`SETTLE_S` (and past two
+    checkpoints), so that a recovery slower than the period is not struck again before it made
+    progress (which would rightly be charged a retry), and not within :data:`MARGIN_S` of its end."""
+
+    def __init__(self, kind: str, period_s: float, step_s: float, steps: int, interval: int, **parts: Any) -> None:
+        super().__init__([], 0.0, seed=0, **parts)
+        self.kind, self.period_s = kind, period_s
+        self.last_step = steps - 1 - int(MARGIN_S / step_s)
+        self.settle_steps = max(2 * interval + 1, int(SETTLE_S / step_s))
+        self.metrics: chaos.EventTail | None = None
+
+    def run(self) -> None:
+        struck_at, struck_attempt = None, 0
+        while not self._done.wait(LOOK_S):
+            progress = self._progress()
+            if progress is None:
+                continue
+            attempt, step, trained, first_time = progress
+            if step >= self.last_step or len(self.faults) >= MAX_FAULTS.get(self.kind, len(self.faults) + 1):
+                return
+            origin = first_time if struck_at is None else struck_at
+            if attempt <= struck_attempt or trained < self.settle_steps or time.time() - origin < self.period_s:
+                continue
+            fault = chaos.Fault(self.kind, len(self.faults))
+            if self._strike(fault):
+                self.faults.append(fault)
+                struck_at, struck_attempt = fault.time, attempt
+
+    def _progress(self) -> tuple[int, int, int, float] | None:
+        """(attempt, step, lines of that attempt, time of the run's first step) of the member's
+        newest line; None before any."""
+        if self.metrics is None:
+            found = list((self.run_dir / "members").glob("*/metrics.jsonl"))
+            if not found:
+                return None
+            self.metrics = chaos.EventTail(found[0])
+        lines = self.metrics.read()
+        if not lines:
+            return None
+        attempt = int(lines[-1]["attempt"])
+        trained = sum(int(line["attempt"]) == attempt for line in lines)
+        return attempt, int(lines[-1]["step"]), trained, float(lines[0]["time"])
+
+    def _strike(self, fault: chaos.Fault) -> bool:
+        if self.kind in CHAOS_KIND:
+            return getattr(self, "_" + CHAOS_KIND[self.kind].replace("-", "_"))(fault, self.rng)
+        if self.kind == "node-loss":
+            return self._node_loss(fault, self.rng)
+        running = chaos.running_members(self.run_dir)
+        if not running:
+            return False
+        name, (attempt, pid) = next(iter(running.items()))
+        proc = chaos.read_proc(pid)
+        if proc is None:
+            return False
+        if self.kind == "member-kill":
+            self._begin(fault, {name: attempt}, f"member process {pid} of {name}", [proc])
+            return chaos.send(proc, signal.SIGKILL)
+        from resilient_flows.training import request_preemption
+
+        self._begin(fault, {name: attempt}, f"{name} asked to stop (control file)")
+        request_preemption(self.run_dir, name, "goodput benchmark")
+        return True
+
+
+# ---------------------------------------------------------------------- one run
+
+
+@dataclass
+class Measured:
+    """One run of the member: its wall time, digest, faults and their splits."""
+
+    kind: str
+    wall_s: float  # the member's, first started -> finished
+    run_wall_s: float  # the runner's, start to exit
+    digest: str | None
+    faults: int
+    splits: list[recovery_split.Split]
+    step_s: float
+    charged: float  # retries charged: the ``cost`` of every ``failed`` event of the run
+    timed_out: bool
+
+
+def member_wall_s(data: chaos.RunData) -> float:
+    """The member's wall time: its first ``started`` to its ``finished`` (0 when it did not finish)."""
+    starts = [e["time"] for e in data.events if e["kind"] == "started"]
+    ends = [e["time"] for e in data.events if e["kind"] == "finished"]
+    return max(ends) - min(starts) if starts and ends else 0.0
+
+
+def measure(
+    kind: str | None, mode: Mode, steps: int, work: Path, site: str, period_s: float, site_file: Path | None
+) -> Measured:
+    """The member run once (``kind`` None: without faults) in its own directory under ``work``."""
+    config = config_of(mode, steps)
+    label = kind or "fault-free"
+    directory = work / label
+    directory.mkdir(parents=True)
+    workflow = directory / "goodput.yaml"
+    workflow.write_text(chaos.workflow_yaml(config, site, site_file))
+    facts = chaos.SiteFacts.of(site)
+    cluster = nodes_dir = None
+    if site == "local-slurm-nodes":
+        nodes_dir = Path(os.environ["RESILIENT_FLOWS_TEST_NODES_DIR"])
+        cluster = nodes_dir.parent
+    injector: Periodic | None = None
+
+    def inject(runner: chaos.Runner, watcher: chaos.Watcher, gate: Path | None) -> chaos.Chaos:
+        nonlocal injector
+        parts = {"run_dir": directory / "run", "shared": None, "runner": runner, "watcher": watcher}
+        parts.update(facts=facts, config=config, nodes=nodes_dir, cluster=cluster)
+        injector = Periodic(kind, period_s, mode.step_s, steps, mode.interval, **parts)
+        return injector
+
+    timeout_s = 3 * steps * mode.step_s + 300
+    execution = chaos.execute(
+        workflow,
+        directory / "run",
+        site,
+        directory / "runner.log",
+        timeout_s,
+        inject if kind is not None else None,
+        nodes=directory / "nodes",
+        site_file=site_file,
+    )
+    data = execution.data
+    name = data.names[0]
+    metrics = data.metrics.get(name, [])
+    faults = [] if injector is None else [f for f in injector.faults if f.time > 0]
+    step_s = recovery_split.step_time_s(metrics)
+    splits = [
+        recovery_split.split_of(data.events, metrics, name, f.hit[name], f.time, mode.step_s)
+        for f in faults
+        if name in f.hit
+    ]
+    return Measured(
+        label,
+        member_wall_s(data),
+        execution.wall_s,
+        data.digests.get(name),
+        len(faults),
+        splits,
+        step_s,
+        sum(e["cost"] for e in data.events if e["kind"] == "failed" and isinstance(e.get("cost"), int | float)),
+        execution.timed_out,
+    )
+
+
+# ---------------------------------------------------------------------- sites
+
+
+def site_copy(site: str, spare_nodes: int | None, directory: Path) -> tuple[Path | None, str | None]:
+    """The run's copy of ``site`` with ``spare_nodes: N`` (None: the site itself), and why the
+    option was left out when this commit's sites refuse it (None when it was kept or not asked)."""
+    if spare_nodes is None:
+        return None, None
+    from resilient_flows.errors import SiteConfigError
+    from resilient_flows.sites import load_site
+
+    text = (chaos.REPO / "site-configs" / f"{site}.yaml").read_text()
+    path = directory / f"{site}.yaml"
+    path.write_text(f"{text.rstrip()}\nspare_nodes: {spare_nodes}\n")
+    try:
+        load_site(path)
+    except SiteConfigError as exc:
+        if "spare_nodes" not in str(exc):
+            raise SystemExit(f"the site {site} does not load: {exc}") from None
+        path.unlink()
+        return None, f"spare_nodes: {spare_nodes} is not known on this commit ({exc}); measured without spares"
+    return path, None
+
+
+@contextlib.contextmanager
+def cluster_of(out: Any, enabled: bool) -> Iterator[str]:
+    """The site to run on: ``local``, or ``local-slurm-nodes`` on a 3-node cluster started here."""
+    if not enabled:
+        yield "local"
+        return
+    with chaos.slurm_nodes_cluster(out, 3):
+        yield "local-slurm-nodes"
+
+
+def commit() -> str:
+    done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=chaos.REPO, capture_output=True, text=True)
+    dirty = subprocess.run(
+        ["git", "status", "--porcelain", "--untracked-files=no"], cwd=chaos.REPO, capture_output=True
+    )
+    return done.stdout.strip() + ("+" if dirty.stdout.strip() else "")
+
+
+# ---------------------------------------------------------------------- main
+
+
+def run_rounds(args: Any, mode: Mode, site: str, work: Path, out: Any, site_file: Path | None) -> list[list[Measured]]:
+    """Each round: the fault-free member, then each kind, in an order rotated round by round."""
+    steps = CLUSTER_STEPS[harness.size_of(args)] if site != "local" else mode.steps
+    steps = max(steps, int((args.period + MARGIN_S + SETTLE_S + 1.0) / mode.step_s))  # room for one fault at least
+    rounds = []
+    for r in range(args.rounds or mode.rounds):
+        measured = []
+        for kind in harness.rotated((None, *mode.kinds), r):
+            out.print(f"[dim]round {r + 1}: {kind or 'fault-free'} ({os.getloadavg()[0]:.1f} load)")
+            measured.append(measure(kind, mode, steps, work / f"round-{r}", site, args.period, site_file))
+        rounds.append(measured)
+    return rounds
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser, _ = harness.options(
+        __doc__, quick="member-kill only, one round: about a minute", full="five rounds of longer members"
+    )
+    parser.add_argument("--cluster", action="store_true", help="on a 3-node Slurm cluster started here, with node loss")
+    parser.add_argument("--spare-nodes", type=int, metavar="N", help="with --cluster: spare_nodes: N in the site")
+    parser.add_argument("--kinds", metavar="K,K", help="only these kinds of fault")
+    parser.add_argument("--rounds", type=int, help="rounds (default: the size's)")
+    parser.add_argument("--period", type=float, default=15.0, help="seconds between faults (default 15)")
+    parser.add_argument("--json", type=Path, help="write the figures, checks and splits")
+    parser.add_argument("--dir", type=Path, help="working directory (default: a new temporary one)")
+    args = parser.parse_args(argv)
+    size = harness.size_of(args)
+    mode = MODES[size]
+    known = CLUSTER_KINDS if args.cluster else LOCAL_KINDS
+    if args.cluster:
+        mode = Mode(CLUSTER_KINDS if size != "quick" else ("node-loss",), mode.rounds, mode.steps)
+    if args.kinds:
+        chosen = tuple(k.strip() for k in args.kinds.split(",") if k.strip())
+        if unknown := [k for k in chosen if k not in known]:
+            parser.error(f"--kinds: {', '.join(unknown)} not among {', '.join(known)}")
+        mode = Mode(chosen, mode.rounds, mode.steps)
+    if args.spare_nodes is not None and (not args.cluster or args.spare_nodes < 0):
+        parser.error("--spare-nodes N needs --cluster and N >= 0")
+    if args.rounds is not None and args.rounds < 1:
+        parser.error("--rounds must be at least 1")
+    out = harness.console()
+    signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
+    work = Path(tempfile.mkdtemp(prefix="goodput-", dir=args.dir))
+    load_before = os.getloadavg()
+    try:
+        with cluster_of(out, args.cluster) as site:
+            site_file, remark = site_copy(site, args.spare_nodes, work)
+            if remark:
+                out.print(f"[yellow]{remark}")
+            out.print(f"{size}: kinds {', '.join(mode.kinds)} on {site}, a fault every {args.period:g} s; work {work}")
+            rounds = run_rounds(args, mode, site, work, out, site_file)
+        meta = {
+            "mode": size,
+            "site": site,
+            "commit": commit(),
+            "period_s": args.period,
+            "load_before": load_before,
+            "load_after": os.getloadavg(),
+            "cpus": os.cpu_count(),
+            "spare_nodes": args.spare_nodes,
+            "remarks": [remark] if remark else [],
+        }
+        rows, checks = rows_of(rounds, spares=bool(site_file))
+        print_report(out, meta, rows, checks)
+        if args.json:
+            write_document(args.json, meta, rows, checks, rounds)
+        return 1 if harness.failed(checks) else 0
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,159 @@
+"""Where the time one fault costs goes, read from what a run wrote: shared by ``goodput.py`` and ``chaos.py``.
+
+A fault that ends a member's attempt costs the member the time from the fault until it trains
+again, plus the steps it must compute a second time. That time splits into four parts, each
+bounded by a timestamp the run already writes (``events.jsonl`` and the member's
+``metrics.jsonl``) or the injector's own clock (the fault's wall-clock time):
+
+- **detection**: the fault -> the runner notices: the attempt's ``failed`` (the retry handler)
+  or ``lost`` (the watchdog) event, or a new runner's ``submitted`` after the runner died;
+- **restart**: -> the next attempt runs: its ``started`` event;
+- **restore**: -> training again: the next attempt's ``resumed`` event (its checkpoint restored),
+  or for an attempt with nothing to restore, its first step's line less one step time;
+- **redone steps**: steps the ended attempt logged and a later attempt logged again, each
+  costing one fault-free step time.
+
+Goodput at one fault every ``period`` seconds is then ``1 - cost / period``: the share of the
+wall time spent on steps that count.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["NOTICES", "Split", "goodput", "percentile", "split_of", "step_time_s", "summary"]
+
+#: The events by which the runner notices that an attempt ended.
+NOTICES = ("failed", "lost", "submitted")
+
+#: ``(step, attempt, wall-clock time)`` of each line of a member's ``metrics.jsonl``.
+MetricLine = tuple[int, int, float]
+
+
+@dataclass(frozen=True)
+class Split:
+    """What one fault cost one member: the attempt it ended, and the recovery's parts (seconds;
+    None where the run wrote no later attempt)."""
+
+    member: str
+    attempt: int
+    fault_time: float
+    detected_by: str  # the first notice: failed, lost, submitted, or started when none came first
+    detection_s: float | None
+    restart_s: float | None
+    restore_s: float | None
+    redone_steps: int
+    redone_s: float
+    retries_charged: float  # the ``cost`` of the attempt's ``failed`` events
+
+    @property
+    def training_again_s(self) -> float | None:
+        """The fault -> training again: what a spare node or a warm restart shortens."""
+        parts = (self.detection_s, self.restart_s, self.restore_s)
+        return None if any(p is None for p in parts) else sum(parts)
+
+    @property
+    def total_s(self) -> float | None:
+        """The whole cost the split accounts for: training again, then the redone steps."""
+        again = self.training_again_s
+        return None if again is None else again + self.redone_s
+
+
+def split_of(
+    events: Iterable[Mapping[str, Any]],
+    metrics: Iterable[MetricLine],
+    member: str,
+    attempt: int,
+    fault_time: float,
+    step_s: float,
+) -> Split:
+    """The split of the fault at ``fault_time`` that ended ``attempt`` of ``member``.
+
+    ``events``: the run's events (any member's; others are skipped); ``metrics``: the member's
+    lines; ``step_s``: one step's time without faults (:func:`step_time_s` of the fault-free run).
+    """
+    mine = [e for e in events if e.get("member") == member]
+    started = {e["attempt"]: e["time"] for e in mine if e["kind"] == "started"}
+    resumed = {e["attempt"]: e["time"] for e in mine if e["kind"] == "resumed"}
+    charged = sum(
+        e["cost"]
+        for e in mine
+        if e["kind"] == "failed" and e.get("attempt") == attempt and isinstance(e.get("cost"), int | float)
+    )
+    steps: dict[int, set[int]] = {}
+    first_line: dict[int, float] = {}
+    for step, line_attempt, when in metrics:
+        steps.setdefault(line_attempt, set()).add(step)
+        first_line[line_attempt] = min(first_line.get(line_attempt, when), when)
+    later = set().union(*(s for a, s in steps.items() if a > attempt))
+    redone = len(steps.get(attempt, set()) & later)
+    following = min((a for a in started if a > attempt), default=None)
+    if following is None:
+        return Split(member, attempt, fault_time, "", None, None, None, redone, redone * step_s, charged)
+    restarted = started[following]
+    notices = sorted(
+        (e["time"], e["kind"]) for e in mine if e["kind"] in NOTICES and fault_time <= e["time"] <= restarted
+    )
+    detected, how = notices[0] if notices else (restarted, "started")
+    if following in resumed:
+        again = resumed[following]
+    elif following in first_line:
+        again = max(restarted, first_line[following] - step_s)
+    else:
+        again = restarted
+    return Split(
+        member,
+        attempt,
+        fault_time,
+        how,
+        detected - fault_time,
+        restarted - detected,
+        again - restarted,
+        redone,
+        redone * step_s,
+        charged,
+    )
+
+
+def step_time_s(metrics: Iterable[MetricLine]) -> float:
+    """One step's time: the median gap between consecutive lines of one attempt (0 with fewer than two)."""
+    by_attempt: dict[int, list[float]] = {}
+    for _, attempt, when in metrics:
+        by_attempt.setdefault(attempt, []).append(when)
+    gaps = [b - a for times in by_attempt.values() for a, b in zip(sorted(times), sorted(times)[1:], strict=False)]
+    return statistics.median(gaps) if gaps else 0.0
+
+
+def goodput(cost_s: float, period_s: float = 60.0) -> float:
+    """The share of wall time that trains, at one fault every ``period_s`` costing ``cost_s`` each."""
+    return 1.0 - cost_s / period_s
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The ``q`` quantile, nearest rank (of few rounds, p95 is the largest but a stray one)."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
+
+
+def summary(splits: Iterable[Split]) -> dict[str, float]:
+    """Median and p95 of each part over ``splits`` (those with a later attempt): ``detection_median``,
+    ``detection_p95``, ..., ``redone_p95``, ``training_again_*`` and ``redone_steps_median``."""
+    complete = [s for s in splits if s.training_again_s is not None]
+    if not complete:
+        return {}
+    parts = {
+        "detection": [s.detection_s for s in complete],
+        "restart": [s.restart_s for s in complete],
+        "restore": [s.restore_s for s in complete],
+        "redone": [s.redone_s for s in complete],
+        "training_again": [s.training_again_s for s in complete],
+    }
+    found = {}
+    for name, values in parts.items():
+        found[f"{name}_median"] = statistics.median(values)
+        found[f"{name}_p95"] = percentile(values, 0.95)
+    found["redone_steps_median"] = statistics.median(s.redone_steps for s in complete)
+    return found
