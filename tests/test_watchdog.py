@@ -418,6 +418,64 @@ def test_resume_cancels_the_orphaned_pool_of_a_killed_runner(tmp_path: Path, qui
     assert_every_member_matches_a_fault_free_run(run_dir, tmp_path / "reference")
 
 
+TWO_MEMBERS = WORKFLOW.replace("count: 6", "count: 2")
+
+
+def pool_and_manager(run_dir: Path) -> tuple[int, int]:
+    """The run's worker pool and its multiprocessing manager (the pool's oldest spawned child)."""
+    (pool,) = pools_of(run_dir)
+    spawned = [pid for pid, (parent, cmd) in processes().items() if parent == pool and "spawn_main" in cmd]
+    return pool, min(spawned, key=lambda pid: (process_start_time(pid) or 0, pid))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("target", ["pool", "manager"])
+def test_a_lost_pool_is_noticed_by_its_members_not_by_parsl_s_threshold(tmp_path: Path, target: str) -> None:
+    """The pool SIGKILLed (its workers train on, orphaned), or its multiprocessing manager (its
+    heartbeat thread answers on, so Parsl never notices): the members see it at their next look
+    at the pool, the runner fails their tasks at once, and they resume free on a new block. (The
+    site's own stall timeout, 30 s, so that a block slow to start on a loaded machine is not lost.)"""
+    run_dir = tmp_path / "run"
+    (tmp_path / "wf.yaml").write_text(TWO_MEMBERS)
+    site = REPO / "site-configs/local.yaml"
+    runner = subprocess.Popen(
+        [CLI, "run", tmp_path / "wf.yaml", "--site", site, "--run-dir", run_dir],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        wait_for_checkpoints(run_dir, 2, runner)
+        pool, manager = pool_and_manager(run_dir)
+        killed = time.time()
+        os.kill(pool if target == "pool" else manager, signal.SIGKILL)
+        out, _ = runner.communicate(timeout=240)
+    finally:
+        if runner.poll() is None:
+            runner.kill()
+    assert runner.returncode == 0, out
+    events = [e for e in read_events(run_dir) if e["time"] >= killed]
+    gone = f"worker pool (pid {pool}) exited" if target == "pool" else f"multiprocessing manager (pid {manager}) exited"
+    first: dict[str, dict] = {}
+    for event in events:
+        if event["kind"] == "failed":
+            first.setdefault(event["member"], event)
+    ended = list(first.values())  # the attempts the fault ended
+    assert ended and all(e["cost"] == 0.0 for e in ended), ended
+    assert all(e["cause"] == f"infrastructure: its worker pool was lost (its {gone})" for e in ended), ended
+    # ended by the runner (its ManagerLost names the block) or by the attempt's own stop, in a pool that
+    # could still report it: never by the interchange's heartbeat threshold, which names the pool's id
+    (lost, *_) = [e for e in events if e["kind"] == "lost"] or [None]
+    if lost is not None:
+        assert lost["reason"].startswith(f"the worker pool of block {lost['block']} is gone") and gone in lost["reason"]
+    blocked = f"ManagerLost: Task failure due to loss of manager block-{lost and lost['block']} "
+    assert all(e["error"].startswith((blocked, "Preempted: ")) for e in ended), ended
+    if target == "pool":  # nothing in it could report: the runner failed the tasks
+        assert lost is not None and all(e["error"].startswith(blocked) for e in ended), ended
+    assert pools_of(run_dir) == []
+    assert_every_member_matches_a_fault_free_run(run_dir, tmp_path / "reference")
+
+
 # ----------------------------------------------------------------------------- configuration
 
 
