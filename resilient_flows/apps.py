@@ -476,8 +476,9 @@ def _machine_fault(
     failure, the runner found the block lost; or the attempt saw its pool gone and stopped:
     :mod:`resilient_flows.training._pool`), or a rank that saw a peer rank's connection close
     or reset while no rank failed on its own (:mod:`resilient_flows.training._faults`; the
-    launcher's exit status :data:`EXIT_PEER_LOST` where no rank could record it). The ranks'
-    record is consumed: it is about this attempt only.
+    launcher's exit status :data:`EXIT_PEER_LOST` where no rank recorded anything: a rank's own
+    error, recorded, wins over a peer's status). The ranks' record is consumed: it is about this
+    attempt only.
     """
     fault = attempt_fault(directory)
     TaskLayout(directory).fault.unlink(missing_ok=True)
@@ -491,7 +492,7 @@ def _machine_fault(
     if fault is not None and fault["kind"] == PEER_LOST:
         where = f"rank {fault.get('rank')} on {fault.get('host')}"
         return f"a peer rank is gone ({where}: {fault.get('reason')})", block
-    if isinstance(exception, BashExitFailure) and exception.exitcode == EXIT_PEER_LOST:
+    if fault is None and isinstance(exception, BashExitFailure) and exception.exitcode == EXIT_PEER_LOST:
         return f"a peer rank is gone (a rank exited with status {EXIT_PEER_LOST})", block
     return None
 
