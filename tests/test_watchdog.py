@@ -168,7 +168,7 @@ def test_an_attempt_that_saw_its_pool_gone_makes_its_block_lost_at_the_next_look
     beat(tmp_path, "a", block="3", pid=11, pool_lost="its worker pool (pid 9) exited")
     clock.advance(WATCH_S)
     (lost,) = watchdog.check([])
-    assert (lost.task, lost.block, lost.executor) == (None, "3", None)
+    assert (lost.task, lost.block, lost.executor, lost.seen_by) == (None, "3", None, "a")
     assert lost.reason == "the worker pool of block 3 is gone, as a saw (pid 11 on n1): its worker pool (pid 9) exited"
     clock.advance(WATCH_S)
     assert watchdog.check([]) == []  # reported once

@@ -342,8 +342,9 @@ def _handle_lost(
         console.print(f"[bold yellow]lost {what}:[/] {lost.reason}")
         if lost.task is None and lost.block is None:
             return lost.reason
+        label = lost.executor or _executor_of(submitter, lost.seen_by)
         for executor in executors:
-            if lost.executor not in (None, executor.label) or not isinstance(executor, BlockProviderExecutor):
+            if label not in (None, executor.label) or not isinstance(executor, BlockProviderExecutor):
                 continue
             if retire_block(executor, lost.block):
                 watchdog.forget_block(executor.label, lost.block)
@@ -351,6 +352,14 @@ def _handle_lost(
             if lost.block is not None:
                 fail_lost_tasks(executor, str(lost.block), {**submitter.stages, **submitter.futures}, watchdog.beats())
     return None
+
+
+def _executor_of(submitter: _Submitter, name: str | None) -> str | None:
+    """The label of the executor that runs task ``name`` (a member or stage); None if unknown."""
+    future = submitter.futures.get(name or "") or submitter.stages.get(name or "")
+    record = getattr(future, "task_record", None)
+    label = record.get("executor") if isinstance(record, dict) else None
+    return label if isinstance(label, str) else None
 
 
 def _load_parsl(config: Config, fresh: Callable[[], Config], console: Console) -> tuple[Any, Config]:

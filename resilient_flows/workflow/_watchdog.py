@@ -62,7 +62,8 @@ START_FACTOR = 3.0
 class Lost:
     """What the watchdog found: a silent attempt (``task`` set), a block whose tasks never beat, or
     an executor whose interchange exited (``block`` None, ``executor`` set). ``silent_s``: how
-    long a silent attempt had not beaten, on the runner's clock."""
+    long a silent attempt had not beaten, on the runner's clock; ``seen_by``: the task that saw its
+    block's pool gone (whose executor is the block's)."""
 
     reason: str
     task: str | None = None
@@ -70,6 +71,7 @@ class Lost:
     block: str | None = None
     executor: str | None = None
     silent_s: float | None = None
+    seen_by: str | None = None
 
 
 @dataclass
@@ -188,6 +190,7 @@ class Watchdog:
                 f"the worker pool of block {block} is gone, as {name} saw (pid {beat.record.get('pid', '?')} on "
                 f"{beat.record.get('host', '?')}): {why}",
                 block=str(block),
+                seen_by=name,
             )
 
     def _silent_attempts(self, now: float) -> Iterable[Lost]:
