@@ -536,7 +536,9 @@ def test_a_lost_pool_is_noticed_by_its_members_not_by_parsl_s_threshold(tmp_path
             runner.kill()
     assert runner.returncode == 0, out
     events = [e for e in read_events(run_dir) if e["time"] >= killed]
-    gone = f"worker pool (pid {pool}) exited" if target == "pool" else f"worker pool's multiprocessing manager (pid {manager}) exited"
+    gone = f"worker pool (pid {pool}) exited"
+    if target == "manager":
+        gone = f"worker pool's multiprocessing manager (pid {manager}) exited"
     first: dict[str, dict] = {}
     for event in events:
         if event["kind"] == "failed":
