@@ -89,12 +89,14 @@ def _alive(proc: _Proc) -> bool:
 def _pool_ancestor(pid: int) -> _Proc | None:
     current = _stat(pid)
     for _ in range(MAX_DEPTH):
-        if current is None or current[1] <= 1:
+        if current is None or current[1] < 1:
             return None
         parent = current[1]
         current = _stat(parent)
         if current is not None and POOL_COMMAND in _command(parent):
             return _Proc(parent, current[2])
+        if parent == 1:  # init, or a container's first process: no further
+            return None
     return None
 
 
