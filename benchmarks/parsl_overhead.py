@@ -1,7 +1,7 @@
 """What our Parsl app costs against a bare Parsl ``python_app``, and how long a killed member takes to resume.
 
 Everything runs on one loaded DataFlowKernel of the ``local`` site (one HighThroughputExecutor,
-one worker per core, ``heartbeat_period`` 2 s), configured as the workflow runner configures it:
+one worker per core, ``heartbeat_period`` 1 s), configured as the workflow runner configures it:
 ``retries=2`` and a :class:`~resilient_flows.apps.ResumingRetryHandler`. Tasks run one at a time,
 after every worker has run a warm-up task (torch, the data set and our modules imported).
 
@@ -41,7 +41,7 @@ Kill to resume (section ``resume``)
     to the attempt's last metrics line, written just before the kill). From that moment:
 
     - ``detection`` (Parsl): until the retry handler records ``failed``. The worker pool's
-      watchdog looks for dead workers every ``heartbeat_period``, so this is anywhere in 0-2 s.
+      watchdog looks for dead workers every ``heartbeat_period``, so this is anywhere in 0-1 s.
     - ``resubmission`` (Parsl, and our bookkeeping): ``failed`` until attempt 2's ``started``:
       the retry, interchange, worker, unpickling, and the Checkpointer's construction and the
       attempt count (both come before ``started``).

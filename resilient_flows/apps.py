@@ -48,8 +48,10 @@ from resilient_flows.errors import (
 from resilient_flows.rundir import EventLog, TaskLayout
 from resilient_flows.training import (
     EXIT_CANNOT_RUN,
+    EXIT_PEER_LOST,
     EXIT_PREEMPTED,
     PEER_LOST,
+    POOL_LOST,
     CommandKilled,
     Heartbeat,
     MemberSpec,
@@ -471,20 +473,27 @@ def _machine_fault(
     (None: unknown); None when it was not (or cannot be told so).
 
     Its worker pool lost (``ManagerLost``: its node died, Slurm ended the block for a node
-    failure, the watchdog cancelled the block), or a rank that saw a peer rank's connection
-    close or reset while no rank failed on its own (:mod:`resilient_flows.training._faults`):
-    the launcher's exit status of a member on several nodes says nothing more. The ranks'
-    record is consumed: it is about this attempt only.
+    failure, the runner found the block lost; or the attempt saw its pool gone and stopped:
+    :mod:`resilient_flows.training._pool`), or a rank that saw a peer rank's connection close
+    or reset while no rank failed on its own (:mod:`resilient_flows.training._faults`; the
+    launcher's exit status :data:`EXIT_PEER_LOST` where no rank recorded anything: a rank's own
+    error, recorded, wins over a peer's status). The ranks' record is consumed: it is about this
+    attempt only.
     """
     fault = attempt_fault(directory)
     TaskLayout(directory).fault.unlink(missing_ok=True)
-    block = None if record is None else record.get("block")
+    found = fault.get("block") if fault is not None else None
+    found = found if found is not None else None if record is None else record.get("block")
+    block = None if found is None else str(found)
+    if fault is not None and fault["kind"] == POOL_LOST:
+        return f"its worker pool was lost ({fault.get('reason')})", block
     if isinstance(exception, ManagerLost):
-        return "its worker pool was lost", None if block is None else str(block)
+        return "its worker pool was lost", block
     if fault is not None and fault["kind"] == PEER_LOST:
         where = f"rank {fault.get('rank')} on {fault.get('host')}"
-        found = fault.get("block") if fault.get("block") is not None else block
-        return f"a peer rank is gone ({where}: {fault.get('reason')})", None if found is None else str(found)
+        return f"a peer rank is gone ({where}: {fault.get('reason')})", block
+    if fault is None and isinstance(exception, BashExitFailure) and exception.exitcode == EXIT_PEER_LOST:
+        return f"a peer rank is gone (a rank exited with status {EXIT_PEER_LOST})", block
     return None
 
 

@@ -64,9 +64,11 @@ def write_the_handlers(run_dir: Path) -> None:
 
 def write_the_watchdogs(run_dir: Path) -> None:
     """``lost`` as the runner writes what the watchdog found: a silent block (``attempt: null``,
-    no task), a silent attempt, and a silent retry waiting out its backoff (``attempt: null``)."""
+    no task), a pool that an attempt saw gone (no task, no executor), a silent attempt, and a
+    silent retry waiting out its backoff (``attempt: null``)."""
     found = [
         Lost("block 0 holds 1 task(s) but none has beaten", block="0", executor="x"),
+        Lost("the worker pool of block 1 is gone, as m saw", block="1", seen_by="m"),
         Lost("no heartbeat for 31 s", task="m", attempt=2, block="0", silent_s=31.0),
         Lost("no heartbeat for 31 s", task="w", attempt=None, block="0", silent_s=31.0),
     ]
@@ -75,10 +77,12 @@ def write_the_watchdogs(run_dir: Path) -> None:
 
 
 class _Submitter:
-    """What :func:`_handle_lost` uses of the runner's submitter: its event log."""
+    """What :func:`_handle_lost` uses of the runner's submitter: its event log, its futures."""
 
     def __init__(self, run_dir: Path) -> None:
         self.events = EventLog(run_dir)
+        self.futures: dict[str, Any] = {}
+        self.stages: dict[str, Any] = {}
 
 
 def test_every_event_kind_the_project_writes_reads_back_without_damage(tmp_path: Path) -> None:
@@ -96,7 +100,7 @@ def test_every_event_kind_the_project_writes_reads_back_without_damage(tmp_path:
     assert not damage, damage.found()
     assert {e["kind"] for e in events} == set(EVENT_KINDS)
     lost = [e for e in events if e["kind"] == "lost"]
-    assert [e["attempt"] for e in lost] == [None, 2, None]
+    assert [e["attempt"] for e in lost] == [None, None, 2, None]
     failed = [(e["failure_kind"], e["cost"]) for e in events if e["kind"] == "failed"]
     assert failed == [("infrastructure", 0.0), ("error", 1.0), ("permanent", None)]
     assert all(math.isfinite(e["time"]) for e in events)

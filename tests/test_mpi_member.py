@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
+import shlex
+import signal
 import subprocess
 import sys
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -13,7 +17,8 @@ from conftest import mpiexec, python_env
 
 from resilient_flows.cli import main
 from resilient_flows.training import CheckpointSpec, FaultSpec, MemberSpec, read_events
-from resilient_flows.training._contract import EXIT_PREEMPTED
+from resilient_flows.training._contract import EXIT_PEER_LOST, EXIT_PREEMPTED
+from resilient_flows.training._faults import PEER_LOST, attempt_fault
 from resilient_flows.workflow._status import loss_curve
 
 pytestmark = [pytest.mark.mpi, pytest.mark.slow]
@@ -127,3 +132,53 @@ def test_clones_of_an_fsdp_member_on_the_same_and_on_another_rank_count(tmp_path
         assert loss == pytest.approx(source[step], rel=1e-5), step
     spec = json.loads((run_dir / "members/dp.c2/spec.json").read_text())
     assert spec["ranks"] == 1 and spec["parallel"] == "fsdp"
+
+
+def rank_processes(spec_path: Path) -> dict[int, int]:
+    """rank -> pid of the Python processes of the member launched with ``spec_path``."""
+    found = {}
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            command = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
+            environ = Path(f"/proc/{entry}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        ranks = [v.split(b"=", 1)[1] for v in environ if v.startswith(b"PMI_RANK=")]
+        if str(spec_path).encode() in command and ranks:  # the shell around it holds the command in one word
+            found[int(ranks[0])] = int(entry)
+    return found
+
+
+def test_a_rank_whose_peer_is_sigkilled_exits_peer_lost_at_once(tmp_path: Path) -> None:
+    """Rank 1 SIGKILLed mid-run: rank 0 sees its connection reset in the next collective, records
+    the peer's loss and exits with EXIT_PEER_LOST, not after torch's 30-minute collective timeout.
+    The launcher is told not to kill the survivor first (``-disable-auto-cleanup``, SIGUSR1 ignored):
+    the survivor's own status is what is checked."""
+    run_dir = tmp_path / "run"
+    spec_path = tmp_path / "dp.json"
+    spec_path.write_text(json.dumps(replace(SPEC, steps=100_000).to_dict()))
+    member = shlex.join([sys.executable, "-m", "resilient_flows.training.mpi_member", str(spec_path), str(run_dir)])
+    # hydra tells the survivors of a failed rank with SIGUSR1, which would end the shell before it writes
+    rank = f'trap "" USR1; {member}; echo $? > "{tmp_path}/status-$PMI_RANK"'
+    launcher = subprocess.Popen(
+        [mpiexec(), "-disable-auto-cleanup", "-n", "2", "sh", "-c", rank],
+        env=python_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 180
+        while not list((run_dir / "members/dp/checkpoints").glob("step-*/manifest.json")):
+            assert time.monotonic() < deadline and launcher.poll() is None, "no checkpoint"
+            time.sleep(0.2)
+        ranks = rank_processes(spec_path)
+        assert sorted(ranks) == [0, 1]
+        os.kill(ranks[1], signal.SIGKILL)
+        launcher.wait(timeout=120)  # generous on a loaded machine; the default timeout is 30 minutes
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait()
+    assert (tmp_path / "status-0").read_text().strip() == str(EXIT_PEER_LOST)
+    fault = attempt_fault(run_dir / "members/dp")
+    assert fault is not None and fault["kind"] == PEER_LOST and fault["rank"] == 0

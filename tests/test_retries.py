@@ -316,6 +316,45 @@ def test_a_rank_that_failed_on_its_own_is_charged_though_its_peer_saw_it_gone(tm
     assert (failed["failure_kind"], failed["cause"]) == ("error", "error") and retired == []
 
 
+def test_an_attempt_that_saw_its_pool_gone_and_stopped_is_free_and_its_block_retired(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pool whose multiprocessing manager died can still report the attempt's stop (exit 75):
+    the attempt's record makes it the machine's fault, and its block gets no retry."""
+    from resilient_flows.training import record_pool_lost
+
+    retired: list[tuple[str, str, str]] = []
+    handler = ResumingRetryHandler(retries=0, on_block_lost=lambda *a: retired.append(a))
+    directory = started_attempt(tmp_path)
+    monkeypatch.setenv("PARSL_WORKER_BLOCK_ID", "2")
+    record_pool_lost(directory, "its worker pool's multiprocessing manager (pid 9) exited")
+    stopped = Preempted("m", 5, "its worker pool's multiprocessing manager (pid 9) exited")
+    assert handler(stopped, {**record_of(nodes_member(), tmp_path), "executor": "local"}) == 0.0
+    assert failures(tmp_path) == [
+        ("infrastructure: its worker pool was lost (its worker pool's multiprocessing manager (pid 9) exited)", 0.0)
+    ]
+    assert [(label, block) for label, block, _ in retired] == [("local", "2")]
+
+
+@pytest.mark.parametrize(("recorded", "cost"), [(None, 0.0), (ValueError("a bug in the workload"), 1.0)])
+def test_the_peer_lost_exit_status_is_the_machines_fault_unless_a_rank_failed_on_its_own(
+    tmp_path: Path, recorded: Exception | None, cost: float
+) -> None:
+    """No rank's record could be read (a lost node's file system): a rank's status 76 says a peer
+    was lost; a rank's own error, recorded, wins."""
+    from parsl.app.errors import BashExitFailure
+
+    from resilient_flows.training import EXIT_PEER_LOST, record_fault
+
+    handler = ResumingRetryHandler(retries=2)
+    directory = started_attempt(tmp_path)
+    if recorded is not None:
+        record_fault(directory, 1, recorded)
+    assert handler(BashExitFailure("mpi_train_app", EXIT_PEER_LOST), mpi_record(nodes_member(), tmp_path)) == cost
+    expected = "infrastructure: a peer rank is gone (a rank exited with status 76)" if cost == 0.0 else "error"
+    assert failures(tmp_path) == [(expected, cost)]
+
+
 def test_a_fault_recorded_by_an_earlier_attempt_is_not_this_ones(tmp_path: Path) -> None:
     from resilient_flows.training import attempt_fault, record_fault
 

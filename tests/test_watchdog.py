@@ -13,8 +13,10 @@ import signal
 import subprocess
 import sys
 import time
+from concurrent.futures import Future
 from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -153,6 +155,85 @@ def test_a_silent_attempt_is_lost_once_after_its_timeout(tmp_path: Path) -> None
     assert watchdog.check([]) == []
     clock.advance(10.5)
     assert [(lost.task, lost.attempt) for lost in watchdog.check([])] == [("a", 3)]
+
+
+def test_an_attempt_that_saw_its_pool_gone_makes_its_block_lost_at_the_next_look(tmp_path: Path) -> None:
+    """The fast path: no stall timeout, no interchange threshold; one report per block."""
+    clock = Clock()
+    watchdog = Watchdog(tmp_path, site_stall_s=30.0, timeouts={}, clock=clock)
+    beat(tmp_path, "a", block="3", pid=11)
+    beat(tmp_path, "b", block="3", pid=12)
+    assert watchdog.check([]) == []
+    beat(tmp_path, "b", block="3", pid=12, pool_lost="its worker pool (pid 9) exited")
+    beat(tmp_path, "a", block="3", pid=11, pool_lost="its worker pool (pid 9) exited")
+    clock.advance(WATCH_S)
+    (lost,) = watchdog.check([])
+    assert (lost.task, lost.block, lost.executor, lost.seen_by) == (None, "3", None, "a")
+    assert lost.reason == "the worker pool of block 3 is gone, as a saw (pid 11 on n1): its worker pool (pid 9) exited"
+    clock.advance(WATCH_S)
+    assert watchdog.check([]) == []  # reported once
+
+
+class GonePool:
+    """A pool watch that finds the pool gone from its ``after``-th look on."""
+
+    def __init__(self, after: int) -> None:
+        self.looks, self.after = 0, after
+
+    def lost(self) -> str | None:
+        self.looks += 1
+        return "its worker pool (pid 9) exited" if self.looks >= self.after else None
+
+
+def test_a_heartbeat_that_finds_its_pool_gone_says_so_once_and_keeps_its_file(tmp_path: Path) -> None:
+    told: list[str] = []
+    heartbeat = Heartbeat(tmp_path, "m", attempt=1, beat_s=60.0, on_pool_lost=told.append, pool=GonePool(after=2))
+    path = heartbeat_path(tmp_path, "m")
+    with heartbeat:
+        deadline = time.monotonic() + 60
+        while not told and time.monotonic() < deadline:
+            time.sleep(0.05)
+        record = read_heartbeat(path)
+    assert told == ["its worker pool (pid 9) exited"]  # at once, not after the 60 s beat
+    assert record is not None and record["pool_lost"] == "its worker pool (pid 9) exited"
+    assert path.exists()  # for the runner to read; the retry handler removes it
+
+
+def test_a_pool_watch_tells_a_process_that_exited(tmp_path: Path) -> None:
+    from resilient_flows.training._pool import PoolWatch, _Proc
+
+    child = subprocess.Popen(["sleep", "60"])
+    started = process_start_time(child.pid)
+    assert started is not None
+    watch = PoolWatch(_Proc(os.getpid(), process_start_time(os.getpid()) or 0), _Proc(child.pid, started))
+    assert watch.lost() is None
+    child.kill()
+    child.wait()
+    assert watch.lost() == f"its worker pool's multiprocessing manager (pid {child.pid}) exited"
+    assert PoolWatch.find().pool is None  # pytest runs in no worker pool: nothing is watched
+
+
+class AppFuture(Future):
+    def __init__(self, executor: str, exec_fu: Future) -> None:
+        super().__init__()
+        self.task_record = {"executor": executor, "exec_fu": exec_fu}
+
+
+def test_the_tasks_of_a_lost_block_fail_at_once_and_a_late_report_is_ignored(tmp_path: Path) -> None:
+    from parsl.executors.high_throughput.errors import ManagerLost
+
+    from resilient_flows.workflow._failfast import fail_lost_tasks
+
+    executor = SimpleNamespace(label="local")
+    running = {name: Future() for name in ("a", "b", "c")}
+    futures = {name: AppFuture("local", fu) for name, fu in running.items()}
+    beats = {"a": {"block": "3", "host": "n1"}, "b": {"block": "3"}, "c": {"block": "4"}}
+    running["b"].set_result(1)  # its result came first
+    assert fail_lost_tasks(executor, "3", futures, beats) == ["a"]
+    assert isinstance(running["a"].exception(), ManagerLost) and "block-3 on host n1" in str(running["a"].exception())
+    assert not running["c"].done()  # another block
+    running["a"].set_exception(ManagerLost(b"abc", "n1"))  # the interchange's own report, later: ignored
+    assert "block-3" in str(running["a"].exception())
 
 
 def quiet_blocks(watchdog: Watchdog, tasks: int) -> list[str]:
@@ -415,6 +496,68 @@ def test_resume_cancels_the_orphaned_pool_of_a_killed_runner(tmp_path: Path, qui
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     assert "left by an earlier runner" in resumed.stdout
     assert pool not in processes() and pools_of(run_dir) == []
+    assert_every_member_matches_a_fault_free_run(run_dir, tmp_path / "reference")
+
+
+TWO_MEMBERS = WORKFLOW.replace("count: 6", "count: 2")
+
+
+def pool_and_manager(run_dir: Path) -> tuple[int, int]:
+    """The run's worker pool and its multiprocessing manager (the pool's oldest spawned child)."""
+    (pool,) = pools_of(run_dir)
+    spawned = [pid for pid, (parent, cmd) in processes().items() if parent == pool and "spawn_main" in cmd]
+    return pool, min(spawned, key=lambda pid: (process_start_time(pid) or 0, pid))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("target", ["pool", "manager"])
+def test_a_lost_pool_is_noticed_by_its_members_not_by_parsl_s_threshold(tmp_path: Path, target: str) -> None:
+    """The pool SIGKILLed (its workers train on, orphaned), or its multiprocessing manager (its
+    heartbeat thread answers on, so Parsl never notices): the members see it at their next look
+    at the pool, the runner fails their tasks at once, and they resume free on a new block. (The
+    site's own stall timeout, 30 s, so that a block slow to start on a loaded machine is not lost.)"""
+    run_dir = tmp_path / "run"
+    (tmp_path / "wf.yaml").write_text(TWO_MEMBERS)
+    site = REPO / "site-configs/local.yaml"
+    runner = subprocess.Popen(
+        [CLI, "run", tmp_path / "wf.yaml", "--site", site, "--run-dir", run_dir],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        wait_for_checkpoints(run_dir, 2, runner)
+        pool, manager = pool_and_manager(run_dir)
+        killed = time.time()
+        os.kill(pool if target == "pool" else manager, signal.SIGKILL)
+        out, _ = runner.communicate(timeout=240)
+    finally:
+        if runner.poll() is None:
+            runner.kill()
+    assert runner.returncode == 0, out
+    events = [e for e in read_events(run_dir) if e["time"] >= killed]
+    gone = f"worker pool (pid {pool}) exited"
+    if target == "manager":
+        gone = f"worker pool's multiprocessing manager (pid {manager}) exited"
+    first: dict[str, dict] = {}
+    for event in events:
+        if event["kind"] == "failed":
+            first.setdefault(event["member"], event)
+    ended = list(first.values())  # the attempts the fault ended
+    assert ended and all(e["cost"] == 0.0 for e in ended), ended
+    # the attempt that saw it first says how; the others may be ended before they looked
+    assert all(e["cause"].startswith("infrastructure: its worker pool was lost") for e in ended), ended
+    assert any(e["cause"] == f"infrastructure: its worker pool was lost (its {gone})" for e in ended), ended
+    # ended by the runner (its ManagerLost names the block) or by the attempt's own stop, in a pool that
+    # could still report it: never by the interchange's heartbeat threshold, which names the pool's id
+    (lost, *_) = [e for e in events if e["kind"] == "lost"] or [None]
+    if lost is not None:
+        assert lost["reason"].startswith(f"the worker pool of block {lost['block']} is gone") and gone in lost["reason"]
+    blocked = f"ManagerLost: Task failure due to loss of manager block-{lost and lost['block']} "
+    assert all(e["error"].startswith((blocked, "Preempted: ")) for e in ended), ended
+    if target == "pool":  # nothing in it could report: the runner failed the tasks
+        assert lost is not None and all(e["error"].startswith(blocked) for e in ended), ended
+    assert pools_of(run_dir) == []
     assert_every_member_matches_a_fault_free_run(run_dir, tmp_path / "reference")
 
 

@@ -37,6 +37,7 @@ _SOURCES = {
     "resilient_flows.training._contract": (
         "ENV_NAMES",
         "EXIT_CANNOT_RUN",
+        "EXIT_PEER_LOST",
         "EXIT_PREEMPTED",
         "RunContract",
     ),
@@ -62,7 +63,7 @@ _SOURCES = {
         "read_launch_env",
         "shutdown_process_group",
     ),
-    "resilient_flows.training._faults": ("PEER_LOST", "attempt_fault", "record_fault"),
+    "resilient_flows.training._faults": ("PEER_LOST", "POOL_LOST", "attempt_fault", "record_fault", "record_pool_lost"),
     "resilient_flows.training._functions": ("import_function",),
     "resilient_flows.training._heartbeat": (
         "BEAT_S",

@@ -39,6 +39,7 @@ from resilient_flows.errors import PermanentError, Preempted, ResilientFlowsErro
 from resilient_flows.rundir import EventLog, member_layout
 from resilient_flows.training._contract import EXIT_CANNOT_RUN, EXIT_PREEMPTED, STOP_SIGNALS, RunContract
 from resilient_flows.training._control import latest_committed_step
+from resilient_flows.training._faults import record_pool_lost
 from resilient_flows.training._heartbeat import Heartbeat
 from resilient_flows.training._spec import MemberSpec
 
@@ -116,7 +117,13 @@ def run_command(spec_dict: dict[str, Any], run_dir: str) -> dict[str, Any]:
     log_path = layout.output_log
     stop = _Stop()
     orphaned = functools.partial(stop.request, signal.SIGTERM)  # as a batch system warns a job: commit, exit 75
-    with log_path.open("ab") as log, Heartbeat(run_dir, spec.name, attempt, on_orphaned=orphaned):
+
+    def pool_lost(reason: str) -> None:  # the machine's fault: the command commits and exits 75 all the same
+        record_pool_lost(layout.root, reason)
+        orphaned(reason)
+
+    beating = Heartbeat(run_dir, spec.name, attempt, on_orphaned=orphaned, on_pool_lost=pool_lost)
+    with log_path.open("ab") as log, beating:
         log.write(f"--- attempt {attempt} on {socket.gethostname()}: {spec.command}\n".encode())
         log.flush()
         try:

@@ -31,6 +31,7 @@ from resilient_flows.training._contract import (
 from resilient_flows.training._control import count_attempt
 from resilient_flows.training._digest import state_digest
 from resilient_flows.training._distributed import shutdown_process_group
+from resilient_flows.training._faults import record_pool_lost
 from resilient_flows.training._fork import CloneStart
 from resilient_flows.training._heartbeat import Heartbeat
 from resilient_flows.training._parallel import join_member_ranks, wrap_model
@@ -113,7 +114,9 @@ class TrainContext:
         )
         self._clone = CloneStart(self.run_dir, spec, self.rank, ranks.broadcast, self._emit)
         if counted and self.rank == 0:
-            heartbeat = Heartbeat(run_dir, self.name, attempt, on_orphaned=self.runtime.stop_orphaned)
+            heartbeat = Heartbeat(
+                run_dir, self.name, attempt, on_orphaned=self.runtime.stop_orphaned, on_pool_lost=self._pool_lost
+            )
             self.runtime.beat(heartbeat.start())
         if counted:
             where = {"host": socket.gethostname(), "pid": os.getpid(), "block": current_block()}
@@ -255,6 +258,12 @@ class TrainContext:
         if self.distributed is None:
             return {}
         return {"hosts": self.checkpointer.comm.allgather(socket.gethostname())}
+
+    def _pool_lost(self, reason: str) -> None:
+        """The attempt's worker pool is gone (said from the heartbeat's thread): its end is the
+        machine's fault; it commits a checkpoint and stops at the next boundary, as when orphaned."""
+        record_pool_lost(self.directory, reason)
+        self.runtime.stop_orphaned(reason)
 
     def _leave_ranks(self) -> None:
         if self.distributed is not None:

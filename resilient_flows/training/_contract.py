@@ -52,6 +52,11 @@ from resilient_flows.training._spec import MemberSpec
 #: (``EX_TEMPFAIL`` from sysexits.h: try again later): requeued without spending a retry.
 EXIT_PREEMPTED = 75
 
+#: The exit status of a rank of a member on several ranks that saw a peer rank gone (its
+#: connection closed or reset, or no answer within the group's keepalive): the machine's fault,
+#: retried without spending a retry. ``EX_PROTOCOL`` from sysexits.h: the other end went away.
+EXIT_PEER_LOST = 76
+
 #: The exit statuses of a program that could not be started, as a shell reports it: found but not
 #: executable (126), not found (127). The member fails at once: no retry would start it.
 EXIT_CANNOT_RUN = (126, 127)

@@ -22,8 +22,10 @@ from typing import Any
 from resilient_flows.rundir import TaskLayout
 from resilient_flows.training._walltime import current_block
 
-#: :func:`attempt_fault`'s kinds.
+#: :func:`attempt_fault`'s kinds: a peer rank gone, the attempt's worker pool gone
+#: (:mod:`resilient_flows.training._pool`), the rank's own error.
 PEER_LOST = "peer-lost"
+POOL_LOST = "pool-lost"
 OWN_ERROR = "error"
 
 #: What the collectives' transports say when the process at the other end is gone (gloo, NCCL, MPI).
@@ -73,6 +75,24 @@ def record_fault(directory: Path, rank: int | None, exc: BaseException) -> None:
         )
 
 
+def record_pool_lost(directory: Path, reason: str) -> None:
+    """Record that the attempt's worker pool is gone (the attempt stops, and its end is the
+    machine's fault whatever error it then reports). Never raises."""
+    layout = TaskLayout(directory)
+    with contextlib.suppress(OSError, ValueError):
+        layout.write_fault(
+            {
+                "attempt": layout.read_attempts(),
+                "kind": POOL_LOST,
+                "rank": 0,
+                "host": socket.gethostname(),
+                "block": current_block(),
+                "reason": reason[:400],
+                "time": round(time.time(), 3),
+            }
+        )
+
+
 def attempt_fault(directory: Path, attempt: int | None = None) -> dict[str, Any] | None:
     """The record of how the member's attempt ``attempt`` failed (default: its latest attempt);
     None when no rank recorded one for it."""
@@ -85,11 +105,7 @@ def attempt_fault(directory: Path, attempt: int | None = None) -> dict[str, Any]
     if (
         not isinstance(record, dict)
         or record.get("attempt") != current
-        or record.get("kind")
-        not in (
-            PEER_LOST,
-            OWN_ERROR,
-        )
+        or record.get("kind") not in (PEER_LOST, POOL_LOST, OWN_ERROR)
     ):
         return None
     return record

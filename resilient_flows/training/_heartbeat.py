@@ -33,12 +33,17 @@ from typing import Any
 from resilient_flows.capped import CONTROL_CAP
 from resilient_flows.rundir import read_json, run_layout
 from resilient_flows.training._lease import orphaned
+from resilient_flows.training._pool import PoolWatch
 from resilient_flows.training._walltime import current_block
 
 logger = logging.getLogger(__name__)
 
 #: Seconds between beats. A stall timeout must be several of these.
 BEAT_S = 2.0
+
+#: Seconds between two looks at the attempt's worker pool (:mod:`resilient_flows.training._pool`):
+#: a lost pool is written into the next beat at once, for the runner to see within its next look.
+POOL_LOOK_S = 0.5
 
 #: Least size of every record: space-padded JSON, so that a rewrite never leaves a longer old tail.
 RECORD_BYTES = 512
@@ -72,11 +77,18 @@ class Heartbeat:
     :meth:`progress` is called by the task at each step (an attribute store, nothing else); the
     beating thread turns it into a step rate. On a clean exit, any exception included, the file
     is removed, so that a finished or failed attempt is never mistaken for a silent one; a killed
-    process leaves its file to go stale, which is the point.
+    process leaves its file to go stale, which is the point, and so does an attempt whose pool
+    was lost (see below).
 
     Each beat also looks at the runner's lease (:mod:`~resilient_flows.training._lease`): once the
     runner has been gone longer than its orphan timeout, ``on_orphaned(reason)`` is called, once,
     from the beating thread; the attempt then commits a checkpoint and stops.
+
+    Every :data:`POOL_LOOK_S` seconds the thread also looks at the Parsl worker pool that runs the
+    attempt (:class:`~resilient_flows.training._pool.PoolWatch`). Once it is gone, the attempt beats
+    at once with ``pool_lost`` (why) in its record, which the runner's watchdog takes for its
+    block's loss at its next look, and ``on_pool_lost(reason)`` is called, once: the attempt
+    records the machine's fault and stops as for an orphaned runner.
     """
 
     def __init__(
@@ -87,11 +99,16 @@ class Heartbeat:
         beat_s: float = BEAT_S,
         on_orphaned: Callable[[str], None] | None = None,
         waiting_s: float | None = None,
+        on_pool_lost: Callable[[str], None] | None = None,
+        pool: PoolWatch | None = None,
     ) -> None:
         self.path = heartbeat_path(run_dir, task)
         self.run_dir = Path(run_dir)
         self.beat_s = beat_s
         self.on_orphaned = on_orphaned
+        self.on_pool_lost = on_pool_lost
+        self.pool = pool
+        self._pool_lost: str | None = None
         self._fixed = {
             "task": task,
             "attempt": attempt,
@@ -127,6 +144,8 @@ class Heartbeat:
         self.stop()
 
     def start(self) -> Heartbeat:
+        if self.pool is None:
+            self.pool = PoolWatch.find()
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         self._beat()
@@ -135,27 +154,51 @@ class Heartbeat:
         return self
 
     def stop(self) -> None:
-        """Stop beating and remove the file. Idempotent."""
+        """Stop beating and remove the file (kept once the pool was found lost: the runner learns
+        it there, and the retry handler removes it). Idempotent."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
-        self.path.unlink(missing_ok=True)
+        if self._pool_lost is None:
+            self.path.unlink(missing_ok=True)
 
     def _run(self) -> None:
-        while not self._stop.wait(self.beat_s):
+        last = time.monotonic()
+        while not self._stop.wait(min(self.beat_s, POOL_LOOK_S)):
+            lost = self._look_at_pool()
+            if not lost and time.monotonic() - last < self.beat_s:
+                continue
+            last = time.monotonic()
             with contextlib.suppress(OSError):  # a full or stalled file system: the runner will see the silence
                 self._beat()
+            if lost:
+                self._tell("on_pool_lost", self._pool_lost)
             if self.on_orphaned is not None:
                 reason = orphaned(self.run_dir)
                 if reason is not None:
-                    tell, self.on_orphaned = self.on_orphaned, None
-                    try:
-                        tell(reason)
-                    except Exception:  # the beats must go on: a silent attempt would be declared lost
-                        logger.exception("task %s: could not stop for the runner gone", self._fixed["task"])
+                    self._tell("on_orphaned", reason)
+
+    def _look_at_pool(self) -> bool:
+        """Whether the pool was found lost at this look (and not before)."""
+        if self._pool_lost is not None or self.pool is None:
+            return False
+        self._pool_lost = self.pool.lost()
+        return self._pool_lost is not None
+
+    def _tell(self, which: str, reason: str | None) -> None:
+        """Call the callback ``which`` once, with ``reason``; never raises: the beats must go on,
+        or a silent attempt would be declared lost."""
+        tell = getattr(self, which)
+        if tell is None or reason is None:
+            return
+        setattr(self, which, None)
+        try:
+            tell(reason)
+        except Exception:
+            logger.exception("task %s: could not stop (%s)", self._fixed["task"], reason)
 
     def _beat(self) -> None:
         now = time.monotonic()
@@ -173,6 +216,7 @@ class Heartbeat:
             "step_s": step_s,
             "committed": self._committed,
             "commit_s": None if self._commit_s is None else round(self._commit_s, 6),
+            **({} if self._pool_lost is None else {"pool_lost": self._pool_lost}),
         }
         data = json.dumps(record, separators=(",", ":")).encode()
         self._size = max(self._size, len(data))

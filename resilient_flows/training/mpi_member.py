@@ -8,7 +8,8 @@ initialise MPI: a Slurm without an MPI plugin would make each rank an MPI world 
 status :data:`EXIT_PREEMPTED` tells the retry handler that the member stopped on request after
 committing a checkpoint, which is not a failure; a rank that fails records whether it failed on
 its own or saw a peer rank gone (:mod:`resilient_flows.training._faults`), which the launcher's
-exit status cannot say.
+exit status cannot say; a rank that saw a peer gone exits with :data:`EXIT_PEER_LOST`, so that
+the launcher's status says it too where no record can be read (a lost node's file system).
 """
 
 from __future__ import annotations
@@ -23,9 +24,9 @@ from typing import Any, NoReturn
 from resilient_flows.capped import DOCUMENT_CAP
 from resilient_flows.errors import LaunchError, Preempted
 from resilient_flows.rundir import read_json
-from resilient_flows.training._contract import EXIT_PREEMPTED
+from resilient_flows.training._contract import EXIT_PEER_LOST, EXIT_PREEMPTED
 from resilient_flows.training._control import member_dir
-from resilient_flows.training._faults import record_fault
+from resilient_flows.training._faults import peer_gone, record_fault
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -43,7 +44,10 @@ def main(argv: list[str] | None = None) -> int:
         raise
     except Exception as exc:  # the launcher reports an exit status only: say whose fault it was
         record_fault(member_dir(run_dir, str(spec.get("name"))), _rank(), exc)
-        raise
+        if not peer_gone(exc):
+            raise
+        print(f"a peer rank is gone: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return EXIT_PEER_LOST
     return 0
 
 
@@ -93,13 +97,14 @@ def _leave(status: int) -> NoReturn:
     threads then die with the interpreter and abort the process (torch 2.13, now and then), which
     the launcher reports as a failed rank of a member that finished. Nothing remains to run at
     exit: the context closed the checkpointer and left the group, so streams are flushed and MPI
-    finalised here, and the process ends with the status the member earned.
+    finalised here, and the process ends with the status the member earned. A rank whose peer is
+    gone does not finalise MPI: that waits for the peer.
     """
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()
     mpi = sys.modules.get("mpi4py.MPI")
-    if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
+    if status != EXIT_PEER_LOST and mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
         mpi.Finalize()
     os._exit(status)
 

@@ -62,6 +62,7 @@ from resilient_flows.workflow._blocks import (
     retire_block,
 )
 from resilient_flows.workflow._explore import PBTController
+from resilient_flows.workflow._failfast import fail_lost_tasks
 from resilient_flows.workflow._interrupt import Drain, Interrupts, StopNow, quiet_stops, resume_line, shielded
 from resilient_flows.workflow._leaseguard import stop_wait_s
 from resilient_flows.workflow._monitoring import monitoring_hub, visualize_note
@@ -323,9 +324,10 @@ def _managers_of(executor: Any) -> list[dict[str, Any]] | None:
 def _handle_lost(
     found: list[Lost], executors: list[Any], submitter: _Submitter, watchdog: Watchdog, console: Console
 ) -> str | None:
-    """Record what the watchdog found and cancel the blocks concerned; Parsl then fails their tasks
-    (``ManagerLost``), retries them, and starts new blocks. The reason when an interchange exited:
-    then only a new Parsl instance helps."""
+    """Record what the watchdog found, cancel the blocks concerned and fail their tasks at once
+    (``ManagerLost``, as the interchange would once its heartbeat threshold passed: see
+    :mod:`resilient_flows.workflow._failfast`); Parsl retries them and starts new blocks. The
+    reason when an interchange exited: then only a new Parsl instance helps."""
     for lost in found:
         submitter.events.emit(
             "lost",
@@ -340,13 +342,24 @@ def _handle_lost(
         console.print(f"[bold yellow]lost {what}:[/] {lost.reason}")
         if lost.task is None and lost.block is None:
             return lost.reason
+        label = lost.executor or _executor_of(submitter, lost.seen_by)
         for executor in executors:
-            if lost.executor not in (None, executor.label) or not isinstance(executor, BlockProviderExecutor):
+            if label not in (None, executor.label) or not isinstance(executor, BlockProviderExecutor):
                 continue
             if retire_block(executor, lost.block):
                 watchdog.forget_block(executor.label, lost.block)
                 console.print(f"cancelled block {lost.block} of {executor.label}; its tasks are retried")
+            if lost.block is not None:
+                fail_lost_tasks(executor, str(lost.block), {**submitter.stages, **submitter.futures}, watchdog.beats())
     return None
+
+
+def _executor_of(submitter: _Submitter, name: str | None) -> str | None:
+    """The label of the executor that runs task ``name`` (a member or stage); None if unknown."""
+    future = submitter.futures.get(name or "") or submitter.stages.get(name or "")
+    record = getattr(future, "task_record", None)
+    label = record.get("executor") if isinstance(record, dict) else None
+    return label if isinstance(label, str) else None
 
 
 def _load_parsl(config: Config, fresh: Callable[[], Config], console: Console) -> tuple[Any, Config]:

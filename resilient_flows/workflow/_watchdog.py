@@ -1,10 +1,14 @@
 """The runner's progress watchdog: finds attempts and blocks that stopped making progress silently.
 
-Parsl notices a worker or a manager that exits. It does not notice a worker that is frozen (a hung
+Parsl notices a worker or a manager that exits, the latter only after the interchange missed its
+heartbeats for ``heartbeat_threshold`` seconds. It does not notice a worker that is frozen (a hung
 node, SIGSTOP), a worker pool whose main thread died while its heartbeat thread still answers the
 interchange (its tasks then never start and never fail), or an interchange that exited: a run in
-any of these states waits forever. The watchdog looks every :data:`WATCH_S` seconds at three things:
+any of these states waits forever. The watchdog looks every :data:`WATCH_S` seconds at four things:
 
+- each running attempt's heartbeat record: an attempt that saw its worker pool gone (the pool
+  process, or its multiprocessing manager: :mod:`resilient_flows.training._pool`) says so in its
+  next beat, and its block is lost at once (the fast path: within a look of the beat);
 - each running attempt's heartbeat (:mod:`resilient_flows.training._heartbeat`): an attempt whose
   file has not changed for longer than its stall timeout is lost;
 - each block's managers, as the interchange reports them: a block that holds tasks of which none
@@ -39,8 +43,8 @@ from resilient_flows.training import read_heartbeat
 
 logger = logging.getLogger(__name__)
 
-#: Seconds between two looks.
-WATCH_S = 2.0
+#: Seconds between two looks: a lost pool is found within this of its members' next beat.
+WATCH_S = 1.0
 
 #: Seconds the interchange has to answer the watchdog; one that does not is given up.
 ANSWER_S = 10.0
@@ -58,7 +62,8 @@ START_FACTOR = 3.0
 class Lost:
     """What the watchdog found: a silent attempt (``task`` set), a block whose tasks never beat, or
     an executor whose interchange exited (``block`` None, ``executor`` set). ``silent_s``: how
-    long a silent attempt had not beaten, on the runner's clock."""
+    long a silent attempt had not beaten, on the runner's clock; ``seen_by``: the task that saw its
+    block's pool gone (whose executor is the block's)."""
 
     reason: str
     task: str | None = None
@@ -66,6 +71,7 @@ class Lost:
     block: str | None = None
     executor: str | None = None
     silent_s: float | None = None
+    seen_by: str | None = None
 
 
 @dataclass
@@ -123,7 +129,7 @@ class Watchdog:
             return []
         self._looked = now
         self._read_beats(now)
-        found = [*self._silent_attempts(now)]
+        found = [*self._lost_pools(), *self._silent_attempts(now)]
         for executor in executors:
             if not isinstance(executor, HighThroughputExecutor):
                 continue
@@ -171,6 +177,21 @@ class Watchdog:
                 record = read_heartbeat(path)
                 previous = {} if beat is None else beat.record
                 self._beats[name] = _Beat(mtime, now, record if record is not None else previous)
+
+    def _lost_pools(self) -> Iterable[Lost]:
+        """The blocks whose pool a running attempt saw gone, once each (the first to say so)."""
+        said: set[str] = set()
+        for name, beat in sorted(self._beats.items()):
+            why, block = beat.record.get("pool_lost"), beat.record.get("block")
+            if why is None or block is None or str(block) in said:
+                continue
+            said.add(str(block))
+            yield Lost(
+                f"the worker pool of block {block} is gone, as {name} saw (pid {beat.record.get('pid', '?')} on "
+                f"{beat.record.get('host', '?')}): {why}",
+                block=str(block),
+                seen_by=name,
+            )
 
     def _silent_attempts(self, now: float) -> Iterable[Lost]:
         for name, beat in self._beats.items():
