@@ -86,7 +86,7 @@ def test_a_misplaced_warm_workers_key_is_one_clear_line(tmp_path: Path, executor
 
 WORKFLOW = """\
 name: warm
-checkpoint: {{interval: 5}}
+checkpoint: {{interval: 5, tiers: [memory, shared]}}
 members:
   - {{name: m, workload: 'warm_workload:train', steps: 240, params: {{step_s: 0.05, record: '{record}'}}}}
 """
@@ -99,14 +99,19 @@ def threads_of(pid: int) -> int:
 @pytest.mark.slow
 def test_a_member_whose_worker_is_killed_resumes_on_a_warm_worker_bit_exact_and_free(tmp_path: Path) -> None:
     """The retry's process did not import torch or the workload: its parent, the pool's fork
-    server, did, once, with no thread of its own beyond those of a fresh interpreter."""
+    server, did, once, with no thread of its own beyond those of a fresh interpreter. The retry
+    restores from the node's memory tier, which survived the worker."""
     record = tmp_path / "attempts.jsonl"
     (tmp_path / "wf.yaml").write_text(WORKFLOW.format(record=record))
+    site = tmp_path / "site.yaml"  # the local site with a memory tier (a directory standing in for /dev/shm)
+    site.write_text(
+        (REPO / "site-configs/local.yaml").read_text().replace("memory_scratch: null", f"memory_scratch: {tmp_path}")
+    )
     run_dir = tmp_path / "run"
     env = python_env()
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
     runner = subprocess.Popen(
-        [CLI, "run", tmp_path / "wf.yaml", "--site", REPO / "site-configs/local.yaml", "--run-dir", run_dir],
+        [CLI, "run", tmp_path / "wf.yaml", "--site", site, "--run-dir", run_dir],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -146,7 +151,8 @@ def test_a_member_whose_worker_is_killed_resumes_on_a_warm_worker_bit_exact_and_
         0.0,
         "lost after progress",
     )
-    assert [e["attempt"] for e in events if e["kind"] == "resumed"] == [2]
+    (resumed,) = [e for e in events if e["kind"] == "resumed"]
+    assert resumed["attempt"] == 2 and [source.split()[0] for source in resumed["read_from"]] == ["memory"]
 
     (spec,) = read_plan(run_dir).members
     reference = replace(spec, params={**spec.params, "record": str(tmp_path / "reference.jsonl")})

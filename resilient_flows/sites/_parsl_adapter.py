@@ -26,6 +26,11 @@ instead of running it differently:
   checks every worker's ``is_alive()``; ``self._stop_event`` is a ``threading.Event`` made in
   ``Manager.__init__`` and also waited on without a timeout by ``Manager.start``. The pool's
   ``Manager`` becomes a subclass whose event's timed wait also returns when a worker exits.
+- Tools that find a run's pools by ``process_worker_pool`` in a process's command line (the chaos
+  benchmark, the watchdog's tests) find warm pools too: their command line names the module
+  ``parsl.executors.high_throughput.process_worker_pool``, the first of :data:`DEFAULT_PRELOAD`.
+  A warm pool's workers are the children of its fork server (``multiprocessing.forkserver`` in
+  their command line), itself a child of the pool.
 - The module's ``if __name__ == "__main__":`` block parses ``sys.argv``, sets the module global
   ``args`` (which ``_start_worker`` reads), configures logging and runs ``Manager(...).start()``:
   it is run unchanged, in the imported module's namespace.
