@@ -48,14 +48,14 @@ def test_warm_workers_start_the_pool_through_the_warm_module_with_the_default_pr
     assert not is_warm(plain) and plain.launch_cmd.startswith("process_worker_pool.py ")
 
 
-def test_the_runs_workloads_join_the_preload_once_each(tmp_path: Path) -> None:
+def test_the_runs_workloads_join_the_preload_once_each_and_only_python_names(tmp_path: Path) -> None:
     (executor,) = load_site(
         site(tmp_path, {"type": "HighThroughputExecutor", "label": "w", "warm_workers": True})
     ).executors
-    add_preload(executor, ["mine", "torch", "mine"])
+    add_preload(executor, ["mine", "torch", "mine", "x;rm -rf ~", "pkg.sub"])
     argv = executor.launch_cmd.split()[3:]
     modules, pool_argv = split_argv(argv)
-    assert modules == [*DEFAULT_PRELOAD, "mine"]
+    assert modules == [*DEFAULT_PRELOAD, "mine", "pkg.sub"]
     assert pool_argv[:2] == ["{debug}", "{max_workers_per_node}"]
 
 

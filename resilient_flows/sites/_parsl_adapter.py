@@ -43,6 +43,7 @@ import inspect
 import multiprocessing
 import multiprocessing.connection
 import os
+import re
 import sys
 import threading
 from collections.abc import Sequence
@@ -70,6 +71,7 @@ POOL_SCRIPT = "process_worker_pool.py"
 #: The module a warm launch command runs instead.
 WARM_MODULE = "resilient_flows.sites._warmpool"
 _PRELOAD_FLAG = "--preload"
+_MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 #: What every warm pool imports once: the pool's own module (its workers' code), torch, what
 #: torch imports on first use (``torch._dynamo``: any optimizer's constructor, about 1.5 s on an
 #: idle core), and what a member's attempt imports before its workload (the apps, the member
@@ -109,12 +111,14 @@ def is_warm(executor: Any) -> bool:
 def add_preload(executor: Any, modules: Sequence[str]) -> None:
     """Have ``executor``'s warm pools preload ``modules`` too (the members' workloads); nothing
     for an executor that is not warm. Call it before the executor starts: its launch command is
-    composed then."""
-    if not is_warm(executor) or not modules:
+    composed then. Only dotted Python names are added: the launch command goes through a shell,
+    and anything else is no module a worker could import anyway."""
+    names = [m for m in modules if _MODULE_NAME.fullmatch(m)]
+    if not is_warm(executor) or not names:
         return
     before, flag, rest = executor.launch_cmd.partition(f" {_PRELOAD_FLAG} ")
     listed, _, tail = rest.partition(" ")
-    merged = ",".join(dict.fromkeys([*listed.split(","), *modules]))
+    merged = ",".join(dict.fromkeys([*listed.split(","), *names]))
     executor.launch_cmd = f"{before}{flag}{merged} {tail}"
 
 
