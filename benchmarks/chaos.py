@@ -508,7 +508,7 @@ class RunProcs:
 
     table: dict[int, Proc]
     pools: list[Proc]
-    spawned: dict[int, list[Proc]]  # pool pid -> its spawned processes, oldest (the manager process) first
+    spawned: dict[int, list[Proc]]  # pool pid -> its spawned (or forked) processes, oldest (the manager process) first
     interchanges: list[Proc]
 
     def pool_of(self, pid: int) -> int | None:
@@ -538,8 +538,12 @@ class Watcher:
         roles: list[tuple[str, Proc]] = [("pool", p) for p in pools]
         runners = set(self.runner.pids)
         interchanges = []
+        # a warm pool's workers are forked by its fork server (resilient_flows.sites._warmpool)
+        servers = {p.pid: p.ppid for p in table.values() if p.ppid in pool_pids and "forkserver" in p.cmdline}
         for proc in table.values():
-            if proc.ppid in pool_pids:
+            if proc.ppid in servers:
+                spawned[servers[proc.ppid]].append(proc)
+            elif proc.ppid in pool_pids:
                 if "spawn_main" in proc.cmdline:
                     spawned[proc.ppid].append(proc)
                 else:

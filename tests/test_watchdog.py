@@ -480,7 +480,12 @@ def test_resume_cancels_the_orphaned_pool_of_a_killed_runner(tmp_path: Path, qui
         wait_for_checkpoints(run_dir, 2, runner)
         (pool,) = pools_of(run_dir)
         everything = processes()
-        workers = [pid for pid, (parent, cmd) in everything.items() if parent == pool and "spawn_main" in cmd]
+        servers = {pid for pid, (parent, cmd) in everything.items() if parent == pool and "forkserver" in cmd}
+        workers = [  # spawned by the pool, or forked by its fork server (a warm pool)
+            pid
+            for pid, (parent, cmd) in everything.items()
+            if (parent == pool and "spawn_main" in cmd) or parent in servers
+        ]
         interchange = [pid for pid, (parent, cmd) in everything.items() if parent == runner.pid]
         for pid in [*workers[:2], runner.pid, *interchange]:
             os.kill(pid, signal.SIGKILL)

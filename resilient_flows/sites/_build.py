@@ -16,6 +16,12 @@ between Parsl's looks at its blocks, which Parsl fixes per provider class (60 s 
 Pro: a lost pilot job waits up to a minute for its replacement). A cluster whose scheduler is
 cheap to ask, such as the local ones the tests start, sets a few seconds.
 
+A ``HighThroughputExecutor`` also takes ``warm_workers`` (``true``/``false``, default false:
+Parsl's own pool): its blocks then fork their workers from a server that imported torch,
+resilient-flows and the run's workloads once (see :mod:`resilient_flows.sites._warmpool`), so
+that a member retried after its worker died trains again within a fraction of a second. It
+replaces the executor's ``launch_cmd``, so the two are not given together.
+
 String values may use the environment (``${NAME}``, ``${NAME:-default}``, ``${NAME:?hint}``,
 ``$${`` for a literal ``${``; see :mod:`resilient_flows.envvars`), so that one site file serves
 every user of a machine. The top-level ``facts:`` mapping describes the
@@ -45,12 +51,15 @@ from resilient_flows.envvars import expand_env
 from resilient_flows.errors import SiteConfigError
 from resilient_flows.sites import cobalt
 from resilient_flows.sites._blockerrors import PatientBlockErrorHandler
+from resilient_flows.sites._parsl_adapter import DEFAULT_PRELOAD, warm_launch_cmd
 
 _NAMESPACES = (parsl.executors, parsl.providers, parsl.launchers, cobalt)
 #: Our classes a site file names beside Parsl's (``block_error_handler: {type: ...}``).
 _OURS = (PatientBlockErrorHandler,)
 #: The key any provider takes beside its constructor's arguments (see the module's docstring).
 POLL_KEY = "status_polling_interval"
+#: The key a ``HighThroughputExecutor`` takes beside its constructor's arguments (see the module's docstring).
+WARM_KEY = "warm_workers"
 
 
 def _classes() -> dict[str, type]:
@@ -109,8 +118,11 @@ def _build(spec: Any, where: str, classes: dict[str, type]) -> Any:
     poll_s = None
     if provider and POLL_KEY in spec:
         poll_s = _poll_seconds(spec.pop(POLL_KEY), f"{where} ({name}): {POLL_KEY}")
+    warm = _warm(cls, spec, f"{where} ({name})")
     _check_keys(cls, spec, f"{where} ({name})", extra={POLL_KEY} if provider else frozenset())
     args = {key: _value(key, value, f"{where}.{key}", classes) for key, value in spec.items()}
+    if warm:
+        args["launch_cmd"] = warm_launch_cmd(DEFAULT_PRELOAD)
     _check_types(cls, args, f"{where} ({name})")
     try:
         built = cls(**args)
@@ -119,6 +131,20 @@ def _build(spec: Any, where: str, classes: dict[str, type]) -> Any:
     if poll_s is not None:
         built.__class__ = _polled(cls, poll_s)
     return built
+
+
+def _warm(cls: type, spec: dict[str, Any], where: str) -> bool:
+    """Whether the executor ``spec`` (its ``warm_workers`` key taken out) asks for warm workers."""
+    if WARM_KEY not in spec:
+        return False
+    value = spec.pop(WARM_KEY)
+    if not issubclass(cls, parsl.executors.HighThroughputExecutor):
+        raise SiteConfigError(f"{where}: {WARM_KEY} applies to a HighThroughputExecutor (its worker pool) only")
+    if not isinstance(value, bool):
+        raise SiteConfigError(f"{where}: {WARM_KEY} must be true or false, got {value!r}")
+    if value and spec.get("launch_cmd"):
+        raise SiteConfigError(f"{where}: {WARM_KEY} replaces launch_cmd: give one of them")
+    return value
 
 
 def _poll_seconds(value: Any, where: str) -> float:

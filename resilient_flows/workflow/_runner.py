@@ -45,6 +45,7 @@ from resilient_flows.clone import request_clone
 from resilient_flows.errors import ResilientFlowsError, WorkflowError, is_storage_full
 from resilient_flows.rundir import FULL_WAIT_S, EventLog, run_layout
 from resilient_flows.sites import SiteFacts, SiteFile, SiteOptions
+from resilient_flows.sites._parsl_adapter import add_preload
 from resilient_flows.training import (
     LeaseRenewer,
     MemberSpec,
@@ -292,18 +293,23 @@ def _site_config(
     free_stops: int,
     monitor_as: str | None = None,
     token: str | None = None,
+    workloads: tuple[str, ...] = (),
 ) -> Config:
     """The site's Parsl configuration for this run, with our retry handler (its blocks' error
     handler tolerates lost blocks: see :func:`~resilient_flows.sites._build.build_config`), blocks
     that carry the runner's ``token``, where given (what is left of them is found by it: see
     :mod:`resilient_flows.workflow._stragglers`) and, where ``monitor_as`` names the workflow,
-    Parsl's monitoring into the run's database (see :mod:`resilient_flows.workflow._monitoring`)."""
+    Parsl's monitoring into the run's database (see :mod:`resilient_flows.workflow._monitoring`).
+    Warm worker pools preload the ``workloads`` (``module:function``) as well."""
     handler = ResumingRetryHandler(retries, free_without_progress=free_stops, on_block_lost=_retire_lost_block)
     layout = run_layout(run_dir)
     extra = {} if monitor_as is None else {"monitoring": monitoring_hub(layout.monitoring_db, monitor_as)}
     config = site.config(run_dir=str(layout.parsl), retries=retries, retry_handler=handler, **extra)
     if token is not None:
         carry_token(config, token)
+    modules = [w.partition(":")[0] for w in workloads if ":" in w]
+    for executor in config.executors:
+        add_preload(executor, modules)
     return config
 
 
@@ -527,6 +533,7 @@ class _RunLoop:
             workflow.free_stops,
             workflow.name if workflow.monitoring else None,
             token=self.ledger.token,
+            workloads=tuple(sorted({m.workload for m in plan.members})),
         )
         self.config = self.site_config()
         executors = self.config.executors

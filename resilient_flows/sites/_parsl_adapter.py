@@ -1,0 +1,228 @@
+"""What resilient-flows relies on inside Parsl's ``HighThroughputExecutor`` worker pool, in one place.
+
+Warm workers (see :mod:`resilient_flows.sites._warmpool`) start Parsl's own worker pool with two
+changes, both made from outside, in the pool's process only:
+
+- its workers are forked from a fork server that imported torch, resilient-flows and the
+  members' workloads once, instead of spawned as fresh interpreters that import them again;
+- its watchdog, which restarts a dead worker and reports the task it held as ``WorkerLost``,
+  wakes when a worker exits, instead of at its next ``heartbeat_period``.
+
+Everything else (arguments, logging, the manager, task dispatch, the lost task's report) is
+Parsl's own code. Tested with Parsl :data:`TESTED_PARSL`. The internals relied on, each checked
+where it is used so that a Parsl that changed one fails the pool's start with a clear error
+instead of running it differently:
+
+- ``parsl.executors.high_throughput.executor.DEFAULT_LAUNCH_CMD`` starts with the pool's script,
+  ``process_worker_pool.py``, followed by its arguments: the warm launch command keeps the
+  arguments and replaces the script.
+- ``process_worker_pool`` (the module) names ``SpawnContext`` as a module global, and ``Manager``
+  makes its queues, shared values and ``multiprocessing`` manager from it (``Queue``, ``Value``,
+  ``Manager``, ``cpu_count``) and, in ``Manager._start_worker``, its workers
+  (``SpawnContext.Process(target=worker, ...)``, the module-level ``worker``): the pool's global
+  is replaced by a context that makes processes with the fork server and everything else as
+  before.
+- ``Manager.worker_watchdog`` loops on ``self._stop_event.wait(self.heartbeat_period)``, then
+  checks every worker's ``is_alive()``; ``self._stop_event`` is a ``threading.Event`` made in
+  ``Manager.__init__`` and also waited on without a timeout by ``Manager.start``. The pool's
+  ``Manager`` becomes a subclass whose event's timed wait also returns when a worker exits.
+- Tools that find a run's pools by ``process_worker_pool`` in a process's command line (the chaos
+  benchmark, the watchdog's tests) find warm pools too: their command line names the module
+  ``parsl.executors.high_throughput.process_worker_pool``, the first of :data:`DEFAULT_PRELOAD`.
+  A warm pool's workers are the children of its fork server (``multiprocessing.forkserver`` in
+  their command line), itself a child of the pool.
+- The module's ``if __name__ == "__main__":`` block parses ``sys.argv``, sets the module global
+  ``args`` (which ``_start_worker`` reads), configures logging and runs ``Manager(...).start()``:
+  it is run unchanged, in the imported module's namespace.
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import multiprocessing
+import multiprocessing.connection
+import os
+import re
+import sys
+import threading
+from collections.abc import Sequence
+from types import ModuleType
+from typing import Any
+
+from resilient_flows.errors import SiteConfigError
+
+__all__ = [
+    "DEFAULT_PRELOAD",
+    "POOL_SCRIPT",
+    "TESTED_PARSL",
+    "WARM_MODULE",
+    "add_preload",
+    "is_warm",
+    "run_pool",
+    "split_argv",
+    "warm_launch_cmd",
+]
+
+#: The Parsl versions the pool's internals below were read from and tested with.
+TESTED_PARSL = ("2026.10.26",)
+#: The script HTEX's default launch command starts.
+POOL_SCRIPT = "process_worker_pool.py"
+#: The module a warm launch command runs instead.
+WARM_MODULE = "resilient_flows.sites._warmpool"
+_PRELOAD_FLAG = "--preload"
+_MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
+#: What every warm pool imports once: the pool's own module (its workers' code), torch, what
+#: torch imports on first use (``torch._dynamo``: any optimizer's constructor, about 1.5 s on an
+#: idle core), and what a member's attempt imports before its workload (the apps, the member
+#: runtime, the built-in workloads, numpy's RNGs). The runner adds the run's own workload modules.
+DEFAULT_PRELOAD = (
+    "parsl.executors.high_throughput.process_worker_pool",
+    "torch",
+    "torch._dynamo",
+    "numpy.random",
+    "resilient_flows.apps",
+    "resilient_flows.training",
+    "resilient_flows.training._run",
+    "resilient_flows.training._workloads",
+)
+
+
+def warm_launch_cmd(preload: Sequence[str]) -> str:
+    """HTEX's default ``launch_cmd`` with the pool started by :data:`WARM_MODULE`, which preloads
+    ``preload`` (module names) in its fork server. The interpreter is the ``python3`` on the
+    block's ``PATH``, as the default's script is found there (``run`` puts its own first)."""
+    from parsl.executors.high_throughput.executor import DEFAULT_LAUNCH_CMD
+
+    if not DEFAULT_LAUNCH_CMD.startswith(POOL_SCRIPT + " "):
+        raise SiteConfigError(
+            f"warm_workers: this Parsl's HighThroughputExecutor launch command does not start with {POOL_SCRIPT} "
+            f"(tested with Parsl {', '.join(TESTED_PARSL)}); set warm_workers: false"
+        )
+    modules = ",".join(dict.fromkeys(preload))
+    return f"python3 -m {WARM_MODULE} {_PRELOAD_FLAG} {modules} -- " + DEFAULT_LAUNCH_CMD[len(POOL_SCRIPT) + 1 :]
+
+
+def is_warm(executor: Any) -> bool:
+    """Whether ``executor``'s blocks start warm worker pools."""
+    return f" -m {WARM_MODULE} " in str(getattr(executor, "launch_cmd", None) or "")
+
+
+def add_preload(executor: Any, modules: Sequence[str]) -> None:
+    """Have ``executor``'s warm pools preload ``modules`` too (the members' workloads); nothing
+    for an executor that is not warm. Call it before the executor starts: its launch command is
+    composed then. Only dotted Python names are added: the launch command goes through a shell,
+    and anything else is no module a worker could import anyway."""
+    names = [m for m in modules if _MODULE_NAME.fullmatch(m)]
+    if not is_warm(executor) or not names:
+        return
+    before, flag, rest = executor.launch_cmd.partition(f" {_PRELOAD_FLAG} ")
+    listed, _, tail = rest.partition(" ")
+    merged = ",".join(dict.fromkeys([*listed.split(","), *names]))
+    executor.launch_cmd = f"{before}{flag}{merged} {tail}"
+
+
+def split_argv(argv: Sequence[str]) -> tuple[list[str], list[str]]:
+    """The modules to preload and the pool's own arguments, from a warm pool's command line."""
+    argv = list(argv)
+    if len(argv) < 3 or argv[0] != _PRELOAD_FLAG or argv[2] != "--":
+        raise SystemExit(f"usage: python -m {WARM_MODULE} {_PRELOAD_FLAG} MOD[,MOD...] -- POOL-ARGUMENTS")
+    return [m for m in argv[1].split(",") if m], argv[3:]
+
+
+def run_pool(argv: Sequence[str], forkserver: multiprocessing.context.BaseContext) -> None:
+    """Run Parsl's worker pool with ``argv`` (its own arguments), its workers made by
+    ``forkserver`` (a ``forkserver`` context whose preload is set) and noticed when they exit."""
+    from parsl.executors.high_throughput import process_worker_pool as pool
+
+    main = _main_block(pool)
+    for name in ("SpawnContext", "Manager", "worker"):
+        if not hasattr(pool, name):
+            raise RuntimeError(f"Parsl's process_worker_pool has no {name} (tested with Parsl {TESTED_PARSL})")
+    workers = _WorkerContext(pool.SpawnContext, forkserver)
+    pool.SpawnContext = workers
+    pool.Manager = _waking_manager(pool.Manager, workers)
+    sys.argv = [POOL_SCRIPT, *argv]
+    exec(main, pool.__dict__)
+
+
+def _main_block(module: ModuleType) -> Any:
+    """The compiled body of ``module``'s ``if __name__ == "__main__":`` block."""
+    tree = ast.parse(inspect.getsource(module))
+    for node in tree.body:
+        if isinstance(node, ast.If) and "__main__" in ast.unparse(node.test) and "__name__" in ast.unparse(node.test):
+            return compile(ast.Module(body=node.body, type_ignores=[]), module.__file__ or "<pool>", "exec")
+    raise RuntimeError(f"Parsl's process_worker_pool has no __main__ block (tested with Parsl {TESTED_PARSL})")
+
+
+class _WorkerContext:
+    """The pool's ``SpawnContext``: processes from the fork server, everything else (queues,
+    values, the ``multiprocessing`` manager, which workers reach by pickle) from ``spawn`` as
+    before. It remembers the workers it started, for :class:`_WakingEvent` to wait on."""
+
+    def __init__(self, spawn: Any, forkserver: multiprocessing.context.BaseContext) -> None:
+        self._spawn = spawn
+        self._forkserver = forkserver
+        self._started: list[Any] = []
+        self._lock = threading.Lock()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._spawn, name)
+
+    def Process(self, *args: Any, **kwargs: Any) -> Any:
+        """A worker process from the fork server (started by the pool), remembered."""
+        process = self._forkserver.Process(*args, **kwargs)
+        with self._lock:
+            self._started.append(process)
+        return process
+
+    def sentinels(self) -> list[int]:
+        """The sentinels of the started workers still running; those that ended or were closed
+        are forgotten."""
+        live, kept = [], []
+        with self._lock:
+            for process in self._started:
+                try:
+                    if process.exitcode is not None:
+                        continue
+                    kept.append(process)
+                    if process.pid is not None:
+                        live.append(process.sentinel)
+                except ValueError:  # closed by the pool at its end
+                    continue
+            self._started = kept
+        return live
+
+
+class _WakingEvent(threading.Event):
+    """The manager's stop event: a timed wait (the watchdog's) also returns when a worker exits,
+    so that its task is reported lost and the worker replaced at once."""
+
+    def __init__(self, workers: _WorkerContext) -> None:
+        super().__init__()
+        self._workers = workers
+        self._wake_r, self._wake_w = os.pipe()
+
+    def set(self) -> None:
+        super().set()
+        os.write(self._wake_w, b"x")
+
+    def wait(self, timeout: float | None = None) -> bool:
+        if timeout is None or self.is_set():
+            return super().wait(timeout)
+        multiprocessing.connection.wait([self._wake_r, *self._workers.sentinels()], timeout)
+        return self.is_set()
+
+
+def _waking_manager(base: type, workers: _WorkerContext) -> type:
+    """Parsl's ``Manager`` with a :class:`_WakingEvent` as its stop event."""
+
+    class WarmManager(base):  # type: ignore[misc,valid-type]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            if not isinstance(getattr(self, "_stop_event", None), threading.Event):
+                raise RuntimeError(f"Parsl's Manager has no _stop_event (tested with Parsl {TESTED_PARSL})")
+            self._stop_event = _WakingEvent(workers)
+
+    WarmManager.__name__ = WarmManager.__qualname__ = base.__name__
+    return WarmManager

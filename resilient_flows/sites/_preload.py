@@ -1,0 +1,76 @@
+"""What a warm pool's fork server imports once, so that its workers start with it imported.
+
+The fork server imports this module as it starts (its only preload): this module imports each
+module named in ``$RESILIENT_FLOWS_WARM_PRELOAD`` (comma-separated), and takes the variable out
+of the environment, so that nothing the workers start preloads again. One that cannot be imported
+is left to the worker that needs it, which imports it then and fails the member with that error
+if it must: a broken workload module must not take the pool's fork server, and every worker with
+it, down. Anything that starts a thread at import would be copied half-alive into every forked
+worker (see :mod:`resilient_flows.sites._warmpool`): this is checked around the imports, and said
+on stderr, which the pool's block log keeps. Each forked worker dies with the fork server.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import importlib
+import os
+import signal
+import sys
+import threading
+
+#: The variable naming the modules to import.
+PRELOAD_VARIABLE = "RESILIENT_FLOWS_WARM_PRELOAD"
+
+
+def preload(modules: list[str]) -> tuple[list[str], int]:
+    """Import ``modules``: the ones that failed, each with why, and how many threads they started.
+
+    numpy is imported first and its threads are not counted: its OpenBLAS starts its pool at
+    import, and stops and restarts it around a fork (``pthread_atfork``), so it is fork-safe."""
+    with contextlib.suppress(ImportError):
+        importlib.import_module("numpy")
+    before = _threads()
+    failed = []
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except BaseException as exc:  # a workload's import may raise anything, SystemExit too
+            failed.append(f"{name}: {type(exc).__name__}: {exc}")
+    return failed, _threads() - before
+
+
+def _die_with_the_server() -> None:
+    """In each forked worker: be killed when the fork server ends. The pool would take a worker
+    whose server was killed for a dead one (its exit status comes through the server) and send
+    its task again, while the orphan trained on: two attempts of one member at once."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # not Linux: no such guard
+        return
+
+
+def _threads() -> int:
+    """The threads of this process, the interpreter's and any native ones."""
+    try:
+        return len(os.listdir("/proc/self/task"))
+    except OSError:
+        return threading.active_count()
+
+
+def _report(failed: list[str], started: int) -> None:
+    for line in failed:
+        print(f"resilient-flows warm pool: not preloaded, imported by each worker instead: {line}", file=sys.stderr)
+    if started > 0:
+        print(
+            f"resilient-flows warm pool: the preloaded modules started {started} thread(s) in the fork server; "
+            "workers forked from it may hang on a lock one of them held",
+            file=sys.stderr,
+        )
+
+
+_NAMED = os.environ.pop(PRELOAD_VARIABLE, "")  # read once, by the fork server: its workers do not see it
+if _NAMED:
+    _report(*preload([m for m in _NAMED.split(",") if m]))
+    os.register_at_fork(after_in_child=_die_with_the_server)

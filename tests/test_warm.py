@@ -1,0 +1,160 @@
+"""Warm workers: site files that ask for them, and a member whose worker is SIGKILLed resuming on a
+worker forked from the pool's preloaded fork server (real Parsl, the local site)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from conftest import REPO, python_env
+from slurm import wait_for
+
+from resilient_flows.errors import SiteConfigError
+from resilient_flows.sites import load_site
+from resilient_flows.sites._parsl_adapter import DEFAULT_PRELOAD, WARM_MODULE, add_preload, is_warm, split_argv
+from resilient_flows.training import read_events, run_member
+from resilient_flows.training._heartbeat import heartbeat_path, read_heartbeat
+from resilient_flows.workflow import read_plan
+
+CLI = Path(sys.executable).with_name("resilient-flows")
+
+
+def site(tmp_path: Path, executor: dict[str, Any]) -> Path:
+    path = tmp_path / "site.yaml"
+    provider = {"provider": {"type": "LocalProvider"}} if executor["type"] == "HighThroughputExecutor" else {}
+    path.write_text(yaml.safe_dump({"executors": [{**executor, **provider}]}))
+    return path
+
+
+def test_warm_workers_start_the_pool_through_the_warm_module_with_the_default_preload(tmp_path: Path) -> None:
+    (executor,) = load_site(
+        site(tmp_path, {"type": "HighThroughputExecutor", "label": "w", "warm_workers": True})
+    ).executors
+    assert is_warm(executor)
+    head, _, pool_args = executor.launch_cmd.partition(" -- ")
+    assert head == f"python3 -m {WARM_MODULE} --preload {','.join(DEFAULT_PRELOAD)}"
+    assert pool_args.startswith("{debug} {max_workers_per_node} -a {addresses} ")
+    (plain,) = load_site(
+        site(tmp_path, {"type": "HighThroughputExecutor", "label": "p", "warm_workers": False})
+    ).executors
+    assert not is_warm(plain) and plain.launch_cmd.startswith("process_worker_pool.py ")
+
+
+def test_the_runs_workloads_join_the_preload_once_each_and_only_python_names(tmp_path: Path) -> None:
+    (executor,) = load_site(
+        site(tmp_path, {"type": "HighThroughputExecutor", "label": "w", "warm_workers": True})
+    ).executors
+    add_preload(executor, ["mine", "torch", "mine", "x;rm -rf ~", "pkg.sub"])
+    argv = executor.launch_cmd.split()[3:]
+    modules, pool_argv = split_argv(argv)
+    assert modules == [*DEFAULT_PRELOAD, "mine", "pkg.sub"]
+    assert pool_argv[:2] == ["{debug}", "{max_workers_per_node}"]
+
+
+@pytest.mark.parametrize(
+    ("executor", "message"),
+    [
+        (
+            {"type": "ThreadPoolExecutor", "label": "t", "warm_workers": True},
+            "executors[0] (ThreadPoolExecutor): warm_workers applies to a "
+            "HighThroughputExecutor (its worker pool) only",
+        ),
+        (
+            {"type": "HighThroughputExecutor", "label": "w", "warm_workers": "yes"},
+            "executors[0] (HighThroughputExecutor): warm_workers must be true or false, got 'yes'",
+        ),
+        (
+            {"type": "HighThroughputExecutor", "label": "w", "warm_workers": True, "launch_cmd": "mine"},
+            "executors[0] (HighThroughputExecutor): warm_workers replaces launch_cmd: give one of them",
+        ),
+    ],
+)
+def test_a_misplaced_warm_workers_key_is_one_clear_line(tmp_path: Path, executor: dict[str, Any], message: str) -> None:
+    path = site(tmp_path, executor)
+    with pytest.raises(SiteConfigError) as caught:
+        load_site(path)
+    assert str(caught.value) == f"{path}: {message}"
+
+
+WORKFLOW = """\
+name: warm
+checkpoint: {{interval: 5, tiers: [memory, shared]}}
+members:
+  - {{name: m, workload: 'warm_workload:train', steps: 240, params: {{step_s: 0.05, record: '{record}'}}}}
+"""
+
+
+def threads_of(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/task"))
+
+
+@pytest.mark.slow
+def test_a_member_whose_worker_is_killed_resumes_on_a_warm_worker_bit_exact_and_free(tmp_path: Path) -> None:
+    """The retry's process did not import torch or the workload: its parent, the pool's fork
+    server, did, once, with no thread of its own beyond those of a fresh interpreter. The retry
+    restores from the node's memory tier, which survived the worker."""
+    record = tmp_path / "attempts.jsonl"
+    (tmp_path / "wf.yaml").write_text(WORKFLOW.format(record=record))
+    site = tmp_path / "site.yaml"  # the local site with a memory tier (a directory standing in for /dev/shm)
+    site.write_text(
+        (REPO / "site-configs/local.yaml").read_text().replace("memory_scratch: null", f"memory_scratch: {tmp_path}")
+    )
+    run_dir = tmp_path / "run"
+    env = python_env()
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    runner = subprocess.Popen(
+        [CLI, "run", tmp_path / "wf.yaml", "--site", site, "--run-dir", run_dir],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        wait_for(lambda: sum(e["kind"] == "checkpointed" for e in read_events(run_dir)) >= 2, 180, "two checkpoints")
+        beat = read_heartbeat(heartbeat_path(run_dir, "m"))
+        assert beat is not None
+        killed = int(beat["pid"])
+        server = int(Path(f"/proc/{killed}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        server_threads = threads_of(server)
+        os.kill(killed, signal.SIGKILL)
+        out, _ = runner.communicate(timeout=180)
+    finally:
+        if runner.poll() is None:
+            runner.kill()
+    assert runner.returncode == 0, out
+    fresh = subprocess.run(
+        [sys.executable, "-c", "import os, numpy; print(len(os.listdir('/proc/self/task')))"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert server_threads == int(fresh.stdout)
+
+    attempts = [json.loads(line) for line in record.read_text().splitlines()]
+    assert [a["pid"] == killed for a in attempts] == [True, False]
+    for attempt in attempts:  # imported by the fork server, the attempt's parent, not by the attempt
+        assert attempt["imported_in"] == attempt["parent"] == server != attempt["pid"]
+
+    events = list(read_events(run_dir))
+    (failed,) = [e for e in events if e["kind"] == "failed"]
+    assert (failed["error"].split(":")[0], failed["cost"], failed["cause"]) == (
+        "WorkerLost",
+        0.0,
+        "lost after progress",
+    )
+    (resumed,) = [e for e in events if e["kind"] == "resumed"]
+    assert resumed["attempt"] == 2 and [source.split()[0] for source in resumed["read_from"]] == ["memory"]
+
+    (spec,) = read_plan(run_dir).members
+    reference = replace(spec, params={**spec.params, "record": str(tmp_path / "reference.jsonl")})
+    result = json.loads((run_dir / "members" / "m" / "result.json").read_text())
+    assert result["digest"] == run_member(reference.to_dict(), str(tmp_path / "reference"))["digest"]
