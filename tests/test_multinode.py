@@ -124,6 +124,39 @@ def test_a_dead_node_is_one_whose_daemon_refuses_or_does_not_answer() -> None:
         assert dead_hosts(["127.0.0.1"], closed.getsockname()[1]) == ["127.0.0.1"]
 
 
+def test_the_launch_watcher_records_a_dead_node_and_ends_the_step_once_a_rank_saw_its_peer_gone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The launch (here a rank that records a peer gone, then hangs as a survivor waiting on a
+    dead node would) is killed as soon as the probe finds a node of the block dead: the node is
+    recorded for the block and in the member's fault record, with the nodes the block has left."""
+    from resilient_flows.training import _nodewatch
+
+    nodefile, member, run_dir = tmp_path / "nodefile", tmp_path / "run/members/m", tmp_path / "run"
+    nodefile.write_text("127.0.0.1\nlocalhost\n")
+    member.mkdir(parents=True)
+    rank = (
+        "import sys, time; from pathlib import Path; from resilient_flows.training import record_fault; "
+        "record_fault(Path(sys.argv[1]), 0, ConnectionResetError('Connection reset by peer')); time.sleep(120)"
+    )
+    monkeypatch.setattr(_nodewatch, "dead_hosts", lambda hosts, _port: [h for h in hosts if h == "localhost"])
+    monkeypatch.setenv("PBS_JOBID", "9.pbs")
+    monkeypatch.setenv("PBS_NODEFILE", str(nodefile))
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    monkeypatch.delenv("SLURM_JOB_NODELIST", raising=False)
+    began = time.monotonic()
+    status = _nodewatch.main(["2", str(member), str(run_dir), "--", sys.executable, "-c", rank, str(member)])
+    assert status == 1 and time.monotonic() - began < 120  # killed, not waited for: the rank sleeps 120 s
+    assert read_lost(str(run_dir), {"PBS_JOBID": "9.pbs"}) == ["localhost"]
+    fault = json.loads((member / "fault.json").read_text())
+    assert (fault["kind"], fault["lost_nodes"], fault["nodes_left"], fault["nodes_needed"]) == (
+        "peer-lost",
+        ["localhost"],
+        1,
+        2,
+    )
+
+
 def test_spare_nodes_ask_each_block_for_more_nodes_in_a_job_that_outlives_a_node(tmp_path: Path) -> None:
     site = (REPO / "site-configs" / f"{SITE}.yaml").read_text().replace("\nfacts:\n", "\nfacts:\n  spare_nodes: 1\n")
     (tmp_path / "site.yaml").write_text(site)
