@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     needed, member, run_dir, command = int(args[0]), Path(args[1]), args[2], args[4:]
     started = time.time()
-    launch = subprocess.Popen(command, start_new_session=True)
+    launch = subprocess.Popen(command)  # in this process group: whoever ends the app's group ends it too
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(signum, lambda s, _f: _signal(launch, s))
     while launch.poll() is None:
@@ -60,9 +60,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _signal(launch: subprocess.Popen, signum: int) -> None:
-    """``signum`` to the launch's process group (srun forwards a stop signal to the ranks)."""
+    """``signum`` to the launch (srun forwards a stop signal to the ranks)."""
     with contextlib.suppress(ProcessLookupError):
-        os.killpg(launch.pid, signum)
+        launch.send_signal(signum)
 
 
 def _peer_lost_since(member: Path, started: float) -> dict[str, Any] | None:
