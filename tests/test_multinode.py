@@ -598,6 +598,63 @@ def test_slurm_member_that_lost_a_node_restarts_on_a_spare_node_of_its_block(
 
 @pytest.mark.slow
 @pytest.mark.slurm
+@pytest.mark.timeout(480)
+def test_slurm_member_that_lost_two_nodes_in_a_row_uses_the_spare_then_a_new_block(
+    two_node_run: Path, cluster: dict[str, str], tmp_path: Path
+) -> None:
+    """One spare, two losses: rank 1's node dies and the member restarts on the spare in the same
+    block; then the spare, now rank 1's node, dies too. The block has one node left, fewer than
+    the member spans: it is retired, and the member resumes on a new block (the first lost node,
+    booted again, and the survivor) to the uninterrupted run's weights. Both faults are free."""
+    env = {**cluster, "PYTHONPATH": os.pathsep.join([str(REPO / "benchmarks"), cluster["PYTHONPATH"]])}
+    (tmp_path / "wf.yaml").write_text(NODE_LOSS)
+    site = (REPO / "site-configs" / f"{SITE}.yaml").read_text()
+    (tmp_path / "site.yaml").write_text(site.replace("\nfacts:\n", "\nfacts:\n  spare_nodes: 1\n"))
+    run_dir = tmp_path / "run"
+    command = _command(tmp_path / "wf.yaml", run_dir, "--site", str(tmp_path / "site.yaml"))
+    runner = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    down: list[str] = []
+
+    def attempt_steps(attempt: int) -> list[int]:
+        path = run_dir / "members/ddp/metrics.jsonl"
+        lines = path.read_text().splitlines() if path.exists() else []
+        return [m["step"] for m in map(json.loads, lines) if m["attempt"] == attempt]
+
+    try:
+        _wait_for(f"step {LOSE_AFTER}", lambda: max(attempt_steps(1), default=-1) >= LOSE_AFTER, 180)
+        (first,) = [e for e in _events(run_dir) if e["kind"] == "started"]
+        down.append(first["hosts"][1])
+        _slurm_node("down", down[-1], env)
+        _wait_for("the restart's first step", lambda: bool(attempt_steps(2)), 180)
+        second = [e for e in _events(run_dir) if e["kind"] == "started"][-1]
+        down.append(second["hosts"][1])
+        _slurm_node("down", down[-1], env)
+        _slurm_node("up", down.pop(0), env)  # the first lost node boots again: the new block's second node
+        out, err = runner.communicate(timeout=300)
+    finally:
+        runner.kill()
+        cancel_all(name_prefix=f"parsl.{SITE}.block-", env=env)
+        for node in down:
+            _slurm_node("up", node, env)
+    events = _events(run_dir)
+    assert runner.returncode == 0, (out[-2000:], err[-3000:], events)
+    survivor, lost, spare = first["hosts"][0], first["hosts"][1], second["hosts"][1]
+    assert second["hosts"] == [survivor, spare] and spare != lost, (first, second)
+    blocks = [e for e in events if e["kind"] == "block_started"]
+    started = [e for e in events if e["kind"] == "started"]
+    assert [str(e["block"]) for e in started] == [blocks[0]["block"], blocks[0]["block"], blocks[1]["block"]]
+    assert len(blocks) == 2 and spare not in started[2]["hosts"], (blocks, started)
+    failed = [e for e in events if e["kind"] == "failed"]
+    assert [(e["cost"], e["failure_kind"]) for e in failed] == [(0.0, "infrastructure")] * 2, failed
+    assert failed[0]["cause"].endswith(f"node(s) {lost} lost, 2 left in its block"), failed[0]
+    assert "left in its block" not in failed[1]["cause"], failed[1]  # none to spare: the block was retired
+    record = json.loads((run_dir / "blocks" / blocks[0]["job_id"] / "lost-nodes.json").read_text())
+    assert record == {"job": blocks[0]["job_id"], "nodes": [lost, spare]}
+    _assert_same_weights(run_dir, two_node_run)
+
+
+@pytest.mark.slow
+@pytest.mark.slurm
 @pytest.mark.timeout(420)
 def test_slurm_member_that_lost_a_node_and_its_buddy_resumes_from_the_shared_tier(
     two_node_run: Path, cluster: dict[str, str], tmp_path: Path
