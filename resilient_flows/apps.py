@@ -274,6 +274,9 @@ class ResumingRetryHandler:
       however it was seen first, while the member makes progress, as for stops; and the block the
       attempt ran in is handed to ``on_block_lost(executor, block, why)`` before the retry is
       sent, so that the runner holds and retires it: no retry lands in a block that lost a node.
+      Unless the block keeps enough live nodes for the member (its spare nodes,
+      ``facts.spare_nodes``; the launch watcher of :mod:`resilient_flows.training._nodewatch` says
+      so in the fault record): then the retry restarts in it, on none of its lost nodes.
     - A lost worker (a worker process killed: the member's own crash as often as the machine's),
       a command killed by a signal, or a full file system: cost 0 when the member made progress,
       else 1, so a task that dies before making progress cannot loop forever. Progress is a newer
@@ -490,7 +493,7 @@ def _machine_fault(
         found = fault.get("block") if fault.get("block") is not None else block
         why = f"a peer rank is gone ({where}: {fault.get('reason')})"
         if _spare_left(fault):  # the block goes on without the lost node: it is not retired
-            lost = ", ".join(fault["lost_nodes"])
+            lost = ", ".join(map(str, fault["lost_nodes"]))
             return f"{why}; node(s) {lost} lost, {fault['nodes_left']} left in its block", None
         return why, None if found is None else str(found)
     return None
