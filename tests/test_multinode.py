@@ -441,8 +441,7 @@ def _lose_during_run(
     ``rank`` (0: the node its block's worker pool runs on; 1: the other one, where only a rank
     runs) or, with ``both``, both its nodes together; a crashed node boots again, empty, once
     the run ended (or, with ``both``, at once). ``spares``: the site's ``facts.spare_nodes``. The
-    run directory, its events and the first attempt's hosts; when the node was lost (the
-    machine's clock) is in the run directory's ``killed-at``."""
+    run directory, its events and the first attempt's hosts."""
     env = {**cluster, "PYTHONPATH": os.pathsep.join([str(REPO / "benchmarks"), cluster["PYTHONPATH"]])}
     (tmp_path / "wf.yaml").write_text(NODE_LOSS)
     site = (REPO / "site-configs" / f"{SITE}.yaml").read_text()
@@ -461,10 +460,8 @@ def _lose_during_run(
         _wait_for(f"step {LOSE_AFTER}", lambda: max(loss_curve(run_dir, "ddp"), default=-1) >= LOSE_AFTER, 180)
         (started,) = [e for e in _events(run_dir) if e["kind"] == "started"]
         lost = list(started["hosts"] if both else started["hosts"][rank : rank + 1])
-        killed_at = time.time()
         for node in lost:
             _slurm_node("down", node, env)
-        (run_dir / "killed-at").write_text(f"{killed_at}\n")
         if both:  # one node is left: the member needs two, so the crashed ones must come back
             for node in lost:
                 _slurm_node("up", node, env)
