@@ -67,6 +67,7 @@ from resilient_flows.training import (
     pbs_hosts,
     read_heartbeat,
 )
+from resilient_flows.training._lostnodes import current_job, read_lost
 
 __all__ = [
     "ResumingRetryHandler",
@@ -194,11 +195,16 @@ def mpi_train_app(
     """
 
     _wait(backoff_s, run_dir, spec["name"])
-    prefix = launch_prefix(int(ranks), int(spec.get("nodes", 1)), os.environ)
+    nodes = int(spec.get("nodes", 1))
+    prefix = launch_prefix(int(ranks), nodes, os.environ, read_lost(run_dir, os.environ))
     layout = TaskLayout(member_dir(run_dir, spec["name"]))
     layout.write_spec(spec)
     module = [sys.executable, "-m", "resilient_flows.training.mpi_member", str(layout.spec), str(run_dir)]
-    return f"{prefix} {shlex.join(module)}"
+    if nodes <= 1 or os.environ.get("PARSL_MPI_PREFIX") or current_job(os.environ) is None:
+        return f"{prefix} {shlex.join(module)}"
+    # Across the block's nodes: watched, so that a node's death is recorded and the step ended at once.
+    watch = [sys.executable, "-m", "resilient_flows.training._nodewatch", str(nodes), str(layout.root), str(run_dir)]
+    return f"{shlex.join(watch)} -- {prefix} {shlex.join(module)}"
 
 
 def mpi_resources(ranks: int = 1, nodes: int = 1) -> dict[str, int]:
@@ -208,9 +214,10 @@ def mpi_resources(ranks: int = 1, nodes: int = 1) -> dict[str, int]:
     return {"num_nodes": nodes, "num_ranks": ranks, "ranks_per_node": ranks // nodes}
 
 
-def launch_prefix(ranks: int, nodes: int, env: Mapping[str, str]) -> str:
+def launch_prefix(ranks: int, nodes: int, env: Mapping[str, str], lost: Sequence[str] = ()) -> str:
     """The command line that starts a member's ``ranks`` processes on ``nodes`` nodes, from the
-    worker's environment ``env``.
+    worker's environment ``env``, on none of the block's ``lost`` nodes (see
+    :mod:`resilient_flows.training._lostnodes`).
 
     One node: ``mpiexec`` on the worker's own node, as always. Several, inside the block the
     worker runs in (a site whose blocks hold several nodes and whose worker pool runs on the
@@ -220,9 +227,10 @@ def launch_prefix(ranks: int, nodes: int, env: Mapping[str, str]) -> str:
       killed (a survivor of a crashed peer could wait in a collective for torch's 30-minute
       timeout), but a rank's exit status does not end the step at once: ``--kill-on-bad-exit``
       would turn a clean stop (every rank exits 75 within a moment of the others) into a killed
-      step.
+      step. After a node loss, ``--exclude`` leaves the lost nodes out and ``--overlap`` lets the
+      step start beside the failed one, which Slurm holds until it declares the node down.
     - PBS Pro: Cray PALS's ``mpiexec --ppn`` onto the first ``nodes`` hosts of ``$PBS_NODEFILE``
-      (Polaris, Aurora).
+      that were not lost (Polaris, Aurora).
 
     Parsl's ``$PARSL_MPI_PREFIX`` wins: ``MPIExecutor`` composed it for this very task.
     """
@@ -233,22 +241,18 @@ def launch_prefix(ranks: int, nodes: int, env: Mapping[str, str]) -> str:
         return f"mpiexec -n {ranks}"
     per_node = ranks // nodes
     if env.get("SLURM_JOB_ID"):
-        return shlex.join(
-            [
-                "srun",
-                f"--nodes={nodes}",
-                f"--ntasks={ranks}",
-                f"--ntasks-per-node={per_node}",
-                "--kill-on-bad-exit=0",
-                f"--wait={STRAGGLER_S}",
-            ]
-        )
+        srun = ["srun", f"--nodes={nodes}", f"--ntasks={ranks}", f"--ntasks-per-node={per_node}"]
+        if lost:
+            srun += [f"--exclude={','.join(lost)}", "--overlap"]
+        return shlex.join([*srun, "--kill-on-bad-exit=0", f"--wait={STRAGGLER_S}"])
     if env.get("PBS_JOBID") and env.get("PBS_NODEFILE"):
-        hosts = pbs_hosts(env["PBS_NODEFILE"])
+        listed = pbs_hosts(env["PBS_NODEFILE"])
+        hosts = [h for h in listed if h not in lost]
         if len(hosts) < nodes:
+            gone = f", {len(listed) - len(hosts)} of them lost" if lost else ""
             raise LaunchError(
-                f"a member on {nodes} nodes, but PBS_NODEFILE={env['PBS_NODEFILE']} lists {len(hosts)} "
-                f"({', '.join(hosts) or 'none'}): the block must hold as many nodes as the member spans"
+                f"a member on {nodes} nodes, but PBS_NODEFILE={env['PBS_NODEFILE']} lists {len(listed)} "
+                f"({', '.join(listed) or 'none'}{gone}): the block must hold as many nodes as the member spans"
             )
         return shlex.join(["mpiexec", "-n", str(ranks), "--ppn", str(per_node), "--hosts", ",".join(hosts[:nodes])])
     raise LaunchError(
@@ -272,6 +276,9 @@ class ResumingRetryHandler:
       however it was seen first, while the member makes progress, as for stops; and the block the
       attempt ran in is handed to ``on_block_lost(executor, block, why)`` before the retry is
       sent, so that the runner holds and retires it: no retry lands in a block that lost a node.
+      Unless the block keeps enough live nodes for the member (its spare nodes,
+      ``facts.spare_nodes``; the launch watcher of :mod:`resilient_flows.training._nodewatch` says
+      so in the fault record): then the retry restarts in it, on none of its lost nodes.
     - A lost worker (a worker process killed: the member's own crash as often as the machine's),
       a command killed by a signal, or a full file system: cost 0 when the member made progress,
       else 1, so a task that dies before making progress cannot loop forever. Progress is a newer
@@ -491,10 +498,22 @@ def _machine_fault(
         return "its worker pool was lost", block
     if fault is not None and fault["kind"] == PEER_LOST:
         where = f"rank {fault.get('rank')} on {fault.get('host')}"
-        return f"a peer rank is gone ({where}: {fault.get('reason')})", block
+        why = f"a peer rank is gone ({where}: {fault.get('reason')})"
+        if _spare_left(fault):  # the block goes on without the lost node: it is not retired
+            lost = ", ".join(map(str, fault["lost_nodes"]))
+            return f"{why}; node(s) {lost} lost, {fault['nodes_left']} left in its block", None
+        return why, block
     if fault is None and isinstance(exception, BashExitFailure) and exception.exitcode == EXIT_PEER_LOST:
         return f"a peer rank is gone (a rank exited with status {EXIT_PEER_LOST})", block
     return None
+
+
+def _spare_left(fault: dict[str, Any]) -> bool:
+    """Whether the launch watcher found the nodes that died and the block has enough left for the
+    member (see :mod:`resilient_flows.training._nodewatch`): its retry restarts on a spare there."""
+    left, needed, lost = fault.get("nodes_left"), fault.get("nodes_needed"), fault.get("lost_nodes")
+    known = isinstance(left, int) and isinstance(needed, int) and isinstance(lost, list) and bool(lost)
+    return known and left >= needed
 
 
 def _permanent(exception: BaseException) -> bool:

@@ -34,9 +34,12 @@ from resilient_flows.apps import launch_prefix
 from resilient_flows.errors import LaunchError, SiteConfigError, WorkflowError
 from resilient_flows.examples.preemptible import train
 from resilient_flows.sites._facts import parse_facts
+from resilient_flows.sites._site import SiteFile
+from resilient_flows.sites._spares import with_spares
 from resilient_flows.training import MemberSpec, read_events, run_member
 from resilient_flows.training import _distributed as dist_module
 from resilient_flows.training._distributed import init_process_group, use_interface
+from resilient_flows.training._lostnodes import dead_hosts, read_lost, record_lost
 from resilient_flows.workflow import load_workflow, plan_workflow
 from resilient_flows.workflow._runner import resize_members
 from resilient_flows.workflow._status import loss_curve
@@ -87,6 +90,102 @@ def test_under_pbs_a_member_on_several_nodes_starts_its_ranks_with_pals_mpiexec_
         launch_prefix(4, 4, block)
     with pytest.raises(LaunchError, match=r"PBS_NODEFILE /nonexistent: "):
         launch_prefix(4, 2, {**block, "PBS_NODEFILE": "/nonexistent"})
+
+
+def test_after_a_node_loss_a_member_launches_on_the_nodes_its_block_has_left(tmp_path: Path) -> None:
+    """The node choice: the block's record of its lost nodes, read where the member is launched,
+    leaves them out of the srun step (beside the failed step, which Slurm holds until it declares
+    the node down) and out of PALS's host list."""
+    run_dir, block = str(tmp_path / "run"), {"SLURM_JOB_ID": "42"}
+    assert read_lost(run_dir, block) == []
+    assert record_lost(run_dir, block, ["n2"]) == ["n2"]
+    assert record_lost(run_dir, block, ["n3", "n2"]) == ["n2", "n3"]
+    assert read_lost(run_dir, {"SLURM_JOB_ID": "43"}) == []  # another block lost nothing
+    assert json.loads((tmp_path / "run/blocks/42/lost-nodes.json").read_text()) == {"job": "42", "nodes": ["n2", "n3"]}
+    srun = "srun --nodes=2 --ntasks=4 --ntasks-per-node=2 --exclude=n2,n3 --overlap --kill-on-bad-exit=0 --wait=60"
+    assert launch_prefix(4, 2, block, read_lost(run_dir, block)) == srun
+    nodefile = tmp_path / "nodefile"
+    nodefile.write_text("x1\nx1\nx2\nx3\nx4\n")
+    pbs = {"PBS_JOBID": "7.pbs", "PBS_NODEFILE": str(nodefile)}
+    record_lost(run_dir, pbs, ["x2"])
+    assert launch_prefix(4, 2, pbs, read_lost(run_dir, pbs)) == "mpiexec -n 4 --ppn 2 --hosts x1,x3"
+    with pytest.raises(
+        LaunchError, match=rf"a member on 4 nodes, but PBS_NODEFILE={nodefile} lists 4 .*, 1 of them lost\)"
+    ):
+        launch_prefix(4, 4, pbs, ["x2"])
+
+
+def test_a_dead_node_is_one_whose_daemon_refuses_or_does_not_answer() -> None:
+    with socket.socket() as listening, socket.socket() as closed:
+        listening.bind(("127.0.0.1", 0))
+        listening.listen()
+        closed.bind(("127.0.0.1", 0))  # bound, not listening: refused
+        assert dead_hosts(["127.0.0.1", "localhost"], listening.getsockname()[1]) == []
+        assert dead_hosts(["127.0.0.1"], closed.getsockname()[1]) == ["127.0.0.1"]
+
+
+def test_the_launch_watcher_records_a_dead_node_and_ends_the_step_once_a_rank_saw_its_peer_gone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The launch (here a rank that records a peer gone, then hangs as a survivor waiting on a
+    dead node would) is killed as soon as the probe finds a node of the block dead: the node is
+    recorded for the block and in the member's fault record, with the nodes the block has left."""
+    from resilient_flows.training import _nodewatch
+
+    nodefile, member, run_dir = tmp_path / "nodefile", tmp_path / "run/members/m", tmp_path / "run"
+    nodefile.write_text("127.0.0.1\nlocalhost\n")
+    member.mkdir(parents=True)
+    rank = (
+        "import sys, time; from pathlib import Path; from resilient_flows.training import record_fault; "
+        "record_fault(Path(sys.argv[1]), 0, ConnectionResetError('Connection reset by peer')); time.sleep(120)"
+    )
+    monkeypatch.setattr(_nodewatch, "dead_hosts", lambda hosts, _port: [h for h in hosts if h == "localhost"])
+    monkeypatch.setenv("PBS_JOBID", "9.pbs")
+    monkeypatch.setenv("PBS_NODEFILE", str(nodefile))
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    monkeypatch.delenv("SLURM_JOB_NODELIST", raising=False)
+    began = time.monotonic()
+    status = _nodewatch.main(["2", str(member), str(run_dir), "--", sys.executable, "-c", rank, str(member)])
+    assert status == 1 and time.monotonic() - began < 120  # killed, not waited for: the rank sleeps 120 s
+    assert read_lost(str(run_dir), {"PBS_JOBID": "9.pbs"}) == ["localhost"]
+    fault = json.loads((member / "fault.json").read_text())
+    assert (fault["kind"], fault["lost_nodes"], fault["nodes_left"], fault["nodes_needed"]) == (
+        "peer-lost",
+        ["localhost"],
+        1,
+        2,
+    )
+
+
+def test_spare_nodes_ask_each_block_for_more_nodes_in_a_job_that_outlives_a_node(tmp_path: Path) -> None:
+    site = (REPO / "site-configs" / f"{SITE}.yaml").read_text().replace("\nfacts:\n", "\nfacts:\n  spare_nodes: 1\n")
+    (tmp_path / "site.yaml").write_text(site)
+    env = {
+        "RESILIENT_FLOWS_TEST_BRIDGE_ADDR": "10.0.0.1",
+        "RESILIENT_FLOWS_TEST_IFNAME": "rf0",
+        "RESILIENT_FLOWS_TEST_NODES_DIR": str(tmp_path),
+    }
+    with pytest.MonkeyPatch.context() as patch:
+        for name, value in env.items():
+            patch.setenv(name, value)
+        opened = SiteFile.open(tmp_path / "site.yaml")
+        facts, (executor,) = opened.facts(), opened.config().executors
+    assert (facts.nodes, facts.spare_nodes) == (2, 1)  # members plan with 2 nodes; the block holds 3
+    assert executor.provider.nodes_per_block == 3
+    assert executor.provider.scheduler_options.splitlines()[:2] == ["#SBATCH --no-requeue", "#SBATCH --no-kill"]
+    pbs = {
+        "executors": [{"type": "HighThroughputExecutor", "provider": {"type": "PBSProProvider", "nodes_per_block": 2}}]
+    }
+    (provider,) = [e["provider"] for e in with_spares(pbs, 2)["executors"]]
+    assert provider == {
+        "type": "PBSProProvider",
+        "nodes_per_block": 4,
+        "scheduler_options": "#PBS -W tolerate_node_failures=all",
+    }
+    assert with_spares(pbs, 0) is pbs
+    for bad in (-1, "one", True):
+        with pytest.raises(SiteConfigError, match=rf"s.yaml: facts.spare_nodes must be an integer >= 0, got {bad!r}"):
+            parse_facts({"nodes": 2, "cores_per_node": 2, "spare_nodes": bad}, "s", "s.yaml")
 
 
 def test_nodes_alone_means_a_rank_per_node_and_ranks_must_share_them_evenly(tmp_path: Path) -> None:
@@ -336,17 +435,20 @@ def _wait_for(what: str, predicate, timeout: float) -> None:
 
 
 def _lose_during_run(
-    cluster: dict[str, str], tmp_path: Path, both: bool, rank: int = 0
+    cluster: dict[str, str], tmp_path: Path, both: bool, rank: int = 0, spares: int = 0
 ) -> tuple[Path, list[dict], list[str]]:
     """Run NODE_LOSS and, once the member logged step LOSE_AFTER, crash the node of its rank
     ``rank`` (0: the node its block's worker pool runs on; 1: the other one, where only a rank
     runs) or, with ``both``, both its nodes together; a crashed node boots again, empty, once
-    the block it was in has ended. The run directory, its events and the first attempt's hosts."""
+    the run ended (or, with ``both``, at once). ``spares``: the site's ``facts.spare_nodes``. The
+    run directory, its events and the first attempt's hosts."""
     env = {**cluster, "PYTHONPATH": os.pathsep.join([str(REPO / "benchmarks"), cluster["PYTHONPATH"]])}
     (tmp_path / "wf.yaml").write_text(NODE_LOSS)
+    site = (REPO / "site-configs" / f"{SITE}.yaml").read_text()
+    (tmp_path / "site.yaml").write_text(site.replace("\nfacts:\n", f"\nfacts:\n  spare_nodes: {spares}\n"))
     run_dir = tmp_path / "run"
     runner = subprocess.Popen(
-        _command(tmp_path / "wf.yaml", run_dir),
+        _command(tmp_path / "wf.yaml", run_dir, "--site", str(tmp_path / "site.yaml")),
         cwd=tmp_path,
         env=env,
         stdout=subprocess.PIPE,
@@ -457,6 +559,155 @@ def test_slurm_member_that_lost_the_node_of_its_rank_1_spends_no_retry(cluster: 
     assert [e["kind"] for e in events if e["kind"] in ("finished", "failed")][-1] == "finished"
     _resumed_within(run_dir, events, intervals=1)
     assert survivor in started[-1]["hosts"]
+
+
+@pytest.mark.slow
+@pytest.mark.slurm
+@pytest.mark.timeout(420)
+def test_slurm_member_that_lost_a_node_restarts_on_a_spare_node_of_its_block(
+    two_node_run: Path, cluster: dict[str, str], tmp_path: Path
+) -> None:
+    """With ``spare_nodes: 1`` a block holds the three nodes, submitted with ``--no-kill``. The
+    node of the member's rank 1 crashes: the surviving rank records its peer gone, the launch
+    watcher finds the dead node, records it for the block and ends the step without waiting for
+    Slurm to declare the node down; the retry, free, restarts in the same block on the survivor
+    and the spare (``srun --exclude``), reading the lost shard from the survivor's peer copy (0
+    bytes from the shared tier), and ends with the uninterrupted run's weights, bit for bit. No
+    other block is ever submitted."""
+    run_dir, events, hosts = _lose_during_run(cluster, tmp_path, both=False, rank=1, spares=1)
+    survivor, lost = hosts
+    (spare,) = set(cluster["RESILIENT_FLOWS_TEST_NODES"].split()) - set(hosts)
+    (block,) = [e for e in events if e["kind"] == "block_started"]
+    failed = [e for e in events if e["kind"] == "failed"]
+    assert [(e["cost"], e["failure_kind"]) for e in failed] == [(0.0, "infrastructure")], failed
+    assert f"node(s) {lost} lost, 2 left in its block" in failed[0]["cause"], failed
+    first, second = [e for e in events if e["kind"] == "started"]
+    assert str(first["block"]) == str(second["block"]) == str(block["block"]), (first, second, block)
+    assert second["hosts"] == [survivor, spare], second
+    record = json.loads((run_dir / "blocks" / block["job_id"] / "lost-nodes.json").read_text())
+    assert record == {"job": block["job_id"], "nodes": [lost]}
+    resumed = _resumed_within(run_dir, events, intervals=1)
+    ranks = {host: f"shard-{rank:05d}-of-00002.safetensors" for rank, host in enumerate(hosts)}
+    assert resumed["read_from"] == {f"local on {survivor}": [ranks[survivor]], f"peer on {survivor}": [ranks[lost]]}
+    assert set(resumed["bytes_from"]) == {f"local on {survivor}", f"peer on {survivor}"}, resumed["bytes_from"]
+    _assert_same_weights(run_dir, two_node_run)
+
+
+def _start_with_a_spare(cluster: dict[str, str], tmp_path: Path) -> tuple[Path, dict[str, str], subprocess.Popen]:
+    """NODE_LOSS started on ``local-slurm-nodes`` with ``spare_nodes: 1``: its run directory, the
+    runner's environment and the runner."""
+    env = {**cluster, "PYTHONPATH": os.pathsep.join([str(REPO / "benchmarks"), cluster["PYTHONPATH"]])}
+    (tmp_path / "wf.yaml").write_text(NODE_LOSS)
+    site = (REPO / "site-configs" / f"{SITE}.yaml").read_text()
+    (tmp_path / "site.yaml").write_text(site.replace("\nfacts:\n", "\nfacts:\n  spare_nodes: 1\n"))
+    run_dir = tmp_path / "run"
+    command = _command(tmp_path / "wf.yaml", run_dir, "--site", str(tmp_path / "site.yaml"))
+    runner = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return run_dir, env, runner
+
+
+def _metrics(run_dir: Path) -> list[dict]:
+    path = run_dir / "members/ddp/metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+@pytest.mark.slow
+@pytest.mark.slurm
+@pytest.mark.timeout(420)
+def test_slurm_member_whose_spare_died_unnoticed_gets_a_new_block_when_its_own_node_dies(
+    cluster: dict[str, str], tmp_path: Path
+) -> None:
+    """The idle spare crashes first: nothing runs there, so nothing notices. Then rank 1's node
+    crashes; the probe finds both dead, one node left: the block is retired, and the member
+    resumes on a new block (which, holding a spare too, waits for both nodes to boot again), the
+    fault free."""
+    run_dir, env, runner = _start_with_a_spare(cluster, tmp_path)
+    down: list[str] = []
+    try:
+        _wait_for("the member's start", lambda: any(e["kind"] == "started" for e in _events(run_dir)), 180)
+        (first,) = [e for e in _events(run_dir) if e["kind"] == "started"]
+        survivor, lost = first["hosts"]
+        (spare,) = set(cluster["RESILIENT_FLOWS_TEST_NODES"].split()) - {survivor, lost}
+        down.append(spare)
+        _slurm_node("down", spare, env)
+        _wait_for(
+            f"step {LOSE_AFTER}", lambda: max((m["step"] for m in _metrics(run_dir)), default=-1) >= LOSE_AFTER, 180
+        )
+        down.append(lost)
+        _slurm_node("down", lost, env)
+        _wait_for("the fault", lambda: any(e["kind"] == "failed" for e in _events(run_dir)), 120)
+        while down:  # both boot again: a new block, spare included, holds the three nodes
+            _slurm_node("up", down.pop(0), env)
+        out, err = runner.communicate(timeout=300)
+    finally:
+        runner.kill()
+        cancel_all(name_prefix=f"parsl.{SITE}.block-", env=env)
+        for node in down:
+            _slurm_node("up", node, env)
+    events = _events(run_dir)
+    assert runner.returncode == 0, (out[-2000:], err[-3000:], events)
+    (failed,) = [e for e in events if e["kind"] == "failed"]
+    assert (failed["cost"], failed["failure_kind"]) == (0.0, "infrastructure") and "left in its block" not in failed[
+        "cause"
+    ]
+    blocks = [e for e in events if e["kind"] == "block_started"]
+    record = json.loads((run_dir / "blocks" / blocks[0]["job_id"] / "lost-nodes.json").read_text())
+    assert sorted(record["nodes"]) == sorted([lost, spare]), record
+    first, second = [e for e in events if e["kind"] == "started"]
+    assert len(blocks) == 2 and str(second["block"]) == blocks[1]["block"], (blocks, second)
+    assert [e["kind"] for e in events if e["kind"] in ("finished", "failed")][-1] == "finished"
+
+
+@pytest.mark.slow
+@pytest.mark.slurm
+@pytest.mark.timeout(480)
+def test_slurm_member_that_lost_two_nodes_in_a_row_uses_the_spare_then_a_new_block(
+    two_node_run: Path, cluster: dict[str, str], tmp_path: Path
+) -> None:
+    """One spare, two losses: rank 1's node dies and the member restarts on the spare in the same
+    block; then the spare, now rank 1's node, dies too. The block has one node left, fewer than
+    the member spans: it is retired, and the member resumes on a new block (which, holding a
+    spare too, waits for both nodes to boot again) to the uninterrupted run's weights. Both
+    faults are free."""
+    run_dir, env, runner = _start_with_a_spare(cluster, tmp_path)
+    down: list[str] = []
+
+    def attempt_steps(attempt: int) -> list[int]:
+        return [m["step"] for m in _metrics(run_dir) if m["attempt"] == attempt]
+
+    try:
+        _wait_for(f"step {LOSE_AFTER}", lambda: max(attempt_steps(1), default=-1) >= LOSE_AFTER, 180)
+        (first,) = [e for e in _events(run_dir) if e["kind"] == "started"]
+        down.append(first["hosts"][1])
+        _slurm_node("down", down[-1], env)
+        _wait_for("the restart's first step", lambda: bool(attempt_steps(2)), 180)
+        second = [e for e in _events(run_dir) if e["kind"] == "started"][-1]
+        down.append(second["hosts"][1])
+        _slurm_node("down", down[-1], env)
+        _wait_for("the second fault", lambda: len([e for e in _events(run_dir) if e["kind"] == "failed"]) == 2, 120)
+        while down:  # both boot again: a new block, spare included, holds the three nodes
+            _slurm_node("up", down.pop(0), env)
+        out, err = runner.communicate(timeout=300)
+    finally:
+        runner.kill()
+        cancel_all(name_prefix=f"parsl.{SITE}.block-", env=env)
+        for node in down:
+            _slurm_node("up", node, env)
+    events = _events(run_dir)
+    assert runner.returncode == 0, (out[-2000:], err[-3000:], events)
+    survivor, lost, spare = first["hosts"][0], first["hosts"][1], second["hosts"][1]
+    assert second["hosts"] == [survivor, spare] and spare != lost, (first, second)
+    blocks = [e for e in events if e["kind"] == "block_started"]
+    started = [e for e in events if e["kind"] == "started"]
+    assert [str(e["block"]) for e in started] == [blocks[0]["block"], blocks[0]["block"], blocks[1]["block"]]
+    assert len(blocks) == 2, blocks
+    failed = [e for e in events if e["kind"] == "failed"]
+    assert [(e["cost"], e["failure_kind"]) for e in failed] == [(0.0, "infrastructure")] * 2, failed
+    assert failed[0]["cause"].endswith(f"node(s) {lost} lost, 2 left in its block"), failed[0]
+    assert "left in its block" not in failed[1]["cause"], failed[1]  # none to spare: the block was retired
+    record = json.loads((run_dir / "blocks" / blocks[0]["job_id"] / "lost-nodes.json").read_text())
+    assert record == {"job": blocks[0]["job_id"], "nodes": [lost, spare]}
+    _assert_same_weights(run_dir, two_node_run)
 
 
 @pytest.mark.slow

@@ -299,6 +299,31 @@ def test_a_rank_that_saw_its_peer_gone_makes_the_launchers_exit_status_free(
     assert not (directory / "fault.json").exists()  # consumed: it was about that attempt only
 
 
+def test_a_node_lost_with_a_spare_left_in_its_block_keeps_the_block_for_the_retry(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The launch watcher found rank 1's node dead and one node left beside the survivor: the
+    retry restarts in the same block, which is not retired; once no spare is left, it is."""
+    from parsl.app.errors import BashExitFailure
+
+    from resilient_flows.rundir import TaskLayout
+    from resilient_flows.training import record_fault
+
+    retired: list[tuple[str, str, str]] = []
+    handler = ResumingRetryHandler(retries=2, on_block_lost=lambda *a: retired.append(a))
+    monkeypatch.setenv("PARSL_WORKER_BLOCK_ID", "0")
+    for left, kept in ((2, True), (1, False)):
+        directory = started_attempt(tmp_path)
+        record_fault(directory, 0, RuntimeError("Connection closed by peer [10.247.0.3]:46809"))
+        layout = TaskLayout(directory)
+        layout.write_fault({**layout.read_fault(), "lost_nodes": ["n2"], "nodes_left": left, "nodes_needed": 2})
+        assert handler(BashExitFailure("mpi_train_app", 1), mpi_record(nodes_member(), tmp_path)) == 0.0
+        failed = [e for e in read_events(tmp_path) if e["kind"] == "failed"][-1]
+        assert failed["failure_kind"] == "infrastructure" and failed["cost"] == 0.0
+        assert failed["cause"].endswith("; node(s) n2 lost, 2 left in its block") == kept, failed["cause"]
+        assert [(label, block) for label, block, _ in retired] == ([] if kept else [("slurm", "0")])
+
+
 def test_a_rank_that_failed_on_its_own_is_charged_though_its_peer_saw_it_gone(tmp_path: Path) -> None:
     from parsl.app.errors import BashExitFailure
 

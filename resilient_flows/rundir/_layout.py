@@ -8,6 +8,7 @@
     <run>/runner.log           what libraries said while a runner ran (warnings, log records), and
                                the whole output of runners started with ``--detach``; appended
     <run>/block-times.json     when each running block started, ends and is drained (members read it)
+    <run>/blocks/<job>/lost-nodes.json  the nodes a batch job (a block) lost: no member launches there again
     <run>/heartbeats/<task>    one file per running attempt (members, stages, analytics)
     <run>/parsl/               Parsl's run directory: submit scripts, interchange and worker logs
     <run>/parsl/monitoring.db  Parsl's monitoring database, for parsl-visualize (``monitoring: true``)
@@ -301,6 +302,18 @@ class RunLayout:
 
     def heartbeat(self, task: str) -> Path:
         return self.heartbeats / task
+
+    def lost_nodes(self, job: str) -> Path:
+        """The nodes the batch job ``job`` (a block, by its scheduler's id) lost."""
+        return self.root / "blocks" / job / "lost-nodes.json"
+
+    def write_lost_nodes(self, job: str, record: dict[str, Any]) -> None:
+        path = self.lost_nodes(job)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_json(path, record, fsync=False)
+
+    def read_lost_nodes(self, job: str) -> Any:
+        return read_json(self.lost_nodes(job), CONTROL_CAP, "lost nodes")
 
     def write_block_times(self, record: dict[str, Any]) -> None:
         """Not fsynced: rewritten by the runner whenever a block starts, ends or its drain moves."""

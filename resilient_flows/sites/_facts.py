@@ -4,7 +4,9 @@ A site file's top-level ``facts:`` mapping sits beside its Parsl configuration a
 Parsl::
 
     facts:
-      nodes: 2                      # nodes per block (one batch job)
+      nodes: 2                      # nodes per block (one batch job) that members may span
+      spare_nodes: 1                # more nodes per block, held in reserve: a member whose node
+                                    # dies restarts on one at once, in the same block; default 0
       cores_per_node: 32            # or "auto": this machine's core count
       gpus_per_node: 4              # default 0
       local_scratch: /local/scratch # node-local disk: the local checkpoint tier; null if none
@@ -51,6 +53,7 @@ _OPTIONAL = (
     "orphan_timeout",
     "network_interface",
     "peer_memory",
+    "spare_nodes",
 )
 
 #: Seconds a running attempt may stay silent before it is declared lost, unless the site says.
@@ -77,7 +80,8 @@ class SiteFacts:
     ``GLOO_SOCKET_IFNAME``): a node with several networks otherwise leaves gloo to guess from
     its host name. ``None``: gloo's own choice. ``peer_memory`` bounds, in bytes per node, what a
     node keeps of other nodes' checkpoints in the ``peer`` tier (``None``: a quarter of the node's
-    memory, measured where the member runs).
+    memory, measured where the member runs). ``spare_nodes``: nodes each block holds beyond
+    ``nodes``, in reserve for the members of a node that dies (see :mod:`resilient_flows.sites._spares`).
     """
 
     name: str
@@ -94,6 +98,7 @@ class SiteFacts:
     orphan_timeout_s: float = DEFAULT_ORPHAN_TIMEOUT_S
     network_interface: str | None = None
     peer_memory: int | None = None
+    spare_nodes: int = 0
 
 
 def parse_facts(raw: Any, name: str, where: str) -> SiteFacts:
@@ -116,9 +121,9 @@ def parse_facts(raw: Any, name: str, where: str) -> SiteFacts:
     cores = raw["cores_per_node"]
     return SiteFacts(
         name=name,
-        nodes=_count(raw["nodes"], "nodes", where, least=1),
-        cores_per_node=(os.cpu_count() or 1) if cores == "auto" else _count(cores, "cores_per_node", where, least=1),
-        gpus_per_node=_count(raw.get("gpus_per_node", 0), "gpus_per_node", where, least=0),
+        nodes=count(raw["nodes"], "nodes", where, least=1),
+        cores_per_node=(os.cpu_count() or 1) if cores == "auto" else count(cores, "cores_per_node", where, least=1),
+        gpus_per_node=count(raw.get("gpus_per_node", 0), "gpus_per_node", where, least=0),
         local_scratch=_path(raw.get("local_scratch"), "local_scratch", where),
         memory_scratch=_path(raw.get("memory_scratch"), "memory_scratch", where),
         shared_fs=_path(raw.get("shared_fs"), "shared_fs", where),
@@ -129,6 +134,7 @@ def parse_facts(raw: Any, name: str, where: str) -> SiteFacts:
         orphan_timeout_s=_orphan_timeout(raw.get("orphan_timeout"), where),
         network_interface=_interface(raw.get("network_interface"), where),
         peer_memory=_size(raw.get("peer_memory"), "peer_memory", where),
+        spare_nodes=count(raw.get("spare_nodes", 0), "spare_nodes", where, least=0),
     )
 
 
@@ -156,7 +162,8 @@ def _orphan_timeout(value: Any, where: str) -> float:
     return seconds
 
 
-def _count(value: Any, key: str, where: str, least: int) -> int:
+def count(value: Any, key: str, where: str, least: int) -> int:
+    """``value`` of ``facts.key``, an integer of at least ``least``; SiteConfigError naming the file otherwise."""
     if isinstance(value, bool) or not isinstance(value, int) or value < least:
         extra = " or 'auto'" if key == "cores_per_node" else ""
         raise SiteConfigError(f"{where}: facts.{key} must be an integer >= {least}{extra}, got {value!r}")

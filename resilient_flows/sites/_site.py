@@ -19,6 +19,7 @@ from resilient_flows.errors import SiteConfigError
 from resilient_flows.sites._facts import SiteFacts, parse_clock, parse_facts
 from resilient_flows.sites._options import SiteOptions
 from resilient_flows.sites._sitefile import read_site, site_path
+from resilient_flows.sites._spares import spare_nodes, with_spares
 
 if TYPE_CHECKING:
     from parsl.config import Config
@@ -89,7 +90,8 @@ class SiteFile:
         """A new ``parsl.Config``; ``overrides`` replace top-level ``parsl.Config`` arguments."""
         from resilient_flows.sites._build import build_config
 
-        return build_config(copy.deepcopy(self.document), str(self.path), **overrides)
+        document = with_spares(copy.deepcopy(self.document), spare_nodes(self.document, str(self.path)))
+        return build_config(document, str(self.path), **overrides)
 
 
 def site_facts(name_or_path: str | os.PathLike = "local") -> SiteFacts:
