@@ -31,7 +31,7 @@ checkpoint waits). **Goodput at one fault a minute** is 1 - cost / 60 s. Figures
 Checks: every faulted member's digest equals the fault-free one's (bit for bit), and no retry
 was charged (the ``cost`` of the ``failed`` events is 0). Targets (issue 34): a member process
 SIGKILLed every 15 s costs <= 1.5 s per fault on a quiet machine; with ``--cluster`` and a spare
-node, a node loss trains again <= 10 s after the kill. ``--spare-nodes N`` writes ``spare_nodes:
+node, a node loss trains again <= 10 s after the kill. ``--spare-nodes N`` writes ``facts.spare_nodes:
 N`` into the run's copy of the site (said so when this commit's sites do not know the option).
 
 ``python benchmarks/goodput.py [--quick | --full] [--cluster] [--spare-nodes N] [--kinds K,K]
@@ -280,7 +280,7 @@ def measure(
 
 
 def site_copy(site: str, spare_nodes: int | None, directory: Path) -> tuple[Path | None, str | None]:
-    """The run's copy of ``site`` with ``spare_nodes: N`` (None: the site itself), and why the
+    """The run's copy of ``site`` with ``facts.spare_nodes: N`` (None: the site itself), and why the
     option was left out when this commit's sites refuse it (None when it was kept or not asked)."""
     if spare_nodes is None:
         return None, None
@@ -289,7 +289,9 @@ def site_copy(site: str, spare_nodes: int | None, directory: Path) -> tuple[Path
 
     text = (chaos.REPO / "site-configs" / f"{site}.yaml").read_text()
     path = directory / f"{site}.yaml"
-    path.write_text(f"{text.rstrip()}\nspare_nodes: {spare_nodes}\n")
+    if "\nfacts:\n" not in text:
+        raise SystemExit(f"the site {site} has no facts: section to put spare_nodes in")
+    path.write_text(text.replace("\nfacts:\n", f"\nfacts:\n  spare_nodes: {spare_nodes}\n", 1))
     try:
         load_site(path)
     except SiteConfigError as exc:
