@@ -9,30 +9,17 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from typing import Any
 
-import torch
+import paced
 
 from resilient_flows.training import TrainContext
 
-#: The process that imported this module (and torch, imported above).
+#: The process that imported this module (and torch, which ``paced`` imports).
 IMPORTED_IN = os.getpid()
 
 
 def train(ctx: TrainContext) -> dict[str, Any]:
     with open(ctx.params["record"], "a") as record:
         record.write(json.dumps({"pid": os.getpid(), "parent": os.getppid(), "imported_in": IMPORTED_IN}) + "\n")
-    torch.manual_seed(ctx.seed)
-    model = torch.nn.Linear(8, 1)
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    ctx.track(model=model, optimizer=opt)
-    for step in ctx.steps(ctx.params["steps"]):
-        x = torch.randn(16, 8)
-        loss = (model(x) - x.sum(1, keepdim=True)).square().mean()
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        time.sleep(float(ctx.params["step_s"]))
-        ctx.log(step, loss=loss)
-    return ctx.result(model)
+    return paced.train(ctx)
