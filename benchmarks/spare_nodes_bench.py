@@ -16,12 +16,13 @@ fault seen), to the retry's ``started`` event, and to the first step logged by t
 again); the blocks the run started; the bytes the resume read from the shared tier. The crashed
 node boots again after each run.
 
-Usage: ``python benchmarks/spare_nodes_bench.py --cluster DIR/env [--rounds 3] [--json OUT]``.
+Usage: ``python benchmarks/spare_nodes_bench.py --cluster DIR/env [--quick | --full] [--rounds N] [--json OUT]``
+(one round, three, five); verdicts against issue 34's targets (with a spare: training again <= 10 s,
+one block, nothing from the shared tier).
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -31,7 +32,9 @@ import tempfile
 import time
 from pathlib import Path
 
+import harness
 from clusterenv import read_env_file
+from report import print_verdicts
 
 REPO = Path(__file__).resolve().parents[1]
 SITE = "local-slurm-nodes"
@@ -112,19 +115,25 @@ def one_run(env: dict[str, str], folder: Path, spares: int) -> dict:
     }
 
 
+#: Rounds per size (``--quick``, default, ``--full``); each round runs both variants.
+ROUNDS = {"quick": 1, "default": 3, "full": 5}
+#: Issue 34's target: training again this soon after the crash, with a spare node in the block.
+TARGET_S = 10.0
+
+
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser, _ = harness.options(__doc__, "one round (about 2 minutes)", f"{ROUNDS['full']} rounds")
     parser.add_argument("--cluster", required=True, help="DIR/env of .ci/slurm-up --nodes 3 DIR")
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--json", help="write the rounds and medians here")
+    parser.add_argument("--rounds", type=int, help="rounds (default: by size)")
+    parser.add_argument("--json", type=Path, help="write the rounds, medians and verdicts here")
     args = parser.parse_args()
+    count = harness.rounds_of(parser, args.rounds, ROUNDS[harness.size_of(args)])
     env = {**os.environ, **read_env_file(args.cluster)}
     env["PYTHONPATH"] = os.pathsep.join([str(REPO / "benchmarks"), str(REPO), env.get("PYTHONPATH", "")])
     rounds: dict[str, list[dict]] = {name: [] for name in VARIANTS}
     with tempfile.TemporaryDirectory(prefix="spare-bench-") as scratch:
-        for index in range(args.rounds):
-            order = list(VARIANTS) if index % 2 == 0 else list(reversed(VARIANTS))
-            for name in order:
+        for index in range(count):
+            for name in harness.rotated(tuple(VARIANTS), index):
                 figures = one_run(env, Path(scratch) / f"{index}-{name}", VARIANTS[name])
                 rounds[name].append(figures)
                 print(f"round {index} {name}: {figures}  load {os.getloadavg()[0]:.1f}", flush=True)
@@ -140,9 +149,18 @@ def main() -> int:
         print(
             f"{name:8} {m['detected_s']:9.1f} {m['started_s']:9.1f} {m['training_again_s']:15.1f}  {blocks}  {shared}"
         )
+    spare = rounds["spare"]
+    verdicts = {
+        f"with a spare, training again <= {TARGET_S:g} s after the crash (median)": medians["spare"]["training_again_s"]
+        <= TARGET_S,
+        "with a spare, no new block submitted": all(r["blocks"] == 1 for r in spare),
+        "0 bytes read from the shared tier": all(r["shared_bytes"] == 0 for runs in rounds.values() for r in runs),
+        "every run finished": all(r["finished"] for runs in rounds.values() for r in runs),
+    }
+    print_verdicts(harness.console(), verdicts)
     if args.json:
-        Path(args.json).write_text(json.dumps({"rounds": rounds, "medians": medians}, indent=2) + "\n")
-    return 0 if all(r["finished"] for runs in rounds.values() for r in runs) else 1
+        harness.write_json(args.json, {"rounds": rounds, "medians": medians, "verdicts": verdicts})
+    return 1 if not all(verdicts.values()) else 0
 
 
 if __name__ == "__main__":
