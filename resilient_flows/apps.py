@@ -298,7 +298,7 @@ class ResumingRetryHandler:
     a preempted attempt ends there, its own ``preempted`` event the member's last, and any other
     failure is recorded without a ``retried`` event. ``resume`` continues them all.
 
-    An attempt that ended within :data:`QUICK_ATTEMPT_S` of its launch makes the next one wait,
+    An attempt that ended within :data:`QUICK_ATTEMPT_S` of its launch without progress makes the next one wait,
     twice as long after each such attempt in a row (from :data:`BACKOFF_S` up to
     :data:`MAX_BACKOFF_S`): the retry's app is given ``backoff_s``, which it sleeps, beating, before
     it starts.
@@ -403,7 +403,7 @@ class ResumingRetryHandler:
         if self.stopping:
             return math.inf
         if task_record["fail_cost"] + cost <= self.retries:
-            wait = self._backoff(task, task_record)
+            wait = self._backoff(task, task_record, progressed)
             events.emit(
                 "retried",
                 name,
@@ -455,15 +455,17 @@ class ResumingRetryHandler:
         except Exception as exc:  # the retry goes on; at worst into the dying block, which the watchdog ends
             logger.warning("could not retire block %s of %s: %s", block, label, exc)
 
-    def _backoff(self, task: int, task_record: dict[str, Any]) -> float:
-        """Seconds the next attempt waits, handed to it as ``backoff_s``: 0 after a long attempt.
+    def _backoff(self, task: int, task_record: dict[str, Any], progressed: bool) -> float:
+        """Seconds the next attempt waits, handed to it as ``backoff_s``: 0 after a long attempt,
+        or one that committed a checkpoint (a short attempt that made progress is no crash loop:
+        a node lost a few seconds into an attempt restarts on a spare at once).
 
         An attempt's length is counted from its launch less the backoff it slept first, so that the
         waits keep doubling while the attempts themselves stay short.
         """
         launched, returned = task_record.get("try_time_launched"), task_record.get("try_time_returned")
         ran = None if launched is None or returned is None else (returned - launched).total_seconds()
-        quick = ran is not None and ran - self._waited.get(task, 0.0) < QUICK_ATTEMPT_S
+        quick = not progressed and ran is not None and ran - self._waited.get(task, 0.0) < QUICK_ATTEMPT_S
         self._quick[task] = self._quick.get(task, 0) + 1 if quick else 0
         wait = min(BACKOFF_S * 2 ** (self._quick[task] - 1), MAX_BACKOFF_S) if self._quick[task] else 0.0
         self._waited[task] = wait

@@ -125,6 +125,20 @@ def test_quick_attempts_back_off_doubling_and_a_long_one_resets_the_wait(tmp_pat
     assert retried == waits
 
 
+def test_a_quick_attempt_that_committed_a_checkpoint_is_retried_without_a_backoff(tmp_path: Path) -> None:
+    """A node lost three seconds into an attempt that checkpointed: no crash loop, so the retry
+    (on a spare node) starts at once; the same attempt without progress waits."""
+    spec = member()
+    handler = ResumingRetryHandler(retries=100, free_without_progress=100)
+    commit(tmp_path, "m", 4)
+    progressed = record_of(spec, tmp_path, took_s=3.0)
+    handler(Preempted("m", None, "exit 75"), progressed)
+    stalled = record_of(spec, tmp_path, took_s=3.0, try_id=1)
+    handler(Preempted("m", None, "exit 75"), stalled)
+    assert (progressed["kwargs"].get("backoff_s"), stalled["kwargs"].get("backoff_s")) == (None, BACKOFF_S)
+    assert [e.get("wait_s") for e in read_events(tmp_path) if e["kind"] == "retried"] == [None, BACKOFF_S]
+
+
 def test_the_backoff_doubles_up_to_its_cap_although_each_attempt_sleeps_it_first(tmp_path: Path) -> None:
     """An attempt's length counts from its launch, its backoff included: that must not make it long."""
     handler = ResumingRetryHandler(retries=100, free_without_progress=100)
