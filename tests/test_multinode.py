@@ -92,6 +92,17 @@ def test_under_pbs_a_member_on_several_nodes_starts_its_ranks_with_pals_mpiexec_
         launch_prefix(4, 2, {**block, "PBS_NODEFILE": "/nonexistent"})
 
 
+def test_watchers_recording_lost_nodes_at_once_keep_every_node(tmp_path: Path) -> None:
+    """Watchers of several members of one block, each in its own process, record their dead nodes
+    at the same moment: none drops another's."""
+    import multiprocessing
+
+    run_dir, hosts = str(tmp_path / "run"), [f"n{i}" for i in range(16)]
+    with multiprocessing.get_context("fork").Pool(4) as pool:
+        pool.starmap(record_lost, [(run_dir, {"SLURM_JOB_ID": "42"}, [host]) for host in hosts])
+    assert sorted(read_lost(run_dir, {"SLURM_JOB_ID": "42"})) == sorted(hosts)
+
+
 def test_after_a_node_loss_a_member_launches_on_the_nodes_its_block_has_left(tmp_path: Path) -> None:
     """The node choice: the block's record of its lost nodes, read where the member is launched,
     leaves them out of the srun step (beside the failed step, which Slurm holds until it declares

@@ -15,6 +15,7 @@ Only light modules here: this runs in the worker that launches a member, which i
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import re
 import socket
 import subprocess
@@ -52,12 +53,21 @@ def read_lost(run_dir: str, env: Mapping[str, str]) -> list[str]:
 
 
 def record_lost(run_dir: str, env: Mapping[str, str], hosts: Iterable[str]) -> list[str]:
-    """Add ``hosts`` to the lost nodes of the block of ``env``; all its lost nodes, in the order lost."""
+    """Add ``hosts`` to the lost nodes of the block of ``env``; all its lost nodes, in the order lost.
+
+    Two members' watchers of one block may learn of deaths at the same moment: the record is read
+    and rewritten under a lock beside it, so that neither drops the other's node."""
     job = current_job(env)
-    known = read_lost(run_dir, env)
-    lost = list(dict.fromkeys([*known, *hosts]))
-    if job is not None and lost != known:
-        run_layout(run_dir).write_lost_nodes(job, {"job": job, "nodes": lost})
+    if job is None:
+        return list(dict.fromkeys(hosts))
+    path = run_layout(run_dir).lost_nodes(job)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_name(path.name + ".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        known = read_lost(run_dir, env)
+        lost = list(dict.fromkeys([*known, *hosts]))
+        if lost != known:
+            run_layout(run_dir).write_lost_nodes(job, {"job": job, "nodes": lost})
     return lost
 
 
