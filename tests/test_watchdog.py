@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from concurrent.futures import Future
 from dataclasses import replace
@@ -604,3 +605,22 @@ def test_a_site_stall_timeout_must_be_a_duration(tmp_path: Path) -> None:
     site.write_text(text.replace("stall_timeout: 30s", "stall_timeout: soon"))
     with pytest.raises(SiteConfigError, match=r"facts\.stall_timeout must be a duration"):
         site_facts(site)
+
+
+def test_holding_a_block_of_a_dead_interchange_gives_up_and_goes_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A fault that takes a block's pool and the interchange at once: Parsl's hold waits forever
+    for an answer, and the runner, holding the block before it cancels it, must not wait with it."""
+    from resilient_flows.workflow import _blocks
+
+    monkeypatch.setattr(_blocks, "HOLD_ANSWER_S", 0.2)
+    never = threading.Event()
+    asked: list[str] = []
+
+    class DeadInterchange:
+        def _hold_block(self, block: str) -> None:
+            asked.append(block)
+            never.wait()
+
+    _blocks.hold_block(DeadInterchange(), "3")  # returns, after 0.2 s
+    assert asked == ["3"]
+    never.set()

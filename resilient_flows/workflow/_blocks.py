@@ -197,12 +197,25 @@ def retire_block(executor: BlockProviderExecutor, block: str | None) -> bool:
     return True
 
 
+#: Seconds the interchange has to answer a hold before the block is cancelled without it.
+HOLD_ANSWER_S = 5.0
+
+
 def hold_block(executor: BlockProviderExecutor, block: str) -> None:
     """Put the block's managers on hold: the interchange sends them no more tasks, while the ones
-    they run go on (Parsl's own ``_hold_block``, where the executor has one)."""
+    they run go on (Parsl's own ``_hold_block``, where the executor has one).
+
+    Asked from a thread of its own and waited for at most :data:`HOLD_ANSWER_S`: Parsl's command
+    channel waits forever for an interchange that died (a fault may take the block's pool and the
+    interchange at once), and the runner must go on to notice that and start Parsl again."""
     hold = getattr(executor, "_hold_block", None)
-    if hold is not None:
-        hold(str(block))
+    if hold is None:
+        return
+    asking = threading.Thread(target=hold, args=(str(block),), name=f"hold-block-{block}", daemon=True)
+    asking.start()
+    asking.join(HOLD_ANSWER_S)
+    if asking.is_alive():
+        logger.warning("the interchange did not answer the hold of block %s within %.0f s", block, HOLD_ANSWER_S)
 
 
 def _local_group(provider: Any, job_id: str) -> int | None:
