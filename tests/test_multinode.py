@@ -453,19 +453,7 @@ def _lose_during_run(
     runs) or, with ``both``, both its nodes together; a crashed node boots again, empty, once
     the run ended (or, with ``both``, at once). ``spares``: the site's ``facts.spare_nodes``. The
     run directory, its events and the first attempt's hosts."""
-    env = {**cluster, "PYTHONPATH": os.pathsep.join([str(REPO / "benchmarks"), cluster["PYTHONPATH"]])}
-    (tmp_path / "wf.yaml").write_text(NODE_LOSS)
-    site = (REPO / "site-configs" / f"{SITE}.yaml").read_text()
-    (tmp_path / "site.yaml").write_text(site.replace("\nfacts:\n", f"\nfacts:\n  spare_nodes: {spares}\n"))
-    run_dir = tmp_path / "run"
-    runner = subprocess.Popen(
-        _command(tmp_path / "wf.yaml", run_dir, "--site", str(tmp_path / "site.yaml")),
-        cwd=tmp_path,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    run_dir, env, runner = _start_node_loss_run(cluster, tmp_path, spares)
     lost: list[str] = []
     try:
         _wait_for(f"step {LOSE_AFTER}", lambda: max(loss_curve(run_dir, "ddp"), default=-1) >= LOSE_AFTER, 180)
@@ -604,13 +592,15 @@ def test_slurm_member_that_lost_a_node_restarts_on_a_spare_node_of_its_block(
     _assert_same_weights(run_dir, two_node_run)
 
 
-def _start_with_a_spare(cluster: dict[str, str], tmp_path: Path) -> tuple[Path, dict[str, str], subprocess.Popen]:
-    """NODE_LOSS started on ``local-slurm-nodes`` with ``spare_nodes: 1``: its run directory, the
-    runner's environment and the runner."""
+def _start_node_loss_run(
+    cluster: dict[str, str], tmp_path: Path, spares: int = 1
+) -> tuple[Path, dict[str, str], subprocess.Popen]:
+    """NODE_LOSS started on ``local-slurm-nodes`` with ``spare_nodes: spares``: its run directory,
+    the runner's environment and the runner."""
     env = {**cluster, "PYTHONPATH": os.pathsep.join([str(REPO / "benchmarks"), cluster["PYTHONPATH"]])}
     (tmp_path / "wf.yaml").write_text(NODE_LOSS)
     site = (REPO / "site-configs" / f"{SITE}.yaml").read_text()
-    (tmp_path / "site.yaml").write_text(site.replace("\nfacts:\n", "\nfacts:\n  spare_nodes: 1\n"))
+    (tmp_path / "site.yaml").write_text(site.replace("\nfacts:\n", f"\nfacts:\n  spare_nodes: {spares}\n"))
     run_dir = tmp_path / "run"
     command = _command(tmp_path / "wf.yaml", run_dir, "--site", str(tmp_path / "site.yaml"))
     runner = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -632,7 +622,7 @@ def test_slurm_member_whose_spare_died_unnoticed_gets_a_new_block_when_its_own_n
     crashes; the probe finds both dead, one node left: the block is retired, and the member
     resumes on a new block (which, holding a spare too, waits for both nodes to boot again), the
     fault free."""
-    run_dir, env, runner = _start_with_a_spare(cluster, tmp_path)
+    run_dir, env, runner = _start_node_loss_run(cluster, tmp_path)
     down: list[str] = []
     try:
         _wait_for("the member's start", lambda: any(e["kind"] == "started" for e in _events(run_dir)), 180)
@@ -680,7 +670,7 @@ def test_slurm_member_that_lost_two_nodes_in_a_row_uses_the_spare_then_a_new_blo
     the member spans: it is retired, and the member resumes on a new block (which, holding a
     spare too, waits for both nodes to boot again) to the uninterrupted run's weights. Both
     faults are free."""
-    run_dir, env, runner = _start_with_a_spare(cluster, tmp_path)
+    run_dir, env, runner = _start_node_loss_run(cluster, tmp_path)
     down: list[str] = []
 
     def attempt_steps(attempt: int) -> list[int]:
