@@ -12,6 +12,7 @@ clusters' nodes share this machine's CPUs.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -592,6 +593,20 @@ def test_slurm_member_that_lost_a_node_restarts_on_a_spare_node_of_its_block(
     _assert_same_weights(run_dir, two_node_run)
 
 
+@contextlib.contextmanager
+def _crashing(runner: subprocess.Popen, env: dict[str, str]) -> Iterator[list[str]]:
+    """The nodes a test crashes go into the list this yields: however the test ends, the runner is
+    killed, the run's blocks cancelled and the nodes still down booted again."""
+    down: list[str] = []
+    try:
+        yield down
+    finally:
+        runner.kill()
+        cancel_all(name_prefix=f"parsl.{SITE}.block-", env=env)
+        for node in down:
+            _slurm_node("up", node, env)
+
+
 def _start_node_loss_run(
     cluster: dict[str, str], tmp_path: Path, spares: int = 1
 ) -> tuple[Path, dict[str, str], subprocess.Popen]:
@@ -623,8 +638,7 @@ def test_slurm_member_whose_spare_died_unnoticed_gets_a_new_block_when_its_own_n
     resumes on a new block (which, holding a spare too, waits for both nodes to boot again), the
     fault free."""
     run_dir, env, runner = _start_node_loss_run(cluster, tmp_path)
-    down: list[str] = []
-    try:
+    with _crashing(runner, env) as down:
         _wait_for("the member's start", lambda: any(e["kind"] == "started" for e in _events(run_dir)), 180)
         (first,) = [e for e in _events(run_dir) if e["kind"] == "started"]
         survivor, lost = first["hosts"]
@@ -640,11 +654,6 @@ def test_slurm_member_whose_spare_died_unnoticed_gets_a_new_block_when_its_own_n
         while down:  # both boot again: a new block, spare included, holds the three nodes
             _slurm_node("up", down.pop(0), env)
         out, err = runner.communicate(timeout=300)
-    finally:
-        runner.kill()
-        cancel_all(name_prefix=f"parsl.{SITE}.block-", env=env)
-        for node in down:
-            _slurm_node("up", node, env)
     events = _events(run_dir)
     assert runner.returncode == 0, (out[-2000:], err[-3000:], events)
     (failed,) = [e for e in events if e["kind"] == "failed"]
@@ -671,12 +680,11 @@ def test_slurm_member_that_lost_two_nodes_in_a_row_uses_the_spare_then_a_new_blo
     spare too, waits for both nodes to boot again) to the uninterrupted run's weights. Both
     faults are free."""
     run_dir, env, runner = _start_node_loss_run(cluster, tmp_path)
-    down: list[str] = []
 
     def attempt_steps(attempt: int) -> list[int]:
         return [m["step"] for m in _metrics(run_dir) if m["attempt"] == attempt]
 
-    try:
+    with _crashing(runner, env) as down:
         _wait_for(f"step {LOSE_AFTER}", lambda: max(attempt_steps(1), default=-1) >= LOSE_AFTER, 180)
         (first,) = [e for e in _events(run_dir) if e["kind"] == "started"]
         down.append(first["hosts"][1])
@@ -689,11 +697,6 @@ def test_slurm_member_that_lost_two_nodes_in_a_row_uses_the_spare_then_a_new_blo
         while down:  # both boot again: a new block, spare included, holds the three nodes
             _slurm_node("up", down.pop(0), env)
         out, err = runner.communicate(timeout=300)
-    finally:
-        runner.kill()
-        cancel_all(name_prefix=f"parsl.{SITE}.block-", env=env)
-        for node in down:
-            _slurm_node("up", node, env)
     events = _events(run_dir)
     assert runner.returncode == 0, (out[-2000:], err[-3000:], events)
     survivor, lost, spare = first["hosts"][0], first["hosts"][1], second["hosts"][1]
