@@ -21,6 +21,7 @@ import torch
 from resilient_flows.checkpoint import Checkpointer, TrainState
 from resilient_flows.errors import Preempted, ResilientFlowsError
 from resilient_flows.rundir import EventLog, MetricsLog, member_layout
+from resilient_flows.training._buddyservice import buddy_link
 from resilient_flows.training._contract import (
     member_tiers,
     node_local_dir,
@@ -242,6 +243,9 @@ class TrainContext:
     def _checkpointer(self, comm: Any) -> Checkpointer:
         ck, spec = self.spec.checkpoint, self.spec
         peer = node_peer_dir(spec)
+        buddies = None
+        if peer is not None and spec.nodes == 1:  # no ring over its own nodes: buddies on other nodes
+            buddies = buddy_link(self.run_dir, spec.name, Path(peer), peer_capacity(spec))
         tiers = member_tiers(
             self.layout.checkpoints,
             node_local_dir(spec),
@@ -249,6 +253,7 @@ class TrainContext:
             ck.local_every,
             ck.persist_every,
             peer=None if peer is None else (peer, peer_capacity(spec)),
+            buddies=buddies,
         )
         return Checkpointer(tiers=tiers, keep=ck.keep, comm=comm if self.group is None else self.group)
 
