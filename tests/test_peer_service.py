@@ -9,6 +9,7 @@ a member restarted on ``c`` fetches from ``b``.
 from __future__ import annotations
 
 import shutil
+import socket
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -179,3 +180,27 @@ def test_a_member_that_lost_its_node_restores_from_its_buddy_without_the_shared_
         ck.save(3, state)
     assert Tier(tmp_path / "shared", "shared").committed_steps()[0] == 3
     assert link.record() == ("b", 3)
+
+
+def test_without_another_node_nothing_is_sent_and_a_dead_node_is_passed_over(tmp_path: Path) -> None:
+    registry = tmp_path / "registry"
+    link = BuddyLink(registry, MEMBER)
+    step_dir, manifest = _saved(tmp_path)
+    register(registry, "a", "127.0.0.1", 9)  # this node's own service: no buddy of itself
+    assert send_copy(link, "a", step_dir, manifest, keep=2) is None
+    with socket.socket() as closed:  # a port nothing listens on any more: a node that died
+        closed.bind(("127.0.0.1", 0))
+        dead_port = closed.getsockname()[1]
+    register(registry, "ab", "127.0.0.1", dead_port)  # tried first, in name order after "a"
+    node = Node(registry, tmp_path / "b-peer", capacity=1 << 20)
+    try:
+        assert send_copy(link, "a", step_dir, manifest, keep=2) == "b"
+        assert link.record() == ("b", 1)
+    finally:
+        node.stop()
+
+
+def test_only_a_peer_tier_reaches_buddies(tmp_path: Path) -> None:
+    link = BuddyLink(tmp_path / "registry", MEMBER)
+    with pytest.raises(ValueError, match=r"tiers\[0\].buddies reach other nodes' copies: only a peer tier"):
+        Checkpointer(tiers=[TierSpec(tmp_path / "l", buddies=link), TierSpec(tmp_path / "s")])

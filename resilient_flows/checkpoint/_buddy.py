@@ -116,11 +116,15 @@ def register(registry: Path, host: str, address: str, port: int) -> None:
     write_durably(registry / "nodes" / f"{host}.json", json.dumps(record))
 
 
-def send_copy(link: BuddyLink, node: str, step_dir: Path, manifest: Manifest, keep: int) -> str:
+def send_copy(link: BuddyLink, node: str, step_dir: Path, manifest: Manifest, keep: int) -> str | None:
     """The committed step in ``step_dir`` sent to the first buddy of ``node`` that takes it; that
-    buddy's host, once recorded. PeerTransferError when none took it (none, or each refused)."""
+    buddy's host, once recorded; None when no other node's service is registered (one node, or
+    the others not started yet). PeerTransferError when every buddy refused or was unreachable."""
     nodes, problems = link.nodes(), []
-    for host in link.buddies(node):
+    buddies = link.buddies(node)
+    if not buddies:
+        return None
+    for host in buddies:
         try:
             with _Session(link, nodes[host]) as session:
                 session.store(step_dir, manifest, keep)
@@ -131,7 +135,7 @@ def send_copy(link: BuddyLink, node: str, step_dir: Path, manifest: Manifest, ke
         record = json.dumps({"host": host, "step": manifest.step})
         write_durably(link.registry / "copies" / f"{link.member}.json", record)
         return host
-    raise PeerTransferError("no buddy node took the copy: " + ("; ".join(problems) or "no other node's service runs"))
+    raise PeerTransferError("no buddy node took the copy: " + "; ".join(problems))
 
 
 def fetch_copy(link: BuddyLink, node: str, tiers: list[Tier], into: Tier) -> int | None:

@@ -474,6 +474,9 @@ class WritePipeline:
             self.stats.peer_failed += 1
             logger.warning("step %d: no peer copy in the %s tier: %s", job.step, self.tiers[index].name, exc)
             return
+        if host is None:  # no other node's service yet: nothing to copy to, nothing wrong
+            logger.debug("step %d: no other node to keep a peer copy", job.step)
+            return
         self.stats.record_tier(index, job.manifest.nbytes, time.perf_counter() - began)
         logger.debug("step %d: peer copy kept by %s", job.step, host)
 
