@@ -18,9 +18,10 @@ import pytest
 import torch
 
 from resilient_flows.checkpoint import Checkpointer, TierSpec
-from resilient_flows.checkpoint._buddy import BuddyLink, _Session, fetch_copy, register, run_secret, send_copy
+from resilient_flows.checkpoint._buddy import _Session, fetch_copy, send_copy
 from resilient_flows.checkpoint._manifest import Manifest, read_manifest
 from resilient_flows.checkpoint._peerservice import PeerService
+from resilient_flows.checkpoint._registry import BuddyLink, register, run_secret
 from resilient_flows.checkpoint._tiers import Tier
 from resilient_flows.errors import PeerTransferError
 

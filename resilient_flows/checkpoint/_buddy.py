@@ -5,12 +5,8 @@ has none, so its rank 0 sends each checkpoint that reached the peer tier (manife
 shard, read from the node-local tier where its ranks committed it) to the service of another node
 (:mod:`~resilient_flows.checkpoint._peerservice`), which keeps it in memory under the tier's bound.
 
-Where things are, all in one shared directory (the run directory's ``peer-services/``):
-
-- ``secret``: the key of every request and reply, made once per run, readable by its owner only;
-- ``nodes/<host>.json``: each running service's address and port, written when it starts;
-- ``copies/<member>.json``: the node holding the member's newest copy, and its step, written
-  after the service committed it: what a restore on another node looks for.
+Where the services and the copies are is in the run directory
+(:mod:`~resilient_flows.checkpoint._registry`).
 
 The buddy is chosen without asking anyone: the registered nodes in name order, starting after
 this one (the next node of the block, or of another block), the first that takes the copy. On
@@ -21,21 +17,16 @@ reads it there like any peer copy, before the shared tier.
 
 from __future__ import annotations
 
-import contextlib
-import json
 import logging
-import os
-import secrets
 import socket
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import xxhash
 
-from resilient_flows.capped import read_json_capped
 from resilient_flows.checkpoint._manifest import Manifest
 from resilient_flows.checkpoint._peerservice import MANIFEST_LIMIT, receive_step
+from resilient_flows.checkpoint._registry import BuddyLink, run_secret
 from resilient_flows.checkpoint._tiers import Tier
 from resilient_flows.checkpoint._wire import (
     MAGIC,
@@ -47,8 +38,7 @@ from resilient_flows.checkpoint._wire import (
     send_file,
     send_frame,
 )
-from resilient_flows.durable import write_durably
-from resilient_flows.errors import CorruptCheckpointError, DamagedFileError, FileTooLargeError, PeerTransferError
+from resilient_flows.errors import CorruptCheckpointError, PeerTransferError
 
 logger = logging.getLogger(__name__)
 
@@ -56,64 +46,6 @@ logger = logging.getLogger(__name__)
 CONNECT_S = 3.0
 #: Seconds a transfer may stay silent.
 IO_S = 60.0
-_RECORD_CAP = 64 << 10
-
-
-@dataclass(frozen=True)
-class BuddyLink:
-    """How a member on one node reaches its buddies: the shared ``registry`` directory (see the
-    module's layout) and the member's name, which names its copies on every node."""
-
-    registry: Path
-    member: str
-
-    def nodes(self) -> dict[str, tuple[str, int]]:
-        """Every registered service: host -> (address, port)."""
-        found = {}
-        for path in sorted((self.registry / "nodes").glob("*.json")):
-            record = _read(path)
-            with contextlib.suppress(KeyError, TypeError, ValueError):
-                found[str(record["host"])] = (str(record["address"]), int(record["port"]))
-        return found
-
-    def buddies(self, node: str) -> list[str]:
-        """The other registered nodes, in the order this node tries them: the next in name order first."""
-        hosts = sorted(set(self.nodes()) - {node})
-        return [h for h in hosts if h > node] + [h for h in hosts if h < node]
-
-    def record(self) -> tuple[str, int] | None:
-        """The node that holds this member's newest copy, and its step."""
-        record = _read(self.registry / "copies" / f"{self.member}.json")
-        with contextlib.suppress(KeyError, TypeError, ValueError):
-            return str(record["host"]), int(record["step"])
-        return None
-
-
-def run_secret(registry: Path) -> bytes:
-    """The run's key, made by whoever needs it first: written aside, then linked into place, so
-    that a reader never sees it half written and two makers agree on the first."""
-    path = registry / "secret"
-    if not path.exists():
-        registry.mkdir(parents=True, exist_ok=True)
-        tmp = registry / f".secret.{os.getpid()}.{secrets.token_hex(4)}"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as out:
-            out.write(secrets.token_hex(32))
-            out.flush()
-            os.fsync(out.fileno())
-        with contextlib.suppress(FileExistsError):
-            os.link(tmp, path)
-        tmp.unlink()
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-    with os.fdopen(fd) as source:
-        return bytes.fromhex(source.read(200).strip())
-
-
-def register(registry: Path, host: str, address: str, port: int) -> None:
-    """A service of ``host`` listens at ``address:port`` from now on."""
-    (registry / "nodes").mkdir(parents=True, exist_ok=True)
-    record = {"host": host, "address": address, "port": port}
-    write_durably(registry / "nodes" / f"{host}.json", json.dumps(record))
 
 
 def send_copy(link: BuddyLink, node: str, step_dir: Path, manifest: Manifest, keep: int) -> str | None:
@@ -131,9 +63,7 @@ def send_copy(link: BuddyLink, node: str, step_dir: Path, manifest: Manifest, ke
         except (OSError, PeerTransferError) as exc:
             problems.append(f"{host}: {exc}")
             continue
-        (link.registry / "copies").mkdir(parents=True, exist_ok=True)
-        record = json.dumps({"host": host, "step": manifest.step})
-        write_durably(link.registry / "copies" / f"{link.member}.json", record)
+        link.write_record(host, manifest.step)
         return host
     raise PeerTransferError("no buddy node took the copy: " + "; ".join(problems))
 
@@ -216,10 +146,3 @@ class _Session:
         if manifest.step != step:
             raise PeerTransferError(f"asked for step {step}, got step {manifest.step}")
         receive_step(self.sock, manifest, into)
-
-
-def _read(path: Path) -> Any:
-    try:
-        return read_json_capped(path, _RECORD_CAP, "a peer service record")
-    except (OSError, ValueError, DamagedFileError, FileTooLargeError):
-        return None

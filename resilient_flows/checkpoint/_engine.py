@@ -35,13 +35,14 @@ import torch
 import xxhash
 
 from resilient_flows.checkpoint._boxes import Box, HeldBox, held_boxes, is_dtensor, local_box
-from resilient_flows.checkpoint._buddy import BuddyLink, fetch_copy
+from resilient_flows.checkpoint._buddy import fetch_copy
 from resilient_flows.checkpoint._comm import as_comm, first_problem
 from resilient_flows.checkpoint._flat import flatten_state
 from resilient_flows.checkpoint._heartbeat import HeartbeatWriter
 from resilient_flows.checkpoint._peer import Ring
 from resilient_flows.checkpoint._planner import ArraySpec, WriteItem, array_specs, plan_writes, shard_order, whole_items
 from resilient_flows.checkpoint._reader import Restored, SkippedCheckpoint, read_agreed
+from resilient_flows.checkpoint._registry import BuddyLink
 from resilient_flows.checkpoint._shardfile import ShardEntry
 from resilient_flows.checkpoint._snapshot import CopyTask, CopyWorker, HostArena, Snapshot
 from resilient_flows.checkpoint._state import RANK_LOCAL, Stateful, TrainState
@@ -81,7 +82,7 @@ class TierSpec:
         checkpoints as fit (at most ``keep``), and none when one does not fit.
     buddies:
         A peer tier for ranks that all run on one node: how to reach the checkpoint transfer
-        services of other nodes (:class:`~resilient_flows.checkpoint._buddy.BuddyLink`). Rank 0
+        services of other nodes (:class:`~resilient_flows.checkpoint._registry.BuddyLink`). Rank 0
         sends each checkpoint that reaches the tier to a buddy node, and a restore on another
         node fetches it back from there before reading the shared tier.
     """

@@ -68,13 +68,23 @@ _MEMBER = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 
 class PeerService:
-    """The service of one node: listens on ``host`` (port ``port``, 0: any free one) and keeps
-    members' copies under ``root``, each member's at most ``capacity`` bytes."""
+    """The service of one node: listens on ``host`` (port ``port``, 0: any free one), or on
+    ``listener`` (bound and registered before this module's imports, which take seconds, so that
+    clients wait in its queue meanwhile), and keeps members' copies under ``root``, each member's
+    at most ``capacity`` bytes."""
 
-    def __init__(self, root: Path, secret: bytes, capacity: int, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(
+        self,
+        root: Path,
+        secret: bytes,
+        capacity: int,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        listener: socket.socket | None = None,
+    ) -> None:
         self.root, self.capacity = Path(root), capacity
         self._secret = secret
-        self._listener = socket.create_server((host, port), backlog=MAX_CLIENTS)
+        self._listener = listener or socket.create_server((host, port), backlog=MAX_CLIENTS)
         self._listener.settimeout(1.0)
         self._slots = threading.BoundedSemaphore(MAX_CLIENTS)
         self._locks: dict[str, threading.Lock] = {}

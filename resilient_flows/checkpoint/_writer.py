@@ -39,12 +39,13 @@ from pathlib import Path
 import torch
 
 from resilient_flows.checkpoint._boxes import Box
-from resilient_flows.checkpoint._buddy import BuddyLink, send_copy
+from resilient_flows.checkpoint._buddy import send_copy
 from resilient_flows.checkpoint._comm import Comm, first_problem
 from resilient_flows.checkpoint._heartbeat import HeartbeatWriter
 from resilient_flows.checkpoint._manifest import ArrayRecord, Manifest, PieceRecord, write_manifest
 from resilient_flows.checkpoint._peer import Ring, copies_within, held_bytes, plan_step, replicate
 from resilient_flows.checkpoint._planner import WriteItem
+from resilient_flows.checkpoint._registry import BuddyLink
 from resilient_flows.checkpoint._shardfile import (
     ShardEntry,
     ShardRecord,

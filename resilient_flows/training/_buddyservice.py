@@ -25,12 +25,9 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
 
+from resilient_flows.checkpoint._registry import BuddyLink, register, run_secret
 from resilient_flows.training._lease import read_lease
-
-if TYPE_CHECKING:
-    from resilient_flows.checkpoint._buddy import BuddyLink
 
 logger = logging.getLogger(__name__)
 
@@ -69,8 +66,6 @@ def buddy_link(run_dir: str | os.PathLike, member: str, peer_dir: Path, capacity
     service started for its peers; None outside a workflow, where no service runs."""
     if not run_is_held(run_dir):
         return None
-    from resilient_flows.checkpoint._buddy import BuddyLink  # imports torch: only where the member runs
-
     ensure_service(run_dir, peer_dir.parent, capacity)
     return BuddyLink(registry(run_dir), member)
 
@@ -84,17 +79,19 @@ def node_address() -> str:
 
 
 def serve(run_dir: Path, peer_root: Path, capacity: int) -> int:
-    from resilient_flows.checkpoint._buddy import register, run_secret
-    from resilient_flows.checkpoint._peerservice import PeerService
-
+    """Listen and register first: the service's imports (torch, for the manifest) take seconds,
+    during which members that send a copy wait in the listen queue instead of passing this node over."""
     lock = open(peer_root / _LOCK, "a")  # noqa: SIM115  (held, with its lock, for the service's life)
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         return 0  # another one won the race
-    service = PeerService(peer_root, run_secret(registry(run_dir)), capacity, host=node_address())
-    address, port = service.address
+    listener = socket.create_server((node_address(), 0), backlog=16)
+    address, port = listener.getsockname()[:2]
     register(registry(run_dir), socket.gethostname(), address, port)
+    from resilient_flows.checkpoint._peerservice import PeerService  # imports torch
+
+    service = PeerService(peer_root, run_secret(registry(run_dir)), capacity, listener=listener)
     logger.info("serving peer copies of %s at %s:%d", run_dir, address, port)
     looked, held = 0.0, True
 
