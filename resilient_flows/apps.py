@@ -227,7 +227,10 @@ def launch_prefix(ranks: int, nodes: int, env: Mapping[str, str], lost: Sequence
     worker's environment ``env``, on none of the block's ``lost`` nodes (see
     :mod:`resilient_flows.training._lostnodes`).
 
-    One node: ``mpiexec`` on the worker's own node, as always. Several, inside the block the
+    One node: ``mpiexec`` on the worker's own node, as always; but in a block that lost nodes (a
+    member shrunk onto one: see :mod:`resilient_flows.training._shrink`) as on several, since
+    MPICH's ``mpiexec`` would start its ranks through an ``srun`` step that Slurm holds back until
+    it declares the lost node down. Several, inside the block the
     worker runs in (a site whose blocks hold several nodes and whose worker pool runs on the
     first, as ``local-slurm-nodes``), ranks spread evenly:
 
@@ -245,7 +248,7 @@ def launch_prefix(ranks: int, nodes: int, env: Mapping[str, str], lost: Sequence
     given = env.get("PARSL_MPI_PREFIX")
     if given:
         return given
-    if nodes <= 1:
+    if nodes <= 1 and not lost:
         return f"mpiexec -n {ranks}"
     per_node = ranks // nodes
     if env.get("SLURM_JOB_ID"):

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from resilient_flows.apps import mpi_train_app
+from resilient_flows.apps import launch_prefix, mpi_train_app
 from resilient_flows.errors import WorkflowError
 from resilient_flows.sites._spares import with_spares
 from resilient_flows.training import MemberSpec
@@ -79,9 +79,11 @@ def test_a_member_that_may_shrink_runs_on_the_nodes_its_block_has_left(tmp_path:
 def test_the_launch_of_a_member_that_shrank_runs_fewer_ranks_and_its_watcher_keeps_the_block_for_min_nodes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The command line the app hands to bash: one node left of its block of two, so its two ranks
-    per node run on the worker's node; a member on three nodes that lost one runs an srun step on
-    the two left, watched with the fewest nodes it can run on."""
+    """The command line the app hands to bash: one node left of its block of three, so its two
+    ranks per node run there, started as on several nodes (on the hosts left); a member on three
+    nodes that lost two of four runs on the two left, watched with the fewest nodes it can run on.
+    Under Slurm, one node in a block that lost nodes is an srun step beside the failed one: MPICH's
+    mpiexec would start its ranks through an srun step that Slurm holds back."""
     nodefile, run_dir = tmp_path / "nodefile", tmp_path / "run"
     nodefile.write_text("x1\nx2\nx3\n")
     monkeypatch.setenv("PBS_JOBID", "7.pbs")
@@ -90,7 +92,7 @@ def test_the_launch_of_a_member_that_shrank_runs_fewer_ranks_and_its_watcher_kee
         monkeypatch.delenv(name, raising=False)
     record_lost(str(run_dir), {"PBS_JOBID": "7.pbs"}, ["x2", "x3"])
     command = shlex.split(mpi_train_app.func(_member(min_nodes=1), str(run_dir), ranks=4))
-    assert command[:3] == ["mpiexec", "-n", "2"], command
+    assert command[:7] == ["mpiexec", "-n", "2", "--ppn", "2", "--hosts", "x1"], command
     written = MemberSpec.from_dict(json.loads((run_dir / "members/m/spec.json").read_text()))
     assert (written.ranks, written.nodes, written.min_nodes) == (2, 1, 1)
     nodefile.write_text("x1\nx2\nx3\nx4\n")
@@ -100,6 +102,13 @@ def test_the_launch_of_a_member_that_shrank_runs_fewer_ranks_and_its_watcher_kee
     assert command[watch + 1] == "1"  # the block is kept while one node is left
     launch = command[command.index("--") + 1 :]
     assert launch[:7] == ["mpiexec", "-n", "2", "--ppn", "1", "--hosts", "x1,x4"], launch
+
+
+def test_one_node_in_a_slurm_block_that_lost_nodes_is_an_srun_step_beside_the_failed_one() -> None:
+    block = {"SLURM_JOB_ID": "42"}
+    srun = "srun --nodes=1 --ntasks=2 --ntasks-per-node=2 --exclude=n2 --overlap --kill-on-bad-exit=0 --wait=60"
+    assert launch_prefix(2, 1, block, ["n2"]) == srun
+    assert launch_prefix(2, 1, block) == "mpiexec -n 2"  # nothing lost: as always
 
 
 def test_blocks_outlive_a_lost_node_without_spares_where_a_member_may_shrink() -> None:
