@@ -73,6 +73,7 @@ def test_a_member_that_may_shrink_runs_on_the_nodes_its_block_has_left(tmp_path:
     plain = _member()
     assert on_nodes_left(plain, ["x2", "x3"], block) is plain  # no min_nodes: it never shrinks
     assert on_nodes_left(three, [], block) is three  # nothing lost
+    assert on_nodes_left(three, ["x3"], {**block, "PARSL_MPI_PREFIX": "mpiexec -n 6"}) is three
     assert [fewest_nodes(s) for s in (three, two, plain)] == [1, 2, 2]
 
 

@@ -29,10 +29,11 @@ def fewest_nodes(spec: Mapping[str, Any]) -> int:
 def on_nodes_left(spec: dict[str, Any], lost: Sequence[str], env: Mapping[str, str]) -> dict[str, Any]:
     """The spec this attempt runs: the member's own, or, where it may shrink and its block
     (``env``'s) has fewer live nodes than it spans but at least ``min_nodes``, the same member on
-    those nodes with as many ranks per node. ``lost``: the block's lost nodes."""
+    those nodes with as many ranks per node. ``lost``: the block's lost nodes. Not under Parsl's
+    ``MPIExecutor``, whose launch prefix has the task's nodes and ranks fixed at submission."""
     nodes = int(spec.get("nodes", 1))
     least = fewest_nodes(spec)
-    if not lost or least >= nodes:
+    if not lost or least >= nodes or env.get("PARSL_MPI_PREFIX"):  # Parsl's MPIExecutor fixed its nodes
         return spec
     hosts = job_hosts(env)
     left = len([h for h in hosts if h not in set(lost)])
