@@ -257,12 +257,17 @@ class TrainContext:
         )
         return Checkpointer(tiers=tiers, keep=ck.keep, comm=comm if self.group is None else self.group)
 
-    def _hosts(self) -> dict[str, list[str]]:
+    def _hosts(self) -> dict[str, Any]:
         """Every rank's host, in rank order, for a member of several ranks: where it really ran
-        (which nodes a multi-node member spanned) is then in its ``started`` event."""
-        if self.distributed is None:
-            return {}
-        return {"hosts": self.checkpointer.comm.allgather(socket.gethostname())}
+        (which nodes a multi-node member spanned) is then in its ``started`` event; and, for a
+        member on several nodes or one that may shrink, the nodes this attempt runs on (fewer
+        than it spans after a shrink)."""
+        where: dict[str, Any] = {}
+        if self.distributed is not None:
+            where["hosts"] = self.checkpointer.comm.allgather(socket.gethostname())
+        if self.spec.nodes > 1 or self.spec.min_nodes is not None:
+            where["nodes"] = self.spec.nodes
+        return where
 
     def _pool_lost(self, reason: str) -> None:
         """The attempt's worker pool is gone (said from the heartbeat's thread): its end is the
