@@ -1,0 +1,203 @@
+"""A resumed run adopts the attempts its killed runner left training: which it adopts, how it
+follows them to their end, and how a task of the dead runner's queue refuses to start."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from resilient_flows.apps import _wait
+from resilient_flows.errors import Superseded
+from resilient_flows.rundir import append_record, run_layout
+from resilient_flows.training import TOKEN_ENV, MemberSpec, superseded
+from resilient_flows.training._heartbeat import Heartbeat, heartbeat_path
+from resilient_flows.training._lease import end_lease, read_lease
+from resilient_flows.workflow._adopt import FRESH_S, RESULT_GRACE_S, Adoption, adoptable, interchanges_alive
+from resilient_flows.workflow._blocks import RunnerLock, process_start_time
+from resilient_flows.workflow._watchdog import Watchdog, clear_heartbeats
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def beat(run_dir: Path, task: str, age_s: float = 0.0, **fields: object) -> None:
+    """A heartbeat record of a live attempt on this host (this process), last written ``age_s`` ago."""
+    path = heartbeat_path(run_dir, task)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    record = {"task": task, "attempt": 1, "pid": os.getpid(), "host": socket.gethostname(), "block": "0"}
+    path.write_text(json.dumps({**record, "step": None, "step_s": None, **fields}))
+    then = time.time() - age_s
+    os.utime(path, (then, then))
+
+
+@pytest.fixture
+def interchange(tmp_path: Path) -> subprocess.Popen:
+    """A live process recorded in the block ledger as the interchange of an earlier runner."""
+    proc = subprocess.Popen(["sleep", "60"])
+    record = {"runner": -1, "executor": "local", "interchange": proc.pid, "started": process_start_time(proc.pid)}
+    append_record(run_layout(tmp_path), record)
+    yield proc
+    proc.kill()
+    proc.wait()
+
+
+def specs(*names: str) -> list[MemberSpec]:
+    return [MemberSpec(name=name, workload="mlp-digits", params={}, steps=10) for name in names]
+
+
+# ----------------------------------------------------------------------------- a superseded runner's tasks
+
+
+def test_a_task_refuses_to_start_once_another_runner_holds_the_lease(tmp_path: Path) -> None:
+    RunnerLock(tmp_path, token="new").acquire()
+    assert superseded(tmp_path, token="new") is None
+    assert "took the run over" in superseded(tmp_path, token="old")
+    assert superseded(tmp_path, token="") is None  # a member run outside a workflow carries none
+    end_lease(tmp_path)
+    assert read_lease(tmp_path).token == "new"  # kept once the runner let go of the run
+
+
+def test_a_lease_without_a_token_supersedes_nothing(tmp_path: Path) -> None:
+    RunnerLock(tmp_path).acquire()
+    assert superseded(tmp_path, token="old") is None
+
+
+def test_a_superseded_task_leaves_no_heartbeat_and_raises(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    RunnerLock(tmp_path, token="new").acquire()
+    monkeypatch.setenv(TOKEN_ENV, "old")
+    with pytest.raises(Superseded, match="task m-0: runner"):
+        _wait(0.0, str(tmp_path), "m-0")  # before it starts: a task the dead runner's interchange held
+    with pytest.raises(Superseded, match="task m-0: runner"):
+        Heartbeat(tmp_path, "m-0", attempt=2).start()  # after its file exists: the new runner may not have seen it
+    assert not heartbeat_path(tmp_path, "m-0").exists()
+    monkeypatch.setenv(TOKEN_ENV, "new")
+    with Heartbeat(tmp_path, "m-0", attempt=2):
+        assert heartbeat_path(tmp_path, "m-0").exists()
+
+
+# ----------------------------------------------------------------------------- what is adopted
+
+
+def test_live_attempts_of_pending_members_are_adopted_and_stale_ones_are_not(
+    tmp_path: Path, interchange: subprocess.Popen
+) -> None:
+    beat(tmp_path, "m-0", attempt=3)
+    beat(tmp_path, "m-1", age_s=FRESH_S + 5)  # killed a while ago
+    found = adoptable(tmp_path, specs("m-0", "m-1", "m-2"))
+    assert found is not None and set(found) == {"m-0"} and found["m-0"]["attempt"] == 3
+
+
+def test_an_attempt_whose_process_is_gone_is_not_adopted(tmp_path: Path, interchange: subprocess.Popen) -> None:
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    beat(tmp_path, "m-0", pid=dead.pid)
+    assert adoptable(tmp_path, specs("m-0")) == {}
+
+
+@pytest.mark.parametrize(
+    ("task", "fields"),
+    [
+        ("prep", {}),  # a stage
+        ("m-0", {"attempt": None, "waiting_s": 5.0}),  # a retry waiting out its backoff
+        ("m-0", {"pool_lost": "pool 12 exited"}),
+        ("m-9", {}),  # a member that is not pending (finished)
+    ],
+)
+def test_one_live_task_that_cannot_be_adopted_adopts_none(
+    tmp_path: Path, interchange: subprocess.Popen, task: str, fields: dict
+) -> None:
+    beat(tmp_path, "m-1")
+    beat(tmp_path, task, **fields)
+    assert adoptable(tmp_path, specs("m-0", "m-1")) is None
+
+
+def test_nothing_is_adopted_once_the_earlier_runner_s_interchange_is_gone(
+    tmp_path: Path, interchange: subprocess.Popen
+) -> None:
+    beat(tmp_path, "m-0")
+    assert interchanges_alive(tmp_path)
+    interchange.kill()
+    interchange.wait()
+    assert not interchanges_alive(tmp_path)
+    assert adoptable(tmp_path, specs("m-0")) is None
+
+
+# ----------------------------------------------------------------------------- following adopted attempts
+
+
+def adoption(tmp_path: Path, clock: Clock, *names: str, stall_s: float = 10.0) -> Adoption:
+    records = {name: {"attempt": 1} for name in names}
+    return Adoption(tmp_path, records, {m.name: m for m in specs(*names)}, lambda m, r: stall_s, clock)
+
+
+def test_an_adopted_attempt_that_finished_resolves_with_its_result_and_is_not_submitted(tmp_path: Path) -> None:
+    clock = Clock()
+    beat(tmp_path, "m-0")
+    adopted = adoption(tmp_path, clock, "m-0")
+    future = adopted.future("m-0")
+    assert adopted.update() == ([], None) and adopted.names() == {"m-0"}
+    (tmp_path / "members" / "m-0").mkdir(parents=True)
+    (tmp_path / "members" / "m-0" / "result.json").write_text(json.dumps({"step": 9}))
+    heartbeat_path(tmp_path, "m-0").unlink()
+    assert adopted.update() == ([], None)
+    assert adopted.names() == set() and future.result() == {"member": "m-0"}
+
+
+def test_an_adopted_attempt_that_ended_without_a_result_is_submitted_after_its_grace(tmp_path: Path) -> None:
+    clock = Clock()
+    beat(tmp_path, "m-0")
+    adopted = adoption(tmp_path, clock, "m-0")
+    future = adopted.future("m-0")
+    heartbeat_path(tmp_path, "m-0").unlink()
+    assert adopted.update() == ([], None)  # it may be writing its result
+    clock.now += RESULT_GRACE_S + 1
+    resubmit, lost = adopted.update()
+    assert [m.name for m in resubmit] == ["m-0"] and lost is None
+    assert future.done() and future.result() is None and adopted.names() == set()
+
+
+def test_a_silent_adopted_attempt_is_given_up_with_every_other(tmp_path: Path) -> None:
+    clock = Clock()
+    beat(tmp_path, "m-0")
+    beat(tmp_path, "m-1")
+    adopted = adoption(tmp_path, clock, "m-0", "m-1", stall_s=10.0)
+    clock.now += 5
+    beat(tmp_path, "m-1")  # m-1 beats on, m-0 falls silent
+    assert adopted.update() == ([], None)
+    clock.now += 6
+    resubmit, lost = adopted.update()
+    assert resubmit == [] and lost == "adopted attempt of m-0 has not beaten for 11 s (stall timeout 10 s)"
+    assert sorted(m.name for m in adopted.abandon()) == ["m-0", "m-1"]
+    assert not heartbeat_path(tmp_path, "m-0").exists() and not heartbeat_path(tmp_path, "m-1").exists()
+
+
+def test_an_adopted_attempt_whose_pool_is_lost_is_given_up(tmp_path: Path) -> None:
+    clock = Clock()
+    beat(tmp_path, "m-0")
+    adopted = adoption(tmp_path, clock, "m-0")
+    beat(tmp_path, "m-0", pool_lost="pool 12 exited")
+    assert adopted.update() == ([], "adopted attempt of m-0 lost its pool: pool 12 exited")
+
+
+def test_the_watchdog_and_the_heartbeat_sweep_leave_adopted_attempts_alone(tmp_path: Path) -> None:
+    clock = Clock()
+    beat(tmp_path, "m-0", block="0")
+    beat(tmp_path, "m-1", block="0")
+    watchdog = Watchdog(tmp_path, 10.0, {}, clock)
+    watchdog.ignored = {"m-0"}
+    assert watchdog.check([]) == []
+    clock.now += 60
+    assert [lost.task for lost in watchdog.check([])] == ["m-1"]  # m-0's block 0 is an earlier runner's
+    clear_heartbeats(tmp_path, keep={"m-0"})
+    assert [p.name for p in (tmp_path / "heartbeats").iterdir()] == ["m-0"]
