@@ -3,11 +3,15 @@ follows them to their end, and how a task of the dead runner's queue refuses to 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import socket
 import subprocess
+import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -15,9 +19,11 @@ import pytest
 from resilient_flows.apps import _wait
 from resilient_flows.errors import Superseded
 from resilient_flows.rundir import append_record, run_layout
-from resilient_flows.training import TOKEN_ENV, MemberSpec, superseded
+from resilient_flows.training import TOKEN_ENV, MemberSpec, read_events, superseded
+from resilient_flows.training._command import run_command
 from resilient_flows.training._heartbeat import Heartbeat, heartbeat_path
 from resilient_flows.training._lease import end_lease, read_lease
+from resilient_flows.workflow import read_plan
 from resilient_flows.workflow._adopt import FRESH_S, RESULT_GRACE_S, Adoption, adoptable, interchanges_alive
 from resilient_flows.workflow._blocks import RunnerLock, process_start_time
 from resilient_flows.workflow._watchdog import Watchdog, clear_heartbeats
@@ -201,3 +207,65 @@ def test_the_watchdog_and_the_heartbeat_sweep_leave_adopted_attempts_alone(tmp_p
     assert [lost.task for lost in watchdog.check([])] == ["m-1"]  # m-0's block 0 is an earlier runner's
     clear_heartbeats(tmp_path, keep={"m-0"})
     assert [p.name for p in (tmp_path / "heartbeats").iterdir()] == ["m-0"]
+
+
+# ----------------------------------------------------------------------------- end to end
+
+REPO = Path(__file__).resolve().parents[1]
+CLI = Path(sys.executable).with_name("resilient-flows")
+STEPS = 100
+
+
+def paced_workflow() -> str:
+    """Three command members of :data:`STEPS` steps of 0.2 s each: on the local site's two workers,
+    two train while the third waits in the interchange's queue."""
+    script = [sys.executable, str(REPO / "tests" / "command_script.py"), "--lr", "{lr}", "--step-s", "0.2"]
+    member = {"name": "c", "steps": STEPS, "params": {"lr": 0.05}, "command": script, "count": 3}
+    return f"name: adopt\ncheckpoint: {{interval: 10}}\nmembers:\n  - {json.dumps(member)}\n"
+
+
+def pools_of(run_dir: Path) -> list[str]:
+    found = []
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        with contextlib.suppress(OSError):
+            if str(run_dir) in Path(f"/proc/{entry}/cmdline").read_bytes().decode(errors="replace"):
+                found.append(entry)
+    return found
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_a_resume_adopts_the_attempts_of_a_sigkilled_runner_and_no_member_trains_twice(tmp_path: Path) -> None:
+    """The runner alone is SIGKILLed while two members train and a third waits in its queue: the
+    resume adopts the two (they train on, started once, no step redone), the third starts once
+    (in the old pool before the resume took the lease, or refused there and run by the resume),
+    every member reaches the uninterrupted run's weights, and nothing of the killed runner is left."""
+    (tmp_path / "wf.yaml").write_text(paced_workflow())
+    run_dir = tmp_path / "run"
+    with (tmp_path / "runner.log").open("w") as log:
+        runner = subprocess.Popen([CLI, "run", tmp_path / "wf.yaml", "--run-dir", run_dir], stdout=log, stderr=log)
+    try:
+        deadline = time.monotonic() + 180
+        while {e["member"] for e in read_events(run_dir) if e["kind"] == "checkpointed"} < {"c-0", "c-1"}:
+            assert runner.poll() is None and time.monotonic() < deadline, "no checkpoint of c-0 and c-1"
+            time.sleep(0.2)
+        runner.send_signal(signal.SIGKILL)
+        runner.wait(timeout=10)
+        resumed = subprocess.run([CLI, "resume", run_dir], capture_output=True, text=True, timeout=300)
+    finally:
+        if runner.poll() is None:
+            runner.kill()
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    events = list(read_events(run_dir))
+    adopted = {e["member"] for e in events if e["kind"] == "warning" and e["reason"].startswith("adopted: ")}
+    assert {"c-0", "c-1"} <= adopted, resumed.stdout
+    assert "left by an earlier runner" in resumed.stdout
+    assert [e for e in events if e["kind"] in ("resumed", "failed", "lost")] == []
+    for spec in read_plan(run_dir).members:
+        assert [e["attempt"] for e in events if e["kind"] == "started" and e["member"] == spec.name] == [1]
+        steps = [json.loads(line)["step"] for line in (run_dir / "members" / spec.name / "metrics.jsonl").open()]
+        assert steps == list(range(STEPS))
+        result = json.loads((run_dir / "members" / spec.name / "result.json").read_text())
+        plain = replace(spec, command=[*spec.command[:-2], "--step-s", "0"])
+        assert result["digest"] == run_command(plain.to_dict(), str(tmp_path / "reference"))["digest"]
+    assert pools_of(run_dir) == []
