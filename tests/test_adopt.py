@@ -128,6 +128,12 @@ def test_one_live_task_that_cannot_be_adopted_adopts_none(
     assert adoptable(tmp_path, specs("m-0", "m-1")) is None
 
 
+def test_a_member_resumed_on_another_rank_count_is_not_adopted(tmp_path: Path, interchange: subprocess.Popen) -> None:
+    beat(tmp_path, "m-0")
+    assert adoptable(tmp_path, specs("m-0"), {"m-0": 1}) == {"m-0": adoptable(tmp_path, specs("m-0"))["m-0"]}
+    assert adoptable(tmp_path, specs("m-0"), {"m-0": 2}) is None  # ``resume --ranks m-0=1`` of a 2-rank member
+
+
 def test_nothing_is_adopted_once_the_earlier_runner_s_interchange_is_gone(
     tmp_path: Path, interchange: subprocess.Popen
 ) -> None:

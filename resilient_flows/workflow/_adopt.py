@@ -33,7 +33,7 @@ from __future__ import annotations
 import os
 import socket
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -101,11 +101,17 @@ def interchanges_alive(run_dir: Path) -> bool:
     return bool(pids) and all(isinstance(p, int) and process_start_time(p) == s for p, s in pids)
 
 
-def adoptable(run_dir: Path, pending: Iterable[MemberSpec]) -> dict[str, dict[str, Any]] | None:
+def adoptable(
+    run_dir: Path, pending: Iterable[MemberSpec], planned: Mapping[str, int] | None = None
+) -> dict[str, dict[str, Any]] | None:
     """The live attempts of earlier runners by member name, when every live task is an attempt of
     one of the ``pending`` members that has started and whose pool is not lost; None when some live
-    task cannot be adopted (see the module's docstring). Call it after taking the lease."""
-    names = {m.name for m in pending}
+    task cannot be adopted (see the module's docstring). Call it after taking the lease.
+
+    ``planned``: the rank count each member was planned with; a member resumed on another
+    (``resume --ranks``) cannot be adopted, its live attempt runs on the old one."""
+    planned = planned or {}
+    names = {m.name for m in pending if planned.get(m.name, m.ranks) == m.ranks}
     live = live_attempts(run_dir)
     if live and not interchanges_alive(run_dir):
         return None

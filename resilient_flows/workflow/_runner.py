@@ -609,8 +609,9 @@ class _RunLoop:
 
     def _adopt(self, console: Console) -> None:
         """Adopt the attempts earlier runners left training, where every live one can be (see
-        :mod:`resilient_flows.workflow._adopt`); the lease is this runner's already."""
-        records = adoptable(self.run_dir, self.members)
+        :mod:`resilient_flows.workflow._adopt`); the lease is this runner's already. A member
+        resumed on another rank count (``resume --ranks``) cannot be: its attempt runs on the old."""
+        records = adoptable(self.run_dir, self.members, {m.name: m.ranks for m in self.plan.members})
         if not records:
             return
         specs = {m.name: m for m in self.members}
