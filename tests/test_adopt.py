@@ -179,6 +179,19 @@ def test_an_adopted_attempt_that_ended_without_a_result_is_submitted_after_its_g
     assert future.done() and future.result() is None and adopted.names() == set()
 
 
+def test_an_adopted_attempt_killed_on_this_host_is_submitted_at_once(tmp_path: Path) -> None:
+    clock = Clock()
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    beat(tmp_path, "m-0")
+    beat(tmp_path, "m-1")
+    adopted = adoption(tmp_path, clock, "m-0", "m-1")
+    beat(tmp_path, "m-0", pid=dead.pid)  # its last beat, then SIGKILL: the file stays, fresh for a while
+    resubmit, lost = adopted.update()
+    assert [m.name for m in resubmit] == ["m-0"] and lost is None and adopted.names() == {"m-1"}
+    assert not heartbeat_path(tmp_path, "m-0").exists()  # this runner's watchdog would take it for its own
+
+
 def test_a_silent_adopted_attempt_is_given_up_with_every_other(tmp_path: Path) -> None:
     clock = Clock()
     beat(tmp_path, "m-0")

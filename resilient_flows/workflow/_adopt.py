@@ -23,9 +23,10 @@ Two attempts of one member never write at once:
   attempts to adopt, and a task looks at the lease again once its heartbeat file exists: either
   the runner sees that file, or the task sees the new lease;
 - an adopted attempt is resubmitted only once it is over: its heartbeat file removed (the attempt
-  ended, and wrote its result first when it finished), or silent for its stall timeout, or its pool
-  lost. In the last two cases it may still be alive somewhere (a hung node), so every earlier
-  block is cancelled first, and every adopted member is submitted again.
+  ended, and wrote its result first when it finished), its process gone (on this host), or silent
+  for its stall timeout, or its pool lost. In the last two cases it may still be alive somewhere
+  (a hung node), so every earlier block is cancelled first, and every adopted member is submitted
+  again.
 """
 
 from __future__ import annotations
@@ -179,6 +180,9 @@ class Adoption:
                 self._changed[name] = (mtime, now)
                 record = read_heartbeat(self.heartbeats / name)
                 adoptee.record = record if record is not None else adoptee.record
+            if not _alive(adoptee.record):  # killed on this host: it writes nothing more
+                resubmit.extend(self._end(name))
+                continue
             if adoptee.record.get("pool_lost") is not None:
                 return resubmit, f"adopted attempt of {name} lost its pool: {adoptee.record['pool_lost']}"
             silent, limit = now - self._changed[name][1], self.stall_s(adoptee.spec, adoptee.record)
@@ -192,7 +196,6 @@ class Adoption:
         removed, their futures resolved; the members to submit, those that finished left out."""
         resubmit = []
         for name in list(self.adopted):
-            (self.heartbeats / name).unlink(missing_ok=True)
             resubmit.extend(self._end(name))
         return resubmit
 
@@ -206,6 +209,9 @@ class Adoption:
         return now - adoptee.gone_at > RESULT_GRACE_S
 
     def _end(self, name: str) -> list[MemberSpec]:
+        """Forget an attempt that is over, and its heartbeat file: left in place, it would be taken
+        for a silent attempt of this runner's blocks once the member is submitted again."""
+        (self.heartbeats / name).unlink(missing_ok=True)
         adoptee = self.adopted.pop(name)
         del self._changed[name]
         finished = has_result(self.run_dir, name)
