@@ -288,3 +288,23 @@ def test_a_resume_adopts_the_attempts_of_a_sigkilled_runner_and_no_member_trains
         plain = replace(spec, command=[*spec.command[:-2], "--step-s", "0"])
         assert result["digest"] == run_command(plain.to_dict(), str(tmp_path / "reference"))["digest"]
     assert pools_of(run_dir) == []
+
+
+def test_a_resume_whose_every_member_was_adopted_starts_no_block_until_one_is_submitted() -> None:
+    from parsl.config import Config
+    from parsl.executors import HighThroughputExecutor
+    from parsl.providers import LocalProvider
+
+    from resilient_flows.workflow._runner import _no_initial_blocks
+
+    def config(strategy: str | None) -> Config:
+        executor = HighThroughputExecutor(label="local", provider=LocalProvider(init_blocks=1, min_blocks=0))
+        return Config(executors=[executor], strategy=strategy)
+
+    scaled = config("simple")
+    _no_initial_blocks(scaled)
+    assert scaled.executors[0].provider.init_blocks == 0  # the strategy starts one once a task waits
+    for strategy in (None, "none", "init_only"):  # nothing would ever start one
+        fixed = config(strategy)
+        _no_initial_blocks(fixed)
+        assert fixed.executors[0].provider.init_blocks == 1

@@ -321,6 +321,19 @@ def _site_config(
     return config
 
 
+def _no_initial_blocks(config: Config) -> None:
+    """Start no block before a task needs one: every member left to run is adopted, and trains on
+    in an earlier runner's blocks (a new pilot job would hold its nodes idle meanwhile). Parsl's
+    strategy starts one once an adopted member is submitted again; where it would not (no
+    strategy, or ``init_only``: initial blocks only), blocks start as configured."""
+    if config.strategy not in ("simple", "htex_auto_scale"):
+        return
+    for executor in config.executors:
+        provider = getattr(executor, "provider", None)
+        if provider is not None and hasattr(provider, "init_blocks"):
+            provider.init_blocks = 0
+
+
 def _retire_lost_block(label: str, block: str, why: str) -> None:
     """The retry handler found that a task's block lost a node (or its pool): hold the block, so
     that the interchange sends it no retry, and cancel it, so that Parsl starts a healthy one.
@@ -648,6 +661,8 @@ class _RunLoop:
         if self._first_parsl:
             self._first_parsl = False
             self._adopt(console)
+            if self.adoption is not None and not self.pending:
+                _no_initial_blocks(self.config)
         if self.adoption is None:
             self._cancel_previous(console)
         clear_heartbeats(self.run_dir, keep=self._adopted())
