@@ -43,6 +43,7 @@ from resilient_flows.errors import (
     LaunchError,
     ParamsError,
     Preempted,
+    Superseded,
     is_permanent,
 )
 from resilient_flows.rundir import EventLog, TaskLayout
@@ -66,6 +67,7 @@ from resilient_flows.training import (
     newest_iteration,
     pbs_hosts,
     read_heartbeat,
+    superseded,
 )
 from resilient_flows.training._lostnodes import current_job, read_lost
 from resilient_flows.training._shrink import fewest_nodes, on_nodes_left
@@ -540,7 +542,13 @@ def _permanent(exception: BaseException) -> bool:
 def _wait(backoff_s: float, run_dir: str, task: str) -> None:
     """The retry's backoff, slept by the attempt before it starts (a duration: the runner's and the
     worker's clocks need not agree). It beats meanwhile: a worker that holds a task must never look
-    silent to the watchdog, which would declare its block lost."""
+    silent to the watchdog, which would declare its block lost.
+
+    First of all, a task that an earlier runner's interchange handed out after a ``resume`` took
+    the run over refuses to start (:func:`~resilient_flows.training.superseded`)."""
+    refused = superseded(run_dir)
+    if refused is not None:
+        raise Superseded(f"task {task}: {refused}")
     if backoff_s > 0:
         with Heartbeat(run_dir, task, None, waiting_s=backoff_s):
             time.sleep(backoff_s)

@@ -30,6 +30,7 @@ __all__ = [
     "SiteConfigError",
     "StateMismatchError",
     "StorageFullError",
+    "Superseded",
     "WorkflowError",
     "WorkloadError",
     "is_permanent",
@@ -53,6 +54,12 @@ class Preempted(ResilientFlowsError):
 
     def __str__(self) -> str:
         return f"member {self.member} preempted ({self.reason}) after committing step {self.step}"
+
+
+class Superseded(ResilientFlowsError):
+    """A task of a runner that another runner has taken the run over from (a ``resume``) refused
+    to start: the new runner runs, or has adopted, that member's attempts, and two attempts of one
+    member must never write at once (see :func:`resilient_flows.training.superseded`)."""
 
 
 class CheckpointError(ResilientFlowsError):

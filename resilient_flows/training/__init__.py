@@ -78,11 +78,13 @@ _SOURCES = {
         "MIN_ORPHAN_TIMEOUT_S",
         "RENEW_S",
         "RunnerLease",
+        "TOKEN_ENV",
         "end_lease",
         "holding_runner",
         "process_start_time",
         "read_lease",
         "stat_fields",
+        "superseded",
     ),
     "resilient_flows.training._nodefile": ("pbs_hosts",),
     "resilient_flows.training._params": (

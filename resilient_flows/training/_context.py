@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from resilient_flows.checkpoint import Checkpointer, TrainState
-from resilient_flows.errors import Preempted, ResilientFlowsError
+from resilient_flows.errors import Preempted, ResilientFlowsError, Superseded
 from resilient_flows.rundir import EventLog, MetricsLog, member_layout
 from resilient_flows.training._buddyservice import buddy_link
 from resilient_flows.training._contract import (
@@ -114,14 +114,26 @@ class TrainContext:
             cadence=Cadence(spec.checkpoint, spec.steps, self.checkpointer, functools.partial(drain_in_s, run_dir)),
         )
         self._clone = CloneStart(self.run_dir, spec, self.rank, ranks.broadcast, self._emit)
-        if counted and self.rank == 0:
-            heartbeat = Heartbeat(
-                run_dir, self.name, attempt, on_orphaned=self.runtime.stop_orphaned, on_pool_lost=self._pool_lost
-            )
-            self.runtime.beat(heartbeat.start())
         if counted:
+            self._start_beating(ranks)
             where = {"host": socket.gethostname(), "pid": os.getpid(), "block": current_block()}
             self._emit("started", attempt=attempt, **where, **self._hosts())
+
+    def _start_beating(self, ranks: CommRanks) -> None:
+        """Rank 0 beats for the attempt; every rank stops here, before anything is trained or
+        announced, when its runner was superseded (see :class:`~resilient_flows.training.Heartbeat`)."""
+        refused = None
+        if self.rank == 0:
+            stop = self.runtime.stop_orphaned
+            heartbeat = Heartbeat(self.run_dir, self.name, self.attempt, on_orphaned=stop, on_pool_lost=self._pool_lost)
+            try:
+                self.runtime.beat(heartbeat.start())
+            except Superseded as exc:
+                refused = str(exc)
+        refused = ranks.broadcast(refused)
+        if refused is not None:
+            self.close()
+            raise Superseded(refused)
 
     # ------------------------------------------------------------------ the contract
 

@@ -31,8 +31,9 @@ from pathlib import Path
 from typing import Any
 
 from resilient_flows.capped import CONTROL_CAP
+from resilient_flows.errors import Superseded
 from resilient_flows.rundir import read_json, run_layout
-from resilient_flows.training._lease import orphaned
+from resilient_flows.training._lease import orphaned, superseded
 from resilient_flows.training._pool import PoolWatch
 from resilient_flows.training._walltime import current_block
 
@@ -83,6 +84,10 @@ class Heartbeat:
     Each beat also looks at the runner's lease (:mod:`~resilient_flows.training._lease`): once the
     runner has been gone longer than its orphan timeout, ``on_orphaned(reason)`` is called, once,
     from the beating thread; the attempt then commits a checkpoint and stops.
+
+    A task whose runner was superseded (a ``resume`` took the run over) never beats on: once its
+    file exists, :meth:`start` looks at the lease once more and raises :class:`Superseded`,
+    removing the file (see :func:`~resilient_flows.training._lease.superseded`).
 
     Every :data:`POOL_LOOK_S` seconds the thread also looks at the Parsl worker pool that runs the
     attempt (:class:`~resilient_flows.training._pool.PoolWatch`). Once it is gone, the attempt beats
@@ -149,6 +154,10 @@ class Heartbeat:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         self._beat()
+        refused = superseded(self.run_dir)
+        if refused is not None:
+            self._withdraw()
+            raise Superseded(f"task {self._fixed['task']}: {refused}")
         self._thread = threading.Thread(target=self._run, name=f"heartbeat-{self._fixed['task']}", daemon=True)
         self._thread.start()
         return self
@@ -164,6 +173,16 @@ class Heartbeat:
             self._fd = None
         if self._pool_lost is None:
             self.path.unlink(missing_ok=True)
+
+    def _withdraw(self) -> None:
+        """Close and remove the file this attempt created, unless another process has replaced it since."""
+        assert self._fd is not None
+        mine = os.fstat(self._fd).st_ino
+        os.close(self._fd)
+        self._fd = None
+        with contextlib.suppress(OSError):
+            if self.path.stat().st_ino == mine:
+                self.path.unlink()
 
     def _run(self) -> None:
         last = time.monotonic()

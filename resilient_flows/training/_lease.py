@@ -14,6 +14,13 @@ may stay silent (``orphan_timeout_s``, a site fact). Past that, the run is orpha
 
 The lease is the file's modification time, so a member's check is one ``stat``; the record is
 read only once the file looks stale. A ``resume`` takes the lease over by writing its own record.
+
+The record also names the runner's token, which every process of its blocks carries in its
+environment (:data:`TOKEN_ENV`). A task that an earlier runner's interchange hands one of its
+workers after a ``resume`` took the run over (the interchange outlives its runner, and still holds
+the tasks it had queued) carries another token than the lease's: it refuses to start
+(:func:`superseded`), since the new runner runs that member itself, or adopted the attempt that
+runs it (:mod:`resilient_flows.workflow._adopt`).
 """
 
 from __future__ import annotations
@@ -40,6 +47,8 @@ RENEW_S = 5.0
 DEFAULT_ORPHAN_TIMEOUT_S = 300.0
 #: The least orphan timeout: two renewals, so that one late renewal never stops a run.
 MIN_ORPHAN_TIMEOUT_S = 2 * RENEW_S
+#: The environment variable that holds the runner's token in every process of its blocks.
+TOKEN_ENV = "RESILIENT_FLOWS_RUNNER_TOKEN"
 
 
 @dataclass(frozen=True)
@@ -54,6 +63,7 @@ class RunnerLease:
     orphan_timeout_s: float
     age_s: float
     ended: bool = False
+    token: str | None = None
 
     @property
     def expired(self) -> bool:
@@ -100,6 +110,7 @@ def read_lease(run_dir: str | os.PathLike, damage: DamageLog | None = None) -> R
             orphan_timeout_s=timeout,
             age_s=age,
             ended=record.get("ended") is not None,
+            token=record["token"] if isinstance(record.get("token"), str) else None,
         )
     except (KeyError, TypeError, ValueError):
         return None
@@ -148,6 +159,24 @@ def orphaned(run_dir: str | os.PathLike) -> str | None:
     )
 
 
+def superseded(run_dir: str | os.PathLike, token: str | None = None) -> str | None:
+    """Why a task of this process's runner must not start: the run's lease names another runner's
+    token (a ``resume`` took the run over); None otherwise, and always for a process that carries
+    no token (``token``, else :data:`TOKEN_ENV`: a member run outside a workflow) or a lease that
+    names none (a runner of an older version, or a test's).
+
+    A task checks once before it starts and once more after its heartbeat file exists: a new runner
+    writes its lease before it looks for live attempts to adopt, so it either sees that file or the
+    task sees its lease."""
+    mine = token if token is not None else os.environ.get(TOKEN_ENV)
+    if not mine:
+        return None
+    lease = read_lease(run_dir)
+    if lease is None or lease.token is None or lease.token == mine:
+        return None
+    return f"runner {lease.pid} on {lease.host} took the run over; this task's runner is gone"
+
+
 def end_lease(run_dir: str | os.PathLike) -> None:
     """Let go of the run (this runner ends): its record stays, marked ``ended``, for the views.
     A record another runner wrote since (a resume took the run over) is left as it is."""
@@ -160,6 +189,7 @@ def end_lease(run_dir: str | os.PathLike) -> None:
         "started": lease.started,
         "orphan_timeout_s": lease.orphan_timeout_s,
         "ended": round(time.time(), 3),
+        **({} if lease.token is None else {"token": lease.token}),
     }
     with contextlib.suppress(OSError):  # a full file system: the lease then merely expires
         run_layout(run_dir).write_lease(record)

@@ -292,6 +292,7 @@ class RunnerLock:
 
     run_dir: Path
     orphan_timeout_s: float = DEFAULT_ORPHAN_TIMEOUT_S
+    token: str | None = None  # what this runner's blocks carry: tasks of earlier runners' blocks then refuse to start
 
     def acquire(self) -> None:
         """Claim the run for this process; an error naming the runner that still holds it."""
@@ -321,6 +322,7 @@ class RunnerLock:
             "host": socket.gethostname(),
             "started": process_start_time(os.getpid()),
             "orphan_timeout_s": self.orphan_timeout_s,
+            **({} if self.token is None else {"token": self.token}),
         }
         deadline = time.monotonic() + FULL_WAIT_S
         while True:

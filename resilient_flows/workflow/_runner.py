@@ -56,6 +56,7 @@ from resilient_flows.training import (
     member_dir,
     stage_finished,
 )
+from resilient_flows.workflow._adopt import Adoption, adoptable
 from resilient_flows.workflow._blocks import (
     BlockLedger,
     RunnerLock,
@@ -81,9 +82,9 @@ from resilient_flows.workflow._rundir import (
 )
 from resilient_flows.workflow._runlog import library_output_to_log
 from resilient_flows.workflow._status import StatusTracker
-from resilient_flows.workflow._stragglers import carry_token, kill_commands
+from resilient_flows.workflow._stragglers import carry_token, kill_commands, new_token
 from resilient_flows.workflow._walltime import BlockClock
-from resilient_flows.workflow._watchdog import Lost, Watchdog, clear_heartbeats, interchange_managers
+from resilient_flows.workflow._watchdog import Lost, Watchdog, clear_heartbeats, interchange_managers, stall_timeout
 from resilient_flows.workflow.dashboard import write_dashboard_report
 from resilient_flows.workflow.schema import load_workflow, run_path
 
@@ -239,6 +240,12 @@ class _Submitter:
         parent = member.parent and member.parent.member
         self.events.emit("submitted", member.name, ranks=member.ranks, parent=parent, task=future.tid)
 
+    def adopt(self, member: MemberSpec, future: Future) -> None:
+        """Take ``member`` for submitted: an earlier runner's attempt of it trains on, adopted
+        (see :mod:`resilient_flows.workflow._adopt`); ``future`` resolves once that attempt ended."""
+        self.futures[member.name] = self._watch(future)
+        self.specs[member.name] = member
+
     def _resources(self, ranks: int = 1, nodes: int = 1) -> dict[str, Any]:
         """The task's nodes and ranks, for an executor in MPI mode; nothing for any other."""
         return {"parsl_resource_specification": mpi_resources(ranks, nodes)} if self.mpi_mode else {}
@@ -258,14 +265,15 @@ class _Submitter:
     def all_done(self) -> bool:
         return not self._pending
 
-    def restart(self) -> list[MemberSpec]:
+    def restart(self, adopted: set[str] | frozenset[str] = frozenset()) -> list[MemberSpec]:
         """Forget the futures of a Parsl instance that was given up; the members to submit again
-        (stages are submitted again by :meth:`submit_stages`)."""
+        (stages are submitted again by :meth:`submit_stages`). The ``adopted`` members' attempts
+        run outside any Parsl instance of this runner: they are kept."""
         self.stages = {name: f for name, f in self.stages.items() if f.done()}
-        unfinished = [name for name, f in self.futures.items() if not f.done()]
+        unfinished = [name for name, f in self.futures.items() if not f.done() and name not in adopted]
         for name in unfinished:
             del self.futures[name]
-        self._pending.clear()  # all of them were given up
+        self._pending = {f for name, f in self.futures.items() if name in adopted and not f.done()}
         return [self.specs[name] for name in unfinished]
 
     def _watch(self, future: Future) -> Future:
@@ -315,6 +323,19 @@ def _site_config(
     for executor in config.executors:
         add_preload(executor, modules)
     return config
+
+
+def _no_initial_blocks(config: Config) -> None:
+    """Start no block before a task needs one: every member left to run is adopted, and trains on
+    in an earlier runner's blocks (a new pilot job would hold its nodes idle meanwhile). Parsl's
+    strategy starts one once an adopted member is submitted again; where it would not (no
+    strategy, or ``init_only``: initial blocks only), blocks start as configured."""
+    if config.strategy not in ("simple", "htex_auto_scale"):
+        return
+    for executor in config.executors:
+        provider = getattr(executor, "provider", None)
+        if provider is not None and hasattr(provider, "init_blocks"):
+            provider.init_blocks = 0
 
 
 def _retire_lost_block(label: str, block: str, why: str) -> None:
@@ -448,11 +469,11 @@ def _kill_parsl(dfk: Any, executors: list[Any], ledger: BlockLedger) -> None:
 
 
 @contextlib.contextmanager
-def _holding(run_dir: Path, orphan_timeout_s: float) -> Iterator[None]:
-    """Hold the run while the block runs: its lock, its lease (renewed from a thread), and the
-    guard that cancels this runner's blocks if it dies and stays away (see
-    :mod:`resilient_flows.workflow._leaseguard`)."""
-    RunnerLock(run_dir, orphan_timeout_s).acquire()
+def _holding(run_dir: Path, orphan_timeout_s: float, token: str | None = None) -> Iterator[None]:
+    """Hold the run while the block runs: its lock, its lease (renewed from a thread, naming the
+    ``token`` this runner's blocks carry), and the guard that cancels this runner's blocks if it
+    dies and stays away (see :mod:`resilient_flows.workflow._leaseguard`)."""
+    RunnerLock(run_dir, orphan_timeout_s, token).acquire()
     me = os.getpid()
     command = [sys.executable, "-m", "resilient_flows.cli.leaseguard", str(run_dir), "--runner", str(me)]
     started = process_start_time(me)
@@ -483,10 +504,11 @@ def _execute(run_dir: Path, plan: Plan, members: list[MemberSpec], console: Cons
         plan = dataclasses.replace(plan, site_file=SiteFile.open(plan.site, plan.workflow.site))
     facts = plan.site_file.facts()
     runner_log = run_layout(run_dir).runner_log
+    token = new_token()
     with Interrupts() as interrupts:  # Ctrl-C and SIGTERM: see resilient_flows.workflow._interrupt
         try:
-            with library_output_to_log(runner_log, console), _holding(run_dir, facts.orphan_timeout_s):
-                return _run_held(run_dir, plan, members, console, facts, interrupts)
+            with library_output_to_log(runner_log, console), _holding(run_dir, facts.orphan_timeout_s, token):
+                return _run_held(run_dir, plan, members, console, facts, interrupts, token)
         except StopNow:
             console.print(
                 f"[bold yellow]stopped at once[/] ({interrupts.name} twice): every process of the run was "
@@ -497,10 +519,16 @@ def _execute(run_dir: Path, plan: Plan, members: list[MemberSpec], console: Cons
 
 
 def _run_held(
-    run_dir: Path, plan: Plan, members: list[MemberSpec], console: Console, facts: SiteFacts, interrupts: Interrupts
+    run_dir: Path,
+    plan: Plan,
+    members: list[MemberSpec],
+    console: Console,
+    facts: SiteFacts,
+    interrupts: Interrupts,
+    token: str | None = None,
 ) -> int:
     console.print(f"run [bold]{plan.workflow.name}[/] on site [bold]{plan.site}[/]: {run_dir}")
-    loop = _RunLoop(run_dir, plan, members, facts, interrupts)  # where monitoring cannot start, it says
+    loop = _RunLoop(run_dir, plan, members, facts, interrupts, token)  # where monitoring cannot start, it says
     if plan.workflow.monitoring:
         console.print(f"Parsl monitoring: parsl-visualize sqlite:///{run_layout(run_dir).monitoring_db.resolve()}")
         note = visualize_note()
@@ -515,14 +543,20 @@ class _RunLoop:
     interchange is lost, which needs a new instance), stop Parsl; then report."""
 
     def __init__(
-        self, run_dir: Path, plan: Plan, members: list[MemberSpec], facts: SiteFacts, interrupts: Interrupts
+        self,
+        run_dir: Path,
+        plan: Plan,
+        members: list[MemberSpec],
+        facts: SiteFacts,
+        interrupts: Interrupts,
+        token: str | None = None,
     ) -> None:
         workflow = self.workflow = plan.workflow
         self.run_dir, self.plan, self.facts, self.interrupts = run_dir, plan, facts, interrupts
         self.tracker = StatusTracker(run_dir)
         self.index = MemberIndex(run_dir, plan)
         self.started = time.monotonic()
-        self.ledger = BlockLedger(run_dir)
+        self.ledger = BlockLedger(run_dir) if token is None else BlockLedger(run_dir, token=token)
         self.controllers = [
             PBTController(campaign, run_dir, [m for m in plan.members if m.name.startswith(f"{campaign.name}-")])
             for campaign in workflow.explore
@@ -548,6 +582,9 @@ class _RunLoop:
         slots = worker_slots(self.config)
         self.ondemand = OnDemandAnalytics(workflow.analytics, workflow.cosched, run_dir, slots, self._submit_analytics)
         self.pending = [m for m in members if m.parent is None]  # clones wait until their source serves them
+        self.members = members
+        self.adoption: Adoption | None = None  # an earlier runner's attempts that train on: see _adopt
+        self._first_parsl = True
         self._listed: list[MemberSpec] | None = None
         self._names: list[tuple[str, int]] = []
         self._members: set[str] = set()
@@ -556,14 +593,19 @@ class _RunLoop:
 
     def run(self, console: Console) -> int:
         with Live(console=console, refresh_per_second=4, transient=True) as live, self.interrupts.armed():
-            while not self.interrupts.requested:  # one pass per Parsl instance: a lost interchange needs a new one
-                lost_parsl = self._one_parsl(console, live)
-                if lost_parsl is None or self.interrupts.requested:
-                    break
-                console.print(f"[bold yellow]{lost_parsl}[/]: starting Parsl again; unfinished tasks resume")
-                self.pending = self.submitter.restart()
-                self.ondemand.drop_unfinished()
-                self.config = self.site_config()
+            try:
+                while not self.interrupts.requested:  # one pass per Parsl instance: a lost interchange needs a new one
+                    lost_parsl = self._one_parsl(console, live)
+                    if lost_parsl is None or self.interrupts.requested:
+                        break
+                    console.print(f"[bold yellow]{lost_parsl}[/]: starting Parsl again; unfinished tasks resume")
+                    self.pending = self.submitter.restart(self._adopted())
+                    self.ondemand.drop_unfinished()
+                    self.config = self.site_config()
+            finally:
+                if self.adoption is not None:  # stopped before the adopted attempts ended: theirs go too
+                    self._cancel_previous(console)
+                    self.adoption.abandon()
         if self.interrupts.requested:
             return self._stopped(console)
         return self._report(console)
@@ -576,11 +618,59 @@ class _RunLoop:
             return analytics_app(specs, run_dir, part)
         return analytics_app(specs, run_dir, part, parsl_resource_specification={"priority": priority})
 
-    def _one_parsl(self, console: Console, live: Live) -> str | None:
-        """Start Parsl, submit what is pending, poll until done; why Parsl was lost, or None."""
+    def _adopted(self) -> set[str]:
+        return set() if self.adoption is None else self.adoption.names()
+
+    def _cancel_previous(self, console: Console) -> None:
         for what in self.ledger.cancel_previous(self.config.executors):
             console.print(f"cancelled {what}, left by an earlier runner")
-        clear_heartbeats(self.run_dir)
+
+    def _adopt(self, console: Console) -> None:
+        """Adopt the attempts earlier runners left training, where every live one can be (see
+        :mod:`resilient_flows.workflow._adopt`); the lease is this runner's already. A member
+        resumed on another rank count (``resume --ranks``) cannot be: its attempt runs on the old."""
+        records = adoptable(self.run_dir, self.members, {m.name: m.ranks for m in self.plan.members})
+        if not records:
+            return
+        specs = {m.name: m for m in self.members}
+        site_s = self.facts.stall_timeout_s
+        self.adoption = Adoption(
+            self.run_dir, records, specs, lambda m, r: stall_timeout(m.stall_timeout_s, r.get("step_s"), site_s)
+        )
+        for name, record in sorted(records.items()):
+            self.submitter.adopt(specs[name], self.adoption.future(name))
+            where = f"pid {record.get('pid', '?')} on {record.get('host', '?')}"
+            reason = f"adopted: attempt {record['attempt']} ({where}) of an earlier runner trains on"
+            self.submitter.events.emit("warning", name, attempt=record["attempt"], reason=reason)
+            console.print(f"{name}: {reason}")
+        self.pending = [m for m in self.pending if m.name not in records]
+
+    def _watch_adopted(self, console: Console) -> None:
+        """Take the results of adopted attempts that ended, and submit the members of those that
+        ended without one; once none is left, cancel what earlier runners left."""
+        if self.adoption is None:
+            return
+        resubmit, lost = self.adoption.update()
+        if lost is not None:
+            console.print(f"[bold yellow]{lost}[/]: earlier runners' blocks cancelled, their members resume here")
+            self._cancel_previous(console)
+            resubmit += self.adoption.abandon()
+        for member in resubmit:
+            self.submitter.submit(member)
+        if not self.adoption.names():
+            self.adoption = None
+            self._cancel_previous(console)
+
+    def _one_parsl(self, console: Console, live: Live) -> str | None:
+        """Start Parsl, submit what is pending, poll until done; why Parsl was lost, or None."""
+        if self._first_parsl:
+            self._first_parsl = False
+            self._adopt(console)
+            if self.adoption is not None and not self.pending:
+                _no_initial_blocks(self.config)
+        if self.adoption is None:
+            self._cancel_previous(console)
+        clear_heartbeats(self.run_dir, keep=self._adopted())
         dfk, self.config = _load_parsl(self.config, self.site_config, console)
         watchdog = Watchdog(self.run_dir, self.facts.stall_timeout_s, {})
         if self.facts.walltime_s is not None:  # blocks end on time: see resilient_flows.workflow._walltime
@@ -680,6 +770,8 @@ class _RunLoop:
         executors = self.config.executors
         self.ledger.record(executors)
         self.ledger.reap(executors)
+        self._watch_adopted(console)
+        watchdog.ignored = self._adopted()
         if len(watchdog.timeouts) != len(everyone):  # members are only ever added
             watchdog.timeouts = {m.name: m.stall_timeout_s for m in everyone}
         lost_parsl = _handle_lost(watchdog.check(executors), executors, self.submitter, watchdog, console)

@@ -27,12 +27,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from resilient_flows.training import ENV_NAMES, stat_fields
+from resilient_flows.training import ENV_NAMES, TOKEN_ENV, stat_fields
 
 __all__ = ["TOKEN_ENV", "carry_token", "is_straggler", "kill_commands", "kill_stragglers", "new_token"]
 
-#: The environment variable that holds the runner's token in every process of its blocks.
-TOKEN_ENV = "RESILIENT_FLOWS_RUNNER_TOKEN"
 #: The variable of a command member's run contract that names its run directory.
 RUN_DIR_ENV = ENV_NAMES["run_dir"]
 

@@ -81,14 +81,17 @@ class _Beat:
     record: dict[str, Any] = field(default_factory=dict)
 
 
-def clear_heartbeats(run_dir: Path) -> None:
+def clear_heartbeats(run_dir: Path, keep: Iterable[str] = ()) -> None:
     """Remove the heartbeats of attempts that cannot be running: those of an earlier runner, or of
     a Parsl instance given up, whose blocks were cancelled. Left in place, they would be taken
-    for silent attempts of the new blocks."""
+    for silent attempts of the new blocks. The tasks in ``keep`` (adopted attempts, which train
+    on in an earlier runner's blocks) keep theirs."""
     directory = run_layout(run_dir).heartbeats
+    kept = set(keep)
     if directory.is_dir():
         for path in directory.iterdir():
-            path.unlink(missing_ok=True)
+            if path.name not in kept:
+                path.unlink(missing_ok=True)
 
 
 def stall_timeout(member_s: float | None, step_s: float | None, site_s: float) -> float:
@@ -103,6 +106,8 @@ class Watchdog:
 
     ``timeouts`` maps task names to their member's ``stall_timeout`` (None: derived); tasks not in it
     (stages, analytics) take the site's. Each silent attempt, block and interchange is reported once.
+    Tasks in ``ignored`` run in blocks of an earlier runner (adopted attempts, watched by
+    :class:`~resilient_flows.workflow._adopt.Adoption`): their block numbers are not this runner's.
     """
 
     def __init__(
@@ -122,6 +127,7 @@ class Watchdog:
         self._starting: set[tuple[str, str]] = set()  # blocks that took a task and have not beaten since
         self._reported: set[tuple[Any, ...]] = set()
         self._looked = float("-inf")
+        self.ignored: set[str] = set()
 
     def check(self, executors: Iterable[Any]) -> list[Lost]:
         now = self.clock()
@@ -166,6 +172,9 @@ class Watchdog:
         for name in set(self._beats) - set(names):
             del self._beats[name]
         for name in names:
+            if name in self.ignored:
+                self._beats.pop(name, None)
+                continue
             path = self.heartbeats / name
             try:
                 mtime = os.stat(path).st_mtime_ns
