@@ -595,8 +595,9 @@ def test_slurm_member_that_lost_a_node_restarts_on_a_spare_node_of_its_block(
 
 @contextlib.contextmanager
 def _crashing(runner: subprocess.Popen, env: dict[str, str]) -> Iterator[list[str]]:
-    """The nodes a test crashes go into the list this yields: however the test ends, the runner is
-    killed, the run's blocks cancelled and the nodes still down booted again."""
+    """The nodes a test crashes (or stops) go into the list this yields: however the test ends, the
+    runner is killed, the run's blocks cancelled and the nodes still down (or stopped) crashed
+    for good and booted again."""
     down: list[str] = []
     try:
         yield down
@@ -604,6 +605,7 @@ def _crashing(runner: subprocess.Popen, env: dict[str, str]) -> Iterator[list[st
         runner.kill()
         cancel_all(name_prefix=f"parsl.{SITE}.block-", env=env)
         for node in down:
+            _slurm_node("down", node, env)
             _slurm_node("up", node, env)
 
 
@@ -625,6 +627,40 @@ def _start_node_loss_run(
 def _metrics(run_dir: Path) -> list[dict]:
     path = run_dir / "members/ddp/metrics.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+@pytest.mark.slow
+@pytest.mark.slurm
+@pytest.mark.timeout(420)
+def test_slurm_member_whose_rank_1_node_falls_silent_restarts_on_the_spare_of_its_block(
+    two_node_run: Path, cluster: dict[str, str], tmp_path: Path
+) -> None:
+    """Every process of rank 1's node stopped (SIGSTOP): no connection closes and its slurmd's port
+    still accepts, so only the surviving rank's keepalive can tell, within seconds instead of
+    torch's 30-minute collective timeout. It records the node silent and exits 76; the launch
+    watcher records the node lost for the block and ends the step; the retry, free, restarts in
+    the same block on the survivor and the spare and ends with the uninterrupted run's weights."""
+    run_dir, env, runner = _start_node_loss_run(cluster, tmp_path)
+    with _crashing(runner, env) as down:
+        _wait_for(f"step {LOSE_AFTER}", lambda: max(loss_curve(run_dir, "ddp"), default=-1) >= LOSE_AFTER, 180)
+        (first,) = [e for e in _events(run_dir) if e["kind"] == "started"]
+        survivor, silent = first["hosts"]
+        down.append(silent)
+        _slurm_node("stop", silent, env)
+        out, err = runner.communicate(timeout=300)
+    events = _events(run_dir)
+    assert runner.returncode == 0, (out[-2000:], err[-3000:], events)
+    (spare,) = set(cluster["RESILIENT_FLOWS_TEST_NODES"].split()) - {survivor, silent}
+    (block,) = [e for e in events if e["kind"] == "block_started"]
+    (failed,) = [e for e in events if e["kind"] == "failed"]
+    assert (failed["cost"], failed["failure_kind"]) == (0.0, "infrastructure"), failed
+    assert f"the node {silent} of the next rank went silent" in failed["cause"], failed
+    assert f"node(s) {silent} lost, 2 left in its block" in failed["cause"], failed
+    first, second = [e for e in events if e["kind"] == "started"]
+    assert str(second["block"]) == str(block["block"]) and second["hosts"] == [survivor, spare], second
+    record = json.loads((run_dir / "blocks" / block["job_id"] / "lost-nodes.json").read_text())
+    assert record == {"job": block["job_id"], "nodes": [silent]}
+    _assert_same_weights(run_dir, two_node_run)
 
 
 @pytest.mark.slow
