@@ -1,6 +1,6 @@
 """Goodput: the time one fault costs a training member, split into where it goes, per kind of fault.
 
-A member of fixed pace (:func:`paced`: a tiny model, ``step_s`` of sleep per step, a checkpoint
+A member of fixed pace (``goodput_member:paced``: a tiny model, ``step_s`` of sleep per step, a checkpoint
 every ``interval`` steps, so that the figures are about recovery and not the interval) runs
 through the real ``resilient-flows`` command, once without faults and once per kind of fault,
 struck from outside every ``period`` seconds (15 s) while it trains. A fault strikes only once the
@@ -63,8 +63,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
-
 BENCH_DIR = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH_DIR))
 import chaos  # noqa: E402
@@ -105,27 +103,6 @@ CLUSTER_STEPS = {"quick": 300, "default": 450, "full": 900}
 MAX_FAULTS = {"node-loss": 1}
 
 
-def paced(ctx: Any) -> dict[str, Any]:
-    """``goodput:paced``: a tiny linear model whose every step ends with ``step_s`` of sleep: a
-    member of known pace whatever the machine's load, deterministic (its random draws come from
-    torch's generator, which a checkpoint restores) so that a faulted run's digest must equal
-    the fault-free one's."""
-    torch.manual_seed(ctx.seed)
-    model = torch.nn.Linear(8, 1)
-    net = ctx.wrap(model)  # on several ranks (``--cluster``) DDP, whose all-reduce sees a peer die
-    opt = torch.optim.SGD(net.parameters(), lr=0.01)
-    ctx.track(model=model, optimizer=opt)
-    for step in ctx.steps(ctx.params["steps"]):
-        x = torch.randn(16, 8)
-        loss = (net(x) - x.sum(1, keepdim=True)).square().mean()
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        time.sleep(float(ctx.params["step_s"]))
-        ctx.log(step, loss=loss)
-    return ctx.result(model)
-
-
 def config_of(mode: Mode, steps: int, spanning: bool) -> chaos.Config:
     """chaos.py's configuration of one paced member: its workflow, and what its injectors read.
     ``spanning``: the member spans two nodes with a peer tier (chaos.py's ``--peer`` member)."""
@@ -135,7 +112,7 @@ def config_of(mode: Mode, steps: int, spanning: bool) -> chaos.Config:
         steps=steps,
         interval=mode.interval,
         params=params,
-        workload="goodput:paced",
+        workload="goodput_member:paced",
         peer_members=int(spanning),
     )
 

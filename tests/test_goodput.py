@@ -18,7 +18,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def _load(name: str) -> ModuleType:
-    """A benchmark module by its file's name: workers import ``goodput:paced`` by that name."""
+    """A benchmark module by its file's name: workers import its members (``goodput_member:paced``) by name."""
     if name in sys.modules:
         return sys.modules[name]
     spec = importlib.util.spec_from_file_location(name, REPO / "benchmarks" / f"{name}.py")
