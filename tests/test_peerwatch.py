@@ -130,3 +130,23 @@ def test_the_node_watcher_records_a_silent_node_that_its_probe_finds_alive(
     record = json.loads((member / "fault.json").read_text())
     assert (record["lost_nodes"], record["nodes_left"]) == (["n2"], 2)
     assert not _nodewatch._record_deaths(member, str(run_dir), 2, {"kind": PEER_LOST, "attempt": 1})
+
+
+def test_a_helper_started_ahead_is_the_one_the_watch_takes() -> None:
+    from resilient_flows.training import _peerwatch
+
+    _peerwatch.prestart_helper()
+    ahead = _peerwatch._prestarted
+    helper, port = start_helper()
+    try:
+        assert ahead is not None and helper is ahead and port is not None and _peerwatch._prestarted is None
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as connection:
+            connection.sendall(b"x")
+            assert connection.recv(1) == b"x"
+    finally:
+        helper.kill()
+        helper.wait()
+    second, _ = start_helper()  # none ahead any more: a new one
+    assert second is not None and second is not ahead
+    second.kill()
+    second.wait()

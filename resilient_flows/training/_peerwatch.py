@@ -111,16 +111,24 @@ def silent_limit_s() -> float:
     return SILENT_S
 
 
+#: The helper :func:`prestart_helper` started, until :func:`start_helper` takes it.
+_prestarted: subprocess.Popen | None = None
+
+
+def prestart_helper() -> None:
+    """Start this rank's helper now, while the rank imports torch: its own start-up (an
+    interpreter's) is then off the rank's path to training. :func:`start_helper` takes it."""
+    global _prestarted
+    if _prestarted is None:
+        _prestarted = _spawn()
+
+
 def start_helper() -> tuple[subprocess.Popen | None, int | None]:
-    """This rank's echoing helper and its port; (None, None) where it could not start."""
-    try:
-        helper = subprocess.Popen(
-            [sys.executable, "-m", "resilient_flows.training._pulse"],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-    except OSError:
+    """This rank's echoing helper (the one started ahead, else a new one) and its port; (None,
+    None) where it could not start."""
+    global _prestarted
+    helper, _prestarted = _prestarted or _spawn(), None
+    if helper is None:
         return None, None
     line = helper.stdout.readline().strip() if helper.stdout is not None else ""
     if not line.isdigit():
@@ -128,6 +136,18 @@ def start_helper() -> tuple[subprocess.Popen | None, int | None]:
         helper.wait()
         return None, None
     return helper, int(line)
+
+
+def _spawn() -> subprocess.Popen | None:
+    try:
+        return subprocess.Popen(
+            [sys.executable, "-m", "resilient_flows.training._pulse"],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+    except OSError:
+        return None
 
 
 def watch_peers(group: Any, rank: int, world_size: int, directory: Path) -> PeerWatch | None:
