@@ -292,6 +292,8 @@ FIELD_NOTES: dict[str, dict[str, str]] = {
         "evaluate": "`module:function` that evaluates a checkpoint, for analytics on your own workload",
         "ranks": "data-parallel processes (the total over all nodes)",
         "nodes": "nodes the ranks are spread over, inside one block",
+        "min_nodes": "the fewest nodes it may shrink to when its block lost nodes (ranks per node kept), "
+        "instead of waiting for a new block; default: it never shrinks",
         "parallel": "`ddp` (replicated) or `fsdp` (FSDP2, sharded) when `ranks` > 1",
         "threads": "torch threads per rank",
         "checkpoint": "this member's own checkpointing; default: the workflow's",

@@ -68,6 +68,7 @@ from resilient_flows.training import (
     read_heartbeat,
 )
 from resilient_flows.training._lostnodes import current_job, read_lost
+from resilient_flows.training._shrink import fewest_nodes, on_nodes_left
 
 __all__ = [
     "ResumingRetryHandler",
@@ -190,20 +191,27 @@ def mpi_train_app(
     Under Parsl's ``MPIExecutor`` the launch prefix comes from ``$PARSL_MPI_PREFIX`` (pass
     ``parsl_resource_specification={"num_ranks": ...}``); a member spanning ``nodes`` (from the
     spec) runs on that many nodes of its block, as an ``srun`` step under Slurm and through PALS's
-    ``mpiexec`` under PBS Pro (see :func:`launch_prefix`); elsewhere ``mpiexec -n ranks``.
+    ``mpiexec`` under PBS Pro (see :func:`launch_prefix`); elsewhere ``mpiexec -n ranks``. A member
+    that may shrink (``min_nodes``) runs on the nodes its block has left, when fewer than it spans
+    (see :mod:`resilient_flows.training._shrink`); the spec it writes for its ranks says so.
     ``backoff_s``: the retry's backoff, slept before the launch.
     """
 
     _wait(backoff_s, run_dir, spec["name"])
+    lost = read_lost(run_dir, os.environ)
+    fewest = fewest_nodes(spec)  # what the watcher keeps the block for: the nodes it spans, or min_nodes
+    attempt = on_nodes_left(spec, lost, os.environ)
+    if attempt is not spec:  # it may shrink, and its block has fewer nodes left than it spans
+        spec, ranks = attempt, int(attempt["ranks"])
     nodes = int(spec.get("nodes", 1))
-    prefix = launch_prefix(int(ranks), nodes, os.environ, read_lost(run_dir, os.environ))
+    prefix = launch_prefix(int(ranks), nodes, os.environ, lost)
     layout = TaskLayout(member_dir(run_dir, spec["name"]))
     layout.write_spec(spec)
     module = [sys.executable, "-m", "resilient_flows.training.mpi_member", str(layout.spec), str(run_dir)]
     if nodes <= 1 or os.environ.get("PARSL_MPI_PREFIX") or current_job(os.environ) is None:
         return f"{prefix} {shlex.join(module)}"
     # Across the block's nodes: watched, so that a node's death is recorded and the step ended at once.
-    watch = [sys.executable, "-m", "resilient_flows.training._nodewatch", str(nodes), str(layout.root), str(run_dir)]
+    watch = [sys.executable, "-m", "resilient_flows.training._nodewatch", str(fewest), str(layout.root), str(run_dir)]
     return f"{shlex.join(watch)} -- {prefix} {shlex.join(module)}"
 
 
@@ -219,7 +227,10 @@ def launch_prefix(ranks: int, nodes: int, env: Mapping[str, str], lost: Sequence
     worker's environment ``env``, on none of the block's ``lost`` nodes (see
     :mod:`resilient_flows.training._lostnodes`).
 
-    One node: ``mpiexec`` on the worker's own node, as always. Several, inside the block the
+    One node: ``mpiexec`` on the worker's own node, as always; but in a block that lost nodes (a
+    member shrunk onto one: see :mod:`resilient_flows.training._shrink`) as on several, since
+    MPICH's ``mpiexec`` would start its ranks through an ``srun`` step that Slurm holds back until
+    it declares the lost node down. Several, inside the block the
     worker runs in (a site whose blocks hold several nodes and whose worker pool runs on the
     first, as ``local-slurm-nodes``), ranks spread evenly:
 
@@ -237,7 +248,7 @@ def launch_prefix(ranks: int, nodes: int, env: Mapping[str, str], lost: Sequence
     given = env.get("PARSL_MPI_PREFIX")
     if given:
         return given
-    if nodes <= 1:
+    if nodes <= 1 and not lost:
         return f"mpiexec -n {ranks}"
     per_node = ranks // nodes
     if env.get("SLURM_JOB_ID"):

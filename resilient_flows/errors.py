@@ -23,6 +23,7 @@ __all__ = [
     "InvalidJobError",
     "LaunchError",
     "ParamsError",
+    "PeerTransferError",
     "PermanentError",
     "Preempted",
     "ResilientFlowsError",
@@ -142,6 +143,12 @@ INFRASTRUCTURE = "infrastructure"
 
 class CorruptCheckpointError(CheckpointError):
     """A committed checkpoint failed verification (checksum, size, manifest)."""
+
+
+class PeerTransferError(CheckpointError):
+    """A checkpoint's copy could not be sent to, or fetched from, another node's transfer service:
+    refused (authentication, size, path, checksum) or the service unreachable. The checkpoint
+    itself stands; only that extra copy is missing."""
 
 
 class StateMismatchError(CheckpointError):

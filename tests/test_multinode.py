@@ -447,14 +447,15 @@ def _wait_for(what: str, predicate, timeout: float) -> None:
 
 
 def _lose_during_run(
-    cluster: dict[str, str], tmp_path: Path, both: bool, rank: int = 0, spares: int = 0
+    cluster: dict[str, str], tmp_path: Path, both: bool, rank: int = 0, spares: int = 0, workflow: str = NODE_LOSS
 ) -> tuple[Path, list[dict], list[str]]:
     """Run NODE_LOSS and, once the member logged step LOSE_AFTER, crash the node of its rank
     ``rank`` (0: the node its block's worker pool runs on; 1: the other one, where only a rank
     runs) or, with ``both``, both its nodes together; a crashed node boots again, empty, once
-    the run ended (or, with ``both``, at once). ``spares``: the site's ``facts.spare_nodes``. The
-    run directory, its events and the first attempt's hosts."""
-    run_dir, env, runner = _start_node_loss_run(cluster, tmp_path, spares)
+    the run ended (or, with ``both``, at once). ``spares``: the site's ``facts.spare_nodes``;
+    ``workflow``: NODE_LOSS or a variant of it. The run directory, its events and the first
+    attempt's hosts."""
+    run_dir, env, runner = _start_node_loss_run(cluster, tmp_path, spares, workflow)
     lost: list[str] = []
     try:
         _wait_for(f"step {LOSE_AFTER}", lambda: max(loss_curve(run_dir, "ddp"), default=-1) >= LOSE_AFTER, 180)
@@ -610,12 +611,12 @@ def _crashing(runner: subprocess.Popen, env: dict[str, str]) -> Iterator[list[st
 
 
 def _start_node_loss_run(
-    cluster: dict[str, str], tmp_path: Path, spares: int = 1
+    cluster: dict[str, str], tmp_path: Path, spares: int = 1, workflow: str = NODE_LOSS
 ) -> tuple[Path, dict[str, str], subprocess.Popen]:
-    """NODE_LOSS started on ``local-slurm-nodes`` with ``spare_nodes: spares``: its run directory,
-    the runner's environment and the runner."""
+    """``workflow`` (NODE_LOSS or a variant) started on ``local-slurm-nodes`` with ``spare_nodes:
+    spares``: its run directory, the runner's environment and the runner."""
     env = {**cluster, "PYTHONPATH": os.pathsep.join([str(REPO / "benchmarks"), cluster["PYTHONPATH"]])}
-    (tmp_path / "wf.yaml").write_text(NODE_LOSS)
+    (tmp_path / "wf.yaml").write_text(workflow)
     site = (REPO / "site-configs" / f"{SITE}.yaml").read_text()
     (tmp_path / "site.yaml").write_text(site.replace("\nfacts:\n", f"\nfacts:\n  spare_nodes: {spares}\n"))
     run_dir = tmp_path / "run"
@@ -636,10 +637,9 @@ def test_slurm_member_whose_rank_1_node_falls_silent_restarts_on_the_spare_of_it
     two_node_run: Path, cluster: dict[str, str], tmp_path: Path
 ) -> None:
     """Every process of rank 1's node stopped (SIGSTOP): no connection closes and its slurmd's port
-    still accepts, so only the surviving rank's keepalive can tell, within seconds instead of
-    torch's 30-minute collective timeout. It records the node silent and exits 76; the launch
-    watcher records the node lost for the block and ends the step; the retry, free, restarts in
-    the same block on the survivor and the spare and ends with the uninterrupted run's weights."""
+    still accepts; only the surviving rank's keepalive can tell, in seconds (not torch's 30-minute
+    timeout). It exits 76, the watcher records the node lost and ends the step; the retry, free,
+    restarts in the block on the survivor and the spare, to the uninterrupted run's weights."""
     run_dir, env, runner = _start_node_loss_run(cluster, tmp_path)
     with _crashing(runner, env) as down:
         _wait_for(f"step {LOSE_AFTER}", lambda: max(loss_curve(run_dir, "ddp"), default=-1) >= LOSE_AFTER, 180)
@@ -656,10 +656,10 @@ def test_slurm_member_whose_rank_1_node_falls_silent_restarts_on_the_spare_of_it
     assert (failed["cost"], failed["failure_kind"]) == (0.0, "infrastructure"), failed
     assert f"the node {silent} of the next rank went silent" in failed["cause"], failed
     assert f"node(s) {silent} lost, 2 left in its block" in failed["cause"], failed
-    first, second = [e for e in events if e["kind"] == "started"]
+    second = [e for e in events if e["kind"] == "started"][1]
     assert str(second["block"]) == str(block["block"]) and second["hosts"] == [survivor, spare], second
-    record = json.loads((run_dir / "blocks" / block["job_id"] / "lost-nodes.json").read_text())
-    assert record == {"job": block["job_id"], "nodes": [silent]}
+    lost = json.loads((run_dir / "blocks" / block["job_id"] / "lost-nodes.json").read_text())["nodes"]
+    assert lost == [silent]
     _assert_same_weights(run_dir, two_node_run)
 
 
@@ -764,6 +764,53 @@ def test_slurm_member_that_lost_a_node_and_its_buddy_resumes_from_the_shared_tie
     shards = [f"shard-{rank:05d}-of-00002.safetensors" for rank in range(2)]
     assert resumed["read_from"] == {"shared": shards} and list(resumed["bytes_from"]) == ["shared"], resumed
     _assert_same_weights(run_dir, two_node_run)
+
+
+#: NODE_LOSS's member allowed to shrink to one node, every checkpoint kept: the test continues the
+#: one it resumed from on one rank itself.
+SHRINK = NODE_LOSS.replace("shared]}", "shared], keep: 10}").replace("nodes: 2,", "nodes: 2, min_nodes: 1,")
+
+
+@pytest.mark.slow
+@pytest.mark.slurm
+@pytest.mark.timeout(420)
+def test_slurm_member_that_may_shrink_goes_on_on_the_node_left_in_its_block_without_a_spare(
+    cluster: dict[str, str], tmp_path: Path
+) -> None:
+    """``min_nodes: 1``, no spare: the block holds the member's two nodes, submitted with
+    ``--no-kill`` all the same. Rank 1's node crashes; the retry, free, runs at once in the same
+    block on the node left, one rank, restoring the two ranks' checkpoint resharded from the
+    survivor's own and peer copies (no other block is ever submitted). Its weights are bit for bit
+    those of one rank continuing, in this process, from the checkpoint the retry resumed from (the
+    same layouts at the same steps), and within float reduction noise (1e-5 relative, as two ranks
+    against one) of one rank's uninterrupted run: its losses at every step and its final test loss."""
+    run_dir, events, hosts = _lose_during_run(cluster, tmp_path, both=False, rank=1, workflow=SHRINK)
+    survivor, lost = hosts
+    (block,) = [e for e in events if e["kind"] == "block_started"]
+    failed = [e for e in events if e["kind"] == "failed"]
+    assert [(e["cost"], e["failure_kind"]) for e in failed] == [(0.0, "infrastructure")], failed
+    assert f"node(s) {lost} lost, 1 left in its block" in failed[0]["cause"], failed
+    first, second = [e for e in events if e["kind"] == "started"]
+    assert str(first["block"]) == str(second["block"]) == str(block["block"]), (first, second, block)
+    assert (first["nodes"], second["nodes"], second["host"]) == (2, 1, survivor), second
+    record = json.loads((run_dir / "blocks" / block["job_id"] / "lost-nodes.json").read_text())
+    assert record == {"job": block["job_id"], "nodes": [lost]}
+    resumed = _resumed_within(run_dir, events, intervals=1)
+    # The one rank reads both old ranks' shards: its own node's copy and its copy of the lost node's.
+    shards = [f"shard-{rank:05d}-of-00002.safetensors" for rank in range(2)]
+    assert resumed["read_from"] == {f"local on {survivor}": shards[:1], f"peer on {survivor}": shards[1:]}, resumed
+    spec = _planned(run_dir, "ddp")  # the spec its last attempt ran: one rank on one node
+    assert (spec.ranks, spec.nodes, spec.min_nodes) == (1, 1, 1)
+    shared = run_dir / "members/ddp/checkpoints"
+    reference = tmp_path / "from-resume"
+    step = f"step-{resumed['step']:08d}"
+    shutil.copytree(shared / step, reference / "members/ddp/checkpoints" / step)
+    alone = replace(spec, network_interface=None, checkpoint=replace(spec.checkpoint, local_dir=None, peer_dir=None))
+    continued = run_member(replace(alone, params={**spec.params, "pause_ms": 0}).to_dict(), str(reference))
+    result = json.loads((run_dir / "members/ddp/result.json").read_text())
+    assert result["digest"] == continued["digest"]
+    one_rank = _assert_losses_of_one_rank(run_dir, alone, tmp_path / "uninterrupted")
+    assert abs(result["test_loss"] - one_rank["test_loss"]) <= TOLERANCE * one_rank["test_loss"]
 
 
 # ------------------------------------------------------------------ preempting across nodes

@@ -35,12 +35,14 @@ import torch
 import xxhash
 
 from resilient_flows.checkpoint._boxes import Box, HeldBox, held_boxes, is_dtensor, local_box
+from resilient_flows.checkpoint._buddy import fetch_copy
 from resilient_flows.checkpoint._comm import as_comm, first_problem
 from resilient_flows.checkpoint._flat import flatten_state
 from resilient_flows.checkpoint._heartbeat import HeartbeatWriter
 from resilient_flows.checkpoint._peer import Ring
 from resilient_flows.checkpoint._planner import ArraySpec, WriteItem, array_specs, plan_writes, shard_order, whole_items
 from resilient_flows.checkpoint._reader import Restored, SkippedCheckpoint, read_agreed
+from resilient_flows.checkpoint._registry import BuddyLink
 from resilient_flows.checkpoint._shardfile import ShardEntry
 from resilient_flows.checkpoint._snapshot import CopyTask, CopyWorker, HostArena, Snapshot
 from resilient_flows.checkpoint._state import RANK_LOCAL, Stateful, TrainState
@@ -78,6 +80,11 @@ class TierSpec:
     capacity:
         A peer tier's bound, in bytes per node: each node keeps as many of its buddy's
         checkpoints as fit (at most ``keep``), and none when one does not fit.
+    buddies:
+        A peer tier for ranks that all run on one node: how to reach the checkpoint transfer
+        services of other nodes (:class:`~resilient_flows.checkpoint._registry.BuddyLink`). Rank 0
+        sends each checkpoint that reaches the tier to a buddy node, and a restore on another
+        node fetches it back from there before reading the shared tier.
     """
 
     path: str | os.PathLike
@@ -85,6 +92,7 @@ class TierSpec:
     name: str | None = None
     peer: bool = False
     capacity: int | None = None
+    buddies: BuddyLink | None = None
 
 
 @dataclass(frozen=True)
@@ -203,9 +211,12 @@ class Checkpointer:
         self._closed = False
         self._exposed = False  # the restored state came from a peer copy: the next save re-replicates it
         peers = {index: spec.capacity for index, spec in enumerate(specs) if spec.peer}
+        #: A member on one node: its peer tier's index and how it reaches its buddies' services.
+        self._buddies = next(((i, s.buddies) for i, s in enumerate(specs) if s.buddies and not ring.active), None)
         self._pipeline = WritePipeline(
             self.tiers, self.comm, keep, self._arena, self._record, self.stats, ring=ring, peer_capacity=peers
         )
+        self._pipeline.buddies = None if self._buddies is None else self._buddies[1]
         if heartbeat and self.rank == 0:
             self._pipeline.heartbeat = HeartbeatWriter(self.shared.path)
         self._pipeline.comm.allgather(None)  # nobody writes before every rank has cleaned up
@@ -554,7 +565,24 @@ class Checkpointer:
 
     def _read(self, step: int | None, stateful: Stateful | None) -> Restored | None:
         self._drain()  # read our own writes; their errors still surface at the next save or wait
-        return read_agreed(self.tiers, self._pipeline.comm, stateful, step, self.skipped, self.node)
+        fetched = self._fetch_from_buddy() if step is None else None
+        try:
+            return read_agreed(self.tiers, self._pipeline.comm, stateful, step, self.skipped, self.node)
+        finally:
+            if fetched is not None:  # read into the state: the copy lives on at the buddy and in the next saves
+                self.tiers[fetched].discard_after(-1)
+
+    def _fetch_from_buddy(self) -> int | None:
+        """A member on one node whose newest copy is on a buddy node and not here (it lost its
+        node): rank 0 fetches the copy into this node's peer tier, for the restore to read it
+        there before the shared tier; the tier's index, or None when nothing was fetched."""
+        if self._buddies is None:
+            return None
+        index, link = self._buddies
+        fetched = None
+        if self.rank == 0 and fetch_copy(link, self.node, self.tiers[:-1], self.tiers[index]) is not None:
+            fetched = index
+        return self._pipeline.comm.bcast(fetched)
 
 
 class _DictState:
@@ -632,6 +660,8 @@ def _tier_specs(
                 f"tiers[{index}] is a peer tier: it goes after a node-local tier and before the shared one, "
                 "since it copies what the first tier committed and cannot outlive the nodes"
             )
+        if spec.buddies is not None and not spec.peer:
+            raise ValueError(f"tiers[{index}].buddies reach other nodes' copies: only a peer tier has them")
         if spec.capacity is not None and (not spec.peer or spec.capacity < 1):
             raise ValueError(f"tiers[{index}].capacity bounds a peer tier's bytes per node; got {spec.capacity!r}")
     if sum(spec.peer for spec in specs) > 1:

@@ -112,13 +112,15 @@ def plan_step(ring: Ring, manifest: Manifest, capacity: int | None, keep: int) -
             pairs[rank] = buddy
             host = ring.hosts[buddy]
             incoming[host] = incoming.get(host, 0) + manifest.shards[rank].nbytes
-    if capacity is None:
-        keeps = dict.fromkeys(incoming, keep)
-    else:
-        keeps = {host: min(keep, capacity // nbytes) if nbytes else keep for host, nbytes in incoming.items()}
+    keeps = {host: copies_within(capacity, nbytes, keep) for host, nbytes in incoming.items()}
     skipped = tuple(sorted(host for host, count in keeps.items() if count < 1))
     sends = {rank: buddy for rank, buddy in pairs.items() if ring.hosts[buddy] not in skipped}
     return PeerPlan(sends, {host: count for host, count in keeps.items() if count >= 1}, skipped)
+
+
+def copies_within(capacity: int | None, nbytes: int, keep: int) -> int:
+    """How many copies of ``nbytes`` a node keeps under ``capacity`` (None: ``keep``); 0: none fits."""
+    return keep if capacity is None or not nbytes else min(keep, capacity // nbytes)
 
 
 def replicate(comm: Comm, ring: Ring, plan: PeerPlan, manifest: Manifest, source: Path, tier: Tier) -> Failure | None:
@@ -128,7 +130,7 @@ def replicate(comm: Comm, ring: Ring, plan: PeerPlan, manifest: Manifest, source
     rank, step = comm.rank, manifest.step
     step_dir = tier.step_dir(step)
     senders = sorted(r for r, to in plan.sends.items() if to == rank)
-    receiving = [_Incoming(step_dir / manifest.shards[r].file, manifest.shards[r].nbytes, r) for r in senders]
+    receiving = [Incoming(step_dir / manifest.shards[r].file, manifest.shards[r].nbytes, r) for r in senders]
     problem: Failure | None = None
     try:
         reader = _open_source(source, manifest.shards[rank].nbytes) if rank in plan.sends else None
@@ -176,8 +178,9 @@ def held_bytes(tier: Tier) -> int:
     return total
 
 
-class _Incoming:
-    """One shard on its way in: its temporary file and the hash of what arrived."""
+class Incoming:
+    """One shard on its way in: its temporary file and the hash of what arrived. ``sender`` is the
+    shard's index in the manifest, whose record it is checked against."""
 
     def __init__(self, path: Path, nbytes: int, sender: int) -> None:
         self.path, self.nbytes, self.sender = path, nbytes, sender
@@ -194,7 +197,7 @@ class _Incoming:
             return  # keep receiving: the sender must not wait for a rank that gave up
         try:
             if self.fd is None:
-                self.fd = os.open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+                self.fd = os.open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
             written = 0
             while written < len(data):
                 written += os.write(self.fd, data[written:])
@@ -235,7 +238,7 @@ def _open_source(path: Path, nbytes: int):
     return open(path, "rb", buffering=0)  # closed by replicate
 
 
-def _transfer(comm: Comm, buddy: int | None, reader, nbytes: int, receiving: list[_Incoming]) -> Failure | None:
+def _transfer(comm: Comm, buddy: int | None, reader, nbytes: int, receiving: list[Incoming]) -> Failure | None:
     """Chunk by chunk: this rank's file to ``buddy`` while the senders' shards arrive. A rank
     whose disk fails keeps the exchange going (zeros out, data dropped) so that nobody hangs; the
     hashes then tell every rank."""

@@ -39,11 +39,13 @@ from pathlib import Path
 import torch
 
 from resilient_flows.checkpoint._boxes import Box
+from resilient_flows.checkpoint._buddy import send_copy
 from resilient_flows.checkpoint._comm import Comm, first_problem
 from resilient_flows.checkpoint._heartbeat import HeartbeatWriter
 from resilient_flows.checkpoint._manifest import ArrayRecord, Manifest, PieceRecord, write_manifest
-from resilient_flows.checkpoint._peer import Ring, held_bytes, plan_step, replicate
+from resilient_flows.checkpoint._peer import Ring, copies_within, held_bytes, plan_step, replicate
 from resilient_flows.checkpoint._planner import WriteItem
+from resilient_flows.checkpoint._registry import BuddyLink
 from resilient_flows.checkpoint._shardfile import (
     ShardEntry,
     ShardRecord,
@@ -54,7 +56,7 @@ from resilient_flows.checkpoint._shardfile import (
 )
 from resilient_flows.checkpoint._snapshot import HostArena, Snapshot
 from resilient_flows.checkpoint._tiers import MANIFEST, Tier, shard_filename
-from resilient_flows.errors import Failure
+from resilient_flows.errors import Failure, PeerTransferError
 
 logger = logging.getLogger(__name__)
 
@@ -152,6 +154,8 @@ class WritePipeline:
         #: Peer tiers by index, each with its bound in bytes per node (None: only ``keep``).
         self.peer_capacity = peer_capacity or {}
         self._peer_keep: dict[int, int] = {}  # copies this node keeps per peer tier, as last planned
+        #: Ranks on one node: how rank 0 reaches the buddy nodes' services (see ``_buddy``).
+        self.buddies: BuddyLink | None = None
         self.shared = tiers[-1]
         self.rank, self.world_size = comm.rank, comm.size
         self.keep = keep
@@ -426,6 +430,8 @@ class WritePipeline:
         reported and passed over too: the checkpoint is committed, and goes on to the next tier."""
         tier, ring = self.tiers[index], self.ring
         if ring is None or not ring.active or job.manifest is None:
+            if self.buddies is not None and job.manifest is not None and self.rank == 0:
+                self._send_to_buddy(job, index)
             return True
         began = time.perf_counter()
         plan = plan_step(ring, job.manifest, self.peer_capacity[index], self.keep)
@@ -450,6 +456,30 @@ class WritePipeline:
         self.stats.peer_held_bytes = held_bytes(tier)
         self._committed(job, tier)
         return True
+
+    def _send_to_buddy(self, job: WriteJob, index: int) -> None:
+        """Ranks on one node: rank 0 sends the step, committed in the nearest tier before ``index``
+        (all ranks' shards lie there, on this node), to a buddy node's service. As for a ring, a
+        copy that does not fit the bound or fails is reported and passed over."""
+        assert self.buddies is not None and job.manifest is not None and self.ring is not None
+        capacity = self.peer_capacity[index]
+        if copies_within(capacity, job.manifest.nbytes, self.keep) < 1:
+            self.stats.peer_skipped += 1
+            logger.warning("step %d: no peer copy, its shards exceed the peer tier's bound %s", job.step, capacity)
+            return
+        began = time.perf_counter()
+        step_dir = self.own_copy(index).step_dir(job.step)
+        try:
+            host = send_copy(self.buddies, self.ring.hosts[self.rank], step_dir, job.manifest, self.keep)
+        except (OSError, PeerTransferError) as exc:
+            self.stats.peer_failed += 1
+            logger.warning("step %d: no peer copy in the %s tier: %s", job.step, self.tiers[index].name, exc)
+            return
+        if host is None:  # no other node's service yet: nothing to copy to, nothing wrong
+            logger.debug("step %d: no other node to keep a peer copy", job.step)
+            return
+        self.stats.record_tier(index, job.manifest.nbytes, time.perf_counter() - began)
+        logger.debug("step %d: peer copy kept by %s", job.step, host)
 
     def _send(self, job: WriteJob, src: Path, dst: Path) -> None:
         """From the arena while it still holds this checkpoint, else (or from where a newer save

@@ -86,11 +86,15 @@ class SiteFile:
             if isinstance(e, dict) and isinstance(e.get("provider"), dict)
         }
 
-    def config(self, **overrides: Any) -> Config:
-        """A new ``parsl.Config``; ``overrides`` replace top-level ``parsl.Config`` arguments."""
+    def config(self, *, survive_node_loss: bool = False, **overrides: Any) -> Config:
+        """A new ``parsl.Config``; ``overrides`` replace top-level ``parsl.Config`` arguments.
+
+        ``survive_node_loss``: its blocks outlive a lost node even without spare nodes, for members
+        that may shrink onto the nodes left (``min_nodes``)."""
         from resilient_flows.sites._build import build_config
 
-        document = with_spares(copy.deepcopy(self.document), spare_nodes(self.document, str(self.path)))
+        spares = spare_nodes(self.document, str(self.path))
+        document = with_spares(copy.deepcopy(self.document), spares, survive=survive_node_loss)
         return build_config(document, str(self.path), **overrides)
 
 

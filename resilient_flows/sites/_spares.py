@@ -5,6 +5,8 @@ system does not end it when a node dies (Slurm's ``--no-kill``; PBS Pro's
 ``tolerate_node_failures``). Members plan with ``facts.nodes`` only; when a node of a member dies,
 its retry restarts at once on a node of the same block that is still alive (see
 :mod:`resilient_flows.training._lostnodes`), and a new block is needed only once the spares ran out.
+A run whose members may shrink (``min_nodes``) has its blocks outlive a node without spares too:
+such a member goes on, at once, on the nodes left.
 """
 
 from __future__ import annotations
@@ -28,10 +30,10 @@ def spare_nodes(document: dict[str, Any], where: str) -> int:
     return count(raw, "spare_nodes", where, least=0)
 
 
-def with_spares(document: dict[str, Any], spares: int) -> dict[str, Any]:
+def with_spares(document: dict[str, Any], spares: int, survive: bool = False) -> dict[str, Any]:
     """The site ``document`` whose providers ask for ``spares`` more nodes per block, in blocks that
-    outlive a node; the same document when ``spares`` is 0."""
-    if spares <= 0:
+    outlive a node (also without spares where ``survive``); the same document when there is neither."""
+    if spares <= 0 and not survive:
         return document
     document = copy.deepcopy(document)
     for executor in document.get("executors") or []:

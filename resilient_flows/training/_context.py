@@ -21,6 +21,7 @@ import torch
 from resilient_flows.checkpoint import Checkpointer, TrainState
 from resilient_flows.errors import Preempted, ResilientFlowsError
 from resilient_flows.rundir import EventLog, MetricsLog, member_layout
+from resilient_flows.training._buddyservice import buddy_link
 from resilient_flows.training._contract import (
     member_tiers,
     node_local_dir,
@@ -247,6 +248,9 @@ class TrainContext:
     def _checkpointer(self, comm: Any) -> Checkpointer:
         ck, spec = self.spec.checkpoint, self.spec
         peer = node_peer_dir(spec)
+        buddies = None
+        if peer is not None and spec.nodes == 1:  # no ring over its own nodes: buddies on other nodes
+            buddies = buddy_link(self.run_dir, spec.name, Path(peer), peer_capacity(spec))
         tiers = member_tiers(
             self.layout.checkpoints,
             node_local_dir(spec),
@@ -254,15 +258,21 @@ class TrainContext:
             ck.local_every,
             ck.persist_every,
             peer=None if peer is None else (peer, peer_capacity(spec)),
+            buddies=buddies,
         )
         return Checkpointer(tiers=tiers, keep=ck.keep, comm=comm if self.group is None else self.group)
 
-    def _hosts(self) -> dict[str, list[str]]:
+    def _hosts(self) -> dict[str, Any]:
         """Every rank's host, in rank order, for a member of several ranks: where it really ran
-        (which nodes a multi-node member spanned) is then in its ``started`` event."""
-        if self.distributed is None:
-            return {}
-        return {"hosts": self.checkpointer.comm.allgather(socket.gethostname())}
+        (which nodes a multi-node member spanned) is then in its ``started`` event; and, for a
+        member on several nodes or one that may shrink, the nodes this attempt runs on (fewer
+        than it spans after a shrink)."""
+        where: dict[str, Any] = {}
+        if self.distributed is not None:
+            where["hosts"] = self.checkpointer.comm.allgather(socket.gethostname())
+        if self.spec.nodes > 1 or self.spec.min_nodes is not None:
+            where["nodes"] = self.spec.nodes
+        return where
 
     def _pool_lost(self, reason: str) -> None:
         """The attempt's worker pool is gone (said from the heartbeat's thread): its end is the

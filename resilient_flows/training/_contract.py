@@ -207,18 +207,20 @@ def member_tiers(
     local_every: int = 1,
     shared_every: int = 1,
     peer: tuple[str | os.PathLike, int | None] | None = None,
+    buddies: Any = None,
 ) -> list[Any]:
     """A member's tiers as :class:`~resilient_flows.checkpoint.TierSpec`, fastest first, named as
     workflows name them (``memory``, ``local``, ``peer``, ``shared``); the first takes every
     checkpoint, the peer tier every one that reached the tier before it. ``peer`` is the peer
-    tier's directory and bound per node, left out without a node-local tier before it."""
+    tier's directory and bound per node, left out without a node-local tier before it;
+    ``buddies`` how a member on one node reaches other nodes' services for it (a ``BuddyLink``)."""
     from resilient_flows.checkpoint import TierSpec  # imports torch: only where the member runs
 
     tiers = [TierSpec(memory, name="memory")] if memory is not None else []
     if local is not None:
         tiers.append(TierSpec(local, persist_every=local_every if tiers else 1, name="local"))
     if peer is not None and tiers:
-        tiers.append(TierSpec(peer[0], name="peer", peer=True, capacity=peer[1]))
+        tiers.append(TierSpec(peer[0], name="peer", peer=True, capacity=peer[1], buddies=buddies))
     return [*tiers, TierSpec(shared, persist_every=shared_every if tiers else 1, name="shared")]
 
 

@@ -97,6 +97,9 @@ class MemberSpec:
     with another rank count needs no other change. ``nodes`` spreads the ranks evenly over that
     many nodes (``ranks`` is the total, a multiple of ``nodes``), started by ``srun`` in a Slurm
     block; ``network_interface`` is the site's interface between nodes (``GLOO_SOCKET_IFNAME``).
+    ``min_nodes`` (None: ``nodes``) is the fewest nodes it may shrink to when its block lost some:
+    an attempt there runs at once on the nodes left, ``ranks_per_node`` on each (see
+    :mod:`resilient_flows.training._shrink`), rather than waiting for a new block.
 
     ``family`` is the workflow entry it was expanded from (a ``count``/``seeds``/``grid`` member, a
     campaign; clones inherit their source's): views of large runs group members by it.
@@ -125,6 +128,7 @@ class MemberSpec:
     ranks: int = 1
     parallel: str = "ddp"
     nodes: int = 1
+    min_nodes: int | None = None
     network_interface: str | None = None
     parent: ParentSpec | None = None
     inputs: dict[str, str] = field(default_factory=dict)
@@ -142,6 +146,12 @@ class MemberSpec:
             raise WorkflowError(
                 f"member {self.name!r}: ranks ({self.ranks}, the total) must be a multiple of nodes ({self.nodes})"
             )
+        if self.min_nodes is not None and (
+            not isinstance(self.min_nodes, int) or not 1 <= self.min_nodes <= self.nodes
+        ):
+            raise WorkflowError(
+                f"member {self.name!r}: min_nodes must be between 1 and nodes ({self.nodes}), got {self.min_nodes!r}"
+            )
         if self.parallel not in PARALLEL_MODES:
             raise WorkflowError(
                 f"member {self.name!r}: parallel must be one of {', '.join(PARALLEL_MODES)}, got {self.parallel!r}"
@@ -153,8 +163,11 @@ class MemberSpec:
 
     def with_ranks(self, ranks: int) -> MemberSpec:
         """This member on ``ranks`` ranks (a resume or clone of another size), on as many of its
-        nodes as still take an equal share of them: 4 ranks on 2 nodes resized to 3 run on one."""
-        return replace(self, ranks=ranks, nodes=math.gcd(self.nodes, ranks))
+        nodes as still take an equal share of them: 4 ranks on 2 nodes resized to 3 run on one.
+        ``min_nodes`` stays, down to the new node count."""
+        nodes = math.gcd(self.nodes, ranks)
+        least = None if self.min_nodes is None else min(self.min_nodes, nodes)
+        return replace(self, ranks=ranks, nodes=nodes, min_nodes=least)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -294,17 +294,21 @@ def _site_config(
     monitor_as: str | None = None,
     token: str | None = None,
     workloads: tuple[str, ...] = (),
+    shrinkable: bool = False,
 ) -> Config:
     """The site's Parsl configuration for this run, with our retry handler (its blocks' error
     handler tolerates lost blocks: see :func:`~resilient_flows.sites._build.build_config`), blocks
     that carry the runner's ``token``, where given (what is left of them is found by it: see
     :mod:`resilient_flows.workflow._stragglers`) and, where ``monitor_as`` names the workflow,
     Parsl's monitoring into the run's database (see :mod:`resilient_flows.workflow._monitoring`).
-    Warm worker pools preload the ``workloads`` (``module:function``) as well."""
+    Warm worker pools preload the ``workloads`` (``module:function``) as well. Where a member is
+    ``shrinkable`` (``min_nodes`` below its ``nodes``), blocks outlive a lost node, spares or not."""
     handler = ResumingRetryHandler(retries, free_without_progress=free_stops, on_block_lost=_retire_lost_block)
     layout = run_layout(run_dir)
     extra = {} if monitor_as is None else {"monitoring": monitoring_hub(layout.monitoring_db, monitor_as)}
-    config = site.config(run_dir=str(layout.parsl), retries=retries, retry_handler=handler, **extra)
+    config = site.config(
+        survive_node_loss=shrinkable, run_dir=str(layout.parsl), retries=retries, retry_handler=handler, **extra
+    )
     if token is not None:
         carry_token(config, token)
     modules = [w.partition(":")[0] for w in workloads if ":" in w]
@@ -534,6 +538,7 @@ class _RunLoop:
             workflow.name if workflow.monitoring else None,
             token=self.ledger.token,
             workloads=tuple(sorted({m.workload for m in plan.members})),
+            shrinkable=any(m.min_nodes is not None and m.min_nodes < m.nodes for m in plan.members),
         )
         self.config = self.site_config()
         executors = self.config.executors

@@ -59,6 +59,8 @@ class MemberStatus:
     for runs that did not record it); ``timeline`` holds its :data:`TIMELINE_KINDS` events as
     (time, kind), ``since`` the time of its first event. ``notes``: what the member warned of
     that its user should act on (training without checkpoints), by kind, until it no longer holds.
+    ``nodes``: how many nodes its latest attempt ran on, for a member on several nodes or one that
+    may shrink (None: not said), fewer than it spans after it shrank onto the nodes its block had left.
     """
 
     name: str
@@ -75,6 +77,7 @@ class MemberStatus:
     timeline: list[tuple[float, str]] = field(default_factory=list)
     since: float | None = None
     notes: dict[str, str] = field(default_factory=dict)
+    nodes: int | None = None
     _result_due: bool = field(default=True, init=False, repr=False, compare=False)
 
     @property
@@ -105,6 +108,7 @@ class MemberStatus:
         self.state = _STATE_AFTER.get(kind, self.state)
         if kind == "started":
             self.attempts = max(self.attempts, int(event.get("attempt") or 1))
+            self.nodes = event.get("nodes") if isinstance(event.get("nodes"), int) else self.nodes
         elif kind in ("checkpointed", "resumed", "preempted"):
             self.checkpoint = max(self.checkpoint or -1, int(event["step"]))
         elif kind == "failed" and not free_stop(event):

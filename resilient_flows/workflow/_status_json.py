@@ -20,7 +20,7 @@ STATUS_VERSION = 1
 
 def member_document(status: MemberStatus) -> dict[str, Any]:
     """One member as ``status`` shows it; ``steps_done`` counts the steps its newest metrics line
-    says it trained (0 before any)."""
+    says it trained (0 before any); ``nodes`` the nodes its latest attempt ran on (None: not said)."""
     accuracy = None if status.result is None else status.result.get("test_accuracy")
     return {
         "name": status.name,
@@ -33,6 +33,7 @@ def member_document(status: MemberStatus) -> dict[str, Any]:
         "attempts": status.attempts,
         "failures": status.failures,
         "preemptions": status.preemptions,
+        "nodes": status.nodes,
         "errors": list(status.errors),
         "notes": list(status.notes.values()),
         "test_accuracy": accuracy if isinstance(accuracy, (int, float)) and not isinstance(accuracy, bool) else None,

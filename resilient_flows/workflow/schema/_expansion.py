@@ -170,6 +170,7 @@ class SpecBuilder:
             threads=member.threads,
             ranks=member.ranks,
             nodes=member.nodes,
+            min_nodes=member.min_nodes,
             network_interface=self.network_interface,
             parallel=member.parallel,
             inputs={stage: stage_output(stage) for stage in member.after},

@@ -116,6 +116,9 @@ class MemberConfig(_Section):
     them: ``ddp`` (replicated, gradients averaged; the default) or ``fsdp`` (FSDP2, sharded).
     ``nodes`` spreads them over that many nodes of a Slurm block (``srun``); ``ranks`` stays the
     total, a multiple of ``nodes``, and is one per node when only ``nodes`` is given.
+    ``min_nodes`` lets it shrink: when its block lost nodes and has fewer than ``nodes`` but at
+    least ``min_nodes`` left, the retry runs at once on those, as many ranks per node, restoring its
+    checkpoint resharded, instead of waiting for a new block.
 
     ``command`` (an argv list, or a string split like a shell would) runs a program instead of a
     ``workload``; ``{param}`` in it is filled from each member's params (and ``{name}``,
@@ -135,6 +138,7 @@ class MemberConfig(_Section):
     evaluate: str | None = None
     ranks: int = 1
     nodes: Annotated[int, Field(ge=1)] = 1
+    min_nodes: int | None = None  # None: it never shrinks
     parallel: Literal[PARALLEL_MODES] = "ddp"
     threads: Annotated[int, Field(ge=1)] = 1
     checkpoint: CheckpointConfig | None = None  # None: the workflow's
@@ -200,6 +204,11 @@ class MemberConfig(_Section):
             raise ValueError(
                 f"member {self.name!r}: ranks ({self.ranks}, the total) must be a multiple of nodes ({self.nodes})"
             )
+        if self.min_nodes is not None and not 1 <= self.min_nodes <= self.nodes:
+            raise ValueError(
+                f"member {self.name!r}: min_nodes ({self.min_nodes}) must be between 1 and nodes ({self.nodes}): "
+                "the fewest nodes it may shrink to after a node loss"
+            )
         if self.seeds is not None and self.count is not None:
             raise ValueError("give 'seeds' or 'count', not both")
         if self.grid is not None and any(not values for values in self.grid.values()):
@@ -213,7 +222,11 @@ class MemberConfig(_Section):
         defaults included, and must validate again when ``status`` or ``resume`` reads it.
         """
         fields = type(self).model_fields
-        return [key for key in ("evaluate", "parallel", "ranks", "nodes") if getattr(self, key) != fields[key].default]
+        return [
+            key
+            for key in ("evaluate", "parallel", "ranks", "nodes", "min_nodes")
+            if getattr(self, key) != fields[key].default
+        ]
 
 
 class StageConfig(_Section):
