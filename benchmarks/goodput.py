@@ -1,6 +1,6 @@
 """Goodput: the time one fault costs a training member, split into where it goes, per kind of fault.
 
-A member of fixed pace (:func:`paced`: a tiny model, ``step_s`` of sleep per step, a checkpoint
+A member of fixed pace (``goodput_member:paced``: a tiny model, ``step_s`` of sleep per step, a checkpoint
 every ``interval`` steps, so that the figures are about recovery and not the interval) runs
 through the real ``resilient-flows`` command, once without faults and once per kind of fault,
 struck from outside every ``period`` seconds (15 s) while it trains. A fault strikes only once the
@@ -16,8 +16,12 @@ kinds (local site; chaos.py's injectors where it has one):
 ``manager-kill``  SIGKILL of the pool's multiprocessing manager process;
 ``preempt``       the member asked to stop through its control file (the runner's preempt path),
                   then requeued by the retry handler;
-``node-loss``     ``--cluster``: the node of the member's block crashes on the emulated 3-node
-                  Slurm cluster (``.ci/slurm-up --nodes 3``, chaos.py's ``--slurm-nodes``).
+``node-loss``     ``--cluster``: on the emulated 3-node Slurm cluster (``.ci/slurm-up --nodes 3``),
+                  where the member spans two nodes (DDP, tiers [local, peer, shared]), the node
+                  of its rank 1 crashes (``.ci/slurm-node down``: every process there SIGKILLed,
+                  its node-local scratch gone) once its attempt committed two checkpoints; it
+                  boots again after the run or 45 s. ``--spare-nodes 1``: the block holds a
+                  third node, on which the member restarts with its survivor, inside the block.
 
 The **cost of one fault** is (the faulted member's wall time - the fault-free member's) / faults,
 a member's wall time counted from its first ``started`` event to its ``finished`` one (the
@@ -29,16 +33,19 @@ checkpoint waits). **Goodput at one fault a minute** is 1 - cost / 60 s. Figures
 (and p95) over rounds; each round runs the fault-free member and every kind side by side.
 
 Checks: every faulted member's digest equals the fault-free one's (bit for bit), and no retry
-was charged (the ``cost`` of the ``failed`` events is 0). Targets (issue 34): a member process
-SIGKILLed every 15 s costs <= 1.5 s per fault on a quiet machine; with ``--cluster`` and a spare
-node, a node loss trains again <= 10 s after the kill. ``--spare-nodes N`` writes ``facts.spare_nodes:
-N`` into the run's copy of the site (said so when this commit's sites do not know the option).
+was charged (the ``cost`` of the ``failed`` events is 0); after a node loss, the restore read no
+byte from the shared tier (the lost shards come from the buddy's peer copy) and, with a spare
+node, no block beyond the first was started. Targets: a member process SIGKILLed every 15 s
+costs <= 1.5 s per fault on a quiet machine; with ``--cluster`` and a spare node, a node loss
+trains again <= 10 s after the kill. ``--spare-nodes N`` writes ``facts.spare_nodes: N`` into the
+run's copy of the site (said so when this commit's sites do not know the option).
 
 ``python benchmarks/goodput.py [--quick | --full] [--cluster] [--spare-nodes N] [--kinds K,K]
 [--rounds N] [--period S] [--json PATH] [--dir DIR]``; ``--quick`` (member-kill only, one round)
 takes about two minutes on a 2-core machine (each run's runner start is half of it), the
 default (every local kind, two rounds) 15 to 40, as loaded as the machine is; ``--cluster``
-(member kill and one node loss per run; ``--quick``: node loss only) about seven a round.
+(member kill and one node loss per run; ``--quick``: node loss only, one round) about three
+minutes a round and half a minute to start the cluster.
 """
 
 from __future__ import annotations
@@ -55,8 +62,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-import torch
 
 BENCH_DIR = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH_DIR))
@@ -91,36 +96,25 @@ MODES = {
     "default": Mode(kinds=LOCAL_KINDS, rounds=2, steps=350),
     "full": Mode(kinds=LOCAL_KINDS, rounds=5, steps=950),
 }
-#: On the emulated cluster a lost node costs a new block (about a minute): one loss per run, so
-#: that the member trains between losses (struck again 2 s after each restart, it would crawl).
-CLUSTER_STEPS = {"quick": 700, "default": 700, "full": 1200}
+#: On the emulated cluster a lost node without a spare costs a new block (about a minute): one
+#: loss per run, so that the member trains between losses (struck again 2 s after each restart,
+#: it would crawl).
+CLUSTER_STEPS = {"quick": 300, "default": 450, "full": 900}
 MAX_FAULTS = {"node-loss": 1}
 
 
-def paced(ctx: Any) -> dict[str, Any]:
-    """``goodput:paced``: a tiny linear model whose every step ends with ``step_s`` of sleep: a
-    member of known pace whatever the machine's load, deterministic (its random draws come from
-    torch's generator, which a checkpoint restores) so that a faulted run's digest must equal
-    the fault-free one's."""
-    torch.manual_seed(ctx.seed)
-    model = torch.nn.Linear(8, 1)
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    ctx.track(model=model, optimizer=opt)
-    for step in ctx.steps(ctx.params["steps"]):
-        x = torch.randn(16, 8)
-        loss = (model(x) - x.sum(1, keepdim=True)).square().mean()
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        time.sleep(float(ctx.params["step_s"]))
-        ctx.log(step, loss=loss)
-    return ctx.result(model)
-
-
-def config_of(mode: Mode, steps: int) -> chaos.Config:
-    """chaos.py's configuration of one paced member: its workflow, and what its injectors read."""
+def config_of(mode: Mode, steps: int, spanning: bool) -> chaos.Config:
+    """chaos.py's configuration of one paced member: its workflow, and what its injectors read.
+    ``spanning``: the member spans two nodes with a peer tier (chaos.py's ``--peer`` member)."""
     params = {"steps": steps, "step_s": mode.step_s}
-    return chaos.Config(members=1, steps=steps, interval=mode.interval, params=params, workload="goodput:paced")
+    return chaos.Config(
+        members=1,
+        steps=steps,
+        interval=mode.interval,
+        params=params,
+        workload="goodput_member:paced",
+        peer_members=int(spanning),
+    )
 
 
 # ---------------------------------------------------------------------- the injector
@@ -175,7 +169,7 @@ class Periodic(chaos.Chaos):
         if self.kind in CHAOS_KIND:
             return getattr(self, "_" + CHAOS_KIND[self.kind].replace("-", "_"))(fault, self.rng)
         if self.kind == "node-loss":
-            return self._node_loss(fault, self.rng)
+            return self._rank_one_node_loss(fault) if self.config.peer_members else self._node_loss(fault, self.rng)
         running = chaos.running_members(self.run_dir)
         if not running:
             return False
@@ -191,6 +185,18 @@ class Periodic(chaos.Chaos):
         self._begin(fault, {name: attempt}, f"{name} asked to stop (control file)")
         request_preemption(self.run_dir, name, "goodput benchmark")
         return True
+
+    def _rank_one_node_loss(self, fault: chaos.Fault) -> bool:
+        """The node of rank 1 of the member spanning nodes, once its attempt committed
+        :data:`chaos.PEER_CHECKPOINTS` checkpoints (its buddy holds copies of them): a node that a
+        spare can replace inside the block (rank 0's also runs the block's worker pool)."""
+        targets = self._spanning(lambda a: a.checkpoints >= chaos.PEER_CHECKPOINTS)
+        if not targets or not self._claim((targets[0].hosts[1],)):
+            return False
+        target, node = targets[0], targets[0].hosts[1]
+        hit, doomed = self._struck_on((node,), self.watcher.look(), chaos.slurm_job_of(target.proc.pid))
+        self._begin(fault, hit, f"node {node} of {target.member} (rank 1's)", doomed)
+        return self._crash(fault, (node,))
 
 
 # ---------------------------------------------------------------------- one run
@@ -209,6 +215,20 @@ class Measured:
     step_s: float
     charged: float  # retries charged: the ``cost`` of every ``failed`` event of the run
     timed_out: bool
+    blocks: int = 1  # blocks the run started (``block_started`` events)
+    shared_bytes: int = 0  # bytes its restores read from the shared tier (``resumed`` events)
+
+
+def shared_bytes(events: list[dict[str, Any]]) -> int:
+    """Bytes the run's restores read from the shared tier (``bytes_from`` of ``resumed`` events:
+    ``shared``, or ``shared on HOST``)."""
+    return sum(
+        int(count)
+        for e in events
+        if e["kind"] == "resumed"
+        for source, count in (e.get("bytes_from") or {}).items()
+        if source.split(" on ")[0] == "shared"
+    )
 
 
 def member_wall_s(data: chaos.RunData) -> float:
@@ -222,7 +242,7 @@ def measure(
     kind: str | None, mode: Mode, steps: int, work: Path, site: str, period_s: float, site_file: Path | None
 ) -> Measured:
     """The member run once (``kind`` None: without faults) in its own directory under ``work``."""
-    config = config_of(mode, steps)
+    config = config_of(mode, steps, spanning=site == "local-slurm-nodes")
     label = kind or "fault-free"
     directory = work / label
     directory.mkdir(parents=True)
@@ -273,6 +293,8 @@ def measure(
         step_s,
         sum(e["cost"] for e in data.events if e["kind"] == "failed" and isinstance(e.get("cost"), int | float)),
         execution.timed_out,
+        sum(e["kind"] == "block_started" for e in data.events),
+        shared_bytes(data.events),
     )
 
 
@@ -385,7 +407,7 @@ def main(argv: list[str] | None = None) -> int:
             "spare_nodes": args.spare_nodes,
             "remarks": [remark] if remark else [],
         }
-        rows, checks = rows_of(rounds, spares=bool(site_file))
+        rows, checks = rows_of(rounds, spares=site_file is not None and args.spare_nodes > 0)
         print_report(out, meta, rows, checks)
         if args.json:
             write_document(args.json, meta, rows, checks, rounds)

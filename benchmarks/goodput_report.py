@@ -52,7 +52,21 @@ def rows_of(rounds: Sequence[Sequence[Any]], spares: bool) -> tuple[dict[str, di
     checks["struck"] = _check("runs in which no fault struck", len(missed), "= 0", not missed)
     timed_out = sum(m.timed_out for measured in rounds for m in measured)
     checks["timeouts"] = _check("runs killed at their timeout", timed_out, "= 0", timed_out == 0)
+    checks.update(_node_loss_checks([m for measured in rounds for m in measured if m.kind == "node-loss"], spares))
     return rows, checks
+
+
+def _node_loss_checks(runs: Sequence[Any], spares: bool) -> dict[str, Any]:
+    """After a lost node the restore reads nothing from the shared tier (the buddies' peer copies
+    serve it), and with a spare node the member restarts inside its block: no block after the first."""
+    if not runs:
+        return {}
+    read = sum(m.shared_bytes for m in runs)
+    checks = {"shared_bytes": _check("node loss: bytes read from the shared tier", read, "= 0", read == 0)}
+    if spares:
+        extra = sum(max(0, m.blocks - 1) for m in runs)
+        checks["blocks"] = _check("node loss with a spare: blocks started after the first", extra, "= 0", extra == 0)
+    return checks
 
 
 def _check(label: str, value: float, target: str, holds: bool) -> dict[str, Any]:

@@ -18,7 +18,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def _load(name: str) -> ModuleType:
-    """A benchmark module by its file's name: workers import ``goodput:paced`` by that name."""
+    """A benchmark module by its file's name: workers import its members (``goodput_member:paced``) by name."""
     if name in sys.modules:
         return sys.modules[name]
     spec = importlib.util.spec_from_file_location(name, REPO / "benchmarks" / f"{name}.py")
@@ -172,3 +172,27 @@ def test_a_member_killed_through_the_command_ends_with_the_fault_free_weights(tm
     assert all(s.detected_by == "failed" and s.training_again_s is not None for s in run.splits), [
         json.dumps(s.__dict__) for s in run.splits
     ]
+
+
+def test_a_node_loss_must_read_nothing_from_the_shared_tier_and_with_a_spare_start_no_block() -> None:
+    def lost(blocks: int, shared_bytes: int) -> object:
+        run = measured("node-loss", 40.0, 1)
+        return goodput.Measured(**{**run.__dict__, "blocks": blocks, "shared_bytes": shared_bytes})
+
+    rounds = [[measured("fault-free", 30.0, 0), lost(1, 0)], [measured("fault-free", 30.0, 0), lost(2, 4096)]]
+    _, checks = goodput_report.rows_of(rounds, spares=True)
+    assert (checks["shared_bytes"]["result"], checks["shared_bytes"]["value"]) == ("FAIL", 4096)
+    assert (checks["blocks"]["result"], checks["blocks"]["value"]) == ("FAIL", 1)
+    _, checks = goodput_report.rows_of(rounds[:1], spares=False)
+    assert checks["shared_bytes"]["result"] == "PASS" and "blocks" not in checks
+    _, checks = goodput_report.rows_of([[measured("fault-free", 30.0, 0), measured("member-kill", 31.0, 1)]], True)
+    assert "shared_bytes" not in checks and "blocks" not in checks
+
+
+def test_shared_bytes_count_every_restore_from_the_shared_tier_on_any_node() -> None:
+    events = [
+        {"kind": "resumed", "bytes_from": {"local on n1": 10, "peer on n1": 20}},
+        {"kind": "resumed", "bytes_from": {"shared": 5, "shared on n3": 7}},
+        {"kind": "started"},
+    ]
+    assert goodput.shared_bytes(events) == 12

@@ -596,8 +596,9 @@ def test_slurm_member_that_lost_a_node_restarts_on_a_spare_node_of_its_block(
 
 @contextlib.contextmanager
 def _crashing(runner: subprocess.Popen, env: dict[str, str]) -> Iterator[list[str]]:
-    """The nodes a test crashes go into the list this yields: however the test ends, the runner is
-    killed, the run's blocks cancelled and the nodes still down booted again."""
+    """The nodes a test crashes (or stops) go into the list this yields: however the test ends, the
+    runner is killed, the run's blocks cancelled and the nodes still down (or stopped) crashed
+    for good and booted again."""
     down: list[str] = []
     try:
         yield down
@@ -605,6 +606,7 @@ def _crashing(runner: subprocess.Popen, env: dict[str, str]) -> Iterator[list[st
         runner.kill()
         cancel_all(name_prefix=f"parsl.{SITE}.block-", env=env)
         for node in down:
+            _slurm_node("down", node, env)
             _slurm_node("up", node, env)
 
 
@@ -626,6 +628,39 @@ def _start_node_loss_run(
 def _metrics(run_dir: Path) -> list[dict]:
     path = run_dir / "members/ddp/metrics.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+@pytest.mark.slow
+@pytest.mark.slurm
+@pytest.mark.timeout(420)
+def test_slurm_member_whose_rank_1_node_falls_silent_restarts_on_the_spare_of_its_block(
+    two_node_run: Path, cluster: dict[str, str], tmp_path: Path
+) -> None:
+    """Every process of rank 1's node stopped (SIGSTOP): no connection closes and its slurmd's port
+    still accepts; only the surviving rank's keepalive can tell, in seconds (not torch's 30-minute
+    timeout). It exits 76, the watcher records the node lost and ends the step; the retry, free,
+    restarts in the block on the survivor and the spare, to the uninterrupted run's weights."""
+    run_dir, env, runner = _start_node_loss_run(cluster, tmp_path)
+    with _crashing(runner, env) as down:
+        _wait_for(f"step {LOSE_AFTER}", lambda: max(loss_curve(run_dir, "ddp"), default=-1) >= LOSE_AFTER, 180)
+        (first,) = [e for e in _events(run_dir) if e["kind"] == "started"]
+        survivor, silent = first["hosts"]
+        down.append(silent)
+        _slurm_node("stop", silent, env)
+        out, err = runner.communicate(timeout=300)
+    events = _events(run_dir)
+    assert runner.returncode == 0, (out[-2000:], err[-3000:], events)
+    (spare,) = set(cluster["RESILIENT_FLOWS_TEST_NODES"].split()) - {survivor, silent}
+    (block,) = [e for e in events if e["kind"] == "block_started"]
+    (failed,) = [e for e in events if e["kind"] == "failed"]
+    assert (failed["cost"], failed["failure_kind"]) == (0.0, "infrastructure"), failed
+    assert f"the node {silent} of the next rank went silent" in failed["cause"], failed
+    assert f"node(s) {silent} lost, 2 left in its block" in failed["cause"], failed
+    second = [e for e in events if e["kind"] == "started"][1]
+    assert str(second["block"]) == str(block["block"]) and second["hosts"] == [survivor, spare], second
+    lost = json.loads((run_dir / "blocks" / block["job_id"] / "lost-nodes.json").read_text())["nodes"]
+    assert lost == [silent]
+    _assert_same_weights(run_dir, two_node_run)
 
 
 @pytest.mark.slow

@@ -36,6 +36,7 @@ from resilient_flows.training._faults import record_pool_lost
 from resilient_flows.training._fork import CloneStart
 from resilient_flows.training._heartbeat import Heartbeat
 from resilient_flows.training._parallel import join_member_ranks, wrap_model
+from resilient_flows.training._peerwatch import PeerWatch, watch_peers
 from resilient_flows.training._spec import MemberSpec
 from resilient_flows.training._walltime import current_block, drain_in_s
 from resilient_flows.training.boundary import Cadence, CheckpointSaver, CommRanks, StepRuntime, member_events
@@ -88,7 +89,11 @@ class TrainContext:
         self.distributed = join_member_ranks(spec, comm)
         self.group = None if self.distributed is None else self.distributed.group
         self.device = torch.device("cpu") if self.distributed is None else self.distributed.device
+        self._peers: PeerWatch | None = None
         try:
+            if self.distributed is not None and spec.nodes > 1:  # a peer's node may fall silent
+                info = self.distributed
+                self._peers = watch_peers(info.group, info.rank, info.world_size, self.directory)
             self.checkpointer = self._checkpointer(comm)
         except BaseException:
             self._leave_ranks()
@@ -288,6 +293,9 @@ class TrainContext:
         self.runtime.stop_orphaned(reason)
 
     def _leave_ranks(self) -> None:
+        if self._peers is not None:
+            self._peers.stop()
+            self._peers = None
         if self.distributed is not None:
             self.distributed = None
             shutdown_process_group()

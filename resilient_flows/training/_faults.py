@@ -75,6 +75,29 @@ def record_fault(directory: Path, rank: int | None, exc: BaseException) -> None:
         )
 
 
+def record_silent_peer(directory: Path, rank: int | None, host: str, reason: str) -> None:
+    """Record that the node ``host`` of a peer rank stopped answering (see
+    :mod:`resilient_flows.training._peerwatch`): a ``peer-lost`` fault whose ``silent_hosts`` the
+    node watcher records as lost. A record of the attempt's failure already there wins. Never raises."""
+    layout = TaskLayout(directory)
+    with contextlib.suppress(OSError, ValueError):
+        attempt = layout.read_attempts()
+        if attempt_fault(directory, attempt) is not None:
+            return
+        layout.write_fault(
+            {
+                "attempt": attempt,
+                "kind": PEER_LOST,
+                "rank": rank,
+                "host": socket.gethostname(),
+                "block": current_block(),
+                "reason": reason[:400],
+                "silent_hosts": [host],
+                "time": round(time.time(), 3),
+            }
+        )
+
+
 def record_pool_lost(directory: Path, reason: str) -> None:
     """Record that the attempt's worker pool is gone (the attempt stops, and its end is the
     machine's fault whatever error it then reports). Never raises."""

@@ -4,9 +4,10 @@
 launch (``srun ...``, PALS's ``mpiexec ...``) and exits with its status. When a node of the step
 dies, the launcher learns it only once the batch system declares the node down (Slurm: after
 ``SlurmdTimeout``, tens of seconds), but the surviving ranks see their peer's connection reset at
-once and record a ``peer-lost`` fault (:mod:`resilient_flows.training._faults`). On that record,
-or on the launch failing, this probes the block's nodes (:func:`~._lostnodes.dead_hosts`): the
-dead ones are recorded for the block (:mod:`~._lostnodes`), the fault record says which nodes were
+once, or its node fall silent within seconds (:mod:`~._peerwatch`), and record a ``peer-lost``
+fault (:mod:`resilient_flows.training._faults`). On that record, or on the launch failing, this
+probes the block's nodes (:func:`~._lostnodes.dead_hosts`): the dead ones, and those a rank found
+silent, are recorded for the block (:mod:`~._lostnodes`), the fault record says which nodes were
 lost and how many the block has left, and the launch is killed without waiting for the batch
 system, so the retry starts on a spare node within seconds. The retry handler reads that fault
 record: a block with nodes enough left is kept, not retired (see
@@ -83,6 +84,7 @@ def _record_deaths(member: Path, run_dir: str, needed: int, fault: dict[str, Any
     env = os.environ
     hosts = job_hosts(env)
     dead = dead_hosts(hosts, probe_port(env))
+    dead += [h for h in silent_hosts(fault) if h in hosts and h not in dead]
     if not dead:
         return False
     lost = record_lost(run_dir, env, dead)
@@ -93,6 +95,13 @@ def _record_deaths(member: Path, run_dir: str, needed: int, fault: dict[str, Any
     layout.write_fault(record)
     print(f"nodewatch: node(s) {', '.join(dead)} of block {current_block()} lost; {left} left", file=sys.stderr)
     return True
+
+
+def silent_hosts(fault: dict[str, Any] | None) -> list[str]:
+    """The nodes a rank found silent (:mod:`resilient_flows.training._peerwatch`): lost, though a
+    stopped node's kernel still accepts the probe's connection."""
+    named = fault.get("silent_hosts") if isinstance(fault, dict) else None
+    return [str(h) for h in named] if isinstance(named, list) else []
 
 
 def _fault_of_launch(layout: TaskLayout, dead: list[str]) -> dict[str, Any]:

@@ -27,13 +27,16 @@ from resilient_flows.rundir import read_json
 from resilient_flows.training._contract import EXIT_PEER_LOST, EXIT_PREEMPTED
 from resilient_flows.training._control import member_dir
 from resilient_flows.training._faults import peer_gone, record_fault
+from resilient_flows.training._peerwatch import prestart_helper
 
 
 def main(argv: list[str] | None = None) -> int:
     spec_path, run_dir = argv if argv is not None else sys.argv[1:]
+    spec = read_json(Path(spec_path), DOCUMENT_CAP, "member spec")  # any path: the launcher names it
+    if int(spec.get("nodes") or 1) > 1:  # its keepalive's helper starts beside the imports
+        prestart_helper()
     from resilient_flows.training._run import run_member
 
-    spec = read_json(Path(spec_path), DOCUMENT_CAP, "member spec")  # any path: the launcher names it
     try:
         run_member(spec, run_dir, comm=_world())
     except Preempted as exc:
