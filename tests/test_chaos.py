@@ -127,6 +127,80 @@ def test_every_attempt_a_fault_ended_is_charged_to_it_even_one_started_after_it(
 
 
 @pytest.mark.timeout(10)
+def test_a_recovery_counts_no_wait_for_a_worker_that_other_members_held() -> None:
+    """Two workers, three members. a's worker is killed at 110; the replaced worker takes c, which
+    never started, and a waits until b finishes at 130: of its restart, the 0.5 s before c started
+    and the 0.2 s after b finished count, the 19 s that b and c held both workers do not. When the
+    pool is killed with both workers, nothing else holds them: the whole wait counts."""
+    kill = chaos.Fault("worker-kill", 0, time=110.0, hit={"a": 1}, running={"a": 1, "b": 1}, doomed=frozenset({11}))
+    pool = chaos.Fault("pool-kill", 1, time=200.0, hit={"a": 2, "c": 1}, running={"a": 2, "c": 1})
+    events = [
+        started("a", 1, 100.0, 11),
+        started("b", 1, 100.0, 12),
+        {"time": 110.5, "kind": "failed", "member": "a", "attempt": 1, "cost": 0.0},
+        started("c", 1, 111.0, 13),
+        {"time": 130.0, "kind": "finished", "member": "b", "attempt": 1},
+        started("a", 2, 130.2, 12),
+        {"time": 130.4, "kind": "resumed", "member": "a", "attempt": 2, "step": 10},
+        {"time": 200.5, "kind": "failed", "member": "a", "attempt": 2, "cost": 0.0},
+        {"time": 200.6, "kind": "failed", "member": "c", "attempt": 1, "cost": 0.0},
+        started("a", 3, 209.0, 21),
+        started("c", 2, 209.0, 22),
+        {"time": 209.5, "kind": "resumed", "member": "a", "attempt": 3, "step": 40},
+        {"time": 209.6, "kind": "resumed", "member": "c", "attempt": 2, "step": 60},
+    ]
+    data = chaos.RunData(["a", "b", "c"], {}, events, 0, {}, 0, 0.0)
+    found = {(loss.member, loss.attempt): loss for loss in chaos.losses(data, [kill, pool], slots=2)}
+    first = found[("a", 1)]
+    assert (first.fault.kind, first.detected_by) == ("worker-kill", "failed")
+    assert first.split.restart_s == pytest.approx(19.7) and first.split.queued_s == pytest.approx(19.0)
+    assert first.recovery_s == pytest.approx(0.5 + 0.7 + 0.2)  # detection, restart less the queue, restore
+    assert {key: (loss.fault.kind, loss.split.queued_s) for key, loss in found.items() if key != ("a", 1)} == {
+        ("a", 2): ("pool-kill", 0.0),
+        ("c", 1): ("pool-kill", 0.0),
+    }
+    assert found[("a", 2)].recovery_s == pytest.approx(9.5)
+    assert chaos.losses(data, [kill, pool])[0].recovery_s == pytest.approx(20.4)  # no workers known: all counts
+
+
+@pytest.mark.timeout(10)
+def test_a_recovery_ends_where_another_fault_ended_the_next_attempt_before_it_trained() -> None:
+    """Killed at 100, a starts again at 101 and is struck by a pool kill at 101.5 before it
+    restored anything: the kill's recovery is 1.5 s, the pool kill's runs on to 105.3."""
+    kill = chaos.Fault("worker-kill", 0, time=100.0, hit={"a": 1}, running={"a": 1}, doomed=frozenset({11}))
+    pool = chaos.Fault("pool-kill", 1, time=101.5, hit={"a": 2}, running={"a": 2})
+    events = [
+        started("a", 1, 90.0, 11),
+        {"time": 100.2, "kind": "failed", "member": "a", "attempt": 1, "cost": 0.0},
+        started("a", 2, 101.0, 12),
+        {"time": 102.0, "kind": "failed", "member": "a", "attempt": 2, "cost": 0.0},
+        started("a", 3, 105.0, 13),
+        {"time": 105.3, "kind": "resumed", "member": "a", "attempt": 3, "step": 30},
+    ]
+    data = chaos.RunData(["a"], {}, events, 0, {}, 0, 0.0)
+    first, second = chaos.losses(data, [kill, pool], slots=2)
+    assert (first.fault.kind, first.split.cut, first.recovery_s) == ("worker-kill", True, pytest.approx(1.5))
+    assert (second.fault.kind, second.split.cut, second.recovery_s) == ("pool-kill", False, pytest.approx(3.8))
+
+
+@pytest.mark.timeout(10)
+def test_the_targets_are_ten_seconds_of_recovery_and_five_of_detection_for_every_kind() -> None:
+    kill = chaos.Fault("worker-kill", 0, time=100.0, hit={"a": 1}, running={"a": 1}, doomed=frozenset({11}))
+    events = [
+        started("a", 1, 90.0, 11),
+        {"time": 105.5, "kind": "failed", "member": "a", "attempt": 1, "cost": 0.0},
+        started("a", 2, 106.0, 12),
+        {"time": 106.5, "kind": "resumed", "member": "a", "attempt": 2, "step": 30},
+    ]
+    data = chaos.RunData(["a"], {}, events, 0, {}, 0, 0.0)
+    (loss,) = chaos.losses(data, [kill], slots=2)
+    found = {f.key: (f.value, f.target, f.ok) for f in chaos.recovery_figures("worker-kill", [loss])}
+    assert found["recovery_worker-kill_p95"] == (pytest.approx(6.5), "<= 10", True)
+    assert found["detection_worker-kill_p95"] == (pytest.approx(5.5), "<= 5", False)
+    assert found["queued_worker-kill_median"] == (0.0, "", None)
+
+
+@pytest.mark.timeout(10)
 def test_restores_after_node_losses_are_judged_by_where_their_bytes_came_from() -> None:
     """A two-node member that lost one node must read nothing from the shared tier; one that lost a
     node and its buddy must read everything from it. A member that lost no node is not listed."""
