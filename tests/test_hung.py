@@ -23,6 +23,10 @@ from resilient_flows.workflow import read_plan
 CLI = Path(sys.executable).with_name("resilient-flows")
 
 
+def checkpoints(run_dir: Path) -> int:
+    return sum(e["kind"] == "checkpointed" for e in read_events(run_dir))
+
+
 class Fake:
     """Process states and a clock that the test moves."""
 
@@ -79,9 +83,9 @@ def test_a_hung_worker_survives_the_trip_to_the_runner_as_itself() -> None:
 
 WORKFLOW = """\
 name: hung
-checkpoint: {{interval: 5}}
+checkpoint: {interval: 5}
 members:
-  - {{name: m, workload: 'paced:train', steps: 300, stall_timeout: 120s, params: {{steps: 300, step_s: 0.05}}}}
+  - {name: m, workload: 'paced:train', steps: 300, stall_timeout: 120s, params: {steps: 300, step_s: 0.05}}
 """
 
 
@@ -106,7 +110,8 @@ def test_a_stopped_worker_is_replaced_by_its_pool_and_its_member_resumes_on_the_
     )
     stopped = None
     try:
-        wait_for(lambda: sum(e["kind"] == "checkpointed" for e in read_events(run_dir)) >= 2, 180, "two checkpoints")
+        wait_for(lambda: runner.poll() is not None or checkpoints(run_dir) >= 2, 180, "two checkpoints")
+        assert runner.poll() is None, runner.communicate()[0]
         beat = read_heartbeat(heartbeat_path(run_dir, "m"))
         assert beat is not None
         stopped = int(beat["pid"])

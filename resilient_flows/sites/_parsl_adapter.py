@@ -255,7 +255,9 @@ def _watch_hung(manager: Any, procs: dict[int, Any]) -> None:
     """Until the pool stops: every :data:`LOOK_S`, kill the workers among ``procs`` (worker id ->
     process, kept by Parsl's watchdog) that :class:`HangWatch` finds hung, and report their tasks."""
     watch = HangWatch()
-    while not manager._stop_event.wait(LOOK_S):
+    # threading.Event's own wait: the stop event's would poll the workers (see _WakingEvent), and a
+    # forkserver process polled from two threads at its exit can block one of them for good
+    while not threading.Event.wait(manager._stop_event, LOOK_S):
         try:
             workers = {p.pid: worker_id for worker_id, p in list(procs.items()) if p.pid is not None}
         except RuntimeError:  # the watchdog replaced a worker meanwhile: look again next time
