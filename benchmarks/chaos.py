@@ -101,9 +101,10 @@ issues 13 and 34 where they set one:
   worker free, or gone with the fault, are. The recovery also ends at training again, not at
   the first step, which a member resuming past its hold step takes only once the gate opens; and
   where another fault ended the next attempt before it trained, it ends at that fault, whose own
-  recovery the rest is (an outage is never counted twice). A fault that strikes the machinery
-  while a member waits to restart (the runner, the interchange, a pool) lengthens that wait and
-  is counted in the first fault's recovery. Targets (issue 34): recovery p95 <= 10 s and
+  recovery the rest is (an outage is never counted twice). A fault that takes what a waiting
+  member needs (the runner, the interchange, a pool: ``SHARED_FAULTS``), the first of its burst,
+  takes over the rest of that member's wait in the same way: its recovery lists it as a member
+  found waiting, with nothing to detect. Targets (issue 34): recovery p95 <= 10 s and
   detection p95 <= 5 s, for every kind; detection counts from when the attempt fell silent where
   that came after the fault (the ``lost`` event's ``silent_s``: a pool whose manager process
   died runs its tasks on, beating, until they need it). A fault that ended no attempt by itself
@@ -1662,6 +1663,11 @@ class Loss:
     split: recovery_split.Split | None  # detection, restart, restore, redone steps (None: no fault)
     through_full: bool  # the attempt lived through a full file system: checkpoints may have failed
 
+    @property
+    def waiting(self) -> bool:
+        """A fault that found the member waiting to restart, its attempt ended by an earlier one."""
+        return self.detected_by == "waiting"
+
 
 def by_member(data: RunData) -> dict[str, list[dict[str, Any]]]:
     grouped: dict[str, list[dict[str, Any]]] = {name: [] for name in data.names}
@@ -1703,10 +1709,52 @@ def losses(data: RunData, faults: list[Fault], slots: int | None = None) -> list
         charged.append((name, mine, a, b, detected, how, fault))
     ends = {(name, a): fault.time for name, _, a, _, _, _, fault in charged if fault is not None}
     spans = attempt_spans(data, ends)
-    return [
-        _loss(data, name, mine, a, b, detected, how, fault, fulls, ends.get((name, b)), spans, slots)
-        for name, mine, a, b, detected, how, fault in charged
-    ]
+    found = []
+    for name, mine, a, b, detected, how, fault in charged:
+        ended = ends.get((name, b))
+        waits = [] if fault is None else waited_through(data, name, mine, a, fault, ended, injected)
+        cuts = [f.time for f in waits] + [ended]
+        found.append(_loss(data, name, mine, a, b, detected, how, fault, fulls, cuts[0], spans, slots))
+        for wait, until in zip(waits, cuts[1:], strict=True):
+            found.append(_loss(data, name, mine, a, b, wait.time, "waiting", wait, fulls, until, spans, slots))
+    return found
+
+
+#: Faults that take what every waiting member needs to start: a pool, the interchange, the runner.
+SHARED_FAULTS = (
+    "pool-kill",
+    "manager-process-kill",
+    "interchange-kill",
+    "runner-kill",
+    "pilot-cancel",
+    "node-loss",
+    "node-and-buddy-loss",
+)
+
+
+def waited_through(
+    data: RunData,
+    name: str,
+    mine: list[dict[str, Any]],
+    attempt: int,
+    fault: Fault,
+    ended: float | None,
+    faults: list[Fault],
+) -> list[Fault]:
+    """The faults of :data:`SHARED_FAULTS` that struck after ``fault`` ended ``attempt`` of
+    ``name`` and before it trained again (or its next attempt ended, at ``ended``), while it was
+    not running, the first of each burst (as an attempt is charged to the first fault that struck
+    it): each takes over the rest of its wait (see :func:`recovery_split.split_of`)."""
+    lines = data.metrics.get(name, [])
+    again = recovery_split.split_of(mine, lines, name, attempt, fault.time, 0.0, ended).training_again_s
+    if again is None:
+        return []
+    end = fault.time + again
+    found: dict[int, Fault] = {}
+    for f in sorted(faults, key=lambda f: f.time):
+        if f.kind in SHARED_FAULTS and fault.time < f.time < end and name not in f.running and f.burst != fault.burst:
+            found.setdefault(f.burst, f)
+    return list(found.values())
 
 
 #: Events that end an attempt, or show that it ended: after them its worker is free for another.
@@ -1772,18 +1820,21 @@ def _loss(
     slots: int | None = None,
 ) -> Loss:
     """What attempt ``a`` of ``name``, ended by ``fault`` and followed by ``b``, cost: its split
-    (:mod:`recovery_split`), cut at ``until`` (the fault that ended ``b``, if one did) and less the
-    wait for a free worker while the other members' attempts (``spans``) took all ``slots``."""
+    (:mod:`recovery_split`), cut at ``until`` (the next fault that took over: see :func:`losses`)
+    and less the wait for a free worker while the other members' attempts (``spans``) took all
+    ``slots``. With ``how`` ``waiting``, ``fault`` found the member waiting to restart: what it
+    cost from then on (no detection, no steps: they are the first fault's)."""
     started = {e["attempt"]: e["time"] for e in mine if e["kind"] == "started"}
     # when the watchdog found an attempt silent: since when, in wall-clock time
     silent_since = {e["time"]: e["time"] - e["silent_s"] for e in mine if e["kind"] == "lost" and e.get("silent_s")}
     lines = data.metrics.get(name, [])
     # a hang is noticeable once the attempt falls silent: a pool whose manager process died runs
     # its tasks on, beating, until they need it
-    detect = None if fault is None else detected - max(fault.time, silent_since.get(detected, fault.time))
+    waiting = how == "waiting"
+    detect = None if fault is None or waiting else detected - max(fault.time, silent_since.get(detected, fault.time))
     others = [span for member, member_spans in (spans or {}).items() if member != name for span in member_spans]
     at = detected if fault is None else fault.time
-    split = recovery_split.split_of(mine, lines, name, a, at, 0.0, until, others, slots)
+    split = recovery_split.split_of(mine, lines, name, a, at, 0.0, until, others, slots, waiting)
     split = replace(split, redone_s=split.redone_steps * recovery_split.step_time_s(lines))
     recovery = None if fault is None else split.recovery_s
     through = any(f.time < detected and f.end > started[a] for f in fulls)
@@ -1990,14 +2041,16 @@ def recovery_figures(kind: str, mine: list[Loss]) -> list[Figure]:
     :data:`RECOVERY_P95_S` and :data:`DETECTION_P95_S`, with its split (:mod:`recovery_split`)."""
     parts = recovery_split.summary(loss.split for loss in mine if loss.split is not None)
     recovery = percentile([loss.recovery_s for loss in mine], 0.95)
-    detection = percentile([loss.detect_s for loss in mine], 0.95)
+    detections = [loss.detect_s for loss in mine if loss.detect_s is not None]
+    detection = percentile(detections, 0.95) if detections else None  # it found members waiting only
     cut = sum(loss.split is not None and loss.split.cut for loss in mine)
+    waiting = sum(loss.waiting for loss in mine)
     found = [
         Figure(
             f"recoveries_{kind}",
             f"recovery {kind}: attempts ended",
-            len(mine),
-            f"attempts ({cut} cut by a later fault)",
+            len(mine) - waiting,
+            f"attempts; {waiting} members found waiting; {cut} cut by a later fault",
         ),
         Figure(
             f"recovery_{kind}_median",
@@ -2019,7 +2072,7 @@ def recovery_figures(kind: str, mine: list[Loss]) -> list[Figure]:
             detection,
             "s",
             f"<= {DETECTION_P95_S:g}",
-            detection <= DETECTION_P95_S,
+            None if detection is None else detection <= DETECTION_P95_S,
         ),
     ]
     for part in ("restart", "queued", "restore", "redone"):  # the split goodput.py reports (recovery_split)
@@ -2076,7 +2129,8 @@ def figures(
     skipped = sum(f.skipped is not None for f in faults)
     add("faults_skipped", "faults skipped (no target in time)", skipped, "faults", "= 0", skipped == 0)
 
-    lost = losses(data, faults, facts.workers)
+    every = losses(data, faults, facts.workers)
+    lost = [loss for loss in every if not loss.waiting]
     explained = [loss for loss in lost if loss.fault is not None]
     judged = [loss for loss in explained if not loss.through_full]
     steps = [loss.steps for loss in judged]
@@ -2123,7 +2177,7 @@ def figures(
     add("restore_median", "restore (started -> training again), median", restore_s, "s")
     local = facts.name == "local"
     for kind in sorted(injected):
-        mine = [loss for loss in explained if loss.fault.kind == kind and loss.recovery_s is not None]
+        mine = [loss for loss in every if loss.fault and loss.fault.kind == kind and loss.recovery_s is not None]
         struck = [f for f in faults if f.kind == kind and f.skipped is None]
         if mine:
             out.extend(recovery_figures(kind, mine))

@@ -22,9 +22,10 @@ one member per worker, as ``goodput.py``'s, needs neither):
   other attempts, each ended at the fault that ended it, if one did; ``slots``: the workers) are
   the queue the member joined, which it would have waited in without the fault too, while the
   workers trained. The seconds with a worker free, or gone with the fault, count in full.
-- **cut**: when another fault ended the next attempt before it trained again (``until``), this
-  fault's recovery stops there, and the rest of the wait is that fault's: one outage is never
-  counted twice.
+- **cut**: when another fault ended the next attempt before it trained again, or struck what the
+  member waited for (``until``), this fault's recovery stops there, and the rest of the wait is
+  that fault's (``waiting``: a split from that fault, with nothing to detect): one outage is never
+  counted twice, nor left out.
 
 The recovery is then detection + restart - queued + restore: the fault -> training again.
 
@@ -58,7 +59,7 @@ class Split:
     member: str
     attempt: int
     fault_time: float
-    detected_by: str  # the first notice: failed, lost, submitted, or started when none came first
+    detected_by: str  # the first notice: failed, lost, submitted, started when none came first, or waiting
     detection_s: float | None
     restart_s: float | None
     restore_s: float | None
@@ -97,14 +98,17 @@ def split_of(
     until: float | None = None,
     busy: Sequence[tuple[float, float]] = (),
     slots: int | None = None,
+    waiting: bool = False,
 ) -> Split:
     """The split of the fault at ``fault_time`` that ended ``attempt`` of ``member``.
 
     ``events``: the run's events (any member's; others are skipped); ``metrics``: the member's
     lines; ``step_s``: one step's time without faults (:func:`step_time_s` of the fault-free run).
-    ``until``: when another fault ended the next attempt (the split is cut there if it had not
-    trained again by then); ``busy`` and ``slots``: the other members' attempts and the workers,
-    for the queue (see the module's docstring; no ``slots``, no queue).
+    ``until``: when another fault ended the next attempt, or struck what the member waited for (the
+    split is cut there if it had not trained again by then); ``busy`` and ``slots``: the other
+    members' attempts and the workers, for the queue (see the module's docstring; no ``slots``, no
+    queue). ``waiting``: the split of a fault that found the member waiting to restart, its attempt
+    ended by an earlier one: no detection, no redone steps.
     """
     mine = [e for e in events if e.get("member") == member]
     started = {e["attempt"]: e["time"] for e in mine if e["kind"] == "started"}
@@ -125,10 +129,13 @@ def split_of(
     if following is None:
         return Split(member, attempt, fault_time, "", None, None, None, redone, redone * step_s, charged)
     restarted = started[following]
-    notices = sorted(
-        (e["time"], e["kind"]) for e in mine if e["kind"] in NOTICES and fault_time <= e["time"] <= restarted
-    )
-    detected, how = notices[0] if notices else (restarted, "started")
+    if waiting:  # its attempt had ended before: nothing to notice, and its redone steps are not this fault's
+        detected, how, redone = fault_time, "waiting", 0
+    else:
+        notices = sorted(
+            (e["time"], e["kind"]) for e in mine if e["kind"] in NOTICES and fault_time <= e["time"] <= restarted
+        )
+        detected, how = notices[0] if notices else (restarted, "started")
     if following in resumed:
         again = resumed[following]
     elif following in first_line:
@@ -136,20 +143,20 @@ def split_of(
     else:  # it never trained: until the fault that ended it, if one did
         again = restarted if until is None else math.inf
     cut = until is not None and until < again
-    if cut:
-        again = max(restarted, until)
+    end = until if cut else again
+    noticed, running = min(detected, end), min(restarted, end)
     return Split(
         member,
         attempt,
         fault_time,
         how,
-        detected - fault_time,
-        restarted - detected,
-        again - restarted,
+        noticed - fault_time,
+        max(0.0, running - noticed),
+        max(0.0, end - running),
         redone,
         redone * step_s,
         charged,
-        queued_s(detected, restarted, busy, slots),
+        queued_s(noticed, running, busy, slots),
         cut,
     )
 

@@ -184,6 +184,34 @@ def test_a_recovery_ends_where_another_fault_ended_the_next_attempt_before_it_tr
 
 
 @pytest.mark.timeout(10)
+def test_a_fault_that_finds_a_member_waiting_to_restart_takes_over_the_rest_of_its_wait() -> None:
+    """A pool kill ends a's attempt at 100; while a waits, the runner is killed (the next burst):
+    the pool kill's recovery ends there (5 s), the runner kill's runs to training again (10.5 s),
+    with nothing to detect; the steps lost and the attempts ended count a's attempt once."""
+    pool = chaos.Fault("pool-kill", 0, time=100.0, hit={"a": 1}, running={"a": 1})
+    runner = chaos.Fault("runner-kill", 1, time=105.0, hit={}, running={})
+    events = [
+        started("a", 1, 90.0, 11),
+        {"time": 100.5, "kind": "failed", "member": "a", "attempt": 1, "cost": 0.0},
+        {"time": 111.0, "kind": "submitted", "member": "a"},
+        started("a", 2, 115.0, 12),
+        {"time": 115.5, "kind": "resumed", "member": "a", "attempt": 2, "step": 30},
+        {"time": 120.0, "kind": "finished", "member": "a", "attempt": 2},
+    ]
+    data = chaos.RunData(["a"], {"a": "d"}, events, 0, {}, 0, 0.0)
+    first, then = chaos.losses(data, [pool, runner], slots=2)
+    assert (first.fault.kind, first.waiting, first.split.cut, first.recovery_s) == ("pool-kill", False, True, 5.0)
+    assert (then.fault.kind, then.waiting, then.detect_s, then.recovery_s) == ("runner-kill", True, None, 10.5)
+    facts = chaos.SiteFacts("local", 10.0, 1.0, 2)
+    run = chaos.Execution(data, 30.0, 1.0, 100.0, 2, [], 10.0, False, 0, chaos.Counter(), [], Path("log"))
+    found = {f.key: f for f in chaos.figures(SMALL, facts, run, [pool, runner], {"a": "d"}, None)}
+    assert found["attempts_lost"].value == 1
+    assert (found["recoveries_runner-kill"].value, found["recovery_runner-kill_p95"].value) == (0, 10.5)
+    assert (found["detection_runner-kill_p95"].value, found["detection_runner-kill_p95"].ok) == (None, None)
+    assert (found["recovery_pool-kill_p95"].ok, found["detection_pool-kill_p95"].ok) == (True, True)
+
+
+@pytest.mark.timeout(10)
 def test_the_targets_are_ten_seconds_of_recovery_and_five_of_detection_for_every_kind() -> None:
     kill = chaos.Fault("worker-kill", 0, time=100.0, hit={"a": 1}, running={"a": 1}, doomed=frozenset({11}))
     events = [
