@@ -101,10 +101,11 @@ issues 13 and 34 where they set one:
   worker free, or gone with the fault, are. The recovery also ends at training again, not at
   the first step, which a member resuming past its hold step takes only once the gate opens; and
   where another fault ended the next attempt before it trained, it ends at that fault, whose own
-  recovery the rest is (an outage is never counted twice). A fault that takes what a waiting
-  member needs (the runner, the interchange, a pool: ``SHARED_FAULTS``), the first of its burst,
+  recovery the rest is (an outage is never counted twice). A later fault that takes more of
+  what a waiting member needs (a pool, then the interchange, then the runner: ``SHARED_FAULTS``)
   takes over the rest of that member's wait in the same way: its recovery lists it as a member
-  found waiting, with nothing to detect. Targets (issue 34): recovery p95 <= 10 s and
+  found waiting, with nothing to detect (the earlier fault's detection, if it came only after,
+  is not counted). Targets (issue 34): recovery p95 <= 10 s and
   detection p95 <= 5 s, for every kind; detection counts from when the attempt fell silent where
   that came after the fault (the ``lost`` event's ``silent_s``: a pool whose manager process
   died runs its tasks on, beating, until they need it). A fault that ended no attempt by itself
@@ -1720,16 +1721,17 @@ def losses(data: RunData, faults: list[Fault], slots: int | None = None) -> list
     return found
 
 
-#: Faults that take what every waiting member needs to start: a pool, the interchange, the runner.
-SHARED_FAULTS = (
-    "pool-kill",
-    "manager-process-kill",
-    "interchange-kill",
-    "runner-kill",
-    "pilot-cancel",
-    "node-loss",
-    "node-and-buddy-loss",
-)
+#: Faults that take what every waiting member needs to start, by how much they take: a pool (or a
+#: node, or a pilot job), the interchange (every pool with it), the runner (Parsl with it).
+SHARED_FAULTS = {
+    "pool-kill": 1,
+    "manager-process-kill": 1,
+    "pilot-cancel": 1,
+    "node-loss": 1,
+    "node-and-buddy-loss": 1,
+    "interchange-kill": 2,
+    "runner-kill": 3,
+}
 
 
 def waited_through(
@@ -1742,19 +1744,23 @@ def waited_through(
     faults: list[Fault],
 ) -> list[Fault]:
     """The faults of :data:`SHARED_FAULTS` that struck after ``fault`` ended ``attempt`` of
-    ``name`` and before it trained again (or its next attempt ended, at ``ended``), while it was
-    not running, the first of each burst (as an attempt is charged to the first fault that struck
-    it): each takes over the rest of its wait (see :func:`recovery_split.split_of`)."""
+    ``name`` and before it trained again (or its next attempt ended, at ``ended``), each taking
+    more than the fault charged before it: each takes over the rest of the member's wait (see
+    :func:`recovery_split.split_of`), whether it found the member waiting or struck its ended
+    attempt again (a runner killed just after a worker was stopped: the pool's report of the stop
+    has no runner to go to). One that takes as much or less adds to the wait of the fault charged."""
     lines = data.metrics.get(name, [])
     again = recovery_split.split_of(mine, lines, name, attempt, fault.time, 0.0, ended).training_again_s
     if again is None:
         return []
-    end = fault.time + again
-    found: dict[int, Fault] = {}
+    started = next(e["time"] for e in mine if e["kind"] == "started" and e["attempt"] == attempt)
+    begin, end = max(fault.time, started), fault.time + again  # a fault may be charged from before the start
+    scope, found = SHARED_FAULTS.get(fault.kind, 0), []
     for f in sorted(faults, key=lambda f: f.time):
-        if f.kind in SHARED_FAULTS and fault.time < f.time < end and name not in f.running and f.burst != fault.burst:
-            found.setdefault(f.burst, f)
-    return list(found.values())
+        if begin < f.time < end and SHARED_FAULTS.get(f.kind, 0) > scope:
+            found.append(f)
+            scope = SHARED_FAULTS[f.kind]
+    return found
 
 
 #: Events that end an attempt, or show that it ended: after them its worker is free for another.
@@ -1830,11 +1836,12 @@ def _loss(
     lines = data.metrics.get(name, [])
     # a hang is noticeable once the attempt falls silent: a pool whose manager process died runs
     # its tasks on, beating, until they need it
-    waiting = how == "waiting"
-    detect = None if fault is None or waiting else detected - max(fault.time, silent_since.get(detected, fault.time))
+    # nothing to notice for a member found waiting; nothing this fault could notice after the next took over
+    unnoticed = how == "waiting" or (until is not None and detected > until)
+    detect = None if fault is None or unnoticed else detected - max(fault.time, silent_since.get(detected, fault.time))
     others = [span for member, member_spans in (spans or {}).items() if member != name for span in member_spans]
     at = detected if fault is None else fault.time
-    split = recovery_split.split_of(mine, lines, name, a, at, 0.0, until, others, slots, waiting)
+    split = recovery_split.split_of(mine, lines, name, a, at, 0.0, until, others, slots, how == "waiting")
     split = replace(split, redone_s=split.redone_steps * recovery_split.step_time_s(lines))
     recovery = None if fault is None else split.recovery_s
     through = any(f.time < detected and f.end > started[a] for f in fulls)

@@ -212,6 +212,29 @@ def test_a_fault_that_finds_a_member_waiting_to_restart_takes_over_the_rest_of_i
 
 
 @pytest.mark.timeout(10)
+def test_a_later_fault_takes_over_a_wait_only_when_it_takes_more() -> None:
+    """A worker stopped at 100 and the runner killed 0.1 s later: the pool's report of the stop
+    had no runner to go to, so the stop's recovery ends at the kill and its detection (the new
+    runner's) is not counted; the pool killed at 103, which takes less than the runner, adds to
+    the runner kill's wait."""
+    stop = chaos.Fault("worker-stop", 1, time=100.0, hit={"a": 1}, running={"a": 1}, doomed=frozenset({11}))
+    runner = chaos.Fault("runner-kill", 1, time=100.1, hit={"a": 1}, running={"a": 1})
+    pool = chaos.Fault("pool-kill", 1, time=103.0, hit={}, running={})
+    events = [
+        started("a", 1, 90.0, 11),
+        {"time": 106.0, "kind": "submitted", "member": "a"},
+        started("a", 2, 112.0, 12),
+        {"time": 112.5, "kind": "resumed", "member": "a", "attempt": 2, "step": 30},
+    ]
+    data = chaos.RunData(["a"], {}, events, 0, {}, 0, 0.0)
+    found = [
+        (loss.fault.kind, loss.waiting, loss.detect_s, loss.recovery_s)
+        for loss in chaos.losses(data, [stop, runner, pool], 2)
+    ]
+    assert found == [("worker-stop", False, None, pytest.approx(0.1)), ("runner-kill", True, None, pytest.approx(12.4))]
+
+
+@pytest.mark.timeout(10)
 def test_the_targets_are_ten_seconds_of_recovery_and_five_of_detection_for_every_kind() -> None:
     kill = chaos.Fault("worker-kill", 0, time=100.0, hit={"a": 1}, running={"a": 1}, doomed=frozenset({11}))
     events = [
