@@ -13,18 +13,36 @@ bounded by a timestamp the run already writes (``events.jsonl`` and the member's
 - **redone steps**: steps the ended attempt logged and a later attempt logged again, each
   costing one fault-free step time.
 
+Two corrections keep the split to what the fault itself cost (``chaos.py`` applies both; a run of
+one member per worker, as ``goodput.py``'s, needs neither):
+
+- **queued** (part of restart, not counted in the recovery): in an ensemble larger than its
+  workers, the retry waits for a free worker; the seconds between the notice and the next
+  ``started`` during which every worker ran another member's attempt (``busy``: the spans of the
+  other attempts, each ended at the fault that ended it, if one did; ``slots``: the workers) are
+  the queue the member joined, which it would have waited in without the fault too, while the
+  workers trained. The seconds with a worker free, or gone with the fault, count in full.
+- **cut**: when another fault ended the next attempt before it trained again, or struck what the
+  member waited for (``until``), this fault's recovery stops there, and the rest of the wait is
+  that fault's (``waiting``: a split from that fault, with nothing to detect): one outage is never
+  counted twice, nor left out.
+
+The recovery is then detection + restart - queued + restore: the fault -> training again.
+
 Goodput at one fault every ``period`` seconds is then ``1 - cost / period``: the share of the
 wall time spent on steps that count.
 """
 
 from __future__ import annotations
 
+import itertools
+import math
 import statistics
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["NOTICES", "Split", "goodput", "percentile", "split_of", "step_time_s", "summary"]
+__all__ = ["NOTICES", "Split", "goodput", "percentile", "queued_s", "split_of", "step_time_s", "summary"]
 
 #: The events by which the runner notices that an attempt ended.
 NOTICES = ("failed", "lost", "submitted")
@@ -41,19 +59,27 @@ class Split:
     member: str
     attempt: int
     fault_time: float
-    detected_by: str  # the first notice: failed, lost, submitted, or started when none came first
+    detected_by: str  # the first notice: failed, lost, submitted, started when none came first, or waiting
     detection_s: float | None
     restart_s: float | None
     restore_s: float | None
     redone_steps: int
     redone_s: float
     retries_charged: float  # the ``cost`` of the attempt's ``failed`` events
+    queued_s: float = 0.0  # of restart: waiting for a free worker while every worker ran another member
+    cut: bool = False  # another fault ended the next attempt before it trained: the split ends there
 
     @property
     def training_again_s(self) -> float | None:
         """The fault -> training again: what a spare node or a warm restart shortens."""
         parts = (self.detection_s, self.restart_s, self.restore_s)
         return None if any(p is None for p in parts) else sum(parts)
+
+    @property
+    def recovery_s(self) -> float | None:
+        """What the fault cost before the member trained again: training again, less the queue."""
+        again = self.training_again_s
+        return None if again is None else again - self.queued_s
 
     @property
     def total_s(self) -> float | None:
@@ -69,11 +95,20 @@ def split_of(
     attempt: int,
     fault_time: float,
     step_s: float,
+    until: float | None = None,
+    busy: Sequence[tuple[float, float]] = (),
+    slots: int | None = None,
+    waiting: bool = False,
 ) -> Split:
     """The split of the fault at ``fault_time`` that ended ``attempt`` of ``member``.
 
     ``events``: the run's events (any member's; others are skipped); ``metrics``: the member's
     lines; ``step_s``: one step's time without faults (:func:`step_time_s` of the fault-free run).
+    ``until``: when another fault ended the next attempt, or struck what the member waited for (the
+    split is cut there if it had not trained again by then); ``busy`` and ``slots``: the other
+    members' attempts and the workers, for the queue (see the module's docstring; no ``slots``, no
+    queue). ``waiting``: the split of a fault that found the member waiting to restart, its attempt
+    ended by an earlier one: no detection, no redone steps.
     """
     mine = [e for e in events if e.get("member") == member]
     started = {e["attempt"]: e["time"] for e in mine if e["kind"] == "started"}
@@ -94,28 +129,50 @@ def split_of(
     if following is None:
         return Split(member, attempt, fault_time, "", None, None, None, redone, redone * step_s, charged)
     restarted = started[following]
-    notices = sorted(
-        (e["time"], e["kind"]) for e in mine if e["kind"] in NOTICES and fault_time <= e["time"] <= restarted
-    )
-    detected, how = notices[0] if notices else (restarted, "started")
+    if waiting:  # its attempt had ended before: nothing to notice, and its redone steps are not this fault's
+        detected, how, redone = fault_time, "waiting", 0
+    else:
+        notices = sorted(
+            (e["time"], e["kind"]) for e in mine if e["kind"] in NOTICES and fault_time <= e["time"] <= restarted
+        )
+        detected, how = notices[0] if notices else (restarted, "started")
     if following in resumed:
         again = resumed[following]
     elif following in first_line:
         again = max(restarted, first_line[following] - step_s)
-    else:
-        again = restarted
+    else:  # it never trained: until the fault that ended it, if one did
+        again = restarted if until is None else math.inf
+    cut = until is not None and until < again
+    end = until if cut else again
+    noticed, running = min(detected, end), min(restarted, end)
     return Split(
         member,
         attempt,
         fault_time,
         how,
-        detected - fault_time,
-        restarted - detected,
-        again - restarted,
+        noticed - fault_time,
+        max(0.0, running - noticed),
+        max(0.0, end - running),
         redone,
         redone * step_s,
         charged,
+        queued_s(noticed, running, busy, slots),
+        cut,
     )
+
+
+def queued_s(start: float, end: float, busy: Sequence[tuple[float, float]], slots: int | None) -> float:
+    """Seconds of ``start`` -> ``end`` during which at least ``slots`` of the spans ``busy`` (start,
+    end) ran at once: every worker was taken by another member (0 without ``slots``)."""
+    if slots is None or end <= start:
+        return 0.0
+    edges = sorted({start, end, *(t for span in busy for t in span if start < t < end)})
+    full = 0.0
+    for a, b in itertools.pairwise(edges):
+        middle = (a + b) / 2
+        if sum(s <= middle < e for s, e in busy) >= slots:
+            full += b - a
+    return full
 
 
 def step_time_s(metrics: Iterable[MetricLine]) -> float:
@@ -140,16 +197,19 @@ def percentile(values: list[float], q: float) -> float:
 
 def summary(splits: Iterable[Split]) -> dict[str, float]:
     """Median and p95 of each part over ``splits`` (those with a later attempt): ``detection_median``,
-    ``detection_p95``, ..., ``redone_p95``, ``training_again_*`` and ``redone_steps_median``."""
+    ``detection_p95``, ..., ``redone_p95``, ``training_again_*``, ``recovery_*`` and
+    ``redone_steps_median``."""
     complete = [s for s in splits if s.training_again_s is not None]
     if not complete:
         return {}
     parts = {
         "detection": [s.detection_s for s in complete],
         "restart": [s.restart_s for s in complete],
+        "queued": [s.queued_s for s in complete],
         "restore": [s.restore_s for s in complete],
         "redone": [s.redone_s for s in complete],
         "training_again": [s.training_again_s for s in complete],
+        "recovery": [s.recovery_s for s in complete],
     }
     found = {}
     for name, values in parts.items():

@@ -47,6 +47,7 @@ from resilient_flows.errors import (
     is_permanent,
 )
 from resilient_flows.rundir import EventLog, TaskLayout
+from resilient_flows.sites._hung import WorkerHung
 from resilient_flows.training import (
     EXIT_CANNOT_RUN,
     EXIT_PEER_LOST,
@@ -283,7 +284,8 @@ class ResumingRetryHandler:
       ended without a newer checkpoint, each further stop costs 1, so that a script that exits 75
       at once cannot loop forever.
     - The machine's fault (``failure_kind: "infrastructure"``): its worker pool lost (a lost
-      node, a block Slurm ended for a node failure or the watchdog cancelled), or a peer rank
+      node, a block Slurm ended for a node failure or the watchdog cancelled), its worker hung
+      (stopped) and killed by its pool, which replaced it (the block is kept), or a peer rank
       gone while no rank failed on its own (a rank records it, see
       :mod:`resilient_flows.training._faults`: ``srun`` only reports an exit status). Cost 0,
       however it was seen first, while the member makes progress, as for stops; and the block the
@@ -496,11 +498,12 @@ def _machine_fault(
 
     Its worker pool lost (``ManagerLost``: its node died, Slurm ended the block for a node
     failure, the runner found the block lost; or the attempt saw its pool gone and stopped:
-    :mod:`resilient_flows.training._pool`), or a rank that saw a peer rank's connection close
-    or reset while no rank failed on its own (:mod:`resilient_flows.training._faults`; the
-    launcher's exit status :data:`EXIT_PEER_LOST` where no rank recorded anything: a rank's own
-    error, recorded, wins over a peer's status). The ranks' record is consumed: it is about this
-    attempt only.
+    :mod:`resilient_flows.training._pool`), its worker hung and replaced by its pool
+    (``WorkerHung``, :mod:`resilient_flows.sites._hung`: the block is sound), or a rank that
+    saw a peer rank's connection close or reset while no rank failed on its own
+    (:mod:`resilient_flows.training._faults`; the launcher's exit status :data:`EXIT_PEER_LOST`
+    where no rank recorded anything: a rank's own error, recorded, wins over a peer's status).
+    The ranks' record is consumed: it is about this attempt only.
     """
     fault = attempt_fault(directory)
     TaskLayout(directory).fault.unlink(missing_ok=True)
@@ -511,6 +514,8 @@ def _machine_fault(
         return f"its worker pool was lost ({fault.get('reason')})", block
     if isinstance(exception, ManagerLost):
         return "its worker pool was lost", block
+    if isinstance(exception, WorkerHung):  # the pool replaced it: its block stays
+        return f"its worker hung ({exception})", None
     if fault is not None and fault["kind"] == PEER_LOST:
         where = f"rank {fault.get('rank')} on {fault.get('host')}"
         why = f"a peer rank is gone ({where}: {fault.get('reason')})"

@@ -127,6 +127,131 @@ def test_every_attempt_a_fault_ended_is_charged_to_it_even_one_started_after_it(
 
 
 @pytest.mark.timeout(10)
+def test_a_recovery_counts_no_wait_for_a_worker_that_other_members_held() -> None:
+    """Two workers, three members. a's worker is killed at 110; the replaced worker takes c, which
+    never started, and a waits until b finishes at 130: of its restart, the 0.5 s before c started
+    and the 0.2 s after b finished count, the 19 s that b and c held both workers do not. When the
+    pool is killed with both workers, nothing else holds them: the whole wait counts."""
+    kill = chaos.Fault("worker-kill", 0, time=110.0, hit={"a": 1}, running={"a": 1, "b": 1}, doomed=frozenset({11}))
+    pool = chaos.Fault("pool-kill", 1, time=200.0, hit={"a": 2, "c": 1}, running={"a": 2, "c": 1})
+    events = [
+        started("a", 1, 100.0, 11),
+        started("b", 1, 100.0, 12),
+        {"time": 110.5, "kind": "failed", "member": "a", "attempt": 1, "cost": 0.0},
+        started("c", 1, 111.0, 13),
+        {"time": 130.0, "kind": "finished", "member": "b", "attempt": 1},
+        started("a", 2, 130.2, 12),
+        {"time": 130.4, "kind": "resumed", "member": "a", "attempt": 2, "step": 10},
+        {"time": 200.5, "kind": "failed", "member": "a", "attempt": 2, "cost": 0.0},
+        {"time": 200.6, "kind": "failed", "member": "c", "attempt": 1, "cost": 0.0},
+        started("a", 3, 209.0, 21),
+        started("c", 2, 209.0, 22),
+        {"time": 209.5, "kind": "resumed", "member": "a", "attempt": 3, "step": 40},
+        {"time": 209.6, "kind": "resumed", "member": "c", "attempt": 2, "step": 60},
+    ]
+    data = chaos.RunData(["a", "b", "c"], {}, events, 0, {}, 0, 0.0)
+    found = {(loss.member, loss.attempt): loss for loss in chaos.losses(data, [kill, pool], slots=2)}
+    first = found[("a", 1)]
+    assert (first.fault.kind, first.detected_by) == ("worker-kill", "failed")
+    assert first.split.restart_s == pytest.approx(19.7) and first.split.queued_s == pytest.approx(19.0)
+    assert first.recovery_s == pytest.approx(0.5 + 0.7 + 0.2)  # detection, restart less the queue, restore
+    assert {key: (loss.fault.kind, loss.split.queued_s) for key, loss in found.items() if key != ("a", 1)} == {
+        ("a", 2): ("pool-kill", 0.0),
+        ("c", 1): ("pool-kill", 0.0),
+    }
+    assert found[("a", 2)].recovery_s == pytest.approx(9.5)
+    assert chaos.losses(data, [kill, pool])[0].recovery_s == pytest.approx(20.4)  # no workers known: all counts
+
+
+@pytest.mark.timeout(10)
+def test_a_recovery_ends_where_another_fault_ended_the_next_attempt_before_it_trained() -> None:
+    """Killed at 100, a starts again at 101 and is struck by a pool kill at 101.5 before it
+    restored anything: the kill's recovery is 1.5 s, the pool kill's runs on to 105.3."""
+    kill = chaos.Fault("worker-kill", 0, time=100.0, hit={"a": 1}, running={"a": 1}, doomed=frozenset({11}))
+    pool = chaos.Fault("pool-kill", 1, time=101.5, hit={"a": 2}, running={"a": 2})
+    events = [
+        started("a", 1, 90.0, 11),
+        {"time": 100.2, "kind": "failed", "member": "a", "attempt": 1, "cost": 0.0},
+        started("a", 2, 101.0, 12),
+        {"time": 102.0, "kind": "failed", "member": "a", "attempt": 2, "cost": 0.0},
+        started("a", 3, 105.0, 13),
+        {"time": 105.3, "kind": "resumed", "member": "a", "attempt": 3, "step": 30},
+    ]
+    data = chaos.RunData(["a"], {}, events, 0, {}, 0, 0.0)
+    first, second = chaos.losses(data, [kill, pool], slots=2)
+    assert (first.fault.kind, first.split.cut, first.recovery_s) == ("worker-kill", True, pytest.approx(1.5))
+    assert (second.fault.kind, second.split.cut, second.recovery_s) == ("pool-kill", False, pytest.approx(3.8))
+
+
+@pytest.mark.timeout(10)
+def test_a_fault_that_finds_a_member_waiting_to_restart_takes_over_the_rest_of_its_wait() -> None:
+    """A pool kill ends a's attempt at 100; while a waits, the runner is killed (the next burst):
+    the pool kill's recovery ends there (5 s), the runner kill's runs to training again (10.5 s),
+    with nothing to detect; the steps lost and the attempts ended count a's attempt once."""
+    pool = chaos.Fault("pool-kill", 0, time=100.0, hit={"a": 1}, running={"a": 1})
+    runner = chaos.Fault("runner-kill", 1, time=105.0, hit={}, running={})
+    events = [
+        started("a", 1, 90.0, 11),
+        {"time": 100.5, "kind": "failed", "member": "a", "attempt": 1, "cost": 0.0},
+        {"time": 111.0, "kind": "submitted", "member": "a"},
+        started("a", 2, 115.0, 12),
+        {"time": 115.5, "kind": "resumed", "member": "a", "attempt": 2, "step": 30},
+        {"time": 120.0, "kind": "finished", "member": "a", "attempt": 2},
+    ]
+    data = chaos.RunData(["a"], {"a": "d"}, events, 0, {}, 0, 0.0)
+    first, then = chaos.losses(data, [pool, runner], slots=2)
+    assert (first.fault.kind, first.waiting, first.split.cut, first.recovery_s) == ("pool-kill", False, True, 5.0)
+    assert (then.fault.kind, then.waiting, then.detect_s, then.recovery_s) == ("runner-kill", True, None, 10.5)
+    facts = chaos.SiteFacts("local", 10.0, 1.0, 2)
+    run = chaos.Execution(data, 30.0, 1.0, 100.0, 2, [], 10.0, False, 0, chaos.Counter(), [], Path("log"))
+    found = {f.key: f for f in chaos.figures(SMALL, facts, run, [pool, runner], {"a": "d"}, None)}
+    assert found["attempts_lost"].value == 1
+    assert (found["recoveries_runner-kill"].value, found["recovery_runner-kill_p95"].value) == (0, 10.5)
+    assert (found["detection_runner-kill_p95"].value, found["detection_runner-kill_p95"].ok) == (None, None)
+    assert (found["recovery_pool-kill_p95"].ok, found["detection_pool-kill_p95"].ok) == (True, True)
+
+
+@pytest.mark.timeout(10)
+def test_a_later_fault_takes_over_a_wait_only_when_it_takes_more() -> None:
+    """A worker stopped at 100 and the runner killed 0.1 s later: the pool's report of the stop
+    had no runner to go to, so the stop's recovery ends at the kill and its detection (the new
+    runner's) is not counted; the pool killed at 103, which takes less than the runner, adds to
+    the runner kill's wait."""
+    stop = chaos.Fault("worker-stop", 1, time=100.0, hit={"a": 1}, running={"a": 1}, doomed=frozenset({11}))
+    runner = chaos.Fault("runner-kill", 1, time=100.1, hit={"a": 1}, running={"a": 1})
+    pool = chaos.Fault("pool-kill", 1, time=103.0, hit={}, running={})
+    events = [
+        started("a", 1, 90.0, 11),
+        {"time": 106.0, "kind": "submitted", "member": "a"},
+        started("a", 2, 112.0, 12),
+        {"time": 112.5, "kind": "resumed", "member": "a", "attempt": 2, "step": 30},
+    ]
+    data = chaos.RunData(["a"], {}, events, 0, {}, 0, 0.0)
+    found = [
+        (loss.fault.kind, loss.waiting, loss.detect_s, loss.recovery_s)
+        for loss in chaos.losses(data, [stop, runner, pool], 2)
+    ]
+    assert found == [("worker-stop", False, None, pytest.approx(0.1)), ("runner-kill", True, None, pytest.approx(12.4))]
+
+
+@pytest.mark.timeout(10)
+def test_the_targets_are_ten_seconds_of_recovery_and_five_of_detection_for_every_kind() -> None:
+    kill = chaos.Fault("worker-kill", 0, time=100.0, hit={"a": 1}, running={"a": 1}, doomed=frozenset({11}))
+    events = [
+        started("a", 1, 90.0, 11),
+        {"time": 105.5, "kind": "failed", "member": "a", "attempt": 1, "cost": 0.0},
+        started("a", 2, 106.0, 12),
+        {"time": 106.5, "kind": "resumed", "member": "a", "attempt": 2, "step": 30},
+    ]
+    data = chaos.RunData(["a"], {}, events, 0, {}, 0, 0.0)
+    (loss,) = chaos.losses(data, [kill], slots=2)
+    found = {f.key: (f.value, f.target, f.ok) for f in chaos.recovery_figures("worker-kill", [loss])}
+    assert found["recovery_worker-kill_p95"] == (pytest.approx(6.5), "<= 10", True)
+    assert found["detection_worker-kill_p95"] == (pytest.approx(5.5), "<= 5", False)
+    assert found["queued_worker-kill_median"] == (0.0, "", None)
+
+
+@pytest.mark.timeout(10)
 def test_restores_after_node_losses_are_judged_by_where_their_bytes_came_from() -> None:
     """A two-node member that lost one node must read nothing from the shared tier; one that lost a
     node and its buddy must read everything from it. A member that lost no node is not listed."""

@@ -291,6 +291,32 @@ def test_a_lost_worker_pool_is_the_machines_fault_its_block_retired_before_the_r
     assert [(label, block) for label, block, _ in retired] == [("slurm", "4")]  # the second had no heartbeat left
 
 
+def test_a_hung_worker_its_pool_replaced_is_the_machines_fault_and_its_block_is_kept(tmp_path: Path) -> None:
+    """``WorkerHung``: free without progress, unlike a plain lost worker, and no block is retired:
+    the pool that found it stopped lives on, with a new worker for the retry."""
+    from resilient_flows.sites._hung import WorkerHung
+
+    retired: list[tuple[str, str, str]] = []
+    handler = ResumingRetryHandler(retries=2, on_block_lost=lambda *a: retired.append(a))
+    spec = member()
+    started_attempt(tmp_path)
+    beat = heartbeat_path(tmp_path, "m")
+    beat.parent.mkdir(parents=True)
+    beat.write_text(json.dumps({"task": "m", "attempt": 1, "block": "0", "committed": None}))
+    record = {**record_of(spec, tmp_path), "executor": "local"}
+    assert handler(WorkerHung(1, "n1", 2.5), record) == 0.0
+    assert handler(WorkerLost(1, "n1"), record) == 1.0  # the same loss, its cause unknown: charged
+    assert failures(tmp_path) == [
+        (
+            "infrastructure: its worker hung (worker 1 on host n1 was stopped for 2.5 s: its pool killed it and "
+            "started another)",
+            0.0,
+        ),
+        ("lost without progress", 1.0),
+    ]
+    assert retired == []
+
+
 def test_a_rank_that_saw_its_peer_gone_makes_the_launchers_exit_status_free(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -6,7 +6,9 @@ changes, both made from outside, in the pool's process only:
 - its workers are forked from a fork server that imported torch, resilient-flows and the
   members' workloads once, instead of spawned as fresh interpreters that import them again;
 - its watchdog, which restarts a dead worker and reports the task it held as ``WorkerLost``,
-  wakes when a worker exits, instead of at its next ``heartbeat_period``.
+  wakes when a worker exits, instead of at its next ``heartbeat_period``;
+- a worker found stopped (hung, see :mod:`resilient_flows.sites._hung`) is killed, and the task
+  it held reported as ``WorkerHung``; the watchdog then starts another worker in its place.
 
 Everything else (arguments, logging, the manager, task dispatch, the lost task's report) is
 Parsl's own code. Tested with Parsl :data:`TESTED_PARSL`. The internals relied on, each checked
@@ -26,6 +28,13 @@ instead of running it differently:
   checks every worker's ``is_alive()``; ``self._stop_event`` is a ``threading.Event`` made in
   ``Manager.__init__`` and also waited on without a timeout by ``Manager.start``. The pool's
   ``Manager`` becomes a subclass whose event's timed wait also returns when a worker exits.
+- ``Manager.worker_watchdog(procs)`` is given the dict of worker id -> process that it keeps
+  (replacing a dead worker's entry); ``Manager._tasks_in_progress`` maps a busy worker's id to
+  its task (a dict with ``task_id``), the entry popped by whoever reports the task; a task's
+  failure is reported by putting ``pickle.dumps({'type': 'result', 'task_id': ..., 'exception':
+  serialize(RemoteExceptionWrapper(...))})`` on ``Manager.pending_result_queue``, as the
+  watchdog does for a dead worker. A hung worker's entry is popped before it is killed, so that
+  the watchdog, which finds it dead next, takes it for an idle worker and only replaces it.
 - Tools that find a run's pools by ``process_worker_pool`` in a process's command line (the chaos
   benchmark, the watchdog's tests) find warm pools too: their command line names the module
   ``parsl.executors.high_throughput.process_worker_pool``, the first of :data:`DEFAULT_PRELOAD`.
@@ -39,11 +48,16 @@ instead of running it differently:
 from __future__ import annotations
 
 import ast
+import contextlib
 import inspect
+import logging
 import multiprocessing
 import multiprocessing.connection
 import os
+import pickle
+import platform
 import re
+import signal
 import sys
 import threading
 from collections.abc import Sequence
@@ -51,6 +65,9 @@ from types import ModuleType
 from typing import Any
 
 from resilient_flows.errors import SiteConfigError
+from resilient_flows.sites._hung import LOOK_S, HangWatch, WorkerHung
+
+logger = logging.getLogger(__name__)
 
 __all__ = [
     "DEFAULT_PRELOAD",
@@ -224,5 +241,50 @@ def _waking_manager(base: type, workers: _WorkerContext) -> type:
                 raise RuntimeError(f"Parsl's Manager has no _stop_event (tested with Parsl {TESTED_PARSL})")
             self._stop_event = _WakingEvent(workers)
 
+        def worker_watchdog(self, procs: dict[int, Any]) -> None:
+            """Parsl's watchdog, with a thread beside it that kills hung workers (see :func:`_watch_hung`)."""
+            watch = threading.Thread(target=_watch_hung, args=(self, procs), name="hung-workers", daemon=True)
+            watch.start()
+            super().worker_watchdog(procs)
+
     WarmManager.__name__ = WarmManager.__qualname__ = base.__name__
     return WarmManager
+
+
+def _watch_hung(manager: Any, procs: dict[int, Any]) -> None:
+    """Until the pool stops: every :data:`LOOK_S`, kill the workers among ``procs`` (worker id ->
+    process, kept by Parsl's watchdog) that :class:`HangWatch` finds hung, and report their tasks."""
+    watch = HangWatch()
+    # threading.Event's own wait: the stop event's would poll the workers (see _WakingEvent), and a
+    # forkserver process polled from two threads at its exit can block one of them for good
+    while not threading.Event.wait(manager._stop_event, LOOK_S):
+        try:
+            workers = {p.pid: worker_id for worker_id, p in list(procs.items()) if p.pid is not None}
+        except RuntimeError:  # the watchdog replaced a worker meanwhile: look again next time
+            continue
+        for pid, stopped_s in watch.look(workers).items():
+            _kill_hung(manager, workers[pid], pid, stopped_s)
+
+
+def _kill_hung(manager: Any, worker_id: int, pid: int, stopped_s: float) -> None:
+    """Kill the hung worker ``pid`` and report the task it held as :class:`WorkerHung`. The task is
+    taken from the pool's books first (a stopped worker cannot report it meanwhile), so that
+    Parsl's watchdog, which finds the worker dead, only starts another."""
+    from parsl.app.errors import RemoteExceptionWrapper
+    from parsl.serialize import serialize
+
+    task = manager._tasks_in_progress.pop(worker_id, None)
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+    logger.error("Worker %s (pid %s) was stopped for %.1f s: killed", worker_id, pid, stopped_s)
+    if task is None:
+        return
+    try:
+        raise WorkerHung(worker_id, platform.node(), round(stopped_s, 1))
+    except WorkerHung:
+        package = {
+            "type": "result",
+            "task_id": task["task_id"],
+            "exception": serialize(RemoteExceptionWrapper(*sys.exc_info())),
+        }
+    manager.pending_result_queue.put(pickle.dumps(package))
