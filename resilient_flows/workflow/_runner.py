@@ -67,7 +67,7 @@ from resilient_flows.workflow._failfast import fail_lost_tasks
 from resilient_flows.workflow._interrupt import Drain, Interrupts, StopNow, quiet_stops, resume_line, shielded
 from resilient_flows.workflow._leaseguard import stop_wait_s
 from resilient_flows.workflow._monitoring import monitoring_hub, visualize_note
-from resilient_flows.workflow._ondemand import OnDemandAnalytics, worker_slots
+from resilient_flows.workflow._ondemand import LOST_PRIORITY, OnDemandAnalytics, worker_slots
 from resilient_flows.workflow._plan import plan_workflow
 from resilient_flows.workflow._report import campaign_table, ondemand_table, stage_table, status_table, write_report
 from resilient_flows.workflow._rundir import (
@@ -80,6 +80,7 @@ from resilient_flows.workflow._rundir import (
     run_members,
 )
 from resilient_flows.workflow._runlog import library_output_to_log
+from resilient_flows.workflow._standby import Standby
 from resilient_flows.workflow._status import StatusTracker
 from resilient_flows.workflow._stragglers import carry_token, kill_commands
 from resilient_flows.workflow._walltime import BlockClock
@@ -310,7 +311,15 @@ def _site_config(
     modules = [w.partition(":")[0] for w in workloads if ":" in w]
     for executor in config.executors:
         add_preload(executor, modules)
+    if _prioritized(config):
+        handler.lost_priority = LOST_PRIORITY
     return config
+
+
+def _prioritized(config: Config) -> bool:
+    """Whether every executor orders its queue by Parsl's ``priority`` (HTEX outside MPI mode)."""
+    executors = config.executors
+    return all(isinstance(e, HighThroughputExecutor) and not getattr(e, "enable_mpi_mode", False) for e in executors)
 
 
 def _retire_lost_block(label: str, block: str, why: str) -> None:
@@ -538,7 +547,7 @@ class _RunLoop:
         self.config = self.site_config()
         executors = self.config.executors
         self.mpi_mode = any(getattr(e, "enable_mpi_mode", False) for e in executors)
-        self.prioritized = all(isinstance(e, HighThroughputExecutor) for e in executors) and not self.mpi_mode
+        self.prioritized = _prioritized(self.config)
         self.submitter = _Submitter(run_dir, self.mpi_mode)
         slots = worker_slots(self.config)
         self.ondemand = OnDemandAnalytics(workflow.analytics, workflow.cosched, run_dir, slots, self._submit_analytics)
@@ -548,6 +557,7 @@ class _RunLoop:
         self._members: set[str] = set()
         self._families: dict[str, str] = {}
         self.block_clock: BlockClock | None = None
+        self.standby = Standby()
 
     def run(self, console: Console) -> int:
         with Live(console=console, refresh_per_second=4, transient=True) as live, self.interrupts.armed():
@@ -578,6 +588,7 @@ class _RunLoop:
         clear_heartbeats(self.run_dir)
         dfk, self.config = _load_parsl(self.config, self.site_config, console)
         watchdog = Watchdog(self.run_dir, self.facts.stall_timeout_s, {})
+        self.standby = Standby()  # block ids and go files are the new instance's
         if self.facts.walltime_s is not None:  # blocks end on time: see resilient_flows.workflow._walltime
             self.block_clock = BlockClock(self.run_dir, self.facts.walltime_s, _managers_of)
         lost_parsl = None
@@ -680,6 +691,8 @@ class _RunLoop:
         lost_parsl = _handle_lost(watchdog.check(executors), executors, self.submitter, watchdog, console)
         if lost_parsl is not None:
             return lost_parsl
+        self.standby.update(executors, watchdog.beats())
+        self.ledger.record(executors)  # a standby block started now is cancelled should this runner die
         if self.block_clock is not None:
             for label, block in self.block_clock.update(executors, watchdog.beats(), self._members):
                 watchdog.forget_block(label, block)

@@ -1,0 +1,145 @@
+"""Standby blocks: a site that asks for one, the runner's bookkeeping of which blocks run and which
+wait (a real HighThroughputExecutor whose blocks are recorded but not launched), and a standby
+pool that waits for its go file."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from parsl.jobs.states import JobState, JobStatus
+
+from resilient_flows.errors import SiteConfigError
+from resilient_flows.sites import load_site
+from resilient_flows.sites._parsl_adapter import go_file, is_standby, is_warm, split_argv
+from resilient_flows.sites._warmpool import wait_for_go
+from resilient_flows.workflow._standby import Standby
+
+LOCAL = {"type": "LocalProvider", "init_blocks": 1, "min_blocks": 0, "max_blocks": 1}
+
+
+def site(tmp_path: Path, executor: dict[str, Any]) -> Path:
+    path = tmp_path / "site.yaml"
+    path.write_text(yaml.safe_dump({"executors": [executor]}))
+    return path
+
+
+def standby_executor(tmp_path: Path) -> Any:
+    """The executor of a standby site, whose blocks are recorded as Parsl records them but never
+    launched; its run directory is ``tmp_path``."""
+    spec = {"type": "HighThroughputExecutor", "label": "w", "warm_workers": True, "standby_pool": True}
+    (executor,) = load_site(site(tmp_path, {**spec, "provider": LOCAL})).executors
+    executor.run_dir = str(tmp_path)
+    launched = iter(range(100, 200))
+    executor._launch_block = lambda block: str(next(launched))
+    return executor
+
+
+def test_a_standby_pool_is_a_warm_pool_that_waits_for_its_go_file(tmp_path: Path) -> None:
+    executor = standby_executor(tmp_path)
+    assert is_warm(executor) and is_standby(executor)
+    modules, standby, pool_argv = split_argv(executor.launch_cmd.split()[3:])
+    assert standby is True and "torch" in modules and pool_argv[:2] == ["{debug}", "{max_workers_per_node}"]
+    (plain,) = load_site(
+        site(tmp_path, {"type": "HighThroughputExecutor", "label": "p", "warm_workers": True, "provider": LOCAL})
+    ).executors
+    assert is_warm(plain) and not is_standby(plain)
+
+
+@pytest.mark.parametrize(
+    ("executor", "message"),
+    [
+        (
+            {"type": "HighThroughputExecutor", "label": "w", "standby_pool": True, "provider": LOCAL},
+            "standby_pool needs warm_workers: true (a standby waits preloaded)",
+        ),
+        (
+            {"type": "HighThroughputExecutor", "label": "w", "warm_workers": True, "standby_pool": 1},
+            "standby_pool must be true or false, got 1",
+        ),
+        (
+            {
+                "type": "HighThroughputExecutor",
+                "label": "w",
+                "warm_workers": True,
+                "standby_pool": True,
+                "provider": {"type": "SlurmProvider"},
+            },
+            "standby_pool applies to a LocalProvider's blocks only (elsewhere a standby is a batch job)",
+        ),
+    ],
+)
+def test_a_misplaced_standby_pool_key_is_one_clear_line(tmp_path: Path, executor: dict[str, Any], message: str) -> None:
+    path = site(tmp_path, executor)
+    with pytest.raises(SiteConfigError) as caught:
+        load_site(path)
+    assert str(caught.value) == f"{path}: executors[0] (HighThroughputExecutor): {message}"
+
+
+def go_files(tmp_path: Path) -> list[str]:
+    directory = tmp_path / "w" / "standby"
+    return sorted(p.name for p in directory.iterdir()) if directory.is_dir() else []
+
+
+def training_in(block: str) -> dict[str, dict[str, Any]]:
+    return {"m-0": {"block": block, "step_s": 0.03}}
+
+
+def test_the_runner_runs_one_block_keeps_one_waiting_and_runs_it_once_the_first_is_lost(tmp_path: Path) -> None:
+    executor = standby_executor(tmp_path)
+    standby = Standby()
+    executor.scale_out_facade(1)  # the strategy's initial block
+    executor._tasks = {0: None, 1: None, 2: None}  # outstanding
+    assert standby.update([executor], {}) == [("w", "0")]
+    assert go_files(tmp_path) == ["go-0"] and Path(go_file(executor.worker_logdir, "0")).exists()
+    assert sorted(executor.status_facade) == ["0"]  # none started while the first block's tasks start
+    assert standby.update([executor], {"m-0": {"block": "0", "step_s": None}}) == []
+    assert sorted(executor.status_facade) == ["0"]
+    assert standby.update([executor], training_in("0")) == []  # a task trains: now a standby starts
+    assert sorted(executor.status_facade) == ["0", "1"] and go_files(tmp_path) == ["go-0"]
+    assert executor.provider.max_blocks == 2  # the strategy counts the waiting block: it starts none
+    assert standby.update([executor], training_in("0")) == []
+    assert sorted(executor.status_facade) == ["0", "1"]
+    executor._status["0"] = JobStatus(JobState.SCALED_IN)  # the runner retired the lost block
+    assert standby.update([executor], training_in("0")) == [("w", "1")]
+    assert go_files(tmp_path) == ["go-0", "go-1"] and executor.provider.max_blocks == 1
+    assert sorted(executor.status_facade) == ["0", "1"]  # no new standby until block 1 trains
+    assert standby.update([executor], training_in("1")) == []
+    assert sorted(executor.status_facade) == ["0", "1", "2"] and go_files(tmp_path) == ["go-0", "go-1"]
+    assert executor.provider.max_blocks == 2
+
+
+def test_no_standby_is_started_once_no_task_is_outstanding(tmp_path: Path) -> None:
+    executor = standby_executor(tmp_path)
+    standby = Standby()
+    executor.scale_out_facade(1)
+    executor._tasks = {}
+    assert standby.update([executor], training_in("0")) == [("w", "0")]
+    assert sorted(executor.status_facade) == ["0"] and executor.provider.max_blocks == 1
+
+
+def test_an_executor_without_standby_is_left_alone(tmp_path: Path) -> None:
+    (executor,) = load_site(
+        site(tmp_path, {"type": "HighThroughputExecutor", "label": "w", "warm_workers": True, "provider": LOCAL})
+    ).executors
+    executor.run_dir = str(tmp_path)
+    executor._launch_block = lambda block: "100"
+    executor.scale_out_facade(1)
+    executor._tasks = {0: None}
+    assert Standby().update([executor], training_in("0")) == []
+    assert go_files(tmp_path) == [] and sorted(executor.status_facade) == ["0"]
+
+
+def test_a_standby_pool_goes_on_only_once_its_go_file_exists(tmp_path: Path) -> None:
+    argv = ["-a", "127.0.0.1", f"--logdir={tmp_path}", "--block_id=3", "--port=1"]
+    waiting = threading.Thread(target=wait_for_go, args=(argv,), daemon=True)
+    waiting.start()
+    waiting.join(1.0)
+    assert waiting.is_alive()  # no go file: it cannot have gone on
+    Path(go_file(tmp_path, "3")).parent.mkdir()
+    Path(go_file(tmp_path, "3")).touch()
+    waiting.join(60)
+    assert not waiting.is_alive()
