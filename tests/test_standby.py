@@ -4,6 +4,7 @@ pool that waits for its go file."""
 
 from __future__ import annotations
 
+import string
 import threading
 from pathlib import Path
 from typing import Any
@@ -16,12 +17,13 @@ from resilient_flows.errors import SiteConfigError
 from resilient_flows.sites import load_site
 from resilient_flows.sites._parsl_adapter import go_file, is_standby, is_warm, split_argv
 from resilient_flows.sites._warmpool import wait_for_go
-from resilient_flows.workflow._standby import Standby
+from resilient_flows.workflow._standby import Standby, lower_init_blocks
 
 LOCAL = {"type": "LocalProvider", "init_blocks": 1, "min_blocks": 0, "max_blocks": 1}
 
 
 def site(tmp_path: Path, executor: dict[str, Any]) -> Path:
+    tmp_path.mkdir(parents=True, exist_ok=True)
     path = tmp_path / "site.yaml"
     path.write_text(yaml.safe_dump({"executors": [executor]}))
     return path
@@ -85,7 +87,7 @@ def go_files(tmp_path: Path) -> list[str]:
 
 
 def training_in(block: str) -> dict[str, dict[str, Any]]:
-    return {"m-0": {"block": block, "step_s": 0.03}}
+    return {"m-0": {"block": block, "step": 7}}
 
 
 def test_the_runner_runs_one_block_keeps_one_waiting_and_runs_it_once_the_first_is_lost(tmp_path: Path) -> None:
@@ -96,7 +98,7 @@ def test_the_runner_runs_one_block_keeps_one_waiting_and_runs_it_once_the_first_
     assert standby.update([executor], {}) == [("w", "0")]
     assert go_files(tmp_path) == ["go-0"] and Path(go_file(executor.worker_logdir, "0")).exists()
     assert sorted(executor.status_facade) == ["0"]  # none started while the first block's tasks start
-    assert standby.update([executor], {"m-0": {"block": "0", "step_s": None}}) == []
+    assert standby.update([executor], {"m-0": {"block": "0", "step": None}}) == []
     assert sorted(executor.status_facade) == ["0"]
     assert standby.update([executor], training_in("0")) == []  # a task trains: now a standby starts
     assert sorted(executor.status_facade) == ["0", "1"] and go_files(tmp_path) == ["go-0"]
@@ -143,3 +145,43 @@ def test_a_standby_pool_goes_on_only_once_its_go_file_exists(tmp_path: Path) -> 
     Path(go_file(tmp_path, "3")).touch()
     waiting.join(60)
     assert not waiting.is_alive()
+
+
+def started(executor: Any) -> Any:
+    """``executor`` with its launch command composed as its start composes it (all but the block id)."""
+    fields = {name for _, name, _, _ in string.Formatter().parse(executor.launch_cmd) if name}
+    values = {name: f"<{name}>" for name in fields}
+    executor.launch_cmd = executor.launch_cmd.format(**{**values, "debug": "", "logdir": executor.worker_logdir})
+    return executor
+
+
+def test_a_waiting_pool_of_a_lost_instance_is_the_next_instance_s_first_block(tmp_path: Path) -> None:
+    """The lost instance's shutdown no longer knows the waiting block; the new executor takes it as
+    its block 0, starts one initial block fewer, and its go file tells the pool the new arguments."""
+    old = started(standby_executor(tmp_path / "000"))
+    before = Standby()
+    old.scale_out_facade(2)
+    old._tasks = {0: None}
+    old.provider.resources = {job: {"job_id": job, "remote_pid": 4242, "status": None} for job in ("100", "101")}
+    assert before.update([old], {}) == [("w", "0")]
+    (kept,) = before.keep([old])
+    assert (kept.label, kept.block, kept.job_id) == ("w", "1", "101")
+    assert kept.go == go_file(old.worker_logdir, "1")
+    assert old.blocks_to_job_id == {"0": "100"} and sorted(old.status_facade) == ["0"]
+    assert list(old.provider.resources) == ["100"]  # the shutdown cancels block 0 only
+
+    new = standby_executor(tmp_path / "001")
+    assert new.provider.init_blocks == 1
+    lower_init_blocks([new], [kept])
+    assert new.provider.init_blocks == 0
+    new = started(new)
+    after = Standby()
+    assert after.adopt([new], [kept]) == []
+    assert new.blocks_to_job_id == {"0": "101"} and new.status_facade["0"].state == JobState.RUNNING
+    assert new.provider.resources["101"]["remote_pid"] == 4242
+    assert after.update([new], {}) == [("w", "0")]
+    assert not Path(go_file(new.worker_logdir, "0")).exists()  # the pool waits for its old file
+    old_argv = split_argv(old._get_launch_command("1").split()[3:])[2]
+    assert wait_for_go(old_argv) == split_argv(new._get_launch_command("0").split()[3:])[2]
+    assert f"--logdir={new.worker_logdir}" in wait_for_go(old_argv) and "--block_id=0" in wait_for_go(old_argv)
+    assert new.scale_out_facade(1) == ["1"]  # the next block is numbered after it

@@ -22,10 +22,11 @@ from types import SimpleNamespace
 import pytest
 import torch
 from parsl.executors.high_throughput.errors import WorkerLost
+from slurm import wait_for
 
 from resilient_flows.apps import ResumingRetryHandler
 from resilient_flows.errors import WorkflowError
-from resilient_flows.rundir import run_layout
+from resilient_flows.rundir import read_records, run_layout
 from resilient_flows.training import CheckpointSpec, MemberSpec, TrainContext, read_events, run_member
 from resilient_flows.training._heartbeat import BEAT_S, Heartbeat, heartbeat_path, read_heartbeat
 from resilient_flows.workflow import read_plan
@@ -527,6 +528,8 @@ def test_resume_cancels_the_orphaned_pool_of_a_killed_runner(tmp_path: Path, qui
 
 
 TWO_MEMBERS = WORKFLOW.replace("count: 6", "count: 2")
+#: Members that train long enough (about 10 s on an idle core) for the runner to start a standby block.
+TWO_LONGER = TWO_MEMBERS.replace("steps: 300", "steps: 1500")
 
 
 def pool_and_manager(run_dir: Path) -> tuple[int, int]:
@@ -541,10 +544,11 @@ def pool_and_manager(run_dir: Path) -> tuple[int, int]:
 def test_a_lost_pool_is_noticed_by_its_members_not_by_parsl_s_threshold(tmp_path: Path, target: str) -> None:
     """The pool SIGKILLed (its workers train on, orphaned), or its multiprocessing manager (its
     heartbeat thread answers on, so Parsl never notices): the members see it at their next look
-    at the pool, the runner fails their tasks at once, and they resume free on a new block. (The
+    at the pool, the runner fails their tasks at once, and they resume free on the standby block that
+    waited, started and preloaded, before the fault. (The
     site's own stall timeout, 30 s, so that a block slow to start on a loaded machine is not lost.)"""
     run_dir = tmp_path / "run"
-    (tmp_path / "wf.yaml").write_text(TWO_MEMBERS)
+    (tmp_path / "wf.yaml").write_text(TWO_LONGER)
     site = REPO / "site-configs/local.yaml"
     runner = subprocess.Popen(
         [CLI, "run", tmp_path / "wf.yaml", "--site", site, "--run-dir", run_dir],
@@ -554,6 +558,7 @@ def test_a_lost_pool_is_noticed_by_its_members_not_by_parsl_s_threshold(tmp_path
     )
     try:
         wait_for_checkpoints(run_dir, 2, runner)
+        wait_for(lambda: len(blocks_of(run_dir)) >= 2, 120, "a standby block beside the running one")
         pool, manager = pool_and_manager(run_dir)
         killed = time.time()
         os.kill(pool if target == "pool" else manager, signal.SIGKILL)
@@ -585,7 +590,53 @@ def test_a_lost_pool_is_noticed_by_its_members_not_by_parsl_s_threshold(tmp_path
     if target == "pool":  # nothing in it could report: the runner failed the tasks
         assert lost is not None and all(e["error"].startswith(blocked) for e in ended), ended
     assert pools_of(run_dir) == []
+    # the lost members resumed in the standby, started before the fault, not in a block started for them
+    standby = blocks_of(run_dir)[1]
+    resumed = {e["member"]: e["block"] for e in events if e["kind"] == "started" and e["member"] in first}
+    assert resumed == {name: standby for name in first}, resumed
     assert_every_member_matches_a_fault_free_run(run_dir, tmp_path / "reference")
+
+
+@pytest.mark.slow
+def test_a_lost_interchange_hands_its_waiting_pool_to_the_next_parsl_instance(tmp_path: Path) -> None:
+    """The interchange SIGKILLed: the runner starts Parsl again, and the standby pool that waited,
+    preloaded, for the lost instance becomes the new instance's first block (the same process,
+    run with the new interchange's arguments) instead of a block started cold."""
+    run_dir = tmp_path / "run"
+    (tmp_path / "wf.yaml").write_text(TWO_LONGER)
+    runner = subprocess.Popen(
+        [CLI, "run", tmp_path / "wf.yaml", "--site", REPO / "site-configs/local.yaml", "--run-dir", run_dir],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        wait_for_checkpoints(run_dir, 2, runner)
+        wait_for(lambda: len(blocks_of(run_dir)) >= 2, 120, "a standby block beside the running one")
+        (interchange,) = [r["interchange"] for r in read_records(run_layout(run_dir)) if "interchange" in r]
+        standby = [r["pid"] for r in read_records(run_layout(run_dir)) if r.get("block") == "1"]
+        killed = time.time()
+        os.kill(interchange, signal.SIGKILL)
+        out, _ = runner.communicate(timeout=240)
+    finally:
+        if runner.poll() is None:
+            runner.kill()
+    assert runner.returncode == 0, out
+    records = list(read_records(run_layout(run_dir)))
+    second = [i for i, r in enumerate(records) if "interchange" in r][1]  # the new instance's records follow
+    firsts = [r for r in records[second:] if r.get("block") == "0"]
+    assert [r["pid"] for r in firsts] == standby, records  # its block 0 is the process that waited
+    events = [e for e in read_events(run_dir) if e["time"] >= killed]
+    assert any(e["kind"] == "lost" and "interchange of executor local exited" in e["reason"] for e in events)
+    assert {e["block"] for e in events if e["kind"] == "started"} == {"0"}
+    assert not [e for e in events if e["kind"] == "failed" and e.get("cost")], events
+    assert pools_of(run_dir) == []
+    assert_every_member_matches_a_fault_free_run(run_dir, tmp_path / "reference")
+
+
+def blocks_of(run_dir: Path) -> list[str]:
+    """The blocks the run's runner recorded, in order."""
+    return [r["block"] for r in read_records(run_layout(run_dir)) if "block" in r]
 
 
 # ----------------------------------------------------------------------------- configuration

@@ -22,6 +22,8 @@ A standby pool (``--standby``, a site's ``standby_pool: true``) does all of that
 own module too, and then waits, unknown to the interchange, until the runner creates its go file
 (:func:`~resilient_flows.sites._parsl_adapter.go_file`): a block whose pool is lost is replaced
 by one that is already started and preloaded (see :mod:`resilient_flows.workflow._standby`).
+A go file that holds a launch command (a standby adopted by the Parsl instance that replaced a
+lost interchange) gives the pool's arguments to run with instead of its own.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import importlib
 import multiprocessing
 import multiprocessing.forkserver
 import os
+import shlex
 import sys
 import time
 from collections.abc import Sequence
@@ -52,13 +55,14 @@ def main(argv: list[str]) -> None:
     finally:
         del os.environ[PRELOAD_VARIABLE]
     if standby:
-        wait_for_go(pool_argv)
+        pool_argv = wait_for_go(pool_argv)
     run_pool(pool_argv, forkserver)
 
 
-def wait_for_go(pool_argv: Sequence[str]) -> None:
+def wait_for_go(pool_argv: Sequence[str]) -> list[str]:
     """Import the pool's module, then wait for this block's go file: a standby costs a few idle
-    processes and no CPU until it is needed. A cancelled block ends here by its SIGTERM."""
+    processes and no CPU until it is needed. A cancelled block ends here by its SIGTERM. The
+    pool's arguments: those of the launch command the file holds, else ``pool_argv``."""
     importlib.import_module("parsl.executors.high_throughput.process_worker_pool")
     parser = argparse.ArgumentParser(add_help=False)
     parser.add_argument("--logdir", required=True)
@@ -67,6 +71,9 @@ def wait_for_go(pool_argv: Sequence[str]) -> None:
     go = go_file(known.logdir, known.block_id)
     while not os.path.exists(go):
         time.sleep(GO_LOOK_S)
+    with open(go) as handle:
+        command = handle.read()
+    return split_argv(shlex.split(command)[3:])[2] if command.strip() else list(pool_argv)
 
 
 if __name__ == "__main__":

@@ -80,7 +80,7 @@ from resilient_flows.workflow._rundir import (
     run_members,
 )
 from resilient_flows.workflow._runlog import library_output_to_log
-from resilient_flows.workflow._standby import Standby
+from resilient_flows.workflow._standby import Kept, Standby, cancel_kept, lower_init_blocks
 from resilient_flows.workflow._status import StatusTracker
 from resilient_flows.workflow._stragglers import carry_token, kill_commands
 from resilient_flows.workflow._walltime import BlockClock
@@ -558,6 +558,7 @@ class _RunLoop:
         self._families: dict[str, str] = {}
         self.block_clock: BlockClock | None = None
         self.standby = Standby()
+        self.kept: list[Kept] = []  # waiting pools of a lost Parsl instance, for the next one
 
     def run(self, console: Console) -> int:
         with Live(console=console, refresh_per_second=4, transient=True) as live, self.interrupts.armed():
@@ -569,6 +570,8 @@ class _RunLoop:
                 self.pending = self.submitter.restart()
                 self.ondemand.drop_unfinished()
                 self.config = self.site_config()
+        cancel_kept(self.kept)  # none adopted them: the run stopped before another instance started
+        self.kept = []
         if self.interrupts.requested:
             return self._stopped(console)
         return self._report(console)
@@ -586,9 +589,12 @@ class _RunLoop:
         for what in self.ledger.cancel_previous(self.config.executors):
             console.print(f"cancelled {what}, left by an earlier runner")
         clear_heartbeats(self.run_dir)
+        lower_init_blocks(self.config.executors, self.kept)  # a kept pool is its first block
         dfk, self.config = _load_parsl(self.config, self.site_config, console)
         watchdog = Watchdog(self.run_dir, self.facts.stall_timeout_s, {})
         self.standby = Standby()  # block ids and go files are the new instance's
+        cancel_kept(self.standby.adopt(self.config.executors, self.kept))
+        self.kept = []
         if self.facts.walltime_s is not None:  # blocks end on time: see resilient_flows.workflow._walltime
             self.block_clock = BlockClock(self.run_dir, self.facts.walltime_s, _managers_of)
         lost_parsl = None
@@ -604,6 +610,10 @@ class _RunLoop:
                     self._drain(console, live)
                 lost_parsl = _DONE
         finally:
+            if lost_parsl not in (None, _DONE) and not self.interrupts.requested:
+                self.kept = self.standby.keep(self.config.executors)  # spared by the shutdown, for the next
+                for kept in self.kept:
+                    self.ledger.spare(kept.label, kept.block)
             with quiet_stops() if self.interrupts.requested else contextlib.nullcontext():
                 self._stop_parsl(dfk, lost_parsl)
         return None if lost_parsl == _DONE else lost_parsl

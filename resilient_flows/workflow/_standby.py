@@ -12,7 +12,7 @@ look of the runner:
   (the first block of a run too, within a look of its start): the pool joins the interchange and
   forks its workers from a server that has long finished importing, in well under a second;
 - starts a new standby block once none waits, tasks are outstanding, and an attempt in one of
-  the running blocks trains (its heartbeat has a step time): the standby's imports take CPU, and
+  the running blocks trains (its heartbeat names a step it finished): the standby's imports take CPU, and
   must not slow the first block's start or the restore of the members that a lost block's
   replacement took over;
 - holds the provider's ``max_blocks`` at the running count plus the waiting ones, so that Parsl's
@@ -22,6 +22,18 @@ look of the runner:
 
 A lost block is retired as before (:func:`~resilient_flows.workflow._blocks.retire_block`);
 its Parsl status turns terminal, and the next look activates the standby.
+
+A lost interchange takes its Parsl instance with it: the runner starts a new one, whose blocks
+would all start cold. A waiting pool has not met the interchange yet, so it can serve the new one:
+:meth:`Standby.keep` takes it out of the lost instance before that is shut down (which would
+cancel it), and :meth:`Standby.adopt` makes it the first block of the new instance's executor
+of the same label, in place of the one its strategy would start cold; its go file then carries
+the new executor's launch command, whose arguments (ports, certificates, block id, log
+directory) the pool runs with. This relies on Parsl internals (2026.10.26) beside those of
+:mod:`resilient_flows.sites._parsl_adapter`: ``BlockProviderExecutor.blocks_to_job_id``,
+``job_ids_to_block``, ``_status``, ``_simulated_status``, ``_block_id_counter`` and
+``_get_launch_command``, and ``LocalProvider.resources`` (a job's record, found alive by its
+``remote_pid``).
 """
 
 from __future__ import annotations
@@ -29,10 +41,12 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from parsl.executors.status_handling import BlockProviderExecutor
+from parsl.jobs.states import JobState, JobStatus
 
 from resilient_flows.sites._parsl_adapter import go_file, is_standby
 
@@ -42,6 +56,18 @@ logger = logging.getLogger(__name__)
 STANDBY_BLOCKS = 1
 
 
+@dataclass(frozen=True)
+class Kept:
+    """A waiting block taken out of a Parsl instance that is shut down: its executor's label, its
+    block id and go file there, and its provider's record of the job."""
+
+    label: str
+    block: str
+    go: str
+    job_id: str
+    resource: dict[str, Any]
+
+
 class Standby:
     """Call :meth:`update` from the runner's loop, one instance per Parsl instance (block ids and
     go files are those of its executors)."""
@@ -49,15 +75,58 @@ class Standby:
     def __init__(self) -> None:
         self._running: dict[str, set[str]] = {}  # executor -> the blocks told to go
         self._target: dict[str, int] = {}  # executor -> the blocks it runs (the site's max_blocks)
+        self._adopted: dict[tuple[str, str], str] = {}  # (executor, block) -> the go file of a kept pool
+
+    def keep(self, executors: Iterable[Any]) -> list[Kept]:
+        """Take one waiting block of each standby executor out of its (lost) Parsl instance, so that
+        its shutdown spares it; each kept block must be adopted or cancelled (:func:`cancel_kept`)."""
+        kept = []
+        for executor in _standbys(executors):
+            told = self._running.get(executor.label, set())
+            waiting = sorted(
+                (b for b, s in executor.status_facade.items() if not s.terminal and b not in told), key=_block_order
+            )
+            job_id = waiting and executor.blocks_to_job_id.get(waiting[0])
+            resource = job_id and executor.provider.resources.get(job_id)
+            if not resource:
+                continue
+            block = waiting[0]
+            go = self._adopted.get((executor.label, block)) or go_file(executor.worker_logdir, block)
+            for table in (executor.blocks_to_job_id, executor._status, executor._simulated_status):
+                table.pop(block, None)
+            executor.job_ids_to_block.pop(job_id, None)
+            del executor.provider.resources[job_id]
+            kept.append(Kept(executor.label, block, go, job_id, resource))
+        return kept
+
+    def adopt(self, executors: Iterable[Any], kept: Iterable[Kept]) -> list[Kept]:
+        """Make each kept block the first block of the started executor of its label (before
+        anything is submitted to it); those no executor took."""
+        left = []
+        by_label = {e.label: e for e in _standbys(executors)}
+        for old in kept:
+            executor = by_label.pop(old.label, None)
+            if executor is None:
+                left.append(old)
+                continue
+            block = str(executor._block_id_counter.get_id())
+            executor.provider.resources[old.job_id] = old.resource
+            executor.blocks_to_job_id[block] = old.job_id
+            executor.job_ids_to_block[old.job_id] = block
+            executor._status[block] = JobStatus(JobState.RUNNING)
+            self._adopted[(executor.label, block)] = old.go
+            logger.info(
+                "block %s of %s is the waiting pool of the lost instance's block %s", block, old.label, old.block
+            )
+        return left
 
     def update(self, executors: Iterable[Any], beats: Mapping[str, Mapping[str, Any]]) -> list[tuple[str, str]]:
         """Activate and start standby blocks as the module says; ``beats`` are the running
         attempts' heartbeat records (their ``block``). The (executor, block) pairs activated."""
         activated = []
-        training = {str(b["block"]) for b in beats.values() if b.get("block") is not None and b.get("step_s")}
-        for executor in executors:
-            if isinstance(executor, BlockProviderExecutor) and executor.provider is not None and is_standby(executor):
-                activated.extend((executor.label, block) for block in self._update_one(executor, training))
+        training = {str(b["block"]) for b in beats.values() if b.get("block") is not None and b.get("step") is not None}
+        for executor in _standbys(executors):
+            activated.extend((executor.label, block) for block in self._update_one(executor, training))
         return activated
 
     def _update_one(self, executor: Any, training: set[str]) -> list[str]:
@@ -70,7 +139,7 @@ class Standby:
         activated = []
         while len(running) < target and waiting:
             block = waiting.pop(0)
-            _go(executor, block)
+            self._go(executor, block)
             told.add(block)
             running.append(block)
             activated.append(block)
@@ -88,13 +157,39 @@ class Standby:
         provider.max_blocks = target + len(waiting)
         return activated
 
+    def _go(self, executor: Any, block: str) -> None:
+        """Create the go file of ``block``: its pool joins the interchange. An adopted pool's file
+        (the one it waits for since its start) holds the launch command to run instead of its own."""
+        adopted = self._adopted.get((executor.label, block))
+        path = Path(adopted or go_file(executor.worker_logdir, block))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        ready = path.with_name(path.name + ".new")  # renamed into place whole: the pool reads it once it exists
+        ready.write_text(executor._get_launch_command(block) if adopted else "")
+        os.replace(ready, path)
+        logger.info("block %s of %s runs (%s)", block, executor.label, os.fspath(path))
 
-def _go(executor: Any, block: str) -> None:
-    """Create the go file of ``block``: its pool joins the interchange."""
-    path = Path(go_file(executor.worker_logdir, block))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.touch()
-    logger.info("block %s of %s runs (%s)", block, executor.label, os.fspath(path))
+
+def lower_init_blocks(executors: Iterable[Any], kept: Iterable[Kept]) -> None:
+    """Before a new Parsl instance starts: one initial block fewer for each executor that adopts a
+    kept block, which takes its place."""
+    labels = {k.label for k in kept}
+    for executor in _standbys(executors):
+        if executor.label in labels:
+            executor.provider.init_blocks = max(0, int(executor.provider.init_blocks) - 1)
+
+
+def cancel_kept(kept: Iterable[Kept]) -> None:
+    """Cancel kept blocks that no Parsl instance adopted: their pools would wait forever."""
+    from parsl.providers import LocalProvider
+
+    for old in kept:
+        provider = LocalProvider()
+        provider.resources[old.job_id] = old.resource
+        provider.cancel([old.job_id])
+
+
+def _standbys(executors: Iterable[Any]) -> list[Any]:
+    return [e for e in executors if isinstance(e, BlockProviderExecutor) and e.provider is not None and is_standby(e)]
 
 
 def _block_order(block: str) -> tuple[int, str]:
