@@ -239,6 +239,23 @@ def test_the_tasks_of_a_lost_block_fail_at_once_and_a_late_report_is_ignored(tmp
     assert "block-3" in str(running["a"].exception())
 
 
+def test_a_retry_launched_after_the_lost_attempt_started_is_not_failed_for_its_heartbeat() -> None:
+    """The attempt saw its pool gone, stopped and was retried before the runner looked: its
+    heartbeat (kept, naming the lost block) is older than the retry, which runs elsewhere."""
+    from datetime import datetime
+
+    from resilient_flows.workflow._failfast import fail_lost_tasks
+
+    executor = SimpleNamespace(label="local")
+    retried, lost = Future(), Future()
+    futures = {"r": AppFuture("local", retried), "l": AppFuture("local", lost)}
+    futures["r"].task_record["try_time_launched"] = datetime.fromtimestamp(1000.0)
+    futures["l"].task_record["try_time_launched"] = datetime.fromtimestamp(1000.0)
+    beats = {"r": {"block": "3", "started": 990.0}, "l": {"block": "3", "started": 1001.0}}
+    assert fail_lost_tasks(executor, "3", futures, beats) == ["l"]
+    assert not retried.done() and lost.done()
+
+
 def quiet_blocks(watchdog: Watchdog, tasks: int) -> list[str]:
     """The blocks the watchdog finds lost now, when block 0 of executor x holds ``tasks`` tasks."""
     watchdog._read_beats(watchdog.clock())
