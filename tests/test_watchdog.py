@@ -628,7 +628,7 @@ def test_a_lost_interchange_hands_its_waiting_pool_to_the_next_parsl_instance(tm
         text=True,
     )
     try:
-        wait_for_checkpoints(run_dir, 2, runner)
+        wait_for_checkpoints(run_dir, 2, runner, timeout=240)
         wait_for(lambda: len(blocks_of(run_dir)) >= 2, 120, "a standby block beside the running one")
         (interchange,) = [r["interchange"] for r in read_records(run_layout(run_dir)) if "interchange" in r]
         standby = [r["pid"] for r in read_records(run_layout(run_dir)) if r.get("block") == "1"]
