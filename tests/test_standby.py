@@ -5,6 +5,7 @@ pool that waits for its go file."""
 from __future__ import annotations
 
 import string
+import subprocess
 import threading
 from pathlib import Path
 from typing import Any
@@ -17,7 +18,7 @@ from resilient_flows.errors import SiteConfigError
 from resilient_flows.sites import load_site
 from resilient_flows.sites._parsl_adapter import go_file, is_standby, is_warm, split_argv
 from resilient_flows.sites._warmpool import wait_for_go
-from resilient_flows.workflow._standby import Standby, lower_init_blocks
+from resilient_flows.workflow._standby import Kept, Standby, cancel_kept, lower_init_blocks
 
 LOCAL = {"type": "LocalProvider", "init_blocks": 1, "min_blocks": 0, "max_blocks": 1}
 
@@ -185,3 +186,14 @@ def test_a_waiting_pool_of_a_lost_instance_is_the_next_instance_s_first_block(tm
     assert wait_for_go(old_argv) == split_argv(new._get_launch_command("0").split()[3:])[2]
     assert f"--logdir={new.worker_logdir}" in wait_for_go(old_argv) and "--block_id=0" in wait_for_go(old_argv)
     assert new.scale_out_facade(1) == ["1"]  # the next block is numbered after it
+
+
+def test_a_kept_block_that_no_instance_adopted_is_cancelled_with_its_group(tmp_path: Path) -> None:
+    waiting = subprocess.Popen(["sleep", "300"], start_new_session=True)  # stands in for a waiting pool's group
+    try:
+        resource = {"job_id": "1", "remote_pid": waiting.pid, "status": None}
+        cancel_kept([Kept("w", "1", str(tmp_path / "go-1"), "1", resource)])
+        assert waiting.wait(timeout=30) == -15  # SIGTERM, as Parsl cancels a local block
+    finally:
+        if waiting.poll() is None:
+            waiting.kill()

@@ -47,6 +47,7 @@ from typing import Any
 
 from parsl.executors.status_handling import BlockProviderExecutor
 from parsl.jobs.states import JobState, JobStatus
+from parsl.providers import LocalProvider
 
 from resilient_flows.sites._parsl_adapter import go_file, is_standby
 
@@ -86,11 +87,11 @@ class Standby:
             waiting = sorted(
                 (b for b, s in executor.status_facade.items() if not s.terminal and b not in told), key=_block_order
             )
-            job_id = waiting and executor.blocks_to_job_id.get(waiting[0])
-            resource = job_id and executor.provider.resources.get(job_id)
-            if not resource:
+            block = waiting[0] if waiting else None
+            job_id = executor.blocks_to_job_id.get(block) if block is not None else None
+            resource = executor.provider.resources.get(job_id) if job_id is not None else None
+            if block is None or job_id is None or not isinstance(resource, dict):
                 continue
-            block = waiting[0]
             go = self._adopted.get((executor.label, block)) or go_file(executor.worker_logdir, block)
             for table in (executor.blocks_to_job_id, executor._status, executor._simulated_status):
                 table.pop(block, None)
@@ -180,8 +181,6 @@ def lower_init_blocks(executors: Iterable[Any], kept: Iterable[Kept]) -> None:
 
 def cancel_kept(kept: Iterable[Kept]) -> None:
     """Cancel kept blocks that no Parsl instance adopted: their pools would wait forever."""
-    from parsl.providers import LocalProvider
-
     for old in kept:
         provider = LocalProvider()
         provider.resources[old.job_id] = old.resource
