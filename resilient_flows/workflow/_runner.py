@@ -701,7 +701,7 @@ class _RunLoop:
         lost_parsl = _handle_lost(watchdog.check(executors), executors, self.submitter, watchdog, console)
         if lost_parsl is not None:
             return lost_parsl
-        self.standby.update(executors, watchdog.beats())
+        self.standby.update(executors)
         self.ledger.record(executors)  # a standby block started now is cancelled should this runner die
         if self.block_clock is not None:
             for label, block in self.block_clock.update(executors, watchdog.beats(), self._members):

@@ -11,10 +11,11 @@ look of the runner:
 - activates the oldest waiting blocks while fewer blocks run than the provider's ``max_blocks``
   (the first block of a run too, within a look of its start): the pool joins the interchange and
   forks its workers from a server that has long finished importing, in well under a second;
-- starts a new standby block once none waits, tasks are outstanding, and an attempt in one of
-  the running blocks trains (its heartbeat names a step it finished): the standby's imports take CPU, and
-  must not slow the first block's start or the restore of the members that a lost block's
-  replacement took over;
+- starts a new standby block once none waits, a block runs and tasks are outstanding: at once,
+  because faults come in bursts (a pool lost seconds after the last one should find its
+  replacement preloaded), at the price of the standby's imports competing for the cores with
+  the first block's start or with the restores of the members that a lost block's replacement
+  took over;
 - holds the provider's ``max_blocks`` at the running count plus the waiting ones, so that Parsl's
   strategy, which counts a waiting block as a block, starts a block only for a running one that
   is missing. Should the strategy and the runner start one at the same moment, the extra block
@@ -40,7 +41,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -121,16 +122,14 @@ class Standby:
             )
         return left
 
-    def update(self, executors: Iterable[Any], beats: Mapping[str, Mapping[str, Any]]) -> list[tuple[str, str]]:
-        """Activate and start standby blocks as the module says; ``beats`` are the running
-        attempts' heartbeat records (their ``block``). The (executor, block) pairs activated."""
+    def update(self, executors: Iterable[Any]) -> list[tuple[str, str]]:
+        """Activate and start standby blocks as the module says; the (executor, block) pairs activated."""
         activated = []
-        training = {str(b["block"]) for b in beats.values() if b.get("block") is not None and b.get("step") is not None}
         for executor in _standbys(executors):
-            activated.extend((executor.label, block) for block in self._update_one(executor, training))
+            activated.extend((executor.label, block) for block in self._update_one(executor))
         return activated
 
-    def _update_one(self, executor: Any, training: set[str]) -> list[str]:
+    def _update_one(self, executor: Any) -> list[str]:
         label, provider = executor.label, executor.provider
         target = self._target.setdefault(label, max(1, int(provider.max_blocks)))
         told = self._running.setdefault(label, set())
@@ -147,7 +146,7 @@ class Standby:
         wanted = (
             len(waiting) < STANDBY_BLOCKS
             and executor.outstanding() > 0
-            and any(b in training for b in running)
+            and bool(running)
             and len(alive) < target + STANDBY_BLOCKS
         )
         if wanted:
