@@ -590,7 +590,7 @@ class _RunLoop:
             console.print(f"cancelled {what}, left by an earlier runner")
         clear_heartbeats(self.run_dir)
         lower_init_blocks(self.config.executors, self.kept)  # a kept pool is its first block
-        dfk, self.config = _load_parsl(self.config, self.site_config, console)
+        dfk, self.config = _load_parsl(self.config, self._fresh_config, console)
         watchdog = Watchdog(self.run_dir, self.facts.stall_timeout_s, {})
         self.standby = Standby()  # block ids and go files are the new instance's
         cancel_kept(self.standby.adopt(self.config.executors, self.kept))
@@ -617,6 +617,13 @@ class _RunLoop:
             with quiet_stops() if self.interrupts.requested else contextlib.nullcontext():
                 self._stop_parsl(dfk, lost_parsl)
         return None if lost_parsl == _DONE else lost_parsl
+
+    def _fresh_config(self) -> Config:
+        """The site's configuration built anew (for another try to start Parsl), with one initial
+        block fewer for each waiting pool kept from a lost instance."""
+        config = self.site_config()
+        lower_init_blocks(config.executors, self.kept)
+        return config
 
     def _stop_parsl(self, dfk: Any, lost_parsl: str | None) -> None:
         """Shut the Parsl instance down: at once after a second stop signal, abandoned after its
