@@ -191,3 +191,16 @@ def test_a_kept_block_that_no_instance_adopted_is_cancelled_with_its_group(tmp_p
     finally:
         if waiting.poll() is None:
             waiting.kill()
+
+
+def test_members_with_a_checkpoint_go_first_to_a_new_parsl_instance(tmp_path: Path) -> None:
+    """After a lost interchange: the members it stopped keep their place ahead of those never started."""
+    from resilient_flows.training import MemberSpec
+    from resilient_flows.workflow._runner import resumed_first
+
+    members = [MemberSpec(name=f"m-{i}", workload="mlp-digits", params={}, steps=20) for i in range(4)]
+    for name in ("m-1", "m-3"):
+        step = tmp_path / "members" / name / "checkpoints" / "step-00000010"
+        step.mkdir(parents=True)
+        (step / "manifest.json").write_text("{}")
+    assert [m.name for m in resumed_first(tmp_path, members)] == ["m-1", "m-3", "m-0", "m-2"]

@@ -53,6 +53,7 @@ from resilient_flows.training import (
     clone_order_path,
     end_lease,
     has_result,
+    latest_committed_step,
     member_dir,
     stage_finished,
 )
@@ -285,6 +286,14 @@ class _Submitter:
 
 #: What a poll of the run returns once every task is done (else: None, or why Parsl was lost).
 _DONE = "done"
+
+
+def resumed_first(run_dir: Path, members: list[MemberSpec]) -> list[MemberSpec]:
+    """``members`` to submit to a new Parsl instance, those that committed a checkpoint first (in
+    their order, then the others in theirs): the new interchange runs tasks in the order they came,
+    and the members a lost interchange stopped keep their place ahead of those never started."""
+    started = [m for m in members if latest_committed_step(run_dir, m) >= 0]
+    return started + [m for m in members if m not in started]
 
 
 def _site_config(
@@ -567,7 +576,7 @@ class _RunLoop:
                 if lost_parsl is None or self.interrupts.requested:
                     break
                 console.print(f"[bold yellow]{lost_parsl}[/]: starting Parsl again; unfinished tasks resume")
-                self.pending = self.submitter.restart()
+                self.pending = resumed_first(self.run_dir, self.submitter.restart())
                 self.ondemand.drop_unfinished()
                 self.config = self.site_config()
         cancel_kept(self.kept)  # none adopted them: the run stopped before another instance started
