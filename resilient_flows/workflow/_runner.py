@@ -15,6 +15,7 @@ import functools
 import hashlib
 import logging
 import os
+import queue
 import subprocess
 import sys
 import threading
@@ -304,14 +305,17 @@ def _site_config(
     monitor_as: str | None = None,
     token: str | None = None,
     workloads: tuple[str, ...] = (),
+    retired: queue.SimpleQueue | None = None,
 ) -> Config:
     """The site's Parsl configuration for this run, with our retry handler (its blocks' error
     handler tolerates lost blocks: see :func:`~resilient_flows.sites._build.build_config`), blocks
     that carry the runner's ``token``, where given (what is left of them is found by it: see
     :mod:`resilient_flows.workflow._stragglers`) and, where ``monitor_as`` names the workflow,
     Parsl's monitoring into the run's database (see :mod:`resilient_flows.workflow._monitoring`).
-    Warm worker pools preload the ``workloads`` (``module:function``) as well."""
-    handler = ResumingRetryHandler(retries, free_without_progress=free_stops, on_block_lost=_retire_lost_block)
+    Warm worker pools preload the ``workloads`` (``module:function``) as well. The blocks the
+    retry handler retires are put in ``retired``, where given, for the runner to fail their other tasks."""
+    on_lost = functools.partial(_retire_lost_block, retired)
+    handler = ResumingRetryHandler(retries, free_without_progress=free_stops, on_block_lost=on_lost)
     layout = run_layout(run_dir)
     extra = {} if monitor_as is None else {"monitoring": monitoring_hub(layout.monitoring_db, monitor_as)}
     config = site.config(run_dir=str(layout.parsl), retries=retries, retry_handler=handler, **extra)
@@ -331,13 +335,17 @@ def _prioritized(config: Config) -> bool:
     return all(isinstance(e, HighThroughputExecutor) and not getattr(e, "enable_mpi_mode", False) for e in executors)
 
 
-def _retire_lost_block(label: str, block: str, why: str) -> None:
+def _retire_lost_block(retired: queue.SimpleQueue | None, label: str, block: str, why: str) -> None:
     """The retry handler found that a task's block lost a node (or its pool): hold the block, so
     that the interchange sends it no retry, and cancel it, so that Parsl starts a healthy one.
-    Called from Parsl's thread that judges the failure, before the retry is submitted."""
+    Called from Parsl's thread that judges the failure, before the retry is submitted. The block
+    goes to ``retired``: the runner fails its other tasks at its next look, as for a block its
+    watchdog found lost, rather than leave them to the interchange's heartbeat threshold."""
     executor = parsl.dfk().executors.get(label)
     if isinstance(executor, BlockProviderExecutor) and retire_block(executor, block):
         logger.info("retired block %s of %s: %s", block, label, why)
+        if retired is not None:
+            retired.put((label, block))
 
 
 def _managers_of(executor: Any) -> list[dict[str, Any]] | None:
@@ -543,6 +551,7 @@ class _RunLoop:
             if campaign.strategy == "pbt"
         ]
         self.stages = workflow.stage_specs()
+        self.retired: queue.SimpleQueue = queue.SimpleQueue()  # (executor, block) the retry handler retired
         self.site_config = functools.partial(
             _site_config,
             plan.site_file,
@@ -552,6 +561,7 @@ class _RunLoop:
             workflow.name if workflow.monitoring else None,
             token=self.ledger.token,
             workloads=tuple(sorted({m.workload for m in plan.members})),
+            retired=self.retired,
         )
         self.config = self.site_config()
         executors = self.config.executors
@@ -602,6 +612,8 @@ class _RunLoop:
         dfk, self.config = _load_parsl(self.config, self._fresh_config, console)
         watchdog = Watchdog(self.run_dir, self.facts.stall_timeout_s, {})
         self.standby = Standby()  # block ids and go files are the new instance's
+        while not self.retired.empty():  # blocks of the lost instance, whose ids the new one reuses
+            self.retired.get()
         cancel_kept(self.standby.adopt(self.config.executors, self.kept))
         self.kept = []
         if self.facts.walltime_s is not None:  # blocks end on time: see resilient_flows.workflow._walltime
@@ -717,6 +729,7 @@ class _RunLoop:
         lost_parsl = _handle_lost(watchdog.check(executors), executors, self.submitter, watchdog, console)
         if lost_parsl is not None:
             return lost_parsl
+        self._fail_retired(executors, watchdog)
         self.standby.update(executors)
         self.ledger.record(executors)  # a standby block started now is cancelled should this runner die
         if self.block_clock is not None:
@@ -731,6 +744,17 @@ class _RunLoop:
             table = Group(stage_table(self.run_dir, self.stages, events), table)
         live.update(table)
         return None
+
+    def _fail_retired(self, executors: list[Any], watchdog: Watchdog) -> None:
+        """Fail at once the tasks still running in the blocks the retry handler retired (one of
+        their tasks failed for the machine's fault), as for a block the watchdog found lost."""
+        while not self.retired.empty():
+            label, block = self.retired.get()
+            watchdog.forget_block(label, block)
+            futures = {**self.submitter.stages, **self.submitter.futures}
+            for executor in executors:
+                if executor.label == label:
+                    fail_lost_tasks(executor, block, futures, watchdog.beats())
 
     def _report(self, console: Console) -> int:
         """Write and print the report; 1 when a member or stage failed."""
