@@ -318,6 +318,11 @@ class ResumingRetryHandler:
     :data:`MAX_BACKOFF_S`): the retry's app is given ``backoff_s``, which it sleeps, beating, before
     it starts.
 
+    A retry after the machine's fault keeps the member's place: with ``lost_priority`` set (an
+    executor that orders its queue by Parsl's ``priority``: HTEX outside MPI mode), the retry is
+    sent at that priority, ahead of the members still queued that never started, so that a lost
+    pool's members train again on the first free workers instead of after the whole queue.
+
     Failures and retries go to the run's event log. Recording them never hides the task's own
     error: should the record fail (an unwritable run directory, a spec that does not parse), the
     handler logs why and judges the error all the same, so that the error Parsl hands the caller is
@@ -329,12 +334,14 @@ class ResumingRetryHandler:
         retries: int,
         free_without_progress: int = 3,
         on_block_lost: Callable[[str, str, str], None] | None = None,
+        lost_priority: int | None = None,
     ) -> None:
         if free_without_progress < 0:
             raise ValueError(f"free_without_progress must be >= 0, got {free_without_progress}")
         self.retries = retries
         self.free_without_progress = free_without_progress
         self.on_block_lost = on_block_lost
+        self.lost_priority = lost_priority
         self._progress: dict[int, int] = {}
         self._stalled: dict[int, int] = {}  # task -> attempts in a row that ended without progress
         self._quick: dict[int, int] = {}  # task -> attempts in a row that ended quickly
@@ -418,6 +425,11 @@ class ResumingRetryHandler:
         if self.stopping:
             return math.inf
         if task_record["fail_cost"] + cost <= self.retries:
+            if machine is not None and self.lost_priority is not None:
+                task_record["resource_specification"] = {
+                    **(task_record.get("resource_specification") or {}),
+                    "priority": self.lost_priority,
+                }
             wait = self._backoff(task, task_record, progressed)
             events.emit(
                 "retried",

@@ -317,6 +317,28 @@ def test_a_hung_worker_its_pool_replaced_is_the_machines_fault_and_its_block_is_
     assert retired == []
 
 
+def test_the_retry_after_a_lost_pool_keeps_its_place_ahead_of_members_never_started(tmp_path: Path) -> None:
+    """With ``lost_priority`` (HTEX's queue by priority), the retry after the machine's fault is sent
+    at it, the task's other resources kept; a retry after the member's own error keeps none."""
+    from parsl.executors.high_throughput.errors import ManagerLost
+
+    handler = ResumingRetryHandler(retries=2, lost_priority=1)
+    spec = member()
+    started_attempt(tmp_path)
+    beat = heartbeat_path(tmp_path, "m")
+    beat.parent.mkdir(parents=True)
+    beat.write_text(json.dumps({"task": "m", "attempt": 1, "block": "0", "committed": None}))
+    lost = {**record_of(spec, tmp_path), "executor": "local", "resource_specification": {"other": 3}}
+    assert handler(ManagerLost(b"x", "vm"), lost) == 0.0
+    assert lost["resource_specification"] == {"other": 3, "priority": 1}
+    crashed = {**record_of(spec, tmp_path), "id": 1, "executor": "local", "resource_specification": {}}
+    assert handler(RuntimeError("its own bug"), crashed) == 1.0
+    assert crashed["resource_specification"] == {}
+    unordered = {**record_of(spec, tmp_path), "id": 2, "executor": "local", "resource_specification": {}}
+    assert ResumingRetryHandler(retries=2)(ManagerLost(b"x", "vm"), unordered) == 0.0
+    assert unordered["resource_specification"] == {}
+
+
 def test_a_rank_that_saw_its_peer_gone_makes_the_launchers_exit_status_free(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

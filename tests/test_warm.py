@@ -54,8 +54,9 @@ def test_the_runs_workloads_join_the_preload_once_each_and_only_python_names(tmp
     ).executors
     add_preload(executor, ["mine", "torch", "mine", "x;rm -rf ~", "pkg.sub"])
     argv = executor.launch_cmd.split()[3:]
-    modules, pool_argv = split_argv(argv)
+    modules, standby, pool_argv = split_argv(argv)
     assert modules == [*DEFAULT_PRELOAD, "mine", "pkg.sub"]
+    assert standby is False
     assert pool_argv[:2] == ["{debug}", "{max_workers_per_node}"]
 
 

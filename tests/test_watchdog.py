@@ -22,9 +22,11 @@ from types import SimpleNamespace
 import pytest
 import torch
 from parsl.executors.high_throughput.errors import WorkerLost
+from slurm import wait_for
 
 from resilient_flows.apps import ResumingRetryHandler
 from resilient_flows.errors import WorkflowError
+from resilient_flows.rundir import read_records, run_layout
 from resilient_flows.training import CheckpointSpec, MemberSpec, TrainContext, read_events, run_member
 from resilient_flows.training._heartbeat import BEAT_S, Heartbeat, heartbeat_path, read_heartbeat
 from resilient_flows.workflow import read_plan
@@ -237,6 +239,23 @@ def test_the_tasks_of_a_lost_block_fail_at_once_and_a_late_report_is_ignored(tmp
     assert "block-3" in str(running["a"].exception())
 
 
+def test_a_retry_launched_after_the_lost_attempt_started_is_not_failed_for_its_heartbeat() -> None:
+    """The attempt saw its pool gone, stopped and was retried before the runner looked: its
+    heartbeat (kept, naming the lost block) is older than the retry, which runs elsewhere."""
+    from datetime import datetime
+
+    from resilient_flows.workflow._failfast import fail_lost_tasks
+
+    executor = SimpleNamespace(label="local")
+    retried, lost = Future(), Future()
+    futures = {"r": AppFuture("local", retried), "l": AppFuture("local", lost)}
+    futures["r"].task_record["try_time_launched"] = datetime.fromtimestamp(1000.0)
+    futures["l"].task_record["try_time_launched"] = datetime.fromtimestamp(1000.0)
+    beats = {"r": {"block": "3", "started": 990.0}, "l": {"block": "3", "started": 1001.0}}
+    assert fail_lost_tasks(executor, "3", futures, beats) == ["l"]
+    assert not retried.done() and lost.done()
+
+
 def quiet_blocks(watchdog: Watchdog, tasks: int) -> list[str]:
     """The blocks the watchdog finds lost now, when block 0 of executor x holds ``tasks`` tasks."""
     watchdog._read_beats(watchdog.clock())
@@ -419,6 +438,25 @@ def pools_of(run_dir: Path) -> list[int]:
     return [pid for pid, (_, cmd) in processes().items() if "process_worker_pool" in cmd and str(run_dir) in cmd]
 
 
+def running_pool(run_dir: Path) -> int:
+    """The pool that runs the run's members (the local site keeps a standby pool beside it): the
+    one among whose descendants a running attempt's heartbeat names its process."""
+    everything = processes()
+    pools = set(pools_of(run_dir))
+    found = set()
+    for path in run_layout(run_dir).heartbeats.iterdir():
+        beat = read_heartbeat(path)
+        pid = None if beat is None else beat.get("pid")
+        for _ in range(8):
+            if pid is None or pid in pools:
+                break
+            pid = everything.get(pid, (None, ""))[0]
+        if pid in pools:
+            found.add(pid)
+    (pool,) = found
+    return pool
+
+
 def wait_for_checkpoints(run_dir: Path, count: int, runner: subprocess.Popen, timeout: float = 120) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -452,7 +490,7 @@ def test_a_pool_whose_workers_and_manager_process_were_killed_is_replaced(tmp_pa
     runner = start_runner(tmp_path, quick_site, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         wait_for_checkpoints(run_dir, 2, runner)
-        (pool,) = pools_of(run_dir)
+        pool = running_pool(run_dir)
         spawned = [pid for pid, (parent, _) in processes().items() if parent == pool]
         assert len(spawned) >= 3  # two workers and the manager process (and a resource tracker)
         killed_at = time.monotonic()
@@ -480,7 +518,7 @@ def test_resume_cancels_the_orphaned_pool_of_a_killed_runner(tmp_path: Path, qui
     runner = start_runner(tmp_path, quick_site, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         wait_for_checkpoints(run_dir, 2, runner)
-        (pool,) = pools_of(run_dir)
+        pool = running_pool(run_dir)
         everything = processes()
         servers = {pid for pid, (parent, cmd) in everything.items() if parent == pool and "forkserver" in cmd}
         workers = [  # spawned by the pool, or forked by its fork server (a warm pool)
@@ -493,7 +531,7 @@ def test_resume_cancels_the_orphaned_pool_of_a_killed_runner(tmp_path: Path, qui
             os.kill(pid, signal.SIGKILL)
         runner.wait(timeout=10)
         time.sleep(2)
-        assert pools_of(run_dir) == [pool]  # orphaned: it would hold its node until the walltime
+        assert pool in pools_of(run_dir)  # orphaned: it would hold its node until the walltime
     finally:
         if runner.poll() is None:
             runner.kill()
@@ -507,11 +545,13 @@ def test_resume_cancels_the_orphaned_pool_of_a_killed_runner(tmp_path: Path, qui
 
 
 TWO_MEMBERS = WORKFLOW.replace("count: 6", "count: 2")
+#: Members that train long enough (about 10 s on an idle core) for the runner to start a standby block.
+TWO_LONGER = TWO_MEMBERS.replace("steps: 300", "steps: 1500")
 
 
 def pool_and_manager(run_dir: Path) -> tuple[int, int]:
     """The run's worker pool and its multiprocessing manager (the pool's oldest spawned child)."""
-    (pool,) = pools_of(run_dir)
+    pool = running_pool(run_dir)
     spawned = [pid for pid, (parent, cmd) in processes().items() if parent == pool and "spawn_main" in cmd]
     return pool, min(spawned, key=lambda pid: (process_start_time(pid) or 0, pid))
 
@@ -521,10 +561,11 @@ def pool_and_manager(run_dir: Path) -> tuple[int, int]:
 def test_a_lost_pool_is_noticed_by_its_members_not_by_parsl_s_threshold(tmp_path: Path, target: str) -> None:
     """The pool SIGKILLed (its workers train on, orphaned), or its multiprocessing manager (its
     heartbeat thread answers on, so Parsl never notices): the members see it at their next look
-    at the pool, the runner fails their tasks at once, and they resume free on a new block. (The
+    at the pool, the runner fails their tasks at once, and they resume free on the standby block that
+    waited, started and preloaded, before the fault. (The
     site's own stall timeout, 30 s, so that a block slow to start on a loaded machine is not lost.)"""
     run_dir = tmp_path / "run"
-    (tmp_path / "wf.yaml").write_text(TWO_MEMBERS)
+    (tmp_path / "wf.yaml").write_text(TWO_LONGER)
     site = REPO / "site-configs/local.yaml"
     runner = subprocess.Popen(
         [CLI, "run", tmp_path / "wf.yaml", "--site", site, "--run-dir", run_dir],
@@ -534,6 +575,7 @@ def test_a_lost_pool_is_noticed_by_its_members_not_by_parsl_s_threshold(tmp_path
     )
     try:
         wait_for_checkpoints(run_dir, 2, runner)
+        wait_for(lambda: len(blocks_of(run_dir)) >= 2, 120, "a standby block beside the running one")
         pool, manager = pool_and_manager(run_dir)
         killed = time.time()
         os.kill(pool if target == "pool" else manager, signal.SIGKILL)
@@ -560,12 +602,59 @@ def test_a_lost_pool_is_noticed_by_its_members_not_by_parsl_s_threshold(tmp_path
     (lost, *_) = [e for e in events if e["kind"] == "lost"] or [None]
     if lost is not None:
         assert lost["reason"].startswith(f"the worker pool of block {lost['block']} is gone") and gone in lost["reason"]
-    blocked = f"ManagerLost: Task failure due to loss of manager block-{lost and lost['block']} "
+    # (the watchdog's block, or the one the retry handler retired when a member's own stop came first)
+    blocked = f"ManagerLost: Task failure due to loss of manager block-{lost['block'] + ' ' if lost else ''}"
     assert all(e["error"].startswith((blocked, "Preempted: ")) for e in ended), ended
     if target == "pool":  # nothing in it could report: the runner failed the tasks
         assert lost is not None and all(e["error"].startswith(blocked) for e in ended), ended
     assert pools_of(run_dir) == []
+    # the lost members resumed in the standby, started before the fault, not in a block started for them
+    standby = blocks_of(run_dir)[1]
+    resumed = {e["member"]: e["block"] for e in events if e["kind"] == "started" and e["member"] in first}
+    assert resumed == {name: standby for name in first}, resumed
     assert_every_member_matches_a_fault_free_run(run_dir, tmp_path / "reference")
+
+
+@pytest.mark.slow
+def test_a_lost_interchange_hands_its_waiting_pool_to_the_next_parsl_instance(tmp_path: Path) -> None:
+    """The interchange SIGKILLed: the runner starts Parsl again, and the standby pool that waited,
+    preloaded, for the lost instance becomes the new instance's first block (the same process,
+    run with the new interchange's arguments) instead of a block started cold."""
+    run_dir = tmp_path / "run"
+    (tmp_path / "wf.yaml").write_text(TWO_LONGER)
+    runner = subprocess.Popen(
+        [CLI, "run", tmp_path / "wf.yaml", "--site", REPO / "site-configs/local.yaml", "--run-dir", run_dir],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        wait_for_checkpoints(run_dir, 2, runner, timeout=240)
+        wait_for(lambda: len(blocks_of(run_dir)) >= 2, 120, "a standby block beside the running one")
+        (interchange,) = [r["interchange"] for r in read_records(run_layout(run_dir)) if "interchange" in r]
+        standby = [r["pid"] for r in read_records(run_layout(run_dir)) if r.get("block") == "1"]
+        killed = time.time()
+        os.kill(interchange, signal.SIGKILL)
+        out, _ = runner.communicate(timeout=240)
+    finally:
+        if runner.poll() is None:
+            runner.kill()
+    assert runner.returncode == 0, out
+    records = list(read_records(run_layout(run_dir)))
+    second = [i for i, r in enumerate(records) if "interchange" in r][1]  # the new instance's records follow
+    firsts = [r for r in records[second:] if r.get("block") == "0"]
+    assert [r["pid"] for r in firsts] == standby, records  # its block 0 is the process that waited
+    events = [e for e in read_events(run_dir) if e["time"] >= killed]
+    assert any(e["kind"] == "lost" and "interchange of executor local exited" in e["reason"] for e in events)
+    assert {e["block"] for e in events if e["kind"] == "started"} == {"0"}
+    assert not [e for e in events if e["kind"] == "failed" and e.get("cost")], events
+    assert pools_of(run_dir) == []
+    assert_every_member_matches_a_fault_free_run(run_dir, tmp_path / "reference")
+
+
+def blocks_of(run_dir: Path) -> list[str]:
+    """The blocks the run's runner recorded, in order."""
+    return [r["block"] for r in read_records(run_layout(run_dir)) if "block" in r]
 
 
 # ----------------------------------------------------------------------------- configuration

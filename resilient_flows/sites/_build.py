@@ -20,7 +20,9 @@ A ``HighThroughputExecutor`` also takes ``warm_workers`` (``true``/``false``, de
 Parsl's own pool): its blocks then fork their workers from a server that imported torch,
 resilient-flows and the run's workloads once (see :mod:`resilient_flows.sites._warmpool`), so
 that a member retried after its worker died trains again within a fraction of a second. It
-replaces the executor's ``launch_cmd``, so the two are not given together.
+replaces the executor's ``launch_cmd``, so the two are not given together. With warm workers on a
+``LocalProvider``, ``standby_pool: true`` keeps one more block started and preloaded, idle, that
+takes over at once when a block's pool is lost (see :mod:`resilient_flows.workflow._standby`).
 
 String values may use the environment (``${NAME}``, ``${NAME:-default}``, ``${NAME:?hint}``,
 ``$${`` for a literal ``${``; see :mod:`resilient_flows.envvars`), so that one site file serves
@@ -60,6 +62,8 @@ _OURS = (PatientBlockErrorHandler,)
 POLL_KEY = "status_polling_interval"
 #: The key a ``HighThroughputExecutor`` takes beside its constructor's arguments (see the module's docstring).
 WARM_KEY = "warm_workers"
+#: The key that gives a warm ``HighThroughputExecutor`` on a ``LocalProvider`` a standby block.
+STANDBY_KEY = "standby_pool"
 
 
 def _classes() -> dict[str, type]:
@@ -119,10 +123,11 @@ def _build(spec: Any, where: str, classes: dict[str, type]) -> Any:
     if provider and POLL_KEY in spec:
         poll_s = _poll_seconds(spec.pop(POLL_KEY), f"{where} ({name}): {POLL_KEY}")
     warm = _warm(cls, spec, f"{where} ({name})")
+    standby = _standby(spec, warm, f"{where} ({name})")
     _check_keys(cls, spec, f"{where} ({name})", extra={POLL_KEY} if provider else frozenset())
     args = {key: _value(key, value, f"{where}.{key}", classes) for key, value in spec.items()}
     if warm:
-        args["launch_cmd"] = warm_launch_cmd(DEFAULT_PRELOAD)
+        args["launch_cmd"] = warm_launch_cmd(DEFAULT_PRELOAD, standby=standby)
     _check_types(cls, args, f"{where} ({name})")
     try:
         built = cls(**args)
@@ -145,6 +150,26 @@ def _warm(cls: type, spec: dict[str, Any], where: str) -> bool:
     if value and spec.get("launch_cmd"):
         raise SiteConfigError(f"{where}: {WARM_KEY} replaces launch_cmd: give one of them")
     return value
+
+
+def _standby(spec: dict[str, Any], warm: bool, where: str) -> bool:
+    """Whether the executor ``spec`` (its ``standby_pool`` key taken out) asks for a standby block:
+    only warm pools can wait preloaded, and only on this machine is a spare block cheap."""
+    if STANDBY_KEY not in spec:
+        return False
+    value = spec.pop(STANDBY_KEY)
+    if not isinstance(value, bool):
+        raise SiteConfigError(f"{where}: {STANDBY_KEY} must be true or false, got {value!r}")
+    if not value:
+        return False
+    if not warm:
+        raise SiteConfigError(f"{where}: {STANDBY_KEY} needs {WARM_KEY}: true (a standby waits preloaded)")
+    provider = spec.get("provider")
+    if not isinstance(provider, dict) or provider.get("type") != "LocalProvider":
+        raise SiteConfigError(
+            f"{where}: {STANDBY_KEY} applies to a LocalProvider's blocks only (elsewhere a standby is a batch job)"
+        )
+    return True
 
 
 def _poll_seconds(value: Any, where: str) -> float:

@@ -72,9 +72,12 @@ logger = logging.getLogger(__name__)
 __all__ = [
     "DEFAULT_PRELOAD",
     "POOL_SCRIPT",
+    "STANDBY_FLAG",
     "TESTED_PARSL",
     "WARM_MODULE",
     "add_preload",
+    "go_file",
+    "is_standby",
     "is_warm",
     "run_pool",
     "split_argv",
@@ -88,6 +91,8 @@ POOL_SCRIPT = "process_worker_pool.py"
 #: The module a warm launch command runs instead.
 WARM_MODULE = "resilient_flows.sites._warmpool"
 _PRELOAD_FLAG = "--preload"
+#: What makes a warm pool a standby: warm, it waits for its go file before it joins the interchange.
+STANDBY_FLAG = "--standby"
 _MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 #: What every warm pool imports once: the pool's own module (its workers' code), torch, what
 #: torch imports on first use (``torch._dynamo``: any optimizer's constructor, about 1.5 s on an
@@ -105,10 +110,12 @@ DEFAULT_PRELOAD = (
 )
 
 
-def warm_launch_cmd(preload: Sequence[str]) -> str:
+def warm_launch_cmd(preload: Sequence[str], standby: bool = False) -> str:
     """HTEX's default ``launch_cmd`` with the pool started by :data:`WARM_MODULE`, which preloads
-    ``preload`` (module names) in its fork server. The interpreter is the ``python3`` on the
-    block's ``PATH``, as the default's script is found there (``run`` puts its own first)."""
+    ``preload`` (module names) in its fork server; with ``standby``, each pool then waits for its
+    :func:`go_file` before it joins the interchange (see :mod:`resilient_flows.workflow._standby`).
+    The interpreter is the ``python3`` on the block's ``PATH``, as the default's script is found
+    there (``run`` puts its own first)."""
     from parsl.executors.high_throughput.executor import DEFAULT_LAUNCH_CMD
 
     if not DEFAULT_LAUNCH_CMD.startswith(POOL_SCRIPT + " "):
@@ -117,7 +124,8 @@ def warm_launch_cmd(preload: Sequence[str]) -> str:
             f"(tested with Parsl {', '.join(TESTED_PARSL)}); set warm_workers: false"
         )
     modules = ",".join(dict.fromkeys(preload))
-    return f"python3 -m {WARM_MODULE} {_PRELOAD_FLAG} {modules} -- " + DEFAULT_LAUNCH_CMD[len(POOL_SCRIPT) + 1 :]
+    flag = f" {STANDBY_FLAG}" if standby else ""
+    return f"python3 -m {WARM_MODULE} {_PRELOAD_FLAG} {modules}{flag} -- " + DEFAULT_LAUNCH_CMD[len(POOL_SCRIPT) + 1 :]
 
 
 def is_warm(executor: Any) -> bool:
@@ -139,12 +147,29 @@ def add_preload(executor: Any, modules: Sequence[str]) -> None:
     executor.launch_cmd = f"{before}{flag}{merged} {tail}"
 
 
-def split_argv(argv: Sequence[str]) -> tuple[list[str], list[str]]:
-    """The modules to preload and the pool's own arguments, from a warm pool's command line."""
+def is_standby(executor: Any) -> bool:
+    """Whether ``executor``'s blocks start as warm standby pools, each waiting for its go file."""
+    return is_warm(executor) and f" {STANDBY_FLAG} -- " in str(executor.launch_cmd)
+
+
+def go_file(logdir: str | os.PathLike[str], block: str) -> str:
+    """Where the runner tells the standby pool of ``block`` (whose ``--logdir`` is ``logdir``: one
+    per Parsl instance and executor) to join the interchange."""
+    return os.path.join(logdir, "standby", f"go-{block}")
+
+
+def split_argv(argv: Sequence[str]) -> tuple[list[str], bool, list[str]]:
+    """The modules to preload, whether the pool is a standby, and the pool's own arguments, from a
+    warm pool's command line."""
     argv = list(argv)
+    standby = len(argv) > 2 and argv[2] == STANDBY_FLAG
+    if standby:
+        del argv[2]
     if len(argv) < 3 or argv[0] != _PRELOAD_FLAG or argv[2] != "--":
-        raise SystemExit(f"usage: python -m {WARM_MODULE} {_PRELOAD_FLAG} MOD[,MOD...] -- POOL-ARGUMENTS")
-    return [m for m in argv[1].split(",") if m], argv[3:]
+        raise SystemExit(
+            f"usage: python -m {WARM_MODULE} {_PRELOAD_FLAG} MOD[,MOD...] [{STANDBY_FLAG}] -- POOL-ARGUMENTS"
+        )
+    return [m for m in argv[1].split(",") if m], standby, argv[3:]
 
 
 def run_pool(argv: Sequence[str], forkserver: multiprocessing.context.BaseContext) -> None:

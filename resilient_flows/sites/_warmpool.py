@@ -17,21 +17,36 @@ the fork, with the ``CUDA_VISIBLE_DEVICES`` the pool gives it. (numpy's OpenBLAS
 threads at import, and is fork-safe: it stops and restarts them around a fork.) A workload
 module that starts threads or touches a device at import time breaks this: :mod:`resilient_flows.sites._preload`
 says so on the pool's stderr.
+
+A standby pool (``--standby``, a site's ``standby_pool: true``) does all of that, imports the pool's
+own module too, and then waits, unknown to the interchange, until the runner creates its go file
+(:func:`~resilient_flows.sites._parsl_adapter.go_file`): a block whose pool is lost is replaced
+by one that is already started and preloaded (see :mod:`resilient_flows.workflow._standby`).
+A go file that holds a launch command (a standby adopted by the Parsl instance that replaced a
+lost interchange) gives the pool's arguments to run with instead of its own.
 """
 
 from __future__ import annotations
 
+import argparse
+import importlib
 import multiprocessing
 import multiprocessing.forkserver
 import os
+import shlex
 import sys
+import time
+from collections.abc import Sequence
 
-from resilient_flows.sites._parsl_adapter import run_pool, split_argv
+from resilient_flows.sites._parsl_adapter import go_file, run_pool, split_argv
 from resilient_flows.sites._preload import PRELOAD_VARIABLE
+
+#: Seconds between two looks of a standby pool for its go file.
+GO_LOOK_S = 0.05
 
 
 def main(argv: list[str]) -> None:
-    modules, pool_argv = split_argv(argv)
+    modules, standby, pool_argv = split_argv(argv)
     forkserver = multiprocessing.get_context("forkserver")
     forkserver.set_forkserver_preload(["resilient_flows.sites._preload"])
     os.environ[PRELOAD_VARIABLE] = ",".join(modules)
@@ -39,7 +54,26 @@ def main(argv: list[str]) -> None:
         multiprocessing.forkserver.ensure_running()
     finally:
         del os.environ[PRELOAD_VARIABLE]
+    if standby:
+        pool_argv = wait_for_go(pool_argv)
     run_pool(pool_argv, forkserver)
+
+
+def wait_for_go(pool_argv: Sequence[str]) -> list[str]:
+    """Import the pool's module, then wait for this block's go file: a standby costs a few idle
+    processes and no CPU until it is needed. A cancelled block ends here by its SIGTERM. The
+    pool's arguments: those of the launch command the file holds, else ``pool_argv``."""
+    importlib.import_module("parsl.executors.high_throughput.process_worker_pool")
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("--logdir", required=True)
+    parser.add_argument("--block_id", required=True)
+    known, _ = parser.parse_known_args(list(pool_argv))
+    go = go_file(known.logdir, known.block_id)
+    while not os.path.exists(go):
+        time.sleep(GO_LOOK_S)
+    with open(go) as handle:
+        command = handle.read()
+    return split_argv(shlex.split(command)[3:])[2] if command.strip() else list(pool_argv)
 
 
 if __name__ == "__main__":

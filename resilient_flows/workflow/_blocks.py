@@ -105,6 +105,12 @@ class BlockLedger:
         if everything:
             self._seen.clear()
 
+    def spare(self, label: str, block: str) -> None:
+        """Leave what block ``block`` of executor ``label`` runs alone when its Parsl instance is
+        reaped: a standby pool handed on to the next instance (see
+        :mod:`resilient_flows.workflow._standby`), which records it anew."""
+        self._leftovers.get(label, {}).pop(block, None)
+
     def previous(self) -> list[dict[str, Any]]:
         """The records of the runners before this one."""
         return [r for r in read_records(run_layout(self.run_dir)) if r.get("runner") != self.runner]

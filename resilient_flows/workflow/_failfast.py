@@ -9,16 +9,17 @@ the retry handler takes it for the machine's fault (no retry charged) and Parsl 
 on a healthy block.
 
 This relies on Parsl internals (2026.10.26), kept here until one module adapts Parsl:
-``AppFuture.task_record["exec_fu"]`` and ``["executor"]``, the executor future of the task's
-current try and its executor's label. HTEX's result thread completes that future when the
-interchange reports the task (its own, later report of the same loss, or a late result) and ends
-on a future completed twice; so the future is first made to ignore a second completion, and
-whichever completion comes first wins.
+``AppFuture.task_record["exec_fu"]``, ``["executor"]`` and ``["try_time_launched"]``, the
+executor future of the task's current try, its executor's label and when the try was launched.
+HTEX's result thread completes that future when the interchange reports the task (its own, later
+report of the same loss, or a late result) and ends on a future completed twice; so the future is
+first made to ignore a second completion, and whichever completion comes first wins.
 """
 
 from __future__ import annotations
 
 import contextlib
+import datetime
 import logging
 import socket
 from collections.abc import Iterable, Mapping
@@ -44,6 +45,8 @@ def fail_lost_tasks(
         exec_fu = record.get("exec_fu")
         if record.get("executor") != executor.label or not isinstance(exec_fu, Future) or exec_fu.done():
             continue
+        if _earlier_try(beats[name], record):
+            continue
         lost = ManagerLost(f"block-{block}".encode(), str(beats[name].get("host") or socket.gethostname()))
         _completed_once(exec_fu)
         exec_fu.set_exception(lost)
@@ -52,6 +55,18 @@ def fail_lost_tasks(
     if failed:
         logger.info("failed the tasks of lost block %s of %s at once: %s", block, executor.label, ", ".join(failed))
     return failed
+
+
+def _earlier_try(beat: Mapping[str, Any], record: dict[str, Any]) -> bool:
+    """Whether ``beat`` is left by an attempt that started before the task's current try was
+    launched: the attempt saw its pool gone, stopped and was retried before the runner looked, and
+    the retry, sent elsewhere, must not be failed for it (two tries of one member would then run).
+    A clock skew between the attempt's node and the runner can only make a lost try wait for the
+    interchange's own report, never fail a try that was not lost."""
+    started, launched = beat.get("started"), record.get("try_time_launched")
+    if not isinstance(started, int | float) or not isinstance(launched, datetime.datetime):
+        return False
+    return started < launched.timestamp()
 
 
 def _completed_once(future: Future) -> None:

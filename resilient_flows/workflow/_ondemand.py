@@ -36,6 +36,9 @@ from resilient_flows.workflow.schema import AnalyticsConfig, CoschedConfig
 
 #: Parsl HTEX priority of on-demand analytics: lower runs first, members have none (last).
 ANALYTICS_PRIORITY = 0
+#: Parsl HTEX priority of a member's retry after the machine's fault: after analytics, ahead of
+#: the members that wait for their first start (see :class:`~resilient_flows.apps.ResumingRetryHandler`).
+LOST_PRIORITY = 1
 
 
 def worker_slots(config: Config) -> int:

@@ -15,6 +15,7 @@ import functools
 import hashlib
 import logging
 import os
+import queue
 import subprocess
 import sys
 import threading
@@ -53,6 +54,7 @@ from resilient_flows.training import (
     clone_order_path,
     end_lease,
     has_result,
+    latest_committed_step,
     member_dir,
     stage_finished,
 )
@@ -68,7 +70,7 @@ from resilient_flows.workflow._failfast import fail_lost_tasks
 from resilient_flows.workflow._interrupt import Drain, Interrupts, StopNow, quiet_stops, resume_line, shielded
 from resilient_flows.workflow._leaseguard import stop_wait_s
 from resilient_flows.workflow._monitoring import monitoring_hub, visualize_note
-from resilient_flows.workflow._ondemand import OnDemandAnalytics, worker_slots
+from resilient_flows.workflow._ondemand import LOST_PRIORITY, OnDemandAnalytics, worker_slots
 from resilient_flows.workflow._plan import plan_workflow
 from resilient_flows.workflow._report import campaign_table, ondemand_table, stage_table, status_table, write_report
 from resilient_flows.workflow._rundir import (
@@ -81,6 +83,7 @@ from resilient_flows.workflow._rundir import (
     run_members,
 )
 from resilient_flows.workflow._runlog import library_output_to_log
+from resilient_flows.workflow._standby import Kept, Standby, cancel_kept, lower_init_blocks
 from resilient_flows.workflow._status import StatusTracker
 from resilient_flows.workflow._stragglers import carry_token, kill_commands, new_token
 from resilient_flows.workflow._walltime import BlockClock
@@ -294,6 +297,14 @@ class _Submitter:
 _DONE = "done"
 
 
+def resumed_first(run_dir: Path, members: list[MemberSpec]) -> list[MemberSpec]:
+    """``members`` to submit to a new Parsl instance, those that committed a checkpoint first (in
+    their order, then the others in theirs): the new interchange runs tasks in the order they came,
+    and the members a lost interchange stopped keep their place ahead of those never started."""
+    started = [m for m in members if latest_committed_step(run_dir, m) >= 0]
+    return started + [m for m in members if m not in started]
+
+
 def _site_config(
     site: SiteFile,
     run_dir: Path,
@@ -303,6 +314,7 @@ def _site_config(
     token: str | None = None,
     workloads: tuple[str, ...] = (),
     shrinkable: bool = False,
+    retired: queue.SimpleQueue | None = None,
 ) -> Config:
     """The site's Parsl configuration for this run, with our retry handler (its blocks' error
     handler tolerates lost blocks: see :func:`~resilient_flows.sites._build.build_config`), blocks
@@ -310,8 +322,11 @@ def _site_config(
     :mod:`resilient_flows.workflow._stragglers`) and, where ``monitor_as`` names the workflow,
     Parsl's monitoring into the run's database (see :mod:`resilient_flows.workflow._monitoring`).
     Warm worker pools preload the ``workloads`` (``module:function``) as well. Where a member is
-    ``shrinkable`` (``min_nodes`` below its ``nodes``), blocks outlive a lost node, spares or not."""
-    handler = ResumingRetryHandler(retries, free_without_progress=free_stops, on_block_lost=_retire_lost_block)
+    ``shrinkable`` (``min_nodes`` below its ``nodes``), blocks outlive a lost node, spares or not.
+    The blocks the retry handler retires are put in ``retired``, where given, for the runner to fail
+    their other tasks."""
+    on_lost = functools.partial(_retire_lost_block, retired)
+    handler = ResumingRetryHandler(retries, free_without_progress=free_stops, on_block_lost=on_lost)
     layout = run_layout(run_dir)
     extra = {} if monitor_as is None else {"monitoring": monitoring_hub(layout.monitoring_db, monitor_as)}
     config = site.config(
@@ -322,6 +337,8 @@ def _site_config(
     modules = [w.partition(":")[0] for w in workloads if ":" in w]
     for executor in config.executors:
         add_preload(executor, modules)
+    if _prioritized(config):
+        handler.lost_priority = LOST_PRIORITY
     return config
 
 
@@ -338,13 +355,23 @@ def _no_initial_blocks(config: Config) -> None:
             provider.init_blocks = 0
 
 
-def _retire_lost_block(label: str, block: str, why: str) -> None:
+def _prioritized(config: Config) -> bool:
+    """Whether every executor orders its queue by Parsl's ``priority`` (HTEX outside MPI mode)."""
+    executors = config.executors
+    return all(isinstance(e, HighThroughputExecutor) and not getattr(e, "enable_mpi_mode", False) for e in executors)
+
+
+def _retire_lost_block(retired: queue.SimpleQueue | None, label: str, block: str, why: str) -> None:
     """The retry handler found that a task's block lost a node (or its pool): hold the block, so
     that the interchange sends it no retry, and cancel it, so that Parsl starts a healthy one.
-    Called from Parsl's thread that judges the failure, before the retry is submitted."""
+    Called from Parsl's thread that judges the failure, before the retry is submitted. The block
+    goes to ``retired``: the runner fails its other tasks at its next look, as for a block its
+    watchdog found lost, rather than leave them to the interchange's heartbeat threshold."""
     executor = parsl.dfk().executors.get(label)
     if isinstance(executor, BlockProviderExecutor) and retire_block(executor, block):
         logger.info("retired block %s of %s: %s", block, label, why)
+        if retired is not None:
+            retired.put((label, block))
 
 
 def _managers_of(executor: Any) -> list[dict[str, Any]] | None:
@@ -563,6 +590,7 @@ class _RunLoop:
             if campaign.strategy == "pbt"
         ]
         self.stages = workflow.stage_specs()
+        self.retired: queue.SimpleQueue = queue.SimpleQueue()  # (executor, block) the retry handler retired
         self.site_config = functools.partial(
             _site_config,
             plan.site_file,
@@ -573,11 +601,12 @@ class _RunLoop:
             token=self.ledger.token,
             workloads=tuple(sorted({m.workload for m in plan.members})),
             shrinkable=any(m.min_nodes is not None and m.min_nodes < m.nodes for m in plan.members),
+            retired=self.retired,
         )
         self.config = self.site_config()
         executors = self.config.executors
         self.mpi_mode = any(getattr(e, "enable_mpi_mode", False) for e in executors)
-        self.prioritized = all(isinstance(e, HighThroughputExecutor) for e in executors) and not self.mpi_mode
+        self.prioritized = _prioritized(self.config)
         self.submitter = _Submitter(run_dir, self.mpi_mode)
         slots = worker_slots(self.config)
         self.ondemand = OnDemandAnalytics(workflow.analytics, workflow.cosched, run_dir, slots, self._submit_analytics)
@@ -590,6 +619,8 @@ class _RunLoop:
         self._members: set[str] = set()
         self._families: dict[str, str] = {}
         self.block_clock: BlockClock | None = None
+        self.standby = Standby()
+        self.kept: list[Kept] = []  # waiting pools of a lost Parsl instance, for the next one
 
     def run(self, console: Console) -> int:
         with Live(console=console, refresh_per_second=4, transient=True) as live, self.interrupts.armed():
@@ -599,13 +630,15 @@ class _RunLoop:
                     if lost_parsl is None or self.interrupts.requested:
                         break
                     console.print(f"[bold yellow]{lost_parsl}[/]: starting Parsl again; unfinished tasks resume")
-                    self.pending = self.submitter.restart(self._adopted())
+                    self.pending = resumed_first(self.run_dir, self.submitter.restart(self._adopted()))
                     self.ondemand.drop_unfinished()
                     self.config = self.site_config()
             finally:
                 if self.adoption is not None:  # stopped before the adopted attempts ended: theirs go too
                     self._cancel_previous(console)
                     self.adoption.abandon()
+        cancel_kept(self.kept)  # none adopted them: the run stopped before another instance started
+        self.kept = []
         if self.interrupts.requested:
             return self._stopped(console)
         return self._report(console)
@@ -671,8 +704,14 @@ class _RunLoop:
         if self.adoption is None:
             self._cancel_previous(console)
         clear_heartbeats(self.run_dir, keep=self._adopted())
-        dfk, self.config = _load_parsl(self.config, self.site_config, console)
+        lower_init_blocks(self.config.executors, self.kept)  # a kept pool is its first block
+        dfk, self.config = _load_parsl(self.config, self._fresh_config, console)
         watchdog = Watchdog(self.run_dir, self.facts.stall_timeout_s, {})
+        self.standby = Standby()  # block ids and go files are the new instance's
+        while not self.retired.empty():  # blocks of the lost instance, whose ids the new one reuses
+            self.retired.get()
+        cancel_kept(self.standby.adopt(self.config.executors, self.kept))
+        self.kept = []
         if self.facts.walltime_s is not None:  # blocks end on time: see resilient_flows.workflow._walltime
             self.block_clock = BlockClock(self.run_dir, self.facts.walltime_s, _managers_of)
         lost_parsl = None
@@ -688,9 +727,20 @@ class _RunLoop:
                     self._drain(console, live)
                 lost_parsl = _DONE
         finally:
+            if lost_parsl not in (None, _DONE) and not self.interrupts.requested:
+                self.kept = self.standby.keep(self.config.executors)  # spared by the shutdown, for the next
+                for kept in self.kept:
+                    self.ledger.spare(kept.label, kept.block)
             with quiet_stops() if self.interrupts.requested else contextlib.nullcontext():
                 self._stop_parsl(dfk, lost_parsl)
         return None if lost_parsl == _DONE else lost_parsl
+
+    def _fresh_config(self) -> Config:
+        """The site's configuration built anew (for another try to start Parsl), with one initial
+        block fewer for each waiting pool kept from a lost instance."""
+        config = self.site_config()
+        lower_init_blocks(config.executors, self.kept)
+        return config
 
     def _stop_parsl(self, dfk: Any, lost_parsl: str | None) -> None:
         """Shut the Parsl instance down: at once after a second stop signal, abandoned after its
@@ -777,6 +827,9 @@ class _RunLoop:
         lost_parsl = _handle_lost(watchdog.check(executors), executors, self.submitter, watchdog, console)
         if lost_parsl is not None:
             return lost_parsl
+        self._fail_retired(executors, watchdog)
+        self.standby.update(executors)
+        self.ledger.record(executors)  # a standby block started now is cancelled should this runner die
         if self.block_clock is not None:
             for label, block in self.block_clock.update(executors, watchdog.beats(), self._members):
                 watchdog.forget_block(label, block)
@@ -789,6 +842,17 @@ class _RunLoop:
             table = Group(stage_table(self.run_dir, self.stages, events), table)
         live.update(table)
         return None
+
+    def _fail_retired(self, executors: list[Any], watchdog: Watchdog) -> None:
+        """Fail at once the tasks still running in the blocks the retry handler retired (one of
+        their tasks failed for the machine's fault), as for a block the watchdog found lost."""
+        while not self.retired.empty():
+            label, block = self.retired.get()
+            watchdog.forget_block(label, block)
+            futures = {**self.submitter.stages, **self.submitter.futures}
+            for executor in executors:
+                if executor.label == label:
+                    fail_lost_tasks(executor, block, futures, watchdog.beats())
 
     def _report(self, console: Console) -> int:
         """Write and print the report; 1 when a member or stage failed."""

@@ -1,0 +1,194 @@
+"""Standby blocks: a lost worker pool's tasks go at once to a pool that is already started and preloaded.
+
+A block whose pool dies (the pool or its multiprocessing manager killed, the watchdog retiring it)
+is replaced by Parsl with a new block: on this machine the pool's start and its fork server's
+imports of torch and the workloads take seconds, tens of them on busy cores, while the lost
+members wait. An executor with ``standby_pool: true`` (warm workers on a ``LocalProvider``) keeps
+one more block than it runs: its pool imports everything, then waits, unknown to the
+interchange and costing no CPU, for its go file (:mod:`resilient_flows.sites._warmpool`). Each
+look of the runner:
+
+- activates the oldest waiting blocks while fewer blocks run than the provider's ``max_blocks``
+  (the first block of a run too, within a look of its start): the pool joins the interchange and
+  forks its workers from a server that has long finished importing, in well under a second;
+- starts a new standby block once none waits, a block runs and tasks are outstanding: at once,
+  because faults come in bursts (a pool lost seconds after the last one should find its
+  replacement preloaded), at the price of the standby's imports competing for the cores with
+  the first block's start or with the restores of the members that a lost block's replacement
+  took over;
+- holds the provider's ``max_blocks`` at the running count plus the waiting ones, so that Parsl's
+  strategy, which counts a waiting block as a block, starts a block only for a running one that
+  is missing. Should the strategy and the runner start one at the same moment, the extra block
+  waits too, idle, until it is needed.
+
+A lost block is retired as before (:func:`~resilient_flows.workflow._blocks.retire_block`);
+its Parsl status turns terminal, and the next look activates the standby.
+
+A lost interchange takes its Parsl instance with it: the runner starts a new one, whose blocks
+would all start cold. A waiting pool has not met the interchange yet, so it can serve the new one:
+:meth:`Standby.keep` takes it out of the lost instance before that is shut down (which would
+cancel it), and :meth:`Standby.adopt` makes it the first block of the new instance's executor
+of the same label, in place of the one its strategy would start cold; its go file then carries
+the new executor's launch command, whose arguments (ports, certificates, block id, log
+directory) the pool runs with. This relies on Parsl internals (2026.10.26) beside those of
+:mod:`resilient_flows.sites._parsl_adapter`: ``BlockProviderExecutor.blocks_to_job_id``,
+``job_ids_to_block``, ``_status``, ``_simulated_status``, ``_block_id_counter`` and
+``_get_launch_command``, and ``LocalProvider.resources`` (a job's record, found alive by its
+``remote_pid``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from parsl.executors.status_handling import BlockProviderExecutor
+from parsl.jobs.states import JobState, JobStatus
+from parsl.providers import LocalProvider
+
+from resilient_flows.sites._parsl_adapter import go_file, is_standby
+
+logger = logging.getLogger(__name__)
+
+#: How many blocks of an executor wait as standbys.
+STANDBY_BLOCKS = 1
+
+
+@dataclass(frozen=True)
+class Kept:
+    """A waiting block taken out of a Parsl instance that is shut down: its executor's label, its
+    block id and go file there, and its provider's record of the job."""
+
+    label: str
+    block: str
+    go: str
+    job_id: str
+    resource: dict[str, Any]
+
+
+class Standby:
+    """Call :meth:`update` from the runner's loop, one instance per Parsl instance (block ids and
+    go files are those of its executors)."""
+
+    def __init__(self) -> None:
+        self._running: dict[str, set[str]] = {}  # executor -> the blocks told to go
+        self._target: dict[str, int] = {}  # executor -> the blocks it runs (the site's max_blocks)
+        self._adopted: dict[tuple[str, str], str] = {}  # (executor, block) -> the go file of a kept pool
+
+    def keep(self, executors: Iterable[Any]) -> list[Kept]:
+        """Take one waiting block of each standby executor out of its (lost) Parsl instance, so that
+        its shutdown spares it; each kept block must be adopted or cancelled (:func:`cancel_kept`)."""
+        kept = []
+        for executor in _standbys(executors):
+            told = self._running.get(executor.label, set())
+            waiting = sorted(
+                (b for b, s in executor.status_facade.items() if not s.terminal and b not in told), key=_block_order
+            )
+            block = waiting[0] if waiting else None
+            job_id = executor.blocks_to_job_id.get(block) if block is not None else None
+            resource = executor.provider.resources.get(job_id) if job_id is not None else None
+            if block is None or job_id is None or not isinstance(resource, dict):
+                continue
+            go = self._adopted.get((executor.label, block)) or go_file(executor.worker_logdir, block)
+            for table in (executor.blocks_to_job_id, executor._status, executor._simulated_status):
+                table.pop(block, None)
+            executor.job_ids_to_block.pop(job_id, None)
+            del executor.provider.resources[job_id]
+            kept.append(Kept(executor.label, block, go, job_id, resource))
+        return kept
+
+    def adopt(self, executors: Iterable[Any], kept: Iterable[Kept]) -> list[Kept]:
+        """Make each kept block the first block of the started executor of its label (before
+        anything is submitted to it); those no executor took."""
+        left = []
+        by_label = {e.label: e for e in _standbys(executors)}
+        for old in kept:
+            executor = by_label.pop(old.label, None)
+            if executor is None:
+                left.append(old)
+                continue
+            block = str(executor._block_id_counter.get_id())
+            executor.provider.resources[old.job_id] = old.resource
+            executor.blocks_to_job_id[block] = old.job_id
+            executor.job_ids_to_block[old.job_id] = block
+            executor._status[block] = JobStatus(JobState.RUNNING)
+            self._adopted[(executor.label, block)] = old.go
+            logger.info(
+                "block %s of %s is the waiting pool of the lost instance's block %s", block, old.label, old.block
+            )
+        return left
+
+    def update(self, executors: Iterable[Any]) -> list[tuple[str, str]]:
+        """Activate and start standby blocks as the module says; the (executor, block) pairs activated."""
+        activated = []
+        for executor in _standbys(executors):
+            activated.extend((executor.label, block) for block in self._update_one(executor))
+        return activated
+
+    def _update_one(self, executor: Any) -> list[str]:
+        label, provider = executor.label, executor.provider
+        target = self._target.setdefault(label, max(1, int(provider.max_blocks)))
+        told = self._running.setdefault(label, set())
+        alive = sorted((b for b, s in executor.status_facade.items() if not s.terminal), key=_block_order)
+        running = [b for b in alive if b in told]
+        waiting = [b for b in alive if b not in told]
+        activated = []
+        while len(running) < target and waiting:
+            block = waiting.pop(0)
+            self._go(executor, block)
+            told.add(block)
+            running.append(block)
+            activated.append(block)
+        wanted = (
+            len(waiting) < STANDBY_BLOCKS
+            and executor.outstanding() > 0
+            and bool(running)
+            and len(alive) < target + STANDBY_BLOCKS
+        )
+        if wanted:
+            provider.max_blocks = target + len(waiting) + 1
+            new = executor.scale_out_facade(1)
+            waiting.extend(new)
+            logger.info("started standby block %s of %s", ", ".join(new) or "(none)", label)
+        provider.max_blocks = target + len(waiting)
+        return activated
+
+    def _go(self, executor: Any, block: str) -> None:
+        """Create the go file of ``block``: its pool joins the interchange. An adopted pool's file
+        (the one it waits for since its start) holds the launch command to run instead of its own."""
+        adopted = self._adopted.get((executor.label, block))
+        path = Path(adopted or go_file(executor.worker_logdir, block))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        ready = path.with_name(path.name + ".new")  # renamed into place whole: the pool reads it once it exists
+        ready.write_text(executor._get_launch_command(block) if adopted else "")
+        os.replace(ready, path)
+        logger.info("block %s of %s runs (%s)", block, executor.label, os.fspath(path))
+
+
+def lower_init_blocks(executors: Iterable[Any], kept: Iterable[Kept]) -> None:
+    """Before a new Parsl instance starts: one initial block fewer for each executor that adopts a
+    kept block, which takes its place."""
+    labels = {k.label for k in kept}
+    for executor in _standbys(executors):
+        if executor.label in labels:
+            executor.provider.init_blocks = max(0, int(executor.provider.init_blocks) - 1)
+
+
+def cancel_kept(kept: Iterable[Kept]) -> None:
+    """Cancel kept blocks that no Parsl instance adopted: their pools would wait forever."""
+    for old in kept:
+        provider = LocalProvider()
+        provider.resources[old.job_id] = old.resource
+        provider.cancel([old.job_id])
+
+
+def _standbys(executors: Iterable[Any]) -> list[Any]:
+    return [e for e in executors if isinstance(e, BlockProviderExecutor) and e.provider is not None and is_standby(e)]
+
+
+def _block_order(block: str) -> tuple[int, str]:
+    return (int(block), block) if block.isdigit() else (1 << 62, block)

@@ -1,0 +1,206 @@
+"""Standby blocks: a site that asks for one, the runner's bookkeeping of which blocks run and which
+wait (a real HighThroughputExecutor whose blocks are recorded but not launched), and a standby
+pool that waits for its go file."""
+
+from __future__ import annotations
+
+import string
+import subprocess
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from parsl.jobs.states import JobState, JobStatus
+
+from resilient_flows.errors import SiteConfigError
+from resilient_flows.sites import load_site
+from resilient_flows.sites._parsl_adapter import go_file, is_standby, is_warm, split_argv
+from resilient_flows.sites._warmpool import wait_for_go
+from resilient_flows.workflow._standby import Kept, Standby, cancel_kept, lower_init_blocks
+
+LOCAL = {"type": "LocalProvider", "init_blocks": 1, "min_blocks": 0, "max_blocks": 1}
+
+
+def site(tmp_path: Path, executor: dict[str, Any]) -> Path:
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    path = tmp_path / "site.yaml"
+    path.write_text(yaml.safe_dump({"executors": [executor]}))
+    return path
+
+
+def standby_executor(tmp_path: Path) -> Any:
+    """The executor of a standby site, whose blocks are recorded as Parsl records them but never
+    launched; its run directory is ``tmp_path``."""
+    spec = {"type": "HighThroughputExecutor", "label": "w", "warm_workers": True, "standby_pool": True}
+    (executor,) = load_site(site(tmp_path, {**spec, "provider": LOCAL})).executors
+    executor.run_dir = str(tmp_path)
+    launched = iter(range(100, 200))
+    executor._launch_block = lambda block: str(next(launched))
+    return executor
+
+
+def test_a_standby_pool_is_a_warm_pool_that_waits_for_its_go_file(tmp_path: Path) -> None:
+    executor = standby_executor(tmp_path)
+    assert is_warm(executor) and is_standby(executor)
+    modules, standby, pool_argv = split_argv(executor.launch_cmd.split()[3:])
+    assert standby is True and "torch" in modules and pool_argv[:2] == ["{debug}", "{max_workers_per_node}"]
+    (plain,) = load_site(
+        site(tmp_path, {"type": "HighThroughputExecutor", "label": "p", "warm_workers": True, "provider": LOCAL})
+    ).executors
+    assert is_warm(plain) and not is_standby(plain)
+
+
+@pytest.mark.parametrize(
+    ("executor", "message"),
+    [
+        (
+            {"type": "HighThroughputExecutor", "label": "w", "standby_pool": True, "provider": LOCAL},
+            "standby_pool needs warm_workers: true (a standby waits preloaded)",
+        ),
+        (
+            {"type": "HighThroughputExecutor", "label": "w", "warm_workers": True, "standby_pool": 1},
+            "standby_pool must be true or false, got 1",
+        ),
+        (
+            {
+                "type": "HighThroughputExecutor",
+                "label": "w",
+                "warm_workers": True,
+                "standby_pool": True,
+                "provider": {"type": "SlurmProvider"},
+            },
+            "standby_pool applies to a LocalProvider's blocks only (elsewhere a standby is a batch job)",
+        ),
+    ],
+)
+def test_a_misplaced_standby_pool_key_is_one_clear_line(tmp_path: Path, executor: dict[str, Any], message: str) -> None:
+    path = site(tmp_path, executor)
+    with pytest.raises(SiteConfigError) as caught:
+        load_site(path)
+    assert str(caught.value) == f"{path}: executors[0] (HighThroughputExecutor): {message}"
+
+
+def go_files(tmp_path: Path) -> list[str]:
+    directory = tmp_path / "w" / "standby"
+    return sorted(p.name for p in directory.iterdir()) if directory.is_dir() else []
+
+
+def test_the_runner_runs_one_block_keeps_one_waiting_and_runs_it_once_the_first_is_lost(tmp_path: Path) -> None:
+    executor = standby_executor(tmp_path)
+    standby = Standby()
+    assert standby.update([executor]) == []  # no block yet: nothing to run, no standby beside nothing
+    assert sorted(executor.status_facade) == []
+    executor.scale_out_facade(1)  # the strategy's initial block
+    executor._tasks = {0: None, 1: None, 2: None}  # outstanding
+    assert standby.update([executor]) == [("w", "0")]
+    assert go_files(tmp_path) == ["go-0"] and Path(go_file(executor.worker_logdir, "0")).exists()
+    assert sorted(executor.status_facade) == ["0", "1"] and go_files(tmp_path) == ["go-0"]  # 1 waits
+    assert executor.provider.max_blocks == 2  # the strategy counts the waiting block: it starts none
+    assert standby.update([executor]) == []
+    assert sorted(executor.status_facade) == ["0", "1"]
+    executor._status["0"] = JobStatus(JobState.SCALED_IN)  # the runner retired the lost block
+    assert standby.update([executor]) == [("w", "1")]  # and a new standby beside it
+    assert go_files(tmp_path) == ["go-0", "go-1"]
+    assert sorted(executor.status_facade) == ["0", "1", "2"] and executor.provider.max_blocks == 2
+    executor._status["2"] = JobStatus(JobState.FAILED)  # a standby that could not start is replaced
+    assert standby.update([executor]) == []
+    assert sorted(executor.status_facade) == ["0", "1", "2", "3"] and go_files(tmp_path) == ["go-0", "go-1"]
+
+
+def test_no_standby_is_started_once_no_task_is_outstanding(tmp_path: Path) -> None:
+    executor = standby_executor(tmp_path)
+    standby = Standby()
+    executor.scale_out_facade(1)
+    executor._tasks = {}
+    assert standby.update([executor]) == [("w", "0")]
+    assert sorted(executor.status_facade) == ["0"] and executor.provider.max_blocks == 1
+
+
+def test_an_executor_without_standby_is_left_alone(tmp_path: Path) -> None:
+    (executor,) = load_site(
+        site(tmp_path, {"type": "HighThroughputExecutor", "label": "w", "warm_workers": True, "provider": LOCAL})
+    ).executors
+    executor.run_dir = str(tmp_path)
+    executor._launch_block = lambda block: "100"
+    executor.scale_out_facade(1)
+    executor._tasks = {0: None}
+    assert Standby().update([executor]) == []
+    assert go_files(tmp_path) == [] and sorted(executor.status_facade) == ["0"]
+
+
+def test_a_standby_pool_goes_on_only_once_its_go_file_exists(tmp_path: Path) -> None:
+    argv = ["-a", "127.0.0.1", f"--logdir={tmp_path}", "--block_id=3", "--port=1"]
+    waiting = threading.Thread(target=wait_for_go, args=(argv,), daemon=True)
+    waiting.start()
+    waiting.join(1.0)
+    assert waiting.is_alive()  # no go file: it cannot have gone on
+    Path(go_file(tmp_path, "3")).parent.mkdir()
+    Path(go_file(tmp_path, "3")).touch()
+    waiting.join(60)
+    assert not waiting.is_alive()
+
+
+def started(executor: Any) -> Any:
+    """``executor`` with its launch command composed as its start composes it (all but the block id)."""
+    fields = {name for _, name, _, _ in string.Formatter().parse(executor.launch_cmd) if name}
+    values = {name: f"<{name}>" for name in fields}
+    executor.launch_cmd = executor.launch_cmd.format(**{**values, "debug": "", "logdir": executor.worker_logdir})
+    return executor
+
+
+def test_a_waiting_pool_of_a_lost_instance_is_the_next_instance_s_first_block(tmp_path: Path) -> None:
+    """The lost instance's shutdown no longer knows the waiting block; the new executor takes it as
+    its block 0, starts one initial block fewer, and its go file tells the pool the new arguments."""
+    old = started(standby_executor(tmp_path / "000"))
+    before = Standby()
+    old.scale_out_facade(2)
+    old._tasks = {0: None}
+    old.provider.resources = {job: {"job_id": job, "remote_pid": 4242, "status": None} for job in ("100", "101")}
+    assert before.update([old]) == [("w", "0")]
+    (kept,) = before.keep([old])
+    assert (kept.label, kept.block, kept.job_id) == ("w", "1", "101")
+    assert kept.go == go_file(old.worker_logdir, "1")
+    assert old.blocks_to_job_id == {"0": "100"} and sorted(old.status_facade) == ["0"]
+    assert list(old.provider.resources) == ["100"]  # the shutdown cancels block 0 only
+
+    new = standby_executor(tmp_path / "001")
+    assert new.provider.init_blocks == 1
+    lower_init_blocks([new], [kept])
+    assert new.provider.init_blocks == 0
+    new = started(new)
+    after = Standby()
+    assert after.adopt([new], [kept]) == []
+    assert new.blocks_to_job_id == {"0": "101"} and new.status_facade["0"].state == JobState.RUNNING
+    assert new.provider.resources["101"]["remote_pid"] == 4242
+    assert after.update([new]) == [("w", "0")]
+    assert not Path(go_file(new.worker_logdir, "0")).exists()  # the pool waits for its old file
+    old_argv = split_argv(old._get_launch_command("1").split()[3:])[2]
+    assert wait_for_go(old_argv) == split_argv(new._get_launch_command("0").split()[3:])[2]
+    assert f"--logdir={new.worker_logdir}" in wait_for_go(old_argv) and "--block_id=0" in wait_for_go(old_argv)
+    assert new.scale_out_facade(1) == ["1"]  # the next block is numbered after it
+
+
+def test_a_kept_block_that_no_instance_adopted_is_cancelled_with_its_group(tmp_path: Path) -> None:
+    waiting = subprocess.Popen(["sleep", "300"], start_new_session=True)  # stands in for a waiting pool's group
+    try:
+        resource = {"job_id": "1", "remote_pid": waiting.pid, "status": None}
+        cancel_kept([Kept("w", "1", str(tmp_path / "go-1"), "1", resource)])
+        assert waiting.wait(timeout=30) == -15  # SIGTERM, as Parsl cancels a local block
+    finally:
+        if waiting.poll() is None:
+            waiting.kill()
+
+
+def test_members_with_a_checkpoint_go_first_to_a_new_parsl_instance(tmp_path: Path) -> None:
+    """After a lost interchange: the members it stopped keep their place ahead of those never started."""
+    from resilient_flows.training import MemberSpec
+    from resilient_flows.workflow._runner import resumed_first
+
+    members = [MemberSpec(name=f"m-{i}", workload="mlp-digits", params={}, steps=20) for i in range(4)]
+    for name in ("m-1", "m-3"):
+        step = tmp_path / "members" / name / "checkpoints" / "step-00000010"
+        step.mkdir(parents=True)
+        (step / "manifest.json").write_text("{}")
+    assert [m.name for m in resumed_first(tmp_path, members)] == ["m-1", "m-3", "m-0", "m-2"]
