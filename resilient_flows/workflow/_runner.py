@@ -99,6 +99,8 @@ POLL_SECONDS = 0.5
 #: interchange reaped, blocks cancelled) takes well under a second; what takes longer is a thread
 #: stuck in a request to the lost interchange, which never returns, while members wait to resume.
 ABANDON_S = 5.0
+#: The same where the interchange exited: nothing can answer, so any wait past its own work is lost.
+ABANDON_EXITED_S = 1.0
 
 #: Seconds between two tries to start Parsl on a full file system.
 STORAGE_WAIT_S = 2.0
@@ -462,11 +464,15 @@ def _abandon(dfk: Any, executors: list[Any]) -> None:
 
     Parsl's shutdown joins its status poller, which may be stuck for good in a request to a hung
     interchange; it runs in a thread of its own, and past :data:`ABANDON_S` the blocks are
-    cancelled here instead.
+    cancelled here instead. An interchange that exited answers nothing: a poll that asked it
+    before it died waits for good, so its shutdown gets :data:`ABANDON_EXITED_S` only.
     """
+    wait_s = ABANDON_S
     for executor in executors:
         proc = getattr(executor, "interchange_proc", None)
         if proc is not None and (proc.poll() is not None or not executor.command_client.ok):
+            if proc.poll() is not None:
+                wait_s = ABANDON_EXITED_S
             proc.kill()
             executor.connected_managers = list  # the interchange would never answer
             executor.connected_blocks = list
@@ -474,7 +480,7 @@ def _abandon(dfk: Any, executors: list[Any]) -> None:
         return
     shutdown = threading.Thread(target=dfk.cleanup, name="abandon-parsl", daemon=True)
     shutdown.start()
-    shutdown.join(ABANDON_S)
+    shutdown.join(wait_s)
     if shutdown.is_alive():
         for executor in executors:
             jobs = list(getattr(executor, "blocks_to_job_id", {}).values())
