@@ -23,6 +23,8 @@ from collections.abc import Callable, Iterable
 
 from parsl.executors.high_throughput.errors import WorkerLost
 
+from resilient_flows.training._lease import stat_fields
+
 __all__ = ["HUNG_S", "LATE_S", "LOOK_S", "HangWatch", "WorkerHung", "process_state"]
 
 #: Seconds between two looks at the pool's workers.
@@ -53,11 +55,9 @@ def process_state(pid: int) -> str | None:
     """The state letter of ``pid`` in ``/proc`` (``R``, ``S``, ``T``, ...); None when it is gone
     or there is no ``/proc``."""
     try:
-        with open(f"/proc/{pid}/stat", "rb") as handle:
-            text = handle.read().decode(errors="replace")
+        fields = stat_fields(pid)
     except OSError:
         return None
-    fields = text[text.rfind(")") + 2 :].split()  # the command name may hold spaces and parentheses
     return fields[0] if fields else None
 
 

@@ -71,8 +71,9 @@ class RunnerLease:
 
 
 def stat_fields(pid: int | str) -> list[str]:
-    """The fields of ``/proc/<pid>/stat`` after the command name (state first); raises OSError."""
-    stat = Path(f"/proc/{pid}/stat").read_text()
+    """The fields of ``/proc/<pid>/stat`` after the command name (state first); raises OSError. The
+    name is any bytes its process chose, spaces, parentheses and invalid UTF-8 included."""
+    stat = Path(f"/proc/{pid}/stat").read_bytes().decode(errors="replace")
     return stat[stat.rfind(")") + 2 :].split()
 
 

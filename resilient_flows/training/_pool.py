@@ -21,6 +21,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from resilient_flows.training._lease import stat_fields
+
 #: What names the pool process on its command line.
 POOL_COMMAND = "process_worker_pool"
 
@@ -62,11 +64,9 @@ class PoolWatch:
 def _stat(pid: int) -> tuple[str, int, int] | None:
     """(state, parent, start time) of ``pid``; None when it is gone or /proc cannot say."""
     try:
-        with open(f"/proc/{pid}/stat", "rb") as handle:
-            text = handle.read().decode(errors="replace")
+        fields = stat_fields(pid)
     except OSError:
         return None
-    fields = text[text.rfind(")") + 2 :].split()  # the command name may hold spaces and parentheses
     try:
         return fields[0], int(fields[1]), int(fields[19])
     except (IndexError, ValueError):
