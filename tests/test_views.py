@@ -276,7 +276,7 @@ def test_status_of_a_run_whose_runner_died_never_denies_members_that_still_beat(
     err = " ".join(capsys.readouterr().err.split())
     assert f"the run's runner (process {pid} on {host}) is gone; member m-0 still train" in err
     assert "will commit a checkpoint and stop within about" in err and "are not" not in err
-    assert f"then resilient-flows resume {run_dir} continues the run" in err
+    assert f"resilient-flows resume {run_dir} takes them over now where it can, or continues the run once" in err
     assert main(["status", "--json", str(run_dir)]) == 1
     runner = json.loads(capsys.readouterr().out)["runner"]
     assert runner["state"] == "gone" and runner["beating"] == ["m-0"]

@@ -78,7 +78,10 @@ class Liveness:
             stop = f"will commit a checkpoint and stop within about {left:.0f} s (its orphan timeout)"
         else:
             stop = "are committing a checkpoint and stopping"
-        return f"{gone}; {_listed(self.beating)} still train and {stop}; then {resume} continues the run"
+        return (
+            f"{gone}; {_listed(self.beating)} still train and {stop}; {resume} takes them over now where it can,"
+            " or continues the run once they stopped"
+        )
 
 
 def liveness(run_dir: str | os.PathLike, members: Collection[str], damage: DamageLog | None = None) -> Liveness:
