@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import time
 from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
 
 import pytest
 from requires import unmet
@@ -147,3 +148,10 @@ def clear_cluster(timeout: float = 60) -> list[str]:
     left = cancel_all()
     wait_for(lambda: not [j for j, state in slurm_jobs() if j in left and state in _ACTIVE], timeout, "them to end")
     return left
+
+
+def remove_node_scratch(local_dir: str, cluster: Mapping[str, str]) -> None:
+    """A run's node-local directory (``local_dir``, a checkpoint tier's, with ``${SLURMD_NODENAME}``
+    in it) removed from every node of the multi-node cluster: its checkpoints and peer copies."""
+    for node in cluster["RESILIENT_FLOWS_TEST_NODES"].split():
+        shutil.rmtree(Path(local_dir.replace("${SLURMD_NODENAME}", node)).parent, ignore_errors=True)

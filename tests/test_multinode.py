@@ -29,7 +29,7 @@ import numpy as np
 import pytest
 from conftest import REPO, python_env
 from requires import unmet
-from slurm import cancel, cancel_all, slurm_problem
+from slurm import cancel, cancel_all, remove_node_scratch, slurm_problem
 
 from resilient_flows.apps import launch_prefix
 from resilient_flows.errors import LaunchError, SiteConfigError, WorkflowError
@@ -305,9 +305,7 @@ def two_node_run(cluster: dict[str, str], tmp_path_factory: pytest.TempPathFacto
     done = _run_workflow(root / "wf.yaml", run_dir, cluster)
     assert done.returncode == 0, (done.stdout[-3000:], done.stderr[-3000:], _events(run_dir))
     yield run_dir
-    local = _planned(run_dir, "ddp").checkpoint.local_dir
-    for node in cluster["RESILIENT_FLOWS_TEST_NODES"].split():
-        shutil.rmtree(Path(local.replace("${SLURMD_NODENAME}", node)).parent, ignore_errors=True)
+    remove_node_scratch(_planned(run_dir, "ddp").checkpoint.local_dir, cluster)
 
 
 @pytest.mark.slow

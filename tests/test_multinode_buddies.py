@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from conftest import REPO
+from slurm import remove_node_scratch
 from test_multinode import SITE, _command, _crashing, _events, _planned, _slurm_node, _wait_for, cluster
 
 from resilient_flows.training import run_member
@@ -78,9 +78,7 @@ def _remove_node_scratch(run_dir: Path, cluster: dict[str, str]) -> None:
     """The run's node-local directories (checkpoints, peer copies), from every node."""
     if not (run_dir / "members" / "x" / "spec.json").exists():
         return
-    local = _planned(run_dir, "x").checkpoint.local_dir
-    for node in cluster["RESILIENT_FLOWS_TEST_NODES"].split():
-        shutil.rmtree(Path(local.replace("${SLURMD_NODENAME}", node)).parent, ignore_errors=True)
+    remove_node_scratch(_planned(run_dir, "x").checkpoint.local_dir, cluster)
 
 
 @pytest.mark.slow
