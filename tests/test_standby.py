@@ -15,7 +15,7 @@ import yaml
 from parsl.jobs.states import JobState, JobStatus
 
 from resilient_flows.errors import SiteConfigError
-from resilient_flows.sites import load_site
+from resilient_flows.sites import SiteFile, load_site
 from resilient_flows.sites._parsl_adapter import go_file, is_standby, is_warm, split_argv
 from resilient_flows.sites._warmpool import wait_for_go
 from resilient_flows.workflow._standby import Kept, Standby, cancel_kept, lower_init_blocks
@@ -30,11 +30,14 @@ def site(tmp_path: Path, executor: dict[str, Any]) -> Path:
     return path
 
 
+STANDBY = {"type": "HighThroughputExecutor", "label": "w", "warm_workers": True, "standby_pool": True}
+
+
 def standby_executor(tmp_path: Path) -> Any:
-    """The executor of a standby site, whose blocks are recorded as Parsl records them but never
-    launched; its run directory is ``tmp_path``."""
-    spec = {"type": "HighThroughputExecutor", "label": "w", "warm_workers": True, "standby_pool": True}
-    (executor,) = load_site(site(tmp_path, {**spec, "provider": LOCAL})).executors
+    """The executor of a standby site as a runner configures it, whose blocks are recorded as Parsl
+    records them but never launched; its run directory is ``tmp_path``."""
+    path = site(tmp_path, {**STANDBY, "provider": LOCAL})
+    (executor,) = SiteFile.open(path).config(standby_blocks=True).executors
     executor.run_dir = str(tmp_path)
     launched = iter(range(100, 200))
     executor._launch_block = lambda block: str(next(launched))
@@ -50,6 +53,12 @@ def test_a_standby_pool_is_a_warm_pool_that_waits_for_its_go_file(tmp_path: Path
         site(tmp_path, {"type": "HighThroughputExecutor", "label": "p", "warm_workers": True, "provider": LOCAL})
     ).executors
     assert is_warm(plain) and not is_standby(plain)
+
+
+def test_a_plain_parsl_script_gets_the_standby_site_s_pools_warm_and_starting_at_once(tmp_path: Path) -> None:
+    """Only a runner tells a waiting pool to go: in a script of the user's own, one would wait forever."""
+    (executor,) = load_site(site(tmp_path, {**STANDBY, "provider": LOCAL})).executors
+    assert is_warm(executor) and not is_standby(executor)
 
 
 @pytest.mark.parametrize(

@@ -23,6 +23,9 @@ that a member retried after its worker died trains again within a fraction of a 
 replaces the executor's ``launch_cmd``, so the two are not given together. With warm workers on a
 ``LocalProvider``, ``standby_pool: true`` keeps one more block started and preloaded, idle, that
 takes over at once when a block's pool is lost (see :mod:`resilient_flows.workflow._standby`).
+Only a workflow runner tells a waiting pool to go, so only its configuration has standby blocks
+(``standby_blocks``): in a plain Parsl script (:func:`~resilient_flows.sites.load_site`) the same
+site's pools are warm and start at once.
 
 String values may use the environment (``${NAME}``, ``${NAME:-default}``, ``${NAME:?hint}``,
 ``$${`` for a literal ``${``; see :mod:`resilient_flows.envvars`), so that one site file serves
@@ -78,8 +81,10 @@ def _classes() -> dict[str, type]:
     return found
 
 
-def build_config(data: dict[str, Any], where: str, **overrides: Any) -> Config:
+def build_config(data: dict[str, Any], where: str, *, standby_blocks: bool = False, **overrides: Any) -> Config:
     """A ``parsl.Config`` from a site mapping; ``overrides`` replace top-level Config arguments.
+    Executors that ask for a ``standby_pool`` get standby blocks only with ``standby_blocks``, for
+    a runner that activates them.
 
     The ``facts`` mapping is left out, and ``${...}`` references are expanded in everything else
     (not in ``overrides``, which are Python values already).
@@ -90,7 +95,10 @@ def build_config(data: dict[str, Any], where: str, **overrides: Any) -> Config:
     if not isinstance(executors, list) or not executors:
         raise SiteConfigError(f"{where}: 'executors' must be a non-empty list of executor mappings")
     classes = _classes()
-    built = [_build(spec, f"{where}: executors[{i}]", classes) for i, spec in enumerate(executors)]
+    built = [
+        _build(spec, f"{where}: executors[{i}]", classes, standby_blocks=standby_blocks)
+        for i, spec in enumerate(executors)
+    ]
     for executor in built:
         _tolerate_lost_blocks(executor)
     _check_keys(Config, data, where, exclude={"executors"})
@@ -105,7 +113,7 @@ def _tolerate_lost_blocks(executor: Any) -> None:
         executor.block_error_handler = PatientBlockErrorHandler()
 
 
-def _build(spec: Any, where: str, classes: dict[str, type]) -> Any:
+def _build(spec: Any, where: str, classes: dict[str, type], standby_blocks: bool = False) -> Any:
     if not isinstance(spec, dict) or "type" not in spec:
         raise SiteConfigError(f"{where}: expected a mapping with a 'type' key naming a Parsl class")
     spec = dict(spec)
@@ -127,7 +135,7 @@ def _build(spec: Any, where: str, classes: dict[str, type]) -> Any:
     _check_keys(cls, spec, f"{where} ({name})", extra={POLL_KEY} if provider else frozenset())
     args = {key: _value(key, value, f"{where}.{key}", classes) for key, value in spec.items()}
     if warm:
-        args["launch_cmd"] = warm_launch_cmd(DEFAULT_PRELOAD, standby=standby)
+        args["launch_cmd"] = warm_launch_cmd(DEFAULT_PRELOAD, standby=standby and standby_blocks)
     _check_types(cls, args, f"{where} ({name})")
     try:
         built = cls(**args)

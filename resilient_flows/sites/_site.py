@@ -86,16 +86,18 @@ class SiteFile:
             if isinstance(e, dict) and isinstance(e.get("provider"), dict)
         }
 
-    def config(self, *, survive_node_loss: bool = False, **overrides: Any) -> Config:
+    def config(self, *, survive_node_loss: bool = False, standby_blocks: bool = False, **overrides: Any) -> Config:
         """A new ``parsl.Config``; ``overrides`` replace top-level ``parsl.Config`` arguments.
 
         ``survive_node_loss``: its blocks outlive a lost node even without spare nodes, for members
-        that may shrink onto the nodes left (``min_nodes``)."""
+        that may shrink onto the nodes left (``min_nodes``). ``standby_blocks``: the executors that
+        ask for a ``standby_pool`` keep one, for a runner that tells it when to go (without one, a
+        waiting block would never start)."""
         from resilient_flows.sites._build import build_config
 
         spares = spare_nodes(self.document, str(self.path))
         document = with_spares(copy.deepcopy(self.document), spares, survive=survive_node_loss)
-        return build_config(document, str(self.path), **overrides)
+        return build_config(document, str(self.path), standby_blocks=standby_blocks, **overrides)
 
 
 def site_facts(name_or_path: str | os.PathLike = "local") -> SiteFacts:

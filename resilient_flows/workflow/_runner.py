@@ -332,7 +332,12 @@ def _site_config(
     layout = run_layout(run_dir)
     extra = {} if monitor_as is None else {"monitoring": monitoring_hub(layout.monitoring_db, monitor_as)}
     config = site.config(
-        survive_node_loss=shrinkable, run_dir=str(layout.parsl), retries=retries, retry_handler=handler, **extra
+        survive_node_loss=shrinkable,
+        standby_blocks=True,
+        run_dir=str(layout.parsl),
+        retries=retries,
+        retry_handler=handler,
+        **extra,
     )
     if token is not None:
         carry_token(config, token)
