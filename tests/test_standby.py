@@ -4,9 +4,13 @@ pool that waits for its go file."""
 
 from __future__ import annotations
 
+import json
+import os
+import signal
 import string
 import subprocess
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -186,8 +190,9 @@ def test_a_waiting_pool_of_a_lost_instance_is_the_next_instance_s_first_block(tm
     assert after.update([new]) == [("w", "0")]
     assert not Path(go_file(new.worker_logdir, "0")).exists()  # the pool waits for its old file
     old_argv = split_argv(old._get_launch_command("1").split()[3:])[2]
-    assert wait_for_go(old_argv) == split_argv(new._get_launch_command("0").split()[3:])[2]
-    assert f"--logdir={new.worker_logdir}" in wait_for_go(old_argv) and "--block_id=0" in wait_for_go(old_argv)
+    argv, environ = wait_for_go(old_argv)
+    assert argv == split_argv(new._get_launch_command("0").split()[3:])[2] and environ == {}
+    assert f"--logdir={new.worker_logdir}" in argv and "--block_id=0" in argv
     assert new.scale_out_facade(1) == ["1"]  # the next block is numbered after it
 
 
@@ -213,3 +218,67 @@ def test_members_with_a_checkpoint_go_first_to_a_new_parsl_instance(tmp_path: Pa
         step.mkdir(parents=True)
         (step / "manifest.json").write_text("{}")
     assert [m.name for m in resumed_first(tmp_path, members)] == ["m-1", "m-3", "m-0", "m-2"]
+
+
+# ----------------------------------------------------------------------------- end to end
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_a_resume_takes_over_the_standby_pool_a_killed_runner_left_waiting(tmp_path: Path) -> None:
+    """The runner SIGKILLed with its members' workers (nothing left to adopt): the resume runs them
+    on the killed runner's waiting pool, preloaded, instead of a cold block; its workers carry the
+    new runner's token (a task with the old one would refuse to start), every member reaches the
+    fault-free weights, and nothing of either runner is left."""
+    from test_watchdog import (
+        CLI,
+        TWO_LONGER,
+        assert_every_member_matches_a_fault_free_run,
+        blocks_of,
+        pools_of,
+        processes,
+        running_pool,
+        wait_for_checkpoints,
+    )
+
+    from resilient_flows.rundir import read_events, read_records, run_layout
+    from resilient_flows.workflow._blocks import process_start_time
+
+    run_dir = tmp_path / "run"
+    (tmp_path / "wf.yaml").write_text(TWO_LONGER)
+    site = Path(__file__).resolve().parents[1] / "site-configs" / "local.yaml"
+    runner = subprocess.Popen(
+        [CLI, "run", tmp_path / "wf.yaml", "--site", site, "--run-dir", run_dir],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        wait_for_checkpoints(run_dir, 2, runner)
+        deadline = time.monotonic() + 120
+        while len(blocks_of(run_dir)) < 2:  # the standby beside the running block
+            assert time.monotonic() < deadline, "no standby block"
+            time.sleep(0.2)
+        time.sleep(1)  # recorded as it starts: its pool may still be importing
+        (waiting,) = [r for r in read_records(run_layout(run_dir)) if "go" in r and not Path(r["go"]).exists()]
+        pool = running_pool(run_dir)
+        runner.kill()
+        runner.wait(timeout=10)
+        everything = processes()
+        servers = {pid for pid, (parent, cmd) in everything.items() if parent == pool and "forkserver" in cmd}
+        for pid in [pid for pid, (parent, _) in everything.items() if parent in servers]:
+            os.kill(pid, signal.SIGKILL)
+        resumed = subprocess.run(
+            [CLI, "resume", run_dir], capture_output=True, text=True, timeout=300, env={**os.environ, "COLUMNS": "200"}
+        )
+    finally:
+        if runner.poll() is None:
+            runner.kill()
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert f"a standby pool an earlier runner left (its block {waiting['block']}) takes over" in resumed.stdout
+    mine = [r for r in read_records(run_layout(run_dir)) if "block" in r and r["runner"] != waiting["runner"]]
+    assert (mine[0]["pid"], mine[0]["started"]) == (waiting["pid"], waiting["started"])  # no cold first block
+    assert mine[0]["token"] == waiting["token"] and Path(waiting["go"]).exists()  # it carries the old one
+    assert process_start_time(waiting["pid"]) is None and pools_of(run_dir) == []
+    events = list(read_events(run_dir))
+    assert not [e for e in events if "took the run over" in json.dumps(e)]  # no task refused its token
+    assert_every_member_matches_a_fault_free_run(run_dir, tmp_path / "reference")

@@ -9,6 +9,9 @@ changes, both made from outside, in the pool's process only:
   wakes when a worker exits, instead of at its next ``heartbeat_period``;
 - a worker found stopped (hung, see :mod:`resilient_flows.sites._hung`) is killed, and the task
   it held reported as ``WorkerHung``; the watchdog then starts another worker in its place.
+- a standby pool whose go file names an environment (the token of the runner that took it over)
+  sets it in each worker before Parsl's ``worker`` runs: its fork server started earlier, with
+  the environment of the runner before.
 
 Everything else (arguments, logging, the manager, task dispatch, the lost task's report) is
 Parsl's own code. Tested with Parsl :data:`TESTED_PARSL`. The internals relied on, each checked
@@ -49,7 +52,9 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import functools
 import inspect
+import json
 import logging
 import multiprocessing
 import multiprocessing.connection
@@ -57,10 +62,11 @@ import os
 import pickle
 import platform
 import re
+import shlex
 import signal
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from types import ModuleType
 from typing import Any
 
@@ -158,6 +164,32 @@ def go_file(logdir: str | os.PathLike[str], block: str) -> str:
     return os.path.join(logdir, "standby", f"go-{block}")
 
 
+def tell_go(path: str | os.PathLike[str], launch_cmd: str = "", environ: Mapping[str, str] | None = None) -> None:
+    """Create the go file ``path``: its standby pool joins the interchange, with the arguments of
+    ``launch_cmd`` where given (a pool that another Parsl instance adopted) and ``environ`` set in
+    it and in its workers (the token of a runner that took the run over). The file is renamed into
+    place whole: the pool reads it once it exists."""
+    ready = f"{os.fspath(path)}.new"
+    os.makedirs(os.path.dirname(ready), exist_ok=True)
+    with open(ready, "w") as handle:
+        if launch_cmd or environ:
+            json.dump({"launch_cmd": launch_cmd, "environ": dict(environ or {})}, handle)
+    os.replace(ready, path)
+
+
+def read_go(path: str | os.PathLike[str], pool_argv: Sequence[str]) -> tuple[list[str], dict[str, str]]:
+    """The pool's arguments and the environment to add, from the go file ``path`` (see
+    :func:`tell_go`): those of its launch command, else ``pool_argv``."""
+    with open(path) as handle:
+        text = handle.read()
+    if not text.strip():
+        return list(pool_argv), {}
+    told = json.loads(text)
+    launch_cmd, environ = told.get("launch_cmd") or "", told.get("environ") or {}
+    argv = split_argv(shlex.split(launch_cmd)[3:])[2] if launch_cmd else list(pool_argv)
+    return argv, {str(k): str(v) for k, v in environ.items()}
+
+
 def split_argv(argv: Sequence[str]) -> tuple[list[str], bool, list[str]]:
     """The modules to preload, whether the pool is a standby, and the pool's own arguments, from a
     warm pool's command line."""
@@ -172,16 +204,20 @@ def split_argv(argv: Sequence[str]) -> tuple[list[str], bool, list[str]]:
     return [m for m in argv[1].split(",") if m], standby, argv[3:]
 
 
-def run_pool(argv: Sequence[str], forkserver: multiprocessing.context.BaseContext) -> None:
+def run_pool(
+    argv: Sequence[str], forkserver: multiprocessing.context.BaseContext, environ: Mapping[str, str] | None = None
+) -> None:
     """Run Parsl's worker pool with ``argv`` (its own arguments), its workers made by
-    ``forkserver`` (a ``forkserver`` context whose preload is set) and noticed when they exit."""
+    ``forkserver`` (a ``forkserver`` context whose preload is set) and noticed when they exit.
+    ``environ`` is set in each worker: the fork server, started before a standby's go file told
+    it, passes its own environment on."""
     from parsl.executors.high_throughput import process_worker_pool as pool
 
     main = _main_block(pool)
     for name in ("SpawnContext", "Manager", "worker"):
         if not hasattr(pool, name):
             raise RuntimeError(f"Parsl's process_worker_pool has no {name} (tested with Parsl {TESTED_PARSL})")
-    workers = _WorkerContext(pool.SpawnContext, forkserver)
+    workers = _WorkerContext(pool.SpawnContext, forkserver, dict(environ or {}))
     pool.SpawnContext = workers
     pool.Manager = _waking_manager(pool.Manager, workers)
     sys.argv = [POOL_SCRIPT, *argv]
@@ -202,9 +238,10 @@ class _WorkerContext:
     values, the ``multiprocessing`` manager, which workers reach by pickle) from ``spawn`` as
     before. It remembers the workers it started, for :class:`_WakingEvent` to wait on."""
 
-    def __init__(self, spawn: Any, forkserver: multiprocessing.context.BaseContext) -> None:
+    def __init__(self, spawn: Any, forkserver: multiprocessing.context.BaseContext, environ: dict[str, str]) -> None:
         self._spawn = spawn
         self._forkserver = forkserver
+        self._environ = environ
         self._started: list[Any] = []
         self._lock = threading.Lock()
 
@@ -213,6 +250,8 @@ class _WorkerContext:
 
     def Process(self, *args: Any, **kwargs: Any) -> Any:
         """A worker process from the fork server (started by the pool), remembered."""
+        if self._environ and "target" in kwargs:
+            kwargs["target"] = functools.partial(_in_environ, self._environ, kwargs["target"])
         process = self._forkserver.Process(*args, **kwargs)
         with self._lock:
             self._started.append(process)
@@ -234,6 +273,11 @@ class _WorkerContext:
                     continue
             self._started = kept
         return live
+
+
+def _in_environ(environ: dict[str, str], target: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    os.environ.update(environ)
+    return target(*args, **kwargs)
 
 
 class _WakingEvent(threading.Event):

@@ -23,7 +23,8 @@ own module too, and then waits, unknown to the interchange, until the runner cre
 (:func:`~resilient_flows.sites._parsl_adapter.go_file`): a block whose pool is lost is replaced
 by one that is already started and preloaded (see :mod:`resilient_flows.workflow._standby`).
 A go file that holds a launch command (a standby adopted by the Parsl instance that replaced a
-lost interchange) gives the pool's arguments to run with instead of its own.
+lost interchange, or by the runner that resumed a killed one) gives the pool's arguments to run
+with instead of its own, and the environment to add (the resuming runner's token).
 """
 
 from __future__ import annotations
@@ -33,12 +34,11 @@ import importlib
 import multiprocessing
 import multiprocessing.forkserver
 import os
-import shlex
 import sys
 import time
 from collections.abc import Sequence
 
-from resilient_flows.sites._parsl_adapter import go_file, run_pool, split_argv
+from resilient_flows.sites._parsl_adapter import go_file, read_go, run_pool, split_argv
 from resilient_flows.sites._preload import PRELOAD_VARIABLE
 
 #: Seconds between two looks of a standby pool for its go file.
@@ -54,15 +54,18 @@ def main(argv: list[str]) -> None:
         multiprocessing.forkserver.ensure_running()
     finally:
         del os.environ[PRELOAD_VARIABLE]
+    environ: dict[str, str] = {}
     if standby:
-        pool_argv = wait_for_go(pool_argv)
-    run_pool(pool_argv, forkserver)
+        pool_argv, environ = wait_for_go(pool_argv)
+        os.environ.update(environ)
+    run_pool(pool_argv, forkserver, environ)
 
 
-def wait_for_go(pool_argv: Sequence[str]) -> list[str]:
+def wait_for_go(pool_argv: Sequence[str]) -> tuple[list[str], dict[str, str]]:
     """Import the pool's module, then wait for this block's go file: a standby costs a few idle
     processes and no CPU until it is needed. A cancelled block ends here by its SIGTERM. The
-    pool's arguments: those of the launch command the file holds, else ``pool_argv``."""
+    pool's arguments and the environment to add, as the file says (see
+    :func:`~resilient_flows.sites._parsl_adapter.read_go`)."""
     importlib.import_module("parsl.executors.high_throughput.process_worker_pool")
     parser = argparse.ArgumentParser(add_help=False)
     parser.add_argument("--logdir", required=True)
@@ -71,9 +74,7 @@ def wait_for_go(pool_argv: Sequence[str]) -> list[str]:
     go = go_file(known.logdir, known.block_id)
     while not os.path.exists(go):
         time.sleep(GO_LOOK_S)
-    with open(go) as handle:
-        command = handle.read()
-    return split_argv(shlex.split(command)[3:])[2] if command.strip() else list(pool_argv)
+    return read_go(go, pool_argv)
 
 
 if __name__ == "__main__":

@@ -33,6 +33,7 @@ from parsl.providers import LocalProvider
 
 from resilient_flows.errors import WorkflowError, is_storage_full
 from resilient_flows.rundir import FULL_WAIT_S, append_record, read_records, run_layout
+from resilient_flows.sites._parsl_adapter import go_file, is_standby
 from resilient_flows.training import (
     DEFAULT_ORPHAN_TIMEOUT_S,
     RENEW_S,
@@ -63,6 +64,7 @@ class BlockLedger:
     token: str = field(default_factory=new_token)
     _seen: set[tuple[str, str]] = field(default_factory=set)
     _leftovers: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)  # executor -> block -> its processes
+    _taken: set[tuple[int, int]] = field(default_factory=set)  # (pid, start) of earlier runners' pools this one runs
 
     def record(self, executors: Iterable[Any]) -> None:
         """Record what is new among the executors' blocks (and interchanges) since the last call."""
@@ -79,7 +81,11 @@ class BlockLedger:
                 if (executor.label, block) in self._seen:
                     continue
                 self._seen.add((executor.label, block))
-                record = {**_job_record(executor.provider, job_id), "token": self.token}
+                resource = getattr(executor.provider, "resources", {}).get(job_id)
+                carried = resource.get("token") if isinstance(resource, dict) else None
+                record = {**_job_record(executor.provider, job_id), "token": carried or self.token}
+                if is_standby(executor):  # a resume takes over a pool left waiting for its go file
+                    record["go"] = (resource or {}).get("go") or go_file(executor.worker_logdir, block)
                 found = _stragglers_of(record)
                 if found:
                     self._leftovers.setdefault(executor.label, {})[block] = found
@@ -111,9 +117,19 @@ class BlockLedger:
         :mod:`resilient_flows.workflow._standby`), which records it anew."""
         self._leftovers.get(label, {}).pop(block, None)
 
+    def take(self, pools: Iterable[tuple[int, int]]) -> None:
+        """Leave the recorded processes ``pools`` (pid, start time) of earlier runners alone when
+        their blocks are cancelled: waiting standby pools this runner took over (see
+        :func:`~resilient_flows.workflow._standby.left_waiting`), which it records anew."""
+        self._taken.update(pools)
+
     def previous(self) -> list[dict[str, Any]]:
-        """The records of the runners before this one."""
-        return [r for r in read_records(run_layout(self.run_dir)) if r.get("runner") != self.runner]
+        """The records of the runners before this one, but for the pools this one took over."""
+        return [
+            r
+            for r in read_records(run_layout(self.run_dir))
+            if r.get("runner") != self.runner and (r.get("pid"), r.get("started")) not in self._taken
+        ]
 
     def cancel_previous(self, executors: Iterable[Any]) -> list[str]:
         """Cancel the blocks and interchanges earlier runners left; what was cancelled, in words.
@@ -160,7 +176,8 @@ def _job_record(provider: Any, job_id: str) -> dict[str, Any]:
         pid = provider.resources.get(job_id, {}).get("remote_pid")
         started = None if pid is None else process_start_time(pid)
         group = _local_group(provider, job_id)
-        record.update(pid=pid, host=socket.gethostname(), started=started, pgid=group)
+        script = provider.resources.get(job_id, {}).get("script_path")
+        record.update(pid=pid, host=socket.gethostname(), started=started, pgid=group, script_path=script)
     return record
 
 

@@ -48,6 +48,7 @@ from resilient_flows.rundir import FULL_WAIT_S, EventLog, run_layout
 from resilient_flows.sites import SiteFacts, SiteFile, SiteOptions
 from resilient_flows.sites._parsl_adapter import add_preload
 from resilient_flows.training import (
+    TOKEN_ENV,
     LeaseRenewer,
     MemberSpec,
     StageSpec,
@@ -83,7 +84,7 @@ from resilient_flows.workflow._rundir import (
     run_members,
 )
 from resilient_flows.workflow._runlog import library_output_to_log
-from resilient_flows.workflow._standby import Kept, Standby, cancel_kept, lower_init_blocks
+from resilient_flows.workflow._standby import Kept, Standby, cancel_kept, left_waiting, lower_init_blocks
 from resilient_flows.workflow._status import StatusTracker
 from resilient_flows.workflow._stragglers import carry_token, kill_commands, new_token
 from resilient_flows.workflow._walltime import BlockClock
@@ -630,8 +631,8 @@ class _RunLoop:
         self._members: set[str] = set()
         self._families: dict[str, str] = {}
         self.block_clock: BlockClock | None = None
-        self.standby = Standby()
-        self.kept: list[Kept] = []  # waiting pools of a lost Parsl instance, for the next one
+        self.standby = Standby({TOKEN_ENV: self.ledger.token})
+        self.kept: list[Kept] = []  # waiting pools of a lost Parsl instance (or runner), for the next one
 
     def run(self, console: Console) -> int:
         with Live(console=console, refresh_per_second=4, transient=True) as live, self.interrupts.armed():
@@ -689,6 +690,15 @@ class _RunLoop:
             console.print(f"{name}: {reason}")
         self.pending = [m for m in self.pending if m.name not in records]
 
+    def _take_waiting_pools(self, console: Console) -> None:
+        """Keep the standby pools earlier runners left waiting, preloaded, for the first Parsl
+        instance to adopt instead of starting its first blocks cold (see
+        :mod:`resilient_flows.workflow._standby`)."""
+        self.kept = left_waiting(self.ledger.previous(), self.config.executors)
+        self.ledger.take((k.resource["remote_pid"], k.resource["started"]) for k in self.kept)
+        for kept in self.kept:
+            console.print(f"{kept.label}: a standby pool an earlier runner left (its block {kept.block}) takes over")
+
     def _watch_adopted(self, console: Console) -> None:
         """Take the results of adopted attempts that ended, and submit the members of those that
         ended without one; once none is left, cancel what earlier runners left."""
@@ -712,13 +722,15 @@ class _RunLoop:
             self._adopt(console)
             if self.adoption is not None and not self.pending:
                 _no_initial_blocks(self.config)
+            if self.adoption is None:
+                self._take_waiting_pools(console)
         if self.adoption is None:
             self._cancel_previous(console)
         clear_heartbeats(self.run_dir, keep=self._adopted())
         lower_init_blocks(self.config.executors, self.kept)  # a kept pool is its first block
         dfk, self.config = _load_parsl(self.config, self._fresh_config, console)
         watchdog = Watchdog(self.run_dir, self.facts.stall_timeout_s, {})
-        self.standby = Standby()  # block ids and go files are the new instance's
+        self.standby = Standby({TOKEN_ENV: self.ledger.token})  # block ids and go files are the new instance's
         while not self.retired.empty():  # blocks of the lost instance, whose ids the new one reuses
             self.retired.get()
         cancel_kept(self.standby.adopt(self.config.executors, self.kept))

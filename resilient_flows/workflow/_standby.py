@@ -21,6 +21,12 @@ look of the runner:
   is missing. Should the strategy and the runner start one at the same moment, the extra block
   waits too, idle, until it is needed.
 
+A runner killed while members waited to restart (a resume finds no live attempt to adopt) leaves
+its standby pool waiting too: the runner that resumes the run takes it over in the same way
+(:func:`left_waiting`) instead of cancelling it with the rest and starting its first block cold;
+its go file then also carries the new runner's token, which the pool's workers take on (tasks
+check it: :func:`~resilient_flows.training.superseded`).
+
 A lost block is retired as before (:func:`~resilient_flows.workflow._blocks.retire_block`);
 its Parsl status turns terminal, and the next look activates the standby.
 
@@ -41,16 +47,17 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterable
+import socket
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from parsl.executors.status_handling import BlockProviderExecutor
 from parsl.jobs.states import JobState, JobStatus
 from parsl.providers import LocalProvider
 
-from resilient_flows.sites._parsl_adapter import go_file, is_standby
+from resilient_flows.sites._parsl_adapter import go_file, is_standby, tell_go
+from resilient_flows.training import process_start_time
 
 logger = logging.getLogger(__name__)
 
@@ -61,20 +68,23 @@ STANDBY_BLOCKS = 1
 @dataclass(frozen=True)
 class Kept:
     """A waiting block taken out of a Parsl instance that is shut down: its executor's label, its
-    block id and go file there, and its provider's record of the job."""
+    block id and go file there, its provider's record of the job, and the runner token its
+    processes carry where that is not the adopting runner's."""
 
     label: str
     block: str
     go: str
     job_id: str
     resource: dict[str, Any]
+    token: str | None = None
 
 
 class Standby:
     """Call :meth:`update` from the runner's loop, one instance per Parsl instance (block ids and
-    go files are those of its executors)."""
+    go files are those of its executors). ``environ`` goes to the pools adopted from elsewhere."""
 
-    def __init__(self) -> None:
+    def __init__(self, environ: Mapping[str, str] | None = None) -> None:
+        self._environ = dict(environ or {})
         self._running: dict[str, set[str]] = {}  # executor -> the blocks told to go
         self._target: dict[str, int] = {}  # executor -> the blocks it runs (the site's max_blocks)
         self._adopted: dict[tuple[str, str], str] = {}  # (executor, block) -> the go file of a kept pool
@@ -98,7 +108,7 @@ class Standby:
                 table.pop(block, None)
             executor.job_ids_to_block.pop(job_id, None)
             del executor.provider.resources[job_id]
-            kept.append(Kept(executor.label, block, go, job_id, resource))
+            kept.append(Kept(executor.label, block, go, job_id, resource, resource.get("token")))
         return kept
 
     def adopt(self, executors: Iterable[Any], kept: Iterable[Kept]) -> list[Kept]:
@@ -112,7 +122,8 @@ class Standby:
                 left.append(old)
                 continue
             block = str(executor._block_id_counter.get_id())
-            executor.provider.resources[old.job_id] = old.resource
+            # what the block ledger records of it: the go file it waits for, the token it carries
+            executor.provider.resources[old.job_id] = {**old.resource, "go": old.go, "token": old.token}
             executor.blocks_to_job_id[block] = old.job_id
             executor.job_ids_to_block[old.job_id] = block
             executor._status[block] = JobStatus(JobState.RUNNING)
@@ -161,12 +172,39 @@ class Standby:
         """Create the go file of ``block``: its pool joins the interchange. An adopted pool's file
         (the one it waits for since its start) holds the launch command to run instead of its own."""
         adopted = self._adopted.get((executor.label, block))
-        path = Path(adopted or go_file(executor.worker_logdir, block))
-        path.parent.mkdir(parents=True, exist_ok=True)
-        ready = path.with_name(path.name + ".new")  # renamed into place whole: the pool reads it once it exists
-        ready.write_text(executor._get_launch_command(block) if adopted else "")
-        os.replace(ready, path)
-        logger.info("block %s of %s runs (%s)", block, executor.label, os.fspath(path))
+        if adopted:
+            path = adopted
+            tell_go(path, executor._get_launch_command(block), self._environ)
+        else:
+            path = go_file(executor.worker_logdir, block)
+            tell_go(path)
+        logger.info("block %s of %s runs (%s)", block, executor.label, path)
+
+
+def left_waiting(records: Iterable[Mapping[str, Any]], executors: Iterable[Any]) -> list[Kept]:
+    """The standby pools that earlier runners left waiting on this host (``records``: theirs in the
+    block ledger), at most one for each standby executor of ``executors``, for this runner's first
+    Parsl instance to adopt (see the module's docstring). A pool qualifies while its recorded
+    process lives and its go file was never created."""
+    labels = {e.label for e in _standbys(executors)}
+    found: dict[str, Kept] = {}
+    for record in records:
+        label, go, pid = record.get("executor"), record.get("go"), record.get("pid")
+        if label not in labels or label in found or not isinstance(go, str) or not isinstance(pid, int):
+            continue
+        if record.get("host") != socket.gethostname() or os.path.lexists(go):
+            continue
+        if record.get("started") is None or process_start_time(pid) != record.get("started"):
+            continue
+        resource = {
+            "job_id": str(record["job_id"]),
+            "status": JobStatus(JobState.RUNNING),
+            "remote_pid": pid,
+            "script_path": record.get("script_path"),
+            "started": record["started"],  # for the ledger: which process was taken over
+        }
+        found[label] = Kept(label, str(record["block"]), go, str(record["job_id"]), resource, record.get("token"))
+    return list(found.values())
 
 
 def lower_init_blocks(executors: Iterable[Any], kept: Iterable[Kept]) -> None:
