@@ -153,6 +153,4 @@ class MemberTable:
         always = list(range(len(_ALWAYS)))
         every = list(range(len(_ALWAYS) + len(_OPTIONAL)))
         error = max([len("last error"), *(len(e) for e in self._errors)]) + _COLUMN_COST if self._errors else 0
-        return Measurement(self._cost(always, short=True), self._cost(every) + error).clamp(
-            max_width=options.max_width
-        )
+        return Measurement(self._cost(always, short=True), self._cost(every) + error).clamp(max_width=options.max_width)
