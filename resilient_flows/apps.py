@@ -46,7 +46,7 @@ from resilient_flows.errors import (
     Superseded,
     is_permanent,
 )
-from resilient_flows.rundir import EventLog, TaskLayout
+from resilient_flows.rundir import EventLog, TaskLayout, stage_layout
 from resilient_flows.sites._hung import WorkerHung
 from resilient_flows.training import (
     EXIT_CANNOT_RUN,
@@ -71,6 +71,7 @@ from resilient_flows.training import (
     superseded,
 )
 from resilient_flows.training._lostnodes import current_job, read_lost
+from resilient_flows.training._output import attempt_output, next_attempt, open_attempt_log
 from resilient_flows.training._shrink import fewest_nodes, on_nodes_left
 
 __all__ = [
@@ -119,8 +120,9 @@ def train_app(
     from resilient_flows.training import run_member
 
     _wait(backoff_s, run_dir, spec["name"])
-
-    return run_member(spec, run_dir)
+    layout = TaskLayout(member_dir(run_dir, spec["name"]))
+    with attempt_output(layout, next_attempt(layout)):  # its own file, not the worker's shared output
+        return run_member(spec, run_dir)
 
 
 @python_app
@@ -157,8 +159,9 @@ def stage_app(
     from resilient_flows.training import run_stage
 
     _wait(backoff_s, run_dir, spec["name"])
-
-    return run_stage(spec, run_dir)
+    layout = stage_layout(run_dir, spec["name"])
+    with attempt_output(layout, next_attempt(layout)):
+        return run_stage(spec, run_dir)
 
 
 @python_app
@@ -198,6 +201,10 @@ def mpi_train_app(
     that may shrink (``min_nodes``) runs on the nodes its block has left, when fewer than it spans
     (see :mod:`resilient_flows.training._shrink`); the spec it writes for its ranks says so.
     ``backoff_s``: the retry's backoff, slept before the launch.
+
+    Each rank writes its output to the attempt's log of its rank
+    (:meth:`~resilient_flows.rundir.TaskLayout.attempt_log`); the launcher's own messages go to
+    rank 0's.
     """
 
     _wait(backoff_s, run_dir, spec["name"])
@@ -210,12 +217,17 @@ def mpi_train_app(
     prefix = launch_prefix(int(ranks), nodes, os.environ, lost)
     layout = TaskLayout(member_dir(run_dir, spec["name"]))
     layout.write_spec(spec)
-    module = [sys.executable, "-m", "resilient_flows.training.mpi_member", str(layout.spec), str(run_dir)]
-    if nodes <= 1 or os.environ.get("PARSL_MPI_PREFIX") or current_job(os.environ) is None:
-        return f"{prefix} {shlex.join(module)}"
-    # Across the block's nodes: watched, so that a node's death is recorded and the step ended at once.
-    watch = [sys.executable, "-m", "resilient_flows.training._nodewatch", str(fewest), str(layout.root), str(run_dir)]
-    return f"{shlex.join(watch)} -- {prefix} {shlex.join(module)}"
+    attempt = next_attempt(layout)  # what rank 0 will count: each rank writes its output under it
+    module = [sys.executable, "-m", "resilient_flows.training.mpi_member", str(layout.spec), str(run_dir), str(attempt)]
+    launch = f"{prefix} {shlex.join(module)}"
+    if nodes > 1 and not os.environ.get("PARSL_MPI_PREFIX") and current_job(os.environ) is not None:
+        # Across the block's nodes: watched, so that a node's death is recorded and the step ended at once.
+        watch = [sys.executable, "-m", "resilient_flows.training._nodewatch", str(fewest), str(layout.root)]
+        watch.append(str(run_dir))
+        launch = f"{shlex.join(watch)} -- {launch}"
+    # The launcher's own messages go beside rank 0's output; the file is made here, never through a link.
+    os.close(open_attempt_log(layout, attempt, header=launch))
+    return f"{launch} >> {shlex.quote(str(layout.attempt_log(attempt)))} 2>&1"
 
 
 def mpi_resources(ranks: int = 1, nodes: int = 1) -> dict[str, int]:

@@ -12,7 +12,18 @@ from importlib import metadata
 from rich.markup import escape
 
 from resilient_flows import __version__
-from resilient_flows.cli import _checkpoints, _cosched, _cosim, _dashboard, _mlc, _sites, _starter, _tune, _workflow
+from resilient_flows.cli import (
+    _checkpoints,
+    _cosched,
+    _cosim,
+    _dashboard,
+    _logs,
+    _mlc,
+    _sites,
+    _starter,
+    _tune,
+    _workflow,
+)
 from resilient_flows.cli._console import console
 from resilient_flows.errors import ResilientFlowsError
 
@@ -39,7 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="resilient-flows", description=DESCRIPTION)
     parser.add_argument("--version", action="version", version=f"%(prog)s {version()}")
     commands = parser.add_subparsers(required=True, metavar="COMMAND")
-    for group in (_starter, _checkpoints, _workflow, _dashboard, _sites, _cosim, _cosched, _mlc, _tune):
+    for group in (_starter, _checkpoints, _workflow, _logs, _dashboard, _sites, _cosim, _cosched, _mlc, _tune):
         group.add_parsers(commands)
     return parser
 

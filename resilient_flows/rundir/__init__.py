@@ -30,6 +30,14 @@ _SOURCES = {
         "read_capped",
         "read_json_capped",
     ),
+    "resilient_flows.rundir._attemptlogs": (
+        "TAIL_CAP",
+        "attempt_logs",
+        "copy_log",
+        "failure_tail",
+        "follow_log",
+        "tail_lines",
+    ),
     "resilient_flows.rundir._damage": (
         "Damage",
         "DamageLog",

@@ -26,9 +26,11 @@ A member's or stage's directory::
     pace.json                  its observed seconds per step and per checkpoint commit, kept across attempts
     declined.json              the last attempt that declined to start (its block about to be drained)
     fault.json                 how the last failed attempt of a member on several ranks failed, as a rank saw it
+    logs/attempt-<n>.log       what attempt n printed (stdout and stderr, in order), its traceback last;
+                               logs/attempt-<n>.rank-<r>.log: rank r of a member on several MPI ranks
     clone-order.<request>.json (an order to clone it), seed.json (what a clone started from), handoff.json
-    (a fork's hand-off), output.log (a command's output), command-result.json (a command's
-    report), output/ (a stage's output), result.json (written last: the task finished)
+    (a fork's hand-off), command-result.json (a command's report), output/ (a stage's output),
+    result.json (written last: the task finished)
 
 The properties are names, so that the runner, the members and the views agree; the ``read_*`` and
 ``write_*`` methods are the files' I/O, each file with the cap of its kind (:mod:`resilient_flows.capped`)
@@ -95,8 +97,13 @@ class TaskLayout:
         return self.root / "handoff.json"
 
     @property
-    def output_log(self) -> Path:
-        return self.root / "output.log"
+    def logs(self) -> Path:
+        return self.root / "logs"
+
+    def attempt_log(self, attempt: int, rank: int = 0) -> Path:
+        """What attempt ``attempt`` printed: rank 0's (and its launcher's) in ``attempt-<n>.log``,
+        another rank's in ``attempt-<n>.rank-<r>.log``."""
+        return self.logs / (f"attempt-{attempt}.log" if rank == 0 else f"attempt-{attempt}.rank-{rank}.log")
 
     @property
     def command_report(self) -> Path:

@@ -1,10 +1,11 @@
 """Run a command member: the body of :func:`resilient_flows.apps.command_app`.
 
 The command runs in its own process group with its run contract in the environment
-(:mod:`resilient_flows.training._contract`), in the workflow file's directory, its output appended
-to the member's output log. While it runs, this process beats for it (the runner's watchdog
-declares silent attempts lost) and forwards SIGTERM and SIGUSR1 to the whole group; a group still
-alive ``grace_s`` after the first forwarded signal is killed.
+(:mod:`resilient_flows.training._contract`), in the workflow file's directory, its stdout and
+stderr in the attempt's log (``members/<name>/logs/attempt-<n>.log``). While it runs, this process
+beats for it (the runner's watchdog declares silent attempts lost) and forwards SIGTERM and
+SIGUSR1 to the whole group; a group still alive ``grace_s`` after the first forwarded signal is
+killed.
 
 How the command ended decides what the retry costs (see :class:`~resilient_flows.apps.ResumingRetryHandler`):
 
@@ -24,6 +25,7 @@ import contextlib
 import functools
 import logging
 import os
+import shlex
 import signal
 import socket
 import subprocess
@@ -41,6 +43,7 @@ from resilient_flows.training._contract import EXIT_CANNOT_RUN, EXIT_PREEMPTED, 
 from resilient_flows.training._control import latest_committed_step
 from resilient_flows.training._faults import record_pool_lost
 from resilient_flows.training._heartbeat import Heartbeat
+from resilient_flows.training._output import open_attempt_log
 from resilient_flows.training._spec import MemberSpec
 
 logger = logging.getLogger(__name__)
@@ -114,7 +117,7 @@ def run_command(spec_dict: dict[str, Any], run_dir: str) -> dict[str, Any]:
     contract = RunContract.for_member(spec, run_dir, attempt)
     events = EventLog(run_dir)
     grace = DEFAULT_GRACE_S if spec.grace_s is None else spec.grace_s
-    log_path = layout.output_log
+    log_path = layout.attempt_log(attempt)
     stop = _Stop()
     orphaned = functools.partial(stop.request, signal.SIGTERM)  # as a batch system warns a job: commit, exit 75
 
@@ -123,9 +126,7 @@ def run_command(spec_dict: dict[str, Any], run_dir: str) -> dict[str, Any]:
         orphaned(reason)
 
     beating = Heartbeat(run_dir, spec.name, attempt, on_orphaned=orphaned, on_pool_lost=pool_lost)
-    with log_path.open("ab") as log, beating:
-        log.write(f"--- attempt {attempt} on {socket.gethostname()}: {spec.command}\n".encode())
-        log.flush()
+    with open(open_attempt_log(layout, attempt, header=shlex.join(spec.command)), "ab") as log, beating:
         try:
             process = subprocess.Popen(
                 _guarded(spec.command),

@@ -1,4 +1,4 @@
-"""``python -m resilient_flows.training.mpi_member SPEC.json RUN_DIR``: one rank of a data-parallel member.
+"""``python -m resilient_flows.training.mpi_member SPEC.json RUN_DIR [ATTEMPT]``: one rank of a data-parallel member.
 
 Launched by ``mpiexec`` (or Parsl's ``$PARSL_MPI_PREFIX``); the ranks agree over ``MPI.COMM_WORLD``
 on a torch.distributed process group (see :mod:`resilient_flows.training._distributed`), which the
@@ -10,6 +10,11 @@ committing a checkpoint, which is not a failure; a rank that fails records wheth
 its own or saw a peer rank gone (:mod:`resilient_flows.training._faults`), which the launcher's
 exit status cannot say; a rank that saw a peer gone exits with :data:`EXIT_PEER_LOST`, so that
 the launcher's status says it too where no record can be read (a lost node's file system).
+
+Given the ``ATTEMPT`` its launch counts as, each rank first sends its output to that attempt's
+log of its rank (:meth:`~resilient_flows.rundir.TaskLayout.attempt_log`): rank 0's beside the
+launcher's messages, every other rank's in a file of its own, so that no rank's traceback is lost
+among the others' lines.
 """
 
 from __future__ import annotations
@@ -23,16 +28,19 @@ from typing import Any, NoReturn
 
 from resilient_flows.capped import DOCUMENT_CAP
 from resilient_flows.errors import LaunchError, Preempted
-from resilient_flows.rundir import read_json
+from resilient_flows.rundir import TaskLayout, read_json
 from resilient_flows.training._contract import EXIT_PEER_LOST, EXIT_PREEMPTED
 from resilient_flows.training._control import member_dir
 from resilient_flows.training._faults import peer_gone, record_fault
+from resilient_flows.training._output import launched_rank, redirect_for_good
 from resilient_flows.training._peerwatch import prestart_helper
 
 
 def main(argv: list[str] | None = None) -> int:
-    spec_path, run_dir = argv if argv is not None else sys.argv[1:]
+    spec_path, run_dir, *attempt = argv if argv is not None else sys.argv[1:]
     spec = read_json(Path(spec_path), DOCUMENT_CAP, "member spec")  # any path: the launcher names it
+    if attempt:
+        redirect_for_good(TaskLayout(member_dir(run_dir, str(spec.get("name")))), int(attempt[0]), launched_rank())
     if int(spec.get("nodes") or 1) > 1:  # its keepalive's helper starts beside the imports
         prestart_helper()
     from resilient_flows.training._run import run_member
