@@ -1,5 +1,5 @@
 """The commands on a workflow and its runs: ``validate``, ``run``, ``status``, ``resume``, ``preempt``,
-``clone`` and ``lineage``.
+``clone`` and ``lineage`` (``logs``: :mod:`resilient_flows.cli._logs`).
 
 ``status`` is what a user types while waiting, so it imports neither torch nor Parsl. ``validate``
 builds the site's Parsl configuration as ``run`` does (Parsl's import, under a second), and
@@ -192,7 +192,9 @@ def _status(args: argparse.Namespace) -> int:
     from resilient_flows.rundir import DamageLog
     from resilient_flows.training import stage_finished
     from resilient_flows.workflow import (
+        OutputTails,
         StatusTracker,
+        failed_tails,
         liveness,
         member_notes,
         read_plan,
@@ -226,6 +228,7 @@ def _status(args: argparse.Namespace) -> int:
     else:
         title = f"{plan.workflow.name} on {plan.site}: {args.run_dir}"
         console().print(status_table(statuses, title, all_members=args.all))
+        console().print(OutputTails(run_dir, failed_tails(run_dir, statuses.values())))
     for note in member_notes(statuses.values()):
         warn(note)
     warn_damage(run_dir, damage)

@@ -24,6 +24,8 @@ TAIL_CAP = 64 * 1024
 #: Bytes copied at a time.
 _CHUNK = 64 * 1024
 _NAME = re.compile(r"attempt-([1-9][0-9]{0,8})(?:\.rank-([1-9][0-9]{0,8}))?\.log")
+#: What a line that says nothing holds: blanks, or a traceback's column marks.
+_MARKS = " \t^~"
 #: The line a traceback starts with.
 TRACEBACK = "Traceback (most recent call last):"
 
@@ -58,13 +60,14 @@ def copy_log(path: Path, out: BinaryIO, start: int = 0) -> int:
 
 
 def tail_lines(path: Path, count: int, cap: int = TAIL_CAP) -> list[str]:
-    """The log's last ``count`` lines that are not blank, from its last ``cap`` bytes at most
-    (the first of them may be cut there); decoded, undecodable bytes replaced."""
+    """The log's last ``count`` lines that say something, from its last ``cap`` bytes at most
+    (the first of them may be cut there); decoded, undecodable bytes replaced. Blank lines, and a
+    traceback's lines of ``^`` and ``~`` that mark a column of the line above, are left out."""
     with open_regular(path, "attempt log") as f:
         end = f.seek(0, os.SEEK_END)
         f.seek(max(0, end - cap))
         data = f.read(cap)
-    lines = [line.rstrip() for line in data.decode(errors="replace").splitlines() if line.strip()]
+    lines = [line.rstrip() for line in data.decode(errors="replace").splitlines() if line.strip(_MARKS)]
     return lines[-count:] if count > 0 else []
 
 

@@ -125,7 +125,10 @@ def _write_ending(fd: int, exc: BaseException) -> None:
     if isinstance(exc, Preempted):
         text = f"{exc}\n"
     else:
-        text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        tb = exc.__traceback__
+        while tb is not None and tb.tb_frame.f_code.co_filename == __file__:  # from where it was raised
+            tb = tb.tb_next
+        text = "".join(traceback.format_exception(type(exc), exc, tb))
     with contextlib.suppress(OSError):  # a full file system: the runner still reports the error
         os.write(fd, text.encode(errors="replace"))
 

@@ -22,6 +22,11 @@ _SOURCES = {
     "resilient_flows.workflow._liveness": ("liveness",),
     "resilient_flows.workflow._mlcgen": ("generate",),
     "resilient_flows.workflow._monitoring": ("visualize_note",),
+    "resilient_flows.workflow._output_tails": (
+        "OutputTails",
+        "failed_tails",
+        "logs_command",
+    ),
     "resilient_flows.workflow._plan": ("plan_workflow",),
     "resilient_flows.workflow._report": (
         "member_notes",

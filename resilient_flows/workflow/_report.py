@@ -23,6 +23,7 @@ from resilient_flows.workflow._families import (
     troubled_members,
 )
 from resilient_flows.workflow._member_table import MemberTable
+from resilient_flows.workflow._output_tails import OutputTails, failed_tails
 from resilient_flows.workflow._plots import plot_losses
 from resilient_flows.workflow._status import MemberStatus
 
@@ -197,14 +198,17 @@ def write_report(
     plot: Path,
     title: str,
     extra: tuple[RenderableType, ...] = (),
+    run_dir: Path | None = None,
 ) -> RenderableType:
-    """Write the summary text (the status table, then ``extra``) and the plot; the table, for the terminal.
-    The file is read in an editor or a pager, which scroll: nothing in it is cut to a width."""
+    """Write the summary text (the status table, the end of each failed member's output when
+    ``run_dir`` is given, then ``extra``) and the plot; the table, for the terminal. The file is
+    read in an editor or a pager, which scroll: nothing in it is cut to a width."""
     table = status_table(statuses, title)
     summary.parent.mkdir(parents=True, exist_ok=True)
+    tails = () if run_dir is None else (OutputTails(run_dir, failed_tails(run_dir, statuses.values()), cut=False),)
     with summary.open("w") as f:
         console = Console(file=f, width=SUMMARY_WIDTH, color_system=None)
-        for part in (status_table(statuses, title, cut_errors=False), *extra):
+        for part in (status_table(statuses, title, cut_errors=False), *tails, *extra):
             console.print(part)
     plot_losses(statuses, plot, title)
     return table

@@ -72,6 +72,7 @@ from resilient_flows.workflow._interrupt import Drain, Interrupts, StopNow, quie
 from resilient_flows.workflow._leaseguard import stop_wait_s
 from resilient_flows.workflow._monitoring import monitoring_hub, visualize_note
 from resilient_flows.workflow._ondemand import LOST_PRIORITY, OnDemandAnalytics, worker_slots
+from resilient_flows.workflow._output_tails import OutputTails, failed_tails, logs_command
 from resilient_flows.workflow._plan import plan_workflow
 from resilient_flows.workflow._report import campaign_table, ondemand_table, stage_table, status_table, write_report
 from resilient_flows.workflow._rundir import (
@@ -898,7 +899,7 @@ class _RunLoop:
             extra.append(ondemand_table(run_dir))
         summary, plot = run_path(run_dir, workflow.report.summary), run_path(run_dir, workflow.report.plot)
         try:
-            table = write_report(statuses, summary, plot, title, tuple(extra))
+            table = write_report(statuses, summary, plot, title, tuple(extra), run_dir)
         except OSError as exc:  # a full or failing file system must not hide how the run ended
             console.print(f"[bold red]could not write the report:[/] {exc}")
             table = status_table(statuses, title)
@@ -907,7 +908,8 @@ class _RunLoop:
             write_dashboard_report(run_dir, page)
         except (OSError, ResilientFlowsError) as exc:  # the tables and the plot are written: say so, go on
             console.print(f"[bold yellow]could not write the report page {escape(str(page))}:[/] {escape(str(exc))}")
-        for shown in (table, *extra):
+        tails = OutputTails(run_dir, failed_tails(run_dir, statuses.values()))
+        for shown in (table, tails, *extra):
             console.print(shown)
         for report in reports:
             for name, values in report.items():
@@ -915,6 +917,7 @@ class _RunLoop:
                 console.print(f"analytics {name}: {shown}")
         for name, exc in failed.items():
             what = "stage" if name in submitter.stages else "member"
-            console.print(f"[bold red]{what} {name} failed:[/] {type(exc).__name__}: {exc}")
+            console.print(f"[bold red]{what} {name} failed:[/] {escape(f'{type(exc).__name__}: {exc}')}")
+            console.print(f"  its output: {escape(logs_command(run_dir, name))}", soft_wrap=True)
         console.print(f"report: {summary}, {plot}, {page}")
         return 1 if failed else 0
