@@ -11,11 +11,11 @@ from resilient_flows.training import TrainContext
 
 
 def train(ctx: TrainContext) -> dict[str, Any]:
-    print(f"stdout of {ctx.name}, attempt {ctx.attempt}")
-    print(f"stderr of {ctx.name}, attempt {ctx.attempt}", file=sys.stderr)
-    sys.stdout.flush()
-    subprocess.run([sys.executable, "-c", f"print('a child process of {ctx.name}')"], check=True)
-    os.write(1, f"descriptor 1 of {ctx.name}\n".encode())  # as a C extension writes
+    me = f"{ctx.name} rank {ctx.rank}"
+    print(f"stdout of {me}, attempt {ctx.attempt}")
+    print(f"stderr of {me}, attempt {ctx.attempt}", file=sys.stderr)
+    subprocess.run([sys.executable, "-c", f"print('a child process of {me}')"], check=True)
+    os.write(1, f"descriptor 1 of {me}\n".encode())  # as a C extension writes
     if ctx.name.startswith("bad"):
         raise ValueError(f"{ctx.name} cannot train (attempt {ctx.attempt})")
     return {"member": ctx.name}

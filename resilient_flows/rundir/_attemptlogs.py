@@ -61,12 +61,14 @@ def copy_log(path: Path, out: BinaryIO, start: int = 0) -> int:
 
 def tail_lines(path: Path, count: int, cap: int = TAIL_CAP) -> list[str]:
     """The log's last ``count`` lines that say something, from its last ``cap`` bytes at most
-    (the first of them may be cut there); decoded, undecodable bytes replaced. Blank lines, and a
+    (whole lines only); decoded, undecodable bytes replaced. Blank lines, and a
     traceback's lines of ``^`` and ``~`` that mark a column of the line above, are left out."""
     with open_regular(path, "attempt log") as f:
-        end = f.seek(0, os.SEEK_END)
-        f.seek(max(0, end - cap))
+        start = max(0, f.seek(0, os.SEEK_END) - cap)
+        f.seek(start)
         data = f.read(cap)
+    if start > 0:  # the first line is cut where the read began: it is left out
+        data = data.partition(b"\n")[2]
     lines = [line.rstrip() for line in data.decode(errors="replace").splitlines() if line.strip(_MARKS)]
     return lines[-count:] if count > 0 else []
 
