@@ -242,10 +242,10 @@ def signal_when_ready(log: Path, signum: int) -> threading.Thread:
 
 def test_a_stop_signal_reaches_the_whole_group_and_75_is_a_preemption(tmp_path: Path) -> None:
     spec = MemberSpec(name="g", workload="", params={}, steps=1, command=["sh", "-c", GROUP_STOPS])
-    signal_when_ready(tmp_path / "members/g/output.log", signal.SIGTERM)
+    signal_when_ready(tmp_path / "members/g/logs/attempt-1.log", signal.SIGTERM)
     with pytest.raises(Preempted, match=r"member g preempted \(signal SIGTERM\) after committing step -1"):
         run_command(spec.to_dict(), str(tmp_path))
-    output = (tmp_path / "members/g/output.log").read_text()
+    output = (tmp_path / "members/g/logs/attempt-1.log").read_text()
     assert "grandchild stopped" in output and "parent stopped" in output
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the launcher's handler is gone
     assert not (tmp_path / "heartbeats/g").exists()
@@ -254,7 +254,7 @@ def test_a_stop_signal_reaches_the_whole_group_and_75_is_a_preemption(tmp_path: 
 def test_a_command_that_ignores_the_stop_is_killed_after_its_grace(tmp_path: Path) -> None:
     stubborn = "trap '' TERM USR1; echo ready; sleep 30"
     spec = MemberSpec(name="s", workload="", params={}, steps=1, command=["sh", "-c", stubborn], grace_s=0.5)
-    signal_when_ready(tmp_path / "members/s/output.log", signal.SIGUSR1)
+    signal_when_ready(tmp_path / "members/s/logs/attempt-1.log", signal.SIGUSR1)
     began = time.monotonic()
     with pytest.raises(CommandKilled, match=r"killed by SIGKILL \(still running 0.5 s after signal SIGUSR1\)"):
         run_command(spec.to_dict(), str(tmp_path))
@@ -419,7 +419,7 @@ def test_a_killed_launcher_takes_its_command_along(tmp_path: Path) -> None:
             str(tmp_path),
         ]
     )
-    log = tmp_path / "members/o/output.log"
+    log = tmp_path / "members/o/logs/attempt-1.log"
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline and not (log.exists() and "ready" in log.read_text().splitlines()):
         time.sleep(0.02)

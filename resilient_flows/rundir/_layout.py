@@ -98,6 +98,9 @@ class TaskLayout:
 
     @property
     def logs(self) -> Path:
+        """What each attempt printed: ``attempt-<n>.log``, its stdout and stderr interleaved as a
+        terminal shows them, a failed attempt's traceback last; ``attempt-<n>.rank-<r>.log``, rank
+        r's of a member on several MPI ranks (rank 0's, with its launcher's messages, is ``attempt-<n>.log``)."""
         return self.root / "logs"
 
     def attempt_log(self, attempt: int, rank: int = 0) -> Path:
