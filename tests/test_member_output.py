@@ -284,6 +284,7 @@ def test_each_rank_of_an_mpi_member_writes_its_own_file(
     )
     run_dir = tmp_path / "run"
     assert main(["run", str(workflow), "--run-dir", str(run_dir)]) == 0
+    capsys.readouterr()
     logs = run_dir / "members/dp/logs"
     assert sorted(p.name for p in logs.iterdir()) == ["attempt-1.log", "attempt-1.rank-1.log"]
     for rank, path in ((0, logs / "attempt-1.log"), (1, logs / "attempt-1.rank-1.log")):
