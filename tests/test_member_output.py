@@ -4,10 +4,12 @@ output under ``status``'s table."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -17,7 +19,8 @@ from rich.console import Console
 from test_views import append, make_run
 
 from resilient_flows.cli import main
-from resilient_flows.rundir import follow_log, tail_lines
+from resilient_flows.rundir import follow_log, member_layout, tail_lines
+from resilient_flows.training._output import attempt_output
 from resilient_flows.workflow._output_tails import OutputTails, failed_tails
 
 HERE = Path(__file__).resolve().parent
@@ -81,6 +84,35 @@ def test_an_attempts_output_goes_to_its_file_and_the_worker_gets_its_own_back(tm
         "printed by attempt 2",
         "member a preempted (signal SIGTERM) after committing step 4",
     ]
+
+
+def test_in_a_thread_of_the_runner_only_the_traceback_is_written(tmp_path: Path, capfd: pytest.CaptureFixture) -> None:
+    """A ``ThreadPoolExecutor`` runs tasks in the runner's threads: its descriptors are not the task's."""
+    layout = member_layout(tmp_path, "t")
+
+    def attempt() -> None:
+        with contextlib.suppress(ValueError), attempt_output(layout, 1):
+            print("on the runner's stdout")
+            raise ValueError("in a thread")
+
+    thread = threading.Thread(target=attempt)
+    thread.start()
+    thread.join()
+    assert capfd.readouterr().out == "on the runner's stdout\n"
+    lines = body(layout.attempt_log(1))
+    assert lines[0] == "Traceback (most recent call last):" and lines[-1] == "ValueError: in a thread"
+
+
+def test_a_link_in_the_logs_place_is_not_followed(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    layout = member_layout(tmp_path, "a")
+    layout.logs.mkdir(parents=True)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.write_text("")
+    layout.attempt_log(1).symlink_to(elsewhere)
+    with attempt_output(layout, 1):
+        ran = True
+    assert ran and elsewhere.read_text() == ""
+    assert "member output of attempt 1 not captured" in caplog.text
 
 
 # ------------------------------------------------------------------------ reading the logs

@@ -9,10 +9,12 @@ order they were written, as a terminal would show them, the traceback of a faile
 The redirection is of the descriptors, not of ``sys.stdout``: a C extension's output and the
 processes the member starts land in the file too. In a worker that runs many tasks
 (:func:`attempt_output`), the descriptors are put back when the attempt ends, so that the next
-task's output goes to its own file. Python's streams are flushed at both ends, and are line
-buffered meanwhile so that stdout and stderr keep their order in the file. Only a process's main
-thread redirects its descriptors: in a thread of the runner (Parsl's ``ThreadPoolExecutor``) they
-are the runner's own, so there the file gets the header and a failed attempt's traceback only.
+task's output goes to its own file. A log that cannot be written (a full file system) leaves the
+output where it went, with a warning: the attempt runs all the same. Python's streams are flushed
+at both ends, and are line buffered meanwhile so that stdout and stderr keep their order in the
+file. Only a process's main thread redirects its descriptors: in a thread of the runner (Parsl's
+``ThreadPoolExecutor``) they are the runner's own, so there the file gets the header and a failed
+attempt's traceback only.
 
 Nothing here imports torch or Parsl.
 """
@@ -20,6 +22,7 @@ Nothing here imports torch or Parsl.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import socket
 import sys
@@ -31,6 +34,8 @@ from typing import TextIO
 
 from resilient_flows.errors import Preempted
 from resilient_flows.rundir import TaskLayout
+
+logger = logging.getLogger(__name__)
 
 #: Created without following a symbolic link (one planted in the run directory would send the
 #: output anywhere), appended to by every writer (the launcher and its ranks), never inherited
@@ -65,7 +70,12 @@ def attempt_output(layout: TaskLayout, attempt: int, rank: int = 0) -> Iterator[
     """Send this process's stdout and stderr to the attempt's log while the block runs, then put
     them back; an exception leaving the block is written there first, whole (a stop on request,
     :class:`~resilient_flows.errors.Preempted`, as one line: it is no failure)."""
-    fd = open_attempt_log(layout, attempt, rank)
+    try:
+        fd = open_attempt_log(layout, attempt, rank)
+    except OSError as exc:  # a full file system, a link in its place: the attempt runs all the same
+        logger.warning("member output of attempt %d not captured in %s: %s", attempt, layout.logs, exc)
+        yield
+        return
     redirect = threading.current_thread() is threading.main_thread()
     try:
         with _redirected(fd) if redirect else contextlib.nullcontext():
@@ -82,7 +92,11 @@ def redirect_for_good(layout: TaskLayout, attempt: int, rank: int = 0) -> None:
     """Send this process's stdout and stderr to the attempt's log until it exits: one rank of a
     member, a process of its own (an exception it dies of is printed there by the interpreter).
     Rank 0's file has its launcher's header already."""
-    fd = open_attempt_log(layout, attempt, rank, header=None if rank == 0 else "")
+    try:
+        fd = open_attempt_log(layout, attempt, rank, header=None if rank == 0 else "")
+    except OSError as exc:  # the output goes where the launcher sends it, as before
+        logger.warning("rank %d's output of attempt %d not captured in %s: %s", rank, attempt, layout.logs, exc)
+        return
     _flush()
     os.dup2(fd, 1)
     os.dup2(fd, 2)
