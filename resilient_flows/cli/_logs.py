@@ -7,6 +7,7 @@ read its brackets as markup. Like ``status``, it imports neither torch nor Parsl
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -53,16 +54,19 @@ def _logs(args: argparse.Namespace) -> int:
     if args.rank is not None and args.rank not in ranks:
         listed = ", ".join(map(str, ranks))
         raise WorkflowError(f"attempt {attempt} of {args.member} has no output of rank {args.rank}; ranks: {listed}")
-    out = sys.stdout.buffer
-    if args.follow:
-        path = ranks[args.rank] if args.rank is not None else next(iter(ranks.values()))
-        return _follow(run_dir, args.member, layout, attempt, path)
-    chosen = {args.rank: ranks[args.rank]} if args.rank is not None else ranks
-    for number, path in chosen.items():
-        if len(chosen) > 1:
-            out.write(f"==> rank {number}: {path} <==\n".encode())
-            out.flush()
-        copy_log(path, out)
+    try:
+        if args.follow:
+            path = ranks[args.rank] if args.rank is not None else next(iter(ranks.values()))
+            return _follow(run_dir, args.member, layout, attempt, path)
+        chosen = {args.rank: ranks[args.rank]} if args.rank is not None else ranks
+        out = sys.stdout.buffer
+        for number, path in chosen.items():
+            if len(chosen) > 1:
+                out.write(f"==> rank {number}: {path} <==\n".encode())
+                out.flush()
+            copy_log(path, out)
+    except BrokenPipeError:  # `logs ... | head` read what it wanted: no traceback, nothing more at exit
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return 0
 
 
