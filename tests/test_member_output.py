@@ -218,6 +218,24 @@ def test_ctrl_c_ends_follow_quietly(run_with_logs: Path, monkeypatch, capsysbina
     assert captured.out.endswith(b"RuntimeError: " + b"e" * 300 + b"\n") and captured.err == b""
 
 
+def test_follow_waits_for_the_first_attempt_while_a_runner_holds_the_run(
+    run_with_logs: Path, monkeypatch: pytest.MonkeyPatch, capsysbinary: pytest.CaptureFixture
+) -> None:
+    import resilient_flows.cli._logs as logs
+
+    log = run_with_logs / "members/m-1/logs/attempt-1.log"
+
+    def first_attempt_starts(_: float) -> None:  # the member starts and ends while `logs` waits
+        log.parent.mkdir(exist_ok=True)
+        log.write_text("--- attempt 1 on h\nat last\n")
+        (run_with_logs / "members/m-1/result.json").write_text("{}")
+
+    monkeypatch.setattr("resilient_flows.training.holding_runner", lambda run_dir: object())
+    monkeypatch.setattr(logs, "time", SimpleNamespace(sleep=first_attempt_starts))
+    assert main(["logs", str(run_with_logs), "m-1", "--follow"]) == 0
+    assert capsysbinary.readouterr().out == b"--- attempt 1 on h\nat last\n"
+
+
 def test_status_shows_the_end_of_a_failed_members_output_within_the_width(
     run_with_logs: Path, capsys: pytest.CaptureFixture
 ) -> None:

@@ -15,6 +15,9 @@ from pathlib import Path
 from resilient_flows.errors import WorkflowError
 from resilient_flows.rundir import TaskLayout
 
+#: Seconds between two looks at a followed log.
+POLL_S = 0.5
+
 
 def add_parsers(commands: argparse._SubParsersAction) -> None:
     logs = commands.add_parser(
@@ -33,7 +36,8 @@ def add_parsers(commands: argparse._SubParsersAction) -> None:
         "--follow",
         "-f",
         action="store_true",
-        help="print the output as it comes, until the attempt ends (or Ctrl-C); one rank's: rank 0 unless --rank",
+        help="print the output as it comes, until the attempt ends (or Ctrl-C); one rank's: rank 0 unless --rank; "
+        "waits for the first attempt while a runner holds the run",
     )
     logs.set_defaults(handler=_logs)
 
@@ -44,6 +48,11 @@ def _logs(args: argparse.Namespace) -> int:
     run_dir = Path(args.run_dir)
     layout = _task_layout(run_dir, args.member)
     found = attempt_logs(layout)
+    if not found and args.follow and args.attempt is None:
+        try:
+            found = _first_attempt(run_dir, layout)
+        except KeyboardInterrupt:
+            return 0
     if not found:
         raise WorkflowError(f"{args.member} has printed nothing yet: no attempt of it has started")
     attempt = max(found) if args.attempt is None else args.attempt
@@ -68,6 +77,19 @@ def _logs(args: argparse.Namespace) -> int:
     except BrokenPipeError:  # `logs ... | head` read what it wanted: no traceback, nothing more at exit
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return 0
+
+
+def _first_attempt(run_dir: Path, layout: TaskLayout) -> dict[int, dict[int, Path]]:
+    """The member's logs once its first attempt started, waiting while a runner holds the run
+    (``logs --follow`` right after ``run --detach``); none if no runner does."""
+    from resilient_flows.rundir import attempt_logs
+    from resilient_flows.training import holding_runner
+
+    found = attempt_logs(layout)
+    while not found and holding_runner(run_dir) is not None:
+        time.sleep(POLL_S)
+        found = attempt_logs(layout)
+    return found
 
 
 def _task_layout(run_dir: Path, name: str) -> TaskLayout:
@@ -105,7 +127,7 @@ def _follow(run_dir: Path, name: str, layout: TaskLayout, attempt: int, path: Pa
         return beaten or holding_runner(run_dir) is None
 
     try:
-        follow_log(path, sys.stdout.buffer, ended, time.sleep)
+        follow_log(path, sys.stdout.buffer, ended, time.sleep, POLL_S)
     except KeyboardInterrupt:
         sys.stdout.flush()
     return 0
