@@ -30,7 +30,6 @@ import threading
 import time
 import traceback
 from collections.abc import Iterator, Mapping
-from typing import TextIO
 
 from resilient_flows.errors import Preempted
 from resilient_flows.rundir import TaskLayout
@@ -155,13 +154,16 @@ def _flush() -> None:
 
 def _line_buffered(on: tuple[bool, bool]) -> tuple[bool, bool]:
     """Make Python's stdout and stderr line buffered (or not), each; whether each was before."""
-    streams = (sys.stdout, sys.stderr)
-    before = tuple(bool(getattr(stream, "line_buffering", False)) for stream in streams)
-    for stream, buffered in zip(streams, on, strict=True):
-        _reconfigure(stream, buffered)
-    return before  # type: ignore[return-value]
+    out, err = sys.stdout, sys.stderr
+    before = bool(getattr(out, "line_buffering", False)), bool(getattr(err, "line_buffering", False))
+    _reconfigure(out, on[0])
+    _reconfigure(err, on[1])
+    return before
 
 
-def _reconfigure(stream: TextIO | None, on: bool) -> None:
-    with contextlib.suppress(Exception):  # not a TextIOWrapper (a test's capture): left as it is
-        stream.reconfigure(line_buffering=on)  # type: ignore[union-attr]
+def _reconfigure(stream: object, on: bool) -> None:
+    """A stream that is no ``TextIOWrapper`` (a test's capture) is left as it is."""
+    reconfigure = getattr(stream, "reconfigure", None)
+    if reconfigure is not None:
+        with contextlib.suppress(Exception):  # closed, or a wrapper that refuses
+            reconfigure(line_buffering=on)
