@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -80,8 +81,13 @@ def train(ctx: Any) -> dict[str, Any]:
         stream = ((step, (loader.epoch, got)) for step, got in ctx.batches(loader, ctx.params["steps"]))
         weight = lambda: loader.rank_weight  # noqa: E731
     fault = p.get("faults", {}).get(str(ctx.attempt))
+    began, first = time.perf_counter(), True
     with open(ctx.directory / f"ids-a{ctx.attempt}-r{ctx.rank}.jsonl", "a") as log:
         for step, (epoch, (ids, x, y)) in stream:
+            if first and ctx.rank == 0:  # from the restored state to this rank's first batch: the data's resume
+                resumed = {"step": step, "first_batch_s": time.perf_counter() - began}
+                (ctx.directory / f"resume-a{ctx.attempt}.json").write_text(json.dumps(resumed))
+            first = False
             loss = (net(x) - y).square().mean() * weight()
             opt.zero_grad()
             loss.backward()
@@ -140,6 +146,12 @@ def augmentations_agree(member_dir: Path) -> bool:
                 if seen.setdefault((row["epoch"], index), x) != x:
                     return False
     return True
+
+
+def resumes(member_dir: Path) -> list[dict[str, Any]]:
+    """Each attempt's first step and the seconds from its restored state to its first batch."""
+    found = sorted(member_dir.glob("resume-a*.json"), key=lambda path: int(path.stem.split("-a")[1]))
+    return [{"attempt": int(path.stem.split("-a")[1]), **json.loads(path.read_text())} for path in found]
 
 
 def loaded(member_dir: Path, attempt: int) -> list[int]:

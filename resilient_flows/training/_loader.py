@@ -74,18 +74,18 @@ class _SeededSamples(Dataset):
 
 
 def _seed_generators(seed: int) -> None:
-    torch.manual_seed(seed)
+    torch.default_generator.manual_seed(seed)  # the CPU's only: torch.manual_seed also seeds every device, at 1 ms
     random.seed(seed)
     np.random.seed(seed & 0xFFFFFFFF)
 
 
 @contextlib.contextmanager
 def _kept_generators() -> Iterator[None]:
-    state = torch.get_rng_state(), random.getstate(), np.random.get_state()
+    state = torch.default_generator.get_state(), random.getstate(), np.random.get_state()
     try:
         yield
     finally:
-        torch.set_rng_state(state[0])
+        torch.default_generator.set_state(state[0])
         random.setstate(state[1])
         np.random.set_state(state[2])
 
