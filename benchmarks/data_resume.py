@@ -20,7 +20,8 @@ Three measurements, each of the resumable loader (``ctx.loader``) and of the bas
    loading time, for the resumable loader and for the exact alternative to it that Hugging Face's
    Trainer uses: iterating over the skipped batches.
 
-Launches of several chains overlap (two at a time); the latency rounds run after them, alone.
+Launches of several chains overlap (one per 4 CPUs, at least two at a time); the latency rounds
+run after them, alone.
 """
 
 from __future__ import annotations
@@ -123,7 +124,7 @@ def _rows(path: Path) -> list[dict[str, Any]]:
 
 
 def exactness(setup: dict[str, Any], root: Path) -> dict[str, Any]:
-    """The chains of both loaders, and the same-layout pairs, two launches at a time."""
+    """The chains of both loaders, and the same-layout pairs, several launches at a time."""
     uninterrupted = [(setup["same"][-1][0], None)]
     jobs = {
         "resumable": ("chain", setup["chain"], False),
@@ -133,7 +134,7 @@ def exactness(setup: dict[str, Any], root: Path) -> dict[str, Any]:
         "plain_same": ("same-plain", setup["same"], True),
         "plain_reference": ("reference-plain", uninterrupted, True),
     }
-    with ThreadPoolExecutor(2) as pool:
+    with ThreadPoolExecutor(max(2, (os.cpu_count() or 1) // 4)) as pool:  # a launch runs up to 4 ranks
         futures = {
             key: pool.submit(run_chain, root, name, setup, attempts, plain)
             for key, (name, attempts, plain) in jobs.items()
