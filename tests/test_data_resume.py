@@ -290,3 +290,13 @@ def test_kills_and_resumes_on_4_3_2_4_ranks_train_each_sample_once_per_epoch(tmp
         i for rows in member.rows(directory).values() for row in rows if row["step"] >= starts[3] for i in row["ids"]
     ]
     assert sorted(member.loaded(directory, 4)) == sorted(last)  # resumed at its position: nothing before it read
+
+
+def test_a_checkpoint_without_a_data_position_says_its_loader_starts_over(tmp_path: Path) -> None:
+    from resilient_flows.training import read_events
+
+    with pytest.raises(Preempted):  # the usual DataLoader first: its checkpoints hold no position
+        run_member(spec(plain=True, workers=0, faults={"1": ["preempt", 4]}).to_dict(), str(tmp_path))
+    run_member(spec(workers=0).to_dict(), str(tmp_path))
+    warnings = [e["reason"] for e in read_events(tmp_path) if e["kind"] == "warning"]
+    assert warnings == ["the checkpoint of step 4 holds no data position: loader(s) train start at epoch 0, sample 0"]

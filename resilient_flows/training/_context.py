@@ -88,6 +88,7 @@ class TrainContext:
         self.state: TrainState | None = None
         self.retired: str | None = None
         self.data = DataPositions()
+        self._unpositioned_said = False
         self.distributed = join_member_ranks(spec, comm)
         self.group = None if self.distributed is None else self.distributed.group
         self.device = torch.device("cpu") if self.distributed is None else self.distributed.device
@@ -173,6 +174,7 @@ class TrainContext:
             self.checkpointer.discard_newer_than(-1 if self.restored_step is None else self.restored_step)
         saver = self.runtime.saver
         saver.state, saver.last_saved = self.state, self.restored_step
+        self._warn_unpositioned()
         if not self._clone.restored(self.state, self.restored_step) and self.restored_step is not None:
             restored = self.checkpointer.restored
             self._emit(
@@ -219,6 +221,7 @@ class TrainContext:
             **arguments,
         )
         self.data.add(made)
+        self._warn_unpositioned()
         return made
 
     def steps(self, total: int) -> Iterator[int]:
@@ -335,6 +338,20 @@ class TrainContext:
         if self.spec.nodes > 1 or self.spec.min_nodes is not None:
             where["nodes"] = self.spec.nodes
         return where
+
+    def _warn_unpositioned(self) -> None:
+        """A checkpoint without data positions (saved before the member used ``ctx.loader``)
+        restarts its loaders at epoch 0: say so once, in the run's events, for it is not exact."""
+        if self.restored_step is None or self.data.restored or not self.data.loaders or self._unpositioned_said:
+            return
+        self._unpositioned_said = True
+        self._emit(
+            "warning",
+            attempt=self.attempt,
+            step=self.restored_step,
+            reason=f"the checkpoint of step {self.restored_step} holds no data position: loader(s) "
+            f"{', '.join(sorted(self.data.loaders))} start at epoch 0, sample 0",
+        )
 
     def _pool_lost(self, reason: str) -> None:
         """The attempt's worker pool is gone (said from the heartbeat's thread): its end is the

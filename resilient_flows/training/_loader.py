@@ -315,6 +315,7 @@ class DataPositions:
     def __init__(self) -> None:
         self.loaders: dict[str, ResumableLoader] = {}
         self.saved: dict[str, dict[str, Any]] = {}
+        self.restored = False  # whether a checkpoint gave positions
 
     def add(self, loader: ResumableLoader) -> None:
         if loader.name in self.loaders:
@@ -327,6 +328,7 @@ class DataPositions:
         return {**self.saved, **{name: loader.state_dict() for name, loader in self.loaders.items()}}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.restored = True
         for name, position in state.items():
             if name in self.loaders:
                 self.loaders[name].load_state_dict(position)
