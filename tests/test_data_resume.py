@@ -105,7 +105,9 @@ def test_every_rank_count_trains_the_same_global_batches_each_sample_once_per_ep
         assert got == want
         assert sorted(flat(got)) == list(range(105))
     assert len(ranks[0]) == 11 and [len(batch) for batch in want] == [10] * 10 + [5]
-    assert [len(share) for share in next(zip(*loaders(10, 10, 3), strict=True))] == [3, 3, 4]
+    three = loaders(10, 10, 3)
+    assert [len(share) for share in next(zip(*three, strict=True))] == [3, 3, 4]
+    assert [loader.rank_weight for loader in three] == [0.9, 0.9, 1.2]  # x the rank's mean: DDP's mean is exact
 
 
 def test_epochs_differ_and_come_from_the_seed_and_epoch_alone() -> None:
