@@ -61,6 +61,7 @@ _SOURCES = {
         "DistributedInfo",
         "MemberSpec",
         "Preempted",
+        "ResumableLoader",
         "RunContract",
         "TrainContext",
         "from_env",

@@ -34,6 +34,7 @@ _SOURCES = {
         "fill_command",
     ),
     "resilient_flows.training._context": ("TrainContext",),
+    "resilient_flows.training._loader": ("DataPositions", "ResumableLoader"),
     "resilient_flows.training._contract": (
         "ENV_NAMES",
         "EXIT_CANNOT_RUN",
