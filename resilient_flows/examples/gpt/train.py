@@ -20,7 +20,7 @@ from resilient_flows.examples.gpt.model import GPT, SIZES, parameter_count
 from resilient_flows.examples.gpt.schedule import warmup_cosine
 from resilient_flows.training import TrainContext
 
-__all__ = ["Params", "evaluate", "held_out_loss", "train"]
+__all__ = ["Params", "adamw", "build_model", "evaluate", "held_out_loss", "train"]
 
 
 class Params(BaseModel):
@@ -46,7 +46,7 @@ def build_model(p: dict[str, Any]) -> GPT:
     return GPT(dataclasses.replace(shape, dropout=p["dropout"]))
 
 
-def _optimizer(model: nn.Module, p: dict[str, Any]) -> torch.optim.AdamW:
+def adamw(model: nn.Module, p: dict[str, Any]) -> torch.optim.AdamW:
     """AdamW with weight decay on the weight matrices and embeddings only (GPT-2's choice)."""
     decay = [w for w in model.parameters() if w.dim() >= 2]
     rest = [w for w in model.parameters() if w.dim() < 2]
@@ -58,7 +58,7 @@ def train(ctx: TrainContext) -> dict[str, Any]:
     p = ctx.params
     torch.manual_seed(ctx.seed)
     model = build_model(p)
-    optimizer = _optimizer(model, p)
+    optimizer = adamw(model, p)
     scheduler = warmup_cosine(optimizer, p["warmup"], p["steps"], p["lr_floor"])
     position = {"epoch": 0, "sample": 0}
     ctx.track(model=model, optimizer=optimizer, scheduler=scheduler, extra=position)
