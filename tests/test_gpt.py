@@ -160,13 +160,13 @@ def test_a_fresh_model_predicts_about_uniformly_and_evaluate_reads_a_checkpoint(
 
 
 def test_a_member_that_failed_mid_epoch_resumes_to_the_uninterrupted_weights(tmp_path: Path) -> None:
-    reference = run_member(_spec("m", 30).to_dict(), str(tmp_path / "reference"))
-    spec = _spec("m", 30, faults=(FaultSpec("error", 17),))
+    reference = run_member(_spec("m", 20).to_dict(), str(tmp_path / "reference"))
+    spec = _spec("m", 20, faults=(FaultSpec("error", 13),))
     with pytest.raises(RuntimeError, match="injected error"):
         run_member(spec.to_dict(), str(tmp_path / "faulted"))
     resumed = run_member(spec.to_dict(), str(tmp_path / "faulted"))
     assert resumed["attempts"] == 2
-    assert (resumed["epoch"], resumed["sample"]) == (0, 30 * 16)
+    assert (resumed["epoch"], resumed["sample"]) == (0, 20 * 16)
     assert resumed["digest"] == reference["digest"]
     assert resumed["eval_loss"] == reference["eval_loss"]
 
