@@ -159,6 +159,7 @@ def test_a_fresh_model_predicts_about_uniformly_and_evaluate_reads_a_checkpoint(
     assert evaluate({**params, "steps": 12}, state)["eval_loss"] == result["eval_loss"] < fresh["eval_loss"]
 
 
+@pytest.mark.slow  # two members' runs with their loader workers: 23-40 s on the loaded 2-core machine
 def test_a_member_that_failed_mid_epoch_resumes_to_the_uninterrupted_weights(tmp_path: Path) -> None:
     reference = run_member(_spec("m", 20).to_dict(), str(tmp_path / "reference"))
     spec = _spec("m", 20, faults=(FaultSpec("error", 13),))
