@@ -176,7 +176,7 @@ def test_a_member_that_failed_mid_epoch_resumes_to_the_uninterrupted_weights(tmp
 @pytest.mark.timeout(480)  # a runner start and a retry take minutes on a loaded 2-core machine
 def test_the_workflow_with_a_member_killed_mid_epoch_ends_with_uninterrupted_weights(tmp_path: Path) -> None:
     """``workflows/gpt.yaml`` shortened: its default size, two members, gpt-1 SIGKILLed after step
-    70 of 120 (between checkpoints, in its first epoch of 412 batches)."""
+    70 of 120 (between checkpoints, in its first epoch of 409 batches)."""
     from resilient_flows.cli import main
     from resilient_flows.workflow import load_workflow
 

@@ -73,9 +73,10 @@ def train(ctx: TrainContext) -> dict[str, Any]:
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         norm = nn.utils.clip_grad_norm_(model.parameters(), p["clip"])
+        lr = optimizer.param_groups[0]["lr"]  # this step's: the scheduler sets the next one's
         optimizer.step()
         scheduler.step()
-        ctx.log(step, loss=loss.item(), lr=optimizer.param_groups[0]["lr"], grad_norm=norm.item())
+        ctx.log(step, loss=loss.item(), lr=lr, grad_norm=norm.item())
     return ctx.result(
         model,
         **held_out_loss(model, p["eval_windows"]),
