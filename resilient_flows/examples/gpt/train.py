@@ -55,6 +55,11 @@ def adamw(model: nn.Module, p: dict[str, Any]) -> torch.optim.AdamW:
 
 
 def train(ctx: TrainContext) -> dict[str, Any]:
+    """Train ``steps`` steps from the restored checkpoint, if any; the result has the held-out loss.
+
+    The data position is this example's own (``position`` in ``extra``, ``ResumableBatches``): a
+    loader whose position the library checkpoints would replace those two, and nothing else.
+    """
     p = ctx.params
     torch.manual_seed(ctx.seed)
     model = build_model(p)
