@@ -1,7 +1,7 @@
 """The flagship workload (``resilient_flows.examples.gpt``, ``workflows/gpt.yaml``): its sizes' exact
-parameter counts, its learning-rate curve and the scheduler's resume on it, a data position that
-resumes mid-epoch and across epochs on the batches an uninterrupted loader gives, and members
-that end with an uninterrupted run's weights after an error and after a SIGKILL in a workflow."""
+parameter counts, its learning-rate curve and the scheduler's resume on it, its corpus, and members
+that end with an uninterrupted run's weights (their loader resumed mid-epoch) after an error and
+after a SIGKILL in a workflow."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import yaml
 
 from resilient_flows.checkpoint import read_checkpoint
 from resilient_flows.examples.gpt import GPT, SIZES, Params, evaluate, parameter_count
-from resilient_flows.examples.gpt.data import ByteWindows, EpochSampler, ResumableBatches, corpus, split
+from resilient_flows.examples.gpt.data import corpus, split
 from resilient_flows.examples.gpt.schedule import lr_factor, warmup_cosine
 from resilient_flows.examples.gpt.train import build_model, held_out_loss
 from resilient_flows.training import CheckpointSpec, FaultSpec, MemberSpec, run_member
@@ -90,17 +90,7 @@ def test_a_scheduler_restored_from_its_json_state_continues_on_the_same_curve() 
     assert rates[:3] == [1 / 3, 2 / 3, 1.0] and rates[9] == pytest.approx(0.0, abs=1e-12)
 
 
-# ---------------------------------------------------------------------- data position
-
-
-def _windows() -> ByteWindows:
-    """40 samples of 4 bytes: an epoch is 5 batches of 8."""
-    return ByteWindows((torch.arange(161) % 256).to(torch.uint8), block=4)
-
-
-def _firsts(batches: ResumableBatches, count: int) -> list[list[int]]:
-    """The sample index of each row of the next ``count`` batches."""
-    return [(next(batches)[0][:, 0] // 4).tolist() for _ in range(count)]
+# ---------------------------------------------------------------------- data
 
 
 def test_the_corpus_is_the_python_reference_with_a_held_out_tenth() -> None:
@@ -108,27 +98,6 @@ def test_the_corpus_is_the_python_reference_with_a_held_out_tenth() -> None:
     assert len(train_bytes) + len(held_out) == len(corpus()) > 100_000
     assert len(held_out) == len(corpus()) - int(len(corpus()) * 0.9)
     assert b"while" in corpus()
-
-
-def test_an_epoch_order_depends_on_the_seed_and_epoch_only_and_starts_where_asked() -> None:
-    order = list(EpochSampler(40, seed=3, epoch=1))
-    assert sorted(order) == list(range(40))
-    assert list(EpochSampler(40, seed=3, epoch=1, start=16)) == order[16:]
-    assert order != list(EpochSampler(40, seed=3, epoch=2)) != list(EpochSampler(40, seed=4, epoch=1))
-
-
-@pytest.mark.parametrize("stop_after", [2, 5, 7])  # mid-epoch, at an epoch's end, in the second epoch
-def test_batches_resumed_from_a_saved_position_are_the_uninterrupted_ones(stop_after: int) -> None:
-    uninterrupted = _firsts(ResumableBatches(_windows(), 8, seed=1, position={"epoch": 0, "sample": 0}), 12)
-    assert sorted(i for batch in uninterrupted[:5] for i in batch) == list(range(40))  # each sample once an epoch
-    position = {"epoch": 0, "sample": 0}
-    first = ResumableBatches(_windows(), 8, seed=1, position=position, num_workers=2)
-    before = _firsts(first, stop_after)
-    saved = json.loads(json.dumps(position))  # what a checkpoint holds
-    del first
-    after = _firsts(ResumableBatches(_windows(), 8, seed=1, position=saved, num_workers=2), 12 - stop_after)
-    assert before + after == uninterrupted
-    assert saved == {"epoch": 2, "sample": 16}  # 12 batches: two epochs of 5, then 2
 
 
 # ---------------------------------------------------------------------- members

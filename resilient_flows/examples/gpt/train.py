@@ -15,7 +15,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 
-from resilient_flows.examples.gpt.data import ByteWindows, ResumableBatches, corpus_digest, split
+from resilient_flows.examples.gpt.data import START_METHOD, ByteWindows, corpus_digest, split
 from resilient_flows.examples.gpt.model import GPT, SIZES, parameter_count
 from resilient_flows.examples.gpt.schedule import warmup_cosine
 from resilient_flows.training import TrainContext
@@ -55,26 +55,25 @@ def adamw(model: nn.Module, p: dict[str, Any]) -> torch.optim.AdamW:
 
 
 def train(ctx: TrainContext) -> dict[str, Any]:
-    """Train ``steps`` steps from the restored checkpoint, if any; the result has the held-out loss.
-
-    The data position is this example's own (``position`` in ``extra``, ``ResumableBatches``): a
-    loader whose position the library checkpoints would replace those two, and nothing else.
-    """
+    """Train ``steps`` steps from the restored checkpoint, if any; the result has the held-out loss."""
     p = ctx.params
     torch.manual_seed(ctx.seed)
     model = build_model(p)
-    optimizer = adamw(model, p)
+    net = ctx.wrap(model)  # DDP on several ranks, each training its share of the global batch
+    optimizer = adamw(net, p)
     scheduler = warmup_cosine(optimizer, p["warmup"], p["steps"], p["lr_floor"])
-    position = {"epoch": 0, "sample": 0}
-    ctx.track(model=model, optimizer=optimizer, scheduler=scheduler, extra=position)
+    workers: dict[str, Any] = {"num_workers": p["num_workers"]}
+    if p["num_workers"]:
+        workers.update(persistent_workers=True, multiprocessing_context=START_METHOD)
     train_bytes, _ = split()
-    batches = ResumableBatches(
-        ByteWindows(train_bytes, model.config.block), p["batch_size"], ctx.seed, position, p["num_workers"]
+    loader = ctx.loader(
+        ByteWindows(train_bytes, model.config.block), p["batch_size"], shuffle=True, drop_last=True, **workers
     )
+    ctx.track(model=model, optimizer=optimizer, scheduler=scheduler)  # and the loader's position
     model.train()
-    for step in ctx.steps(p["steps"]):
-        x, y = next(batches)
-        loss = nn.functional.cross_entropy(model(x).flatten(0, 1), y.flatten())
+    for step, (x, y) in ctx.batches(loader, p["steps"]):
+        x, y = x.to(ctx.device), y.to(ctx.device)
+        loss = nn.functional.cross_entropy(net(x).flatten(0, 1), y.flatten()) * loader.rank_weight
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         norm = nn.utils.clip_grad_norm_(model.parameters(), p["clip"])
@@ -85,8 +84,8 @@ def train(ctx: TrainContext) -> dict[str, Any]:
     return ctx.result(
         model,
         **held_out_loss(model, p["eval_windows"]),
-        epoch=position["epoch"],
-        sample=position["sample"],
+        epoch=loader.epoch,
+        sample=loader.position,
         parameters=parameter_count(model.config),
         corpus=corpus_digest(),
     )
@@ -101,13 +100,13 @@ def held_out_loss(model: GPT, windows: int) -> dict[str, float]:
     _, held_out = split()
     data = ByteWindows(held_out, model.config.block)
     count = min(windows, len(data))
-    was_training = model.training
+    was_training, device = model.training, next(model.parameters()).device
     model.eval()
     total = 0.0
     with torch.no_grad():
         for first in range(0, count, 16):
             pairs = [data[i] for i in range(first, min(first + 16, count))]
-            x, y = torch.stack([x for x, _ in pairs]), torch.stack([y for _, y in pairs])
+            x, y = torch.stack([x for x, _ in pairs]).to(device), torch.stack([y for _, y in pairs]).to(device)
             total += nn.functional.cross_entropy(model(x).flatten(0, 1), y.flatten(), reduction="sum").item()
     model.train(was_training)
     loss = total / (count * model.config.block)
