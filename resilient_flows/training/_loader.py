@@ -218,6 +218,15 @@ class ResumableLoader:
         if epoch != self.epoch:
             self.epoch, self.position = epoch, 0
 
+    def set_ranks(self, rank: int, world_size: int) -> None:
+        """Take rank ``rank``'s share of each global batch among ``world_size`` ranks from the next
+        batch on: for a framework that places the ranks after the loader was built (Lightning's
+        strategy). The order and the position do not depend on it, so it may differ between attempts."""
+        if not 0 <= rank < world_size:
+            raise ResilientFlowsError(f"loader {self.name!r}: rank {rank} is not one of {world_size} ranks")
+        self.rank, self.world_size = rank, world_size
+        self._check_shares()
+
     @property
     def rank_weight(self) -> float:
         """This rank's share of the last global batch times the world size, over that batch's size:
