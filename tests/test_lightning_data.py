@@ -112,6 +112,28 @@ def test_a_fit_that_fails_mid_epoch_resumes_to_the_batches_and_weights_of_an_uni
         assert torch.equal(mine, theirs)
 
 
+def test_each_epoch_starts_at_its_first_batch_when_lightning_ends_epochs_early(tmp_path: Path) -> None:
+    record = tmp_path / "ids.jsonl"
+    trainer = pl.Trainer(
+        max_steps=9,
+        limit_train_batches=3,  # 3 of each epoch's 8 batches
+        accelerator="cpu",
+        plugins=[ResilientCheckpointIO(tmp_path)],
+        callbacks=[ResilientCallback()],
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+    )
+    trainer.fit(lightning_ids.Recorded(str(record), 1), ResumableLoader(lightning_ids.Noisy(), 8, shuffle=True, seed=3))
+    whole = ResumableLoader(lightning_ids.Noisy(), 8, shuffle=True, seed=3)
+    epochs = []
+    for epoch in range(3):
+        whole.set_epoch(epoch)
+        epochs.append([batch[2].tolist() for batch in whole])
+    assert steps_of(records(record)) == {3 * e + b: epochs[e][b] for e in range(3) for b in range(3)}
+
+
 def test_a_loader_whose_global_batch_cannot_feed_every_rank_is_refused() -> None:
     loader = ResumableLoader(list(range(10)), 2)
     with pytest.raises(ResilientFlowsError, match="a global batch of 2 sample"):

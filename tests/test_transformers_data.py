@@ -137,3 +137,15 @@ def test_a_member_killed_between_checkpoints_mid_epoch_ends_at_the_uninterrupted
         json.loads((run_dir / "members" / n / "command-result.json").read_text())["digest"] for n in ("killed", "plain")
     ]
     assert digests[0] == digests[1]
+
+
+def test_ignore_data_skip_starts_the_resumed_epoch_again_from_its_first_batch(tmp_path: Path) -> None:
+    full = hf_ids.make_trainer(tmp_path / "full", steps=8, save_steps=100)
+    resilient_trainer(full)
+    full.train()
+    stopped = hf_ids.make_trainer(tmp_path / "run", steps=8, save_steps=100, callbacks=[SignalAt(6)])
+    stopped.train(resume_from_checkpoint=resilient_trainer(stopped).last_checkpoint())
+    resumed = hf_ids.make_trainer(tmp_path / "run", steps=8, save_steps=100)
+    resumed.args.ignore_data_skip = True
+    resumed.train(resume_from_checkpoint=resilient_trainer(resumed).last_checkpoint())
+    assert resumed.ids == {6: full.ids[4], 7: full.ids[5]}  # epoch 1 again from its first batch
