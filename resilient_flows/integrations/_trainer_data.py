@@ -45,6 +45,19 @@ def own_loader_reason(trainer: Trainer) -> str | None:
     return None
 
 
+def serves_data(trainer: Trainer, resumable_data: bool | None) -> bool:
+    """Whether ``resilient_trainer(trainer, resumable_data=...)`` trains from a ResumableLoader:
+    by default wherever it can (a log line says why not), always or never when told."""
+    reason = own_loader_reason(trainer)
+    if reason is None:
+        return resumable_data is not False
+    if resumable_data:
+        raise ResilientFlowsError(f"resilient_trainer(resumable_data=True): {reason}")
+    if resumable_data is None:
+        logger.info("Trainer's own training loader stays (a resume reads the skipped batches): %s", reason)
+    return False
+
+
 def resumable_loader(trainer: Trainer) -> ResumableLoader:
     """The loader Trainer's ``get_train_dataloader`` would build, with the order and position ours.
 

@@ -47,7 +47,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
 
 from resilient_flows.checkpoint import Checkpointer, TrainState, capture_rng, read_manifest, restore_rng, unflatten
 from resilient_flows.errors import CheckpointError, CorruptCheckpointError, ResilientFlowsError
-from resilient_flows.integrations._trainer_data import TrainerData, own_loader_reason
+from resilient_flows.integrations._trainer_data import TrainerData, serves_data
 from resilient_flows.training import ENV_NAMES, DataPositions
 from resilient_flows.training.boundary import CheckpointSaver, CommRanks, StepRuntime, member_events
 
@@ -114,11 +114,7 @@ def resilient_trainer(
         raise ResilientFlowsError(
             "load_best_model_at_end needs Trainer's own checkpoint directories: turn it off with resilient_trainer"
         )
-    keeps_own_loader = own_loader_reason(trainer)
-    if resumable_data and keeps_own_loader is not None:
-        raise ResilientFlowsError(f"resilient_trainer(resumable_data=True): {keeps_own_loader}")
-    if resumable_data is None and keeps_own_loader is not None:
-        logger.info("Trainer's own training loader stays (a resume reads the skipped batches): %s", keeps_own_loader)
+    serve_data = serves_data(trainer, resumable_data)
     if save_steps is not None and (isinstance(save_steps, bool) or not isinstance(save_steps, int) or save_steps < 1):
         raise ValueError(f"save_steps must be an integer >= 1, got {save_steps!r}")
     given = {"directory": directory, "local_dir": local_dir, "save_steps": save_steps, "keep": keep}
@@ -135,8 +131,7 @@ def resilient_trainer(
             keep=3 if keep is None else keep,
             persist_every=1 if persist_every is None else persist_every,
         )
-    data = TrainerData(trainer, run.positions) if resumable_data is not False and keeps_own_loader is None else None
-    callback = ResilientTrainerCallback(trainer, run, data)
+    callback = ResilientTrainerCallback(trainer, run, TrainerData(trainer, run.positions) if serve_data else None)
     trainer.add_callback(callback)
     return callback
 
