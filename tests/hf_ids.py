@@ -71,8 +71,11 @@ class IdsTrainer(transformers.Trainer):
         return loss
 
 
-def make_trainer(output_dir: Path, steps: int, save_steps: int, cls: type = IdsTrainer, **kwargs: Any) -> IdsTrainer:
+def make_trainer(
+    output_dir: Path, steps: int, save_steps: int, cls: type = IdsTrainer, batch: int = 4, **kwargs: Any
+) -> IdsTrainer:
     args = example.training_args(str(output_dir), steps, save_steps, SEED, LR)
+    args.per_device_train_batch_size = batch
     args.dataloader_num_workers = 2
     args.remove_unused_columns = False  # the index reaches training_step, which takes it out
     return cls(

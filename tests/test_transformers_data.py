@@ -21,7 +21,7 @@ transformers = require_module(
 import hf_ids  # noqa: E402
 from conftest import python_env  # noqa: E402
 
-from resilient_flows.errors import ResilientFlowsError  # noqa: E402
+from resilient_flows.errors import CheckpointError, ResilientFlowsError  # noqa: E402
 from resilient_flows.integrations.transformers import resilient_trainer  # noqa: E402
 from resilient_flows.training import MemberSpec, ResumableLoader, RunContract, read_events, state_digest  # noqa: E402
 from resilient_flows.training._control import register_member  # noqa: E402
@@ -149,3 +149,28 @@ def test_ignore_data_skip_starts_the_resumed_epoch_again_from_its_first_batch(tm
     resumed.args.ignore_data_skip = True
     resumed.train(resume_from_checkpoint=resilient_trainer(resumed).last_checkpoint())
     assert resumed.ids == {6: full.ids[4], 7: full.ids[5]}  # epoch 1 again from its first batch
+
+
+def stopped_at_6(directory: Path, **kwargs) -> None:
+    stopped = hf_ids.make_trainer(directory, steps=8, save_steps=100, callbacks=[SignalAt(6)])
+    stopped.train(resume_from_checkpoint=resilient_trainer(stopped, **kwargs).last_checkpoint())
+    assert stopped.state.global_step == 6
+
+
+def test_a_resume_whose_batches_are_not_the_checkpoints_is_refused(tmp_path: Path) -> None:
+    stopped_at_6(tmp_path)
+    resumed = hf_ids.make_trainer(tmp_path, steps=8, save_steps=100, batch=2)  # step 6: 12 samples into epoch 0
+    with pytest.raises(CheckpointError, match=r"data position \(sample 8 of epoch 1\) is not Trainer's"):
+        resumed.train(resume_from_checkpoint=resilient_trainer(resumed).last_checkpoint())
+
+
+def test_a_checkpoint_without_a_data_position_goes_on_at_trainers_count(tmp_path: Path) -> None:
+    stopped_at_6(tmp_path, resumable_data=False)  # saved by Trainer's own loader
+    resumed = hf_ids.make_trainer(tmp_path, steps=8, save_steps=100)
+    resumed.train(resume_from_checkpoint=resilient_trainer(resumed).last_checkpoint())
+    order = ResumableLoader(
+        resumed.train_dataset, 4, shuffle=True, seed=hf_ids.SEED, collate_fn=hf_ids.masking_collator
+    )
+    order.set_epoch(1)
+    batches = [batch["index"].tolist() for batch in order]
+    assert resumed.ids == {6: batches[2], 7: batches[3]}

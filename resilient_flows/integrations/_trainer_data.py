@@ -111,6 +111,8 @@ class TrainerData:
 
     def build(self) -> ResumableLoader:
         """What ``trainer.get_train_dataloader()`` returns: a new loader (a later ``train()`` starts anew)."""
+        if self.trainer.train_dataset is None:
+            return Trainer.get_train_dataloader(self.trainer)  # Trainer's own error
         reason = own_loader_reason(self.trainer)
         if reason is not None:
             raise ResilientFlowsError(f"resilient_trainer(resumable_data=True): {reason}; pass resumable_data=False")
