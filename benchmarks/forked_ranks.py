@@ -46,12 +46,19 @@ def run_forked(spec: Path, run_dir: Path, ranks: int, log: Path, timeout: float 
     ``subprocess`` gives it (negative: killed by that signal), the first failed rank's."""
     port = free_port()
     pids = []
-    for rank in range(ranks):
-        pid = os.fork()
-        if pid == 0:
-            _rank(rank, ranks, port, spec, run_dir, log)
-        pids.append(pid)
-    return _wait(pids, timeout)
+    try:
+        for rank in range(ranks):
+            pid = os.fork()
+            if pid == 0:
+                _rank(rank, ranks, port, spec, run_dir, log)
+            pids.append(pid)
+        return _wait(pids, timeout)
+    except BaseException:  # interrupted: no rank outlives the benchmark
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError, ChildProcessError):
+                os.killpg(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+        raise
 
 
 def _rank(rank: int, world: int, port: int, spec: Path, run_dir: Path, log: Path) -> None:
