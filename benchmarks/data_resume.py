@@ -1,6 +1,7 @@
 """Data-exact resume across kills and rank counts: ``ctx.loader`` side by side with a plain DataLoader.
 
     python benchmarks/data_resume.py --quick [--json PATH]     # under a minute on a quiet machine
+    python benchmarks/data_resume.py         [--json PATH]     # the same checks under mpiexec: minutes
     python benchmarks/data_resume.py --full  [--json PATH]
 
 Three measurements, each of the resumable loader (``ctx.loader``) and of the baseline (a
@@ -20,8 +21,13 @@ Three measurements, each of the resumable loader (``ctx.loader``) and of the bas
    loading time, for the resumable loader and for the exact alternative to it that Hugging Face's
    Trainer uses: iterating over the skipped batches.
 
-Launches of several chains overlap (one per 4 CPUs, at least two at a time); the latency rounds
-run after them, alone.
+``--quick`` runs the same chains with the same faults, but forks each attempt's ranks
+(``torchrun``-style) from this process, which imported torch once (:mod:`forked_ranks`): a rank
+starts at the member's entry point in milliseconds instead of seconds of imports, and its state
+comes from the checkpoint on disk as after any launch. It times one epoch length at three
+positions. The default and ``--full`` launch every attempt under ``mpiexec``, as a workflow's
+members are, several chains at a time (one per 4 CPUs, at least two); the latency rounds run
+after them, alone.
 """
 
 from __future__ import annotations
@@ -44,18 +50,23 @@ REPO = HERE.parent
 sys.path[:0] = [str(REPO), str(HERE)]
 
 import data_resume_member as member  # noqa: E402
+import forked_ranks  # noqa: E402
 
 from resilient_flows.training import CheckpointSpec, MemberSpec  # noqa: E402
 
-QUICK = {
+POSITIONS = (0.0, 0.25, 0.5, 0.75, 0.95)
+DEFAULT = {
     "samples": 100,
     "batch": 12,
     "epochs": 3,
     "chain": [(4, ["kill", 6]), (3, ["preempt", 13]), (2, ["kill", 22]), (4, None)],
     "same": [(2, ["kill", 10]), (2, ["preempt", 17]), (2, None)],
     "lengths": [2000, 8000],
+    "positions": POSITIONS,
     "rounds": 3,
+    "launcher": "mpiexec",
 }
+QUICK = {**DEFAULT, "lengths": [4000], "positions": (0.0, 0.5, 0.95), "launcher": "fork"}
 FULL = {
     "samples": 1000,
     "batch": 24,
@@ -63,9 +74,10 @@ FULL = {
     "chain": [(4, ["kill", 30]), (3, ["preempt", 61]), (2, ["kill", 100]), (4, ["preempt", 140]), (3, None)],
     "same": [(4, ["kill", 50]), (4, ["kill", 120]), (4, None)],
     "lengths": [4000, 16000, 64000],
+    "positions": POSITIONS,
     "rounds": 5,
+    "launcher": "mpiexec",
 }
-POSITIONS = (0.0, 0.25, 0.5, 0.75, 0.95)
 SAMPLE_S = 0.0001  # what one sample costs to load: a decode, an augmentation
 BATCH = 32
 
@@ -91,11 +103,18 @@ def run_chain(root: Path, name: str, setup: dict[str, Any], attempts: list, plai
     for ranks, _ in attempts:
         path = root / f"{name}-{len(launches) + 1}.json"
         path.write_text(json.dumps(replace(spec, ranks=ranks).to_dict()))
-        command = ["mpiexec", "-n", str(ranks), sys.executable, "-m", "resilient_flows.training.mpi_member"]
-        done = subprocess.run([*command, str(path), str(root / "run")], env=_env(), capture_output=True, timeout=600)
-        launches.append({"ranks": ranks, "exit": done.returncode})
+        launches.append({"ranks": ranks, "exit": launch(path, root, ranks, setup["launcher"])})
     directory = root / "run" / "members" / name
     return {"launches": launches, "directory": directory, "per_epoch": per_epoch}
+
+
+def launch(path: Path, root: Path, ranks: int, launcher: str) -> int:
+    """One attempt of the member of ``path`` on ``ranks`` ranks; its exit status."""
+    if launcher == "fork":
+        return forked_ranks.run_forked(path, root / "run", ranks, path.with_suffix(".log"))
+    command = ["mpiexec", "-n", str(ranks), sys.executable, "-m", "resilient_flows.training.mpi_member"]
+    done = subprocess.run([*command, str(path), str(root / "run")], env=_env(), capture_output=True, timeout=600)
+    return done.returncode
 
 
 def samples_report(chain: dict[str, Any], setup: dict[str, Any]) -> dict[str, Any]:
@@ -134,12 +153,15 @@ def exactness(setup: dict[str, Any], root: Path) -> dict[str, Any]:
         "plain_same": ("same-plain", setup["same"], True),
         "plain_reference": ("reference-plain", uninterrupted, True),
     }
-    with ThreadPoolExecutor(max(2, (os.cpu_count() or 1) // 4)) as pool:  # a launch runs up to 4 ranks
-        futures = {
-            key: pool.submit(run_chain, root, name, setup, attempts, plain)
-            for key, (name, attempts, plain) in jobs.items()
-        }
-        chains = {key: future.result() for key, future in futures.items()}
+    if setup["launcher"] == "fork":  # forked from this process's only thread: one launch at a time
+        chains = {key: run_chain(root, name, setup, attempts, plain) for key, (name, attempts, plain) in jobs.items()}
+    else:
+        with ThreadPoolExecutor(max(2, (os.cpu_count() or 1) // 4)) as pool:  # a launch runs up to 4 ranks
+            futures = {
+                key: pool.submit(run_chain, root, name, setup, attempts, plain)
+                for key, (name, attempts, plain) in jobs.items()
+            }
+            chains = {key: future.result() for key, future in futures.items()}
     out: dict[str, Any] = {}
     for loader in ("resumable", "plain"):
         report = samples_report(chains[loader], setup)
@@ -209,7 +231,7 @@ def latency(setup: dict[str, Any]) -> dict[str, Any]:
     rows = []
     for length in setup["lengths"]:
         epoch_s = statistics.median(_epoch_s(length) for _ in range(setup["rounds"]))
-        for position in POSITIONS:
+        for position in setup["positions"]:
             timed = {kind: [] for kind in ("resumable", "skip_by_iterating")}
             for _ in range(setup["rounds"]):
                 timed["resumable"].append(_first_batch_s(length, position, True))
@@ -234,7 +256,7 @@ def latency(setup: dict[str, Any]) -> dict[str, Any]:
 
 
 def print_report(report: dict[str, Any]) -> None:
-    print(f"machine load at start: {report['load']}")
+    print(f"{report['mode']}, ranks launched by {report['launcher']}; machine load at start: {report['load']}")
     for loader in ("resumable", "plain"):
         got = report["exactness"][loader]
         print(
@@ -269,13 +291,16 @@ def print_report(report: dict[str, Any]) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     size = parser.add_mutually_exclusive_group()
-    size.add_argument("--quick", action="store_true", help="a small chain and two epoch lengths (the default)")
+    size.add_argument("--quick", action="store_true", help="the default's chains on forked ranks, one epoch length")
     size.add_argument("--full", action="store_true", help="a longer chain of five attempts, three epoch lengths")
     parser.add_argument("--json", type=Path, help="write the report here")
     args = parser.parse_args(argv)
-    setup = FULL if args.full else QUICK
+    mode = "full" if args.full else "quick" if args.quick else "default"
+    setup = {"full": FULL, "quick": QUICK, "default": DEFAULT}[mode]
     began = time.perf_counter()
-    report: dict[str, Any] = {"mode": "full" if args.full else "quick", "load": os.getloadavg()}
+    if setup["launcher"] == "fork":
+        forked_ranks.warm()  # before anything starts a thread or a worker here
+    report: dict[str, Any] = {"mode": mode, "launcher": setup["launcher"], "load": os.getloadavg()}
     with TemporaryDirectory(prefix="data-resume-") as tmp:
         report["exactness"] = exactness(setup, Path(tmp))
     for loader in report["exactness"].values():
@@ -283,6 +308,7 @@ def main(argv: list[str] | None = None) -> int:
     report["latency"] = latency(setup)
     report["wall_s"] = time.perf_counter() - began
     print_report(report)
+    print(f"\n{report['wall_s']:.0f} s")
     if args.json is not None:
         args.json.write_text(json.dumps(report, indent=2) + "\n")
     return 0

@@ -302,3 +302,28 @@ def test_a_checkpoint_without_a_data_position_says_its_loader_starts_over(tmp_pa
     run_member(spec(workers=0).to_dict(), str(tmp_path))
     warnings = [e["reason"] for e in read_events(tmp_path) if e["kind"] == "warning"]
     assert warnings == ["the checkpoint of step 4 holds no data position: loader(s) train start at epoch 0, sample 0"]
+
+
+@pytest.mark.slow
+def test_the_quick_benchmark_finds_no_sample_trained_twice_or_skipped(tmp_path: Path) -> None:
+    """``data_resume.py --quick`` as the acceptance runs it: its ranks forked from one process."""
+    import subprocess
+
+    out = tmp_path / "report.json"
+    command = [sys.executable, str(REPO / "benchmarks" / "data_resume.py"), "--quick", "--json", str(out)]
+    done = subprocess.run(command, env=python_env(), capture_output=True, timeout=280)
+    assert done.returncode == 0, done.stderr.decode()[-2000:]
+    report = json.loads(out.read_text())
+    got = report["exactness"]["resumable"]
+    assert (report["mode"], report["launcher"], got["ranks"], got["finished"]) == ("quick", "fork", [4, 3, 2, 4], True)
+    assert got["exits"][1] == EXIT_PREEMPTED and got["exits"][0] != 0 and got["exits"][2] != 0 and got["exits"][3] == 0
+    assert (got["duplicated_total"], got["skipped_total"], got["augmentation_same_on_every_rank_count"]) == (0, 0, True)
+    assert got["last_attempt_samples_loaded"] == got["last_attempt_samples_trained"]
+    assert got["same_layout"] == {
+        "ranks": [2, 2, 2],
+        "duplicated_total": 0,
+        "skipped_total": 0,
+        "weights_bitwise_equal_to_uninterrupted": True,
+    }
+    assert report["exactness"]["plain"]["finished"]  # the baseline ran beside it
+    assert [row["position"] for row in report["latency"]["rows"]] == [0.0, 0.5, 0.95]

@@ -65,6 +65,9 @@ class TrainState:
     data:
         The data loaders' positions (a Stateful of JSON values, the same on every rank), saved
         under ``data`` when it has any (a training context's resumable loaders).
+    rank_data:
+        The positions that differ per rank (streams' loaders), saved in each rank's own part
+        under ``data`` when it has any.
     rng:
         Capture the torch (CPU and CUDA), numpy and ``random`` generators. True by default.
     """
@@ -78,6 +81,7 @@ class TrainState:
         rank_extra: dict[str, Any] | None = None,
         rng: bool = True,
         data: Stateful | None = None,
+        rank_data: Stateful | None = None,
     ) -> None:
         self.model = model
         self.optimizer = optimizer
@@ -86,6 +90,7 @@ class TrainState:
         self.rank_extra = {} if rank_extra is None else rank_extra
         self.rng = rng
         self.data = data
+        self.rank_data = rank_data
         self._created_for_restore = False
 
     def restore_target(self, saved: dict[str, Any]) -> dict[str, Any]:
@@ -147,6 +152,9 @@ class TrainState:
         if positions:  # no key without loaders: checkpoints of loops without one are unchanged
             state["data"] = positions
         local: dict[str, Any] = {"extra": dict(self.rank_extra)}
+        streams = {} if self.rank_data is None else self.rank_data.state_dict()
+        if streams:
+            local["data"] = streams
         if self.rng:
             local["rng"] = capture_rng()
         state[RANK_LOCAL] = local
@@ -197,6 +205,8 @@ class TrainState:
             self.data.load_state_dict(state_dict["data"])
         local = state_dict.get(RANK_LOCAL, {})
         _replace(self.rank_extra, local.get("extra", {}))
+        if self.rank_data is not None and "data" in local:
+            self.rank_data.load_state_dict(local["data"])
         if self.rng and "rng" in local:
             restore_rng(local["rng"])
 

@@ -35,6 +35,7 @@ _SOURCES = {
     ),
     "resilient_flows.training._context": ("TrainContext",),
     "resilient_flows.training._loader": ("DataPositions", "ResumableLoader"),
+    "resilient_flows.training._stream": ("StreamLoader",),
     "resilient_flows.training._contract": (
         "ENV_NAMES",
         "EXIT_CANNOT_RUN",

@@ -39,6 +39,7 @@ from resilient_flows.training._loader import DataPositions, ResumableLoader, loa
 from resilient_flows.training._parallel import join_member_ranks, wrap_model
 from resilient_flows.training._peerwatch import PeerWatch, watch_peers
 from resilient_flows.training._spec import MemberSpec
+from resilient_flows.training._stream import StreamLoader, is_stream, stream_loader
 from resilient_flows.training._walltime import current_block, drain_in_s
 from resilient_flows.training.boundary import Cadence, CheckpointSaver, CommRanks, StepRuntime, member_events
 
@@ -167,7 +168,7 @@ class TrainContext:
         extra: dict[str, Any] | None = None,
     ) -> int | None:
         """Declare what a checkpoint holds and restore it from the latest checkpoint; the step restored."""
-        self.state = TrainState(model, optimizer, scheduler, extra=extra, data=self.data)
+        self.state = TrainState(model, optimizer, scheduler, extra=extra, data=self.data, rank_data=self.data.per_rank)
         self._clone.wait(self.checkpointer)
         self.restored_step = self.checkpointer.restore(self.state)
         if self.checkpointer.skipped:  # newer ones it could not read: training goes on from here
@@ -196,7 +197,7 @@ class TrainContext:
         seed: int | None = None,
         name: str = "train",
         **loader_kwargs: Any,
-    ) -> ResumableLoader:
+    ) -> ResumableLoader | StreamLoader:
         """A ``DataLoader`` whose position is in every checkpoint and that resumes at the next sample.
 
         ``data`` is a map-style dataset, or a ``DataLoader`` you built (its dataset, batch size,
@@ -208,18 +209,21 @@ class TrainContext:
         (``num_workers``, ``persistent_workers``, ``collate_fn``, ...); see
         :class:`~resilient_flows.training.ResumableLoader`. Build it before or after
         :meth:`track`: either way it starts where the restored checkpoint left it.
+
+        An ``IterableDataset``, a ``DataLoader`` over one, or torchdata's ``StatefulDataLoader``
+        (the ``data`` extra) resumes by that loader's ``state_dict()``, kept per rank: on the
+        same rank count only (:class:`~resilient_flows.training.StreamLoader`).
         """
-        dataset, taken = loader_arguments(data)
-        given = {"batch_size": batch_size, "shuffle": shuffle, "drop_last": drop_last}
-        arguments = {**taken, **{key: value for key, value in given.items() if value is not None}, **loader_kwargs}
-        made = ResumableLoader(
-            dataset,
-            seed=self.seed if seed is None else seed,
-            rank=self.rank,
-            world_size=self.world_size,
-            name=name,
-            **arguments,
-        )
+        seed = self.seed if seed is None else seed
+        given = {key: value for key, value in {"shuffle": shuffle, "drop_last": drop_last}.items() if value is not None}
+        where = {"seed": seed, "rank": self.rank, "world_size": self.world_size, "name": name}
+        made: ResumableLoader | StreamLoader
+        if is_stream(data):
+            made = stream_loader(data, batch_size, **where, **given, **loader_kwargs)
+        else:
+            dataset, taken = loader_arguments(data)
+            given.update({} if batch_size is None else {"batch_size": batch_size})
+            made = ResumableLoader(dataset, **where, **{**taken, **given, **loader_kwargs})
         self.data.add(made)
         self._warn_unpositioned()
         return made
@@ -246,7 +250,7 @@ class TrainContext:
             else:
                 self.checkpointer.wait()
 
-    def batches(self, loader: ResumableLoader, total: int) -> Iterator[tuple[int, Any]]:
+    def batches(self, loader: ResumableLoader | StreamLoader, total: int) -> Iterator[tuple[int, Any]]:
         """``(step, batch)`` for the steps of :meth:`steps`, batch after batch of ``loader`` across epochs.
 
         Each batch is drawn after the previous step's boundary, so that a checkpoint of a step
@@ -342,7 +346,7 @@ class TrainContext:
     def _warn_unpositioned(self) -> None:
         """A checkpoint without data positions (saved before the member used ``ctx.loader``)
         restarts its loaders at epoch 0: say so once, in the run's events, for it is not exact."""
-        if self.restored_step is None or self.data.restored or not self.data.loaders or self._unpositioned_said:
+        if self.restored_step is None or self.data.restored or not self.data.names() or self._unpositioned_said:
             return
         self._unpositioned_said = True
         self._emit(
@@ -350,7 +354,7 @@ class TrainContext:
             attempt=self.attempt,
             step=self.restored_step,
             reason=f"the checkpoint of step {self.restored_step} holds no data position: loader(s) "
-            f"{', '.join(sorted(self.data.loaders))} start at epoch 0, sample 0",
+            f"{', '.join(self.data.names())} start at epoch 0, sample 0",
         )
 
     def _pool_lost(self, reason: str) -> None:

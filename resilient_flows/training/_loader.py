@@ -261,7 +261,7 @@ def _check_dataset(dataset: Any, name: str) -> int:
     if isinstance(dataset, IterableDataset):
         raise ResilientFlowsError(
             f"loader {name!r}: an IterableDataset has no order to resume in; give a map-style dataset "
-            "(len() and [i]), or checkpoint the stream's own position with ctx.track(extra=...)"
+            "(len() and [i]), or the stream to ctx.loader, which resumes it through torchdata's StatefulDataLoader"
         )
     if not (hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__")):
         raise ResilientFlowsError(
@@ -317,6 +317,8 @@ def loader_arguments(data: Any) -> tuple[Any, dict[str, Any]]:
 class DataPositions:
     """The loaders of a train state, as one Stateful: their positions by name.
 
+    A map-style loader's position is the same on every rank (this Stateful's own state); a
+    stream's is each rank's own (:attr:`per_rank`, saved in each rank's part of a checkpoint).
     A loader made after the state was restored takes its saved position when it joins
     (:meth:`add`), so that a training function may build its data before or after ``ctx.track``.
     """
@@ -325,10 +327,44 @@ class DataPositions:
         self.loaders: dict[str, ResumableLoader] = {}
         self.saved: dict[str, dict[str, Any]] = {}
         self.restored = False  # whether a checkpoint gave positions
+        self.per_rank = _RankPositions(self)
 
-    def add(self, loader: ResumableLoader) -> None:
-        if loader.name in self.loaders:
+    def add(self, loader: Any) -> None:
+        """Track ``loader``: a :class:`ResumableLoader`, or a stream's loader (``per_rank`` true)."""
+        if loader.name in self.loaders or loader.name in self.per_rank.loaders:
             raise ResilientFlowsError(f"two loaders are named {loader.name!r}: give each its own name=")
+        if getattr(loader, "per_rank", False):
+            self.per_rank.add(loader)
+            return
+        if loader.name in self.saved:
+            loader.load_state_dict(self.saved.pop(loader.name))
+        self.loaders[loader.name] = loader
+
+    def names(self) -> list[str]:
+        """Every loader's name, sorted."""
+        return sorted([*self.loaders, *self.per_rank.loaders])
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**self.saved, **{name: loader.state_dict() for name, loader in self.loaders.items()}}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.restored = True
+        for name, position in state.items():
+            if name in self.loaders:
+                self.loaders[name].load_state_dict(position)
+            else:
+                self.saved[name] = dict(position)
+
+
+class _RankPositions:
+    """The per-rank half of :class:`DataPositions`: the streams' positions, as a Stateful of its own."""
+
+    def __init__(self, positions: DataPositions) -> None:
+        self.positions = positions
+        self.loaders: dict[str, Any] = {}
+        self.saved: dict[str, dict[str, Any]] = {}
+
+    def add(self, loader: Any) -> None:
         if loader.name in self.saved:
             loader.load_state_dict(self.saved.pop(loader.name))
         self.loaders[loader.name] = loader
@@ -337,7 +373,7 @@ class DataPositions:
         return {**self.saved, **{name: loader.state_dict() for name, loader in self.loaders.items()}}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.restored = True
+        self.positions.restored = True
         for name, position in state.items():
             if name in self.loaders:
                 self.loaders[name].load_state_dict(position)
