@@ -21,8 +21,9 @@ from resilient_flows.errors import ParamsError, PermanentError
 from resilient_flows.rundir import read_events
 from resilient_flows.training import MemberSpec, StageSpec, run_command, run_stage
 from resilient_flows.training._command import CommandCannotRun
+from resilient_flows.workflow._member_table import last_error
 from resilient_flows.workflow._plots import loss_figure
-from resilient_flows.workflow._report import last_error, status_table
+from resilient_flows.workflow._report import status_table
 from resilient_flows.workflow._runlog import library_output_to_log
 from resilient_flows.workflow._status import MemberStatus
 

@@ -462,7 +462,7 @@ def test_a_retry_waiting_out_its_backoff_beats_and_its_block_is_not_declared_los
     event, the costly stop is the only failure, and the last error is the real one."""
     from resilient_flows import apps
     from resilient_flows.cli import main
-    from resilient_flows.workflow._report import last_error
+    from resilient_flows.workflow._member_table import last_error
     from resilient_flows.workflow._status import member_statuses
 
     monkeypatch.setattr(apps, "QUICK_ATTEMPT_S", 600.0)  # every attempt quick, however long it queued

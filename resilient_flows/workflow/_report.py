@@ -22,71 +22,40 @@ from resilient_flows.workflow._families import (
     family_stats,
     troubled_members,
 )
+from resilient_flows.workflow._member_table import MemberTable
 from resilient_flows.workflow._plots import plot_losses
 from resilient_flows.workflow._status import MemberStatus
 
+#: The width ``summary.txt`` is drawn at: wider than any row, so that the tables take their own.
+SUMMARY_WIDTH = 1000
 #: How many of the best members the grouped view lists.
 BEST_SHOWN = 5
-#: Characters of a member's last error that its row shows: the start of a message says what failed.
-ERROR_SHOWN = 100
 
 
-def status_table(statuses: dict[str, MemberStatus], title: str, all_members: bool = False) -> RenderableType:
+def status_table(
+    statuses: dict[str, MemberStatus], title: str, all_members: bool = False, cut_errors: bool = True
+) -> RenderableType:
     """Every member's row (up to :data:`GROUP_ABOVE` members, or with ``all_members``), with the last
     error of each that failed or was retried; else the family table, the best members and the
-    members that failed or are retrying, with their last errors."""
+    members that failed or are retrying, with their last errors (whole, without ``cut_errors``)."""
     if all_members or len(statuses) <= GROUP_ABOVE:
-        return member_table(statuses.values(), title, errors=any(s.errors for s in statuses.values()))
+        errors = any(s.errors for s in statuses.values())
+        return MemberTable(statuses.values(), title, errors=errors, cut_errors=cut_errors)
     parts: list[RenderableType] = [
         family_table(statuses.values(), title),
-        member_table(best_members(statuses.values(), BEST_SHOWN), f"best {BEST_SHOWN} members (lowest loss)"),
+        MemberTable(best_members(statuses.values(), BEST_SHOWN), f"best {BEST_SHOWN} members (lowest loss)"),
     ]
     troubled = troubled_members(statuses.values())
     if troubled:
-        parts.append(member_table(troubled, f"{len(troubled)} member(s) failed or retrying", errors=True))
+        title = f"{len(troubled)} member(s) failed or retrying"
+        parts.append(MemberTable(troubled, title, errors=True, cut_errors=cut_errors))
     return Group(*parts)
-
-
-def member_table(statuses: Iterable[MemberStatus], title: str, errors: bool = False) -> Table:
-    """A row per member; with ``errors``, the last error of each, on one line (see :func:`last_error`)."""
-    table = Table(title=title)
-    for column in ("member", "state", "step", "loss", "checkpoint", "attempts", "failures", "preempted", "test acc."):
-        table.add_column(column, justify="left" if column in ("member", "state") else "right")
-    if errors:
-        table.add_column("last error", no_wrap=True, overflow="ellipsis")
-    for s in statuses:
-        accuracy = None if s.result is None else s.result.get("test_accuracy")
-        row = [
-            s.name,
-            s.state,
-            "-" if s.step is None else f"{s.step + 1}/{s.steps}",
-            _loss(s.loss),
-            "-" if s.checkpoint is None else str(s.checkpoint),
-            str(s.attempts),
-            str(s.failures),
-            str(s.preemptions),
-            "-" if accuracy is None else f"{accuracy:.3f}",
-        ]
-        if errors:
-            row.append(last_error(s))
-        table.add_row(*row)
-    return table
 
 
 def member_notes(statuses: Iterable[MemberStatus]) -> list[str]:
     """A line per note a member left for its user (see :attr:`MemberStatus.notes`), whole: the
     table has no room for advice, and cut advice is no advice."""
     return [f"{s.name}: {note}" for s in statuses for note in s.notes.values()]
-
-
-def last_error(status: MemberStatus, width: int = ERROR_SHOWN) -> str:
-    """The member's last error as one line of at most ``width`` characters ("-" without one): its
-    first line (a traceback's text follows the message), whitespace runs collapsed, cut with "…"."""
-    if not status.errors:
-        return "-"
-    first = next((line for line in status.errors[-1].splitlines() if line.strip()), "")
-    text = " ".join(first.split())
-    return text if len(text) <= width else text[: width - 1].rstrip() + "…"
 
 
 def family_table(statuses: Iterable[MemberStatus], title: str) -> Table:
@@ -229,12 +198,13 @@ def write_report(
     title: str,
     extra: tuple[RenderableType, ...] = (),
 ) -> RenderableType:
-    """Write the summary text (the status table, then ``extra``) and the plot; the table, for the terminal."""
+    """Write the summary text (the status table, then ``extra``) and the plot; the table, for the terminal.
+    The file is read in an editor or a pager, which scroll: nothing in it is cut to a width."""
     table = status_table(statuses, title)
     summary.parent.mkdir(parents=True, exist_ok=True)
     with summary.open("w") as f:
-        console = Console(file=f, width=120, color_system=None)
-        for part in (table, *extra):
+        console = Console(file=f, width=SUMMARY_WIDTH, color_system=None)
+        for part in (status_table(statuses, title, cut_errors=False), *extra):
             console.print(part)
     plot_losses(statuses, plot, title)
     return table

@@ -36,6 +36,8 @@ for Lightning yet.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from resilient_flows.lazy import lazy_exports
 
 _SOURCES = {
@@ -44,5 +46,19 @@ _SOURCES = {
     "resilient_flows.integrations.lightning._package": ("LIGHTNING",),
     "resilient_flows.integrations.lightning._strategy": ("ResilientModelParallelStrategy",),
 }
+
+if TYPE_CHECKING:  # the names' definitions, for type checkers and editors (a test keeps them equal to _SOURCES)
+    from resilient_flows.integrations.lightning._callback import (
+        ResilientCallback as ResilientCallback,
+    )
+    from resilient_flows.integrations.lightning._checkpoint_io import (
+        ResilientCheckpointIO as ResilientCheckpointIO,
+    )
+    from resilient_flows.integrations.lightning._package import (
+        LIGHTNING as LIGHTNING,
+    )
+    from resilient_flows.integrations.lightning._strategy import (
+        ResilientModelParallelStrategy as ResilientModelParallelStrategy,
+    )
 
 __getattr__, __dir__, __all__ = lazy_exports(__name__, _SOURCES)
