@@ -196,6 +196,7 @@ if TYPE_CHECKING:  # the names' definitions, for type checkers and editors (a te
     from resilient_flows.training import (
         Preempted as Preempted,
     )
+    from resilient_flows.training import ResumableLoader as ResumableLoader
     from resilient_flows.training import (
         RunContract as RunContract,
     )

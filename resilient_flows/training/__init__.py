@@ -327,6 +327,8 @@ if TYPE_CHECKING:  # the names' definitions, for type checkers and editors (a te
     from resilient_flows.training._lease import (
         superseded as superseded,
     )
+    from resilient_flows.training._loader import DataPositions as DataPositions
+    from resilient_flows.training._loader import ResumableLoader as ResumableLoader
     from resilient_flows.training._nodefile import (
         pbs_hosts as pbs_hosts,
     )
@@ -414,6 +416,7 @@ if TYPE_CHECKING:  # the names' definitions, for type checkers and editors (a te
     from resilient_flows.training._stage import (
         stage_output as stage_output,
     )
+    from resilient_flows.training._stream import StreamLoader as StreamLoader
     from resilient_flows.training._walltime import (
         BlockTimes as BlockTimes,
     )
