@@ -485,7 +485,8 @@ class HF:
         drain: Callable[[], None] = _nothing
         store = where / "checkpoints"
         if variant == "ours":
-            resilient = resilient_trainer(trainer, store, keep=1 << 20)
+            # Trainer's own loader in both arms: the comparison is of checkpointing alone
+            resilient = resilient_trainer(trainer, store, keep=1 << 20, resumable_data=False)
             drain = resilient.checkpointer.wait
         trainer.add_callback(hf_bench(plan, fit, drain))
         inner = trainer._save_checkpoint  # ours replaced it on this instance already

@@ -679,7 +679,8 @@ MANIFEST_KEYS = {
     "arrays": "per array (by state-dict path): dtype code, global shape, and its pieces as "
     "`[shard, key in the shard, offsets, lengths, xxh3-64]`",
     "skeleton": "the state's structure, with every non-tensor value (numbers, strings, None) inline as JSON",
-    "rank_local": "per rank, its own values (RNG states, `rank_extra`), structured like the skeleton",
+    "rank_local": "per rank, its own values (RNG states, `rank_extra`, streams' loader states under `data`), "
+    "structured like the skeleton",
     "copies": "where each shard's node-local copies were planned to go (`<tier> on <node>`)",
 }
 

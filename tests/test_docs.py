@@ -148,6 +148,23 @@ def test_cli_reference_has_every_command() -> None:
                     assert f"`{option}`" in page, (words, option)
 
 
+def test_every_help_is_plain_text() -> None:
+    """A terminal shows ``--help`` as it is: no reStructuredText roles or literals."""
+    from resilient_flows.cli._app import build_parser
+
+    def walk(parser):
+        yield parser
+        for action in parser._actions:
+            if hasattr(action, "choices") and isinstance(action.choices, dict):
+                for sub in action.choices.values():
+                    yield from walk(sub)
+
+    markup = re.compile(r"``|:(mod|func|class|data|meth|attr|ref):`")
+    helps = [parser.format_help() for parser in walk(build_parser())]
+    assert len(helps) > 20
+    assert [h.splitlines()[0] for h in helps if markup.search(h)] == []
+
+
 def test_workflow_reference_has_every_key() -> None:
     from resilient_flows.workflow.schema import Workflow
 

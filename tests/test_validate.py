@@ -292,7 +292,7 @@ def test_the_cli_says_one_line_and_exits_2_for_the_reported_case(tmp_path: Path)
     assert done.stderr.count("\n") == 1 and "no module named 'mypackage'" in done.stderr
 
 
-@pytest.mark.parametrize("name", ["quickstart", "clone", "cosched", "heat-surrogate", "lightning", "pbt"])
+@pytest.mark.parametrize("name", ["quickstart", "clone", "cosched", "gpt", "heat-surrogate", "lightning", "pbt"])
 def test_the_example_workflows_still_validate(name: str, capsys: pytest.CaptureFixture) -> None:
     assert main(["validate", str(REPO / "workflows" / f"{name}.yaml")]) == 0
     assert "valid;" in capsys.readouterr().out

@@ -6,32 +6,32 @@ member's run contract; run alone it needs ``--dir``::
 
     python workflows/lightning_digits.py --dir /tmp/ckpts --steps 200   # again: resumes, then stops at 200
 
-Every batch is a function of the seed and the position in the epoch, and the data loader reports
-its position to Lightning (``state_dict``), so that a run killed mid-epoch and resumed trains on
-exactly the batches an uninterrupted run would, to the same weights bit for bit.
+The data come through a :class:`~resilient_flows.training.ResumableLoader` with two worker
+processes: each epoch's order is a function of the seed and the epoch, Lightning saves the
+loader's position in every checkpoint, and ``ResilientCallback`` gives each rank its share of the
+global batch, so that a run killed mid-epoch and resumed trains on exactly the batches an
+uninterrupted run would, to the same weights bit for bit.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-from collections.abc import Iterator
 from typing import Any
 
 import pytorch_lightning as pl
 import torch
-import torch.distributed as dist
 from pytorch_lightning.callbacks import ModelCheckpoint
 from torch import nn
 from torch.distributed.fsdp import fully_shard
-from torch.utils.data import DataLoader, Sampler, TensorDataset
+from torch.utils.data import TensorDataset
 
 from resilient_flows.integrations.lightning import (
     ResilientCallback,
     ResilientCheckpointIO,
     ResilientModelParallelStrategy,
 )
-from resilient_flows.training import RunContract, load_dataset
+from resilient_flows.training import ResumableLoader, RunContract, load_dataset
 
 
 class Digits(pl.LightningModule):
@@ -60,49 +60,6 @@ class Digits(pl.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=self.hparams.lr, momentum=0.9)
 
 
-class EpochSampler(Sampler[int]):
-    """A permutation per epoch drawn from (seed, epoch): Lightning calls ``set_epoch`` before each epoch."""
-
-    def __init__(self, size: int, seed: int) -> None:
-        self.size, self.seed, self.epoch = size, seed, 0
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
-
-    def __len__(self) -> int:
-        return self.size
-
-    def __iter__(self) -> Iterator[int]:
-        generator = torch.Generator().manual_seed(self.seed * 1000 + self.epoch)
-        return iter(torch.randperm(self.size, generator=generator).tolist())
-
-
-class ResumableLoader(DataLoader):
-    """Global batches in the sampler's order, each rank taking its share of the rows.
-
-    It tells Lightning how many batches of the epoch it served (``state_dict``, saved in every
-    checkpoint) and skips them when a resumed run hands that back (``load_state_dict``).
-    """
-
-    def __init__(self, dataset: TensorDataset, batch_size: int, seed: int) -> None:
-        super().__init__(dataset, batch_size=batch_size, sampler=EpochSampler(len(dataset), seed))
-        self.served, self._skip = 0, 0
-
-    def __iter__(self) -> Iterator[Any]:
-        rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
-        order = list(self.sampler)
-        self.served, self._skip = self._skip, 0
-        for start in range(self.served * self.batch_size, len(order), self.batch_size):
-            self.served += 1
-            yield self.dataset[torch.tensor(order[start : start + self.batch_size][rank::world])]
-
-    def state_dict(self) -> dict[str, int]:
-        return {"served": self.served}
-
-    def load_state_dict(self, state: dict[str, int]) -> None:
-        self._skip = state["served"]
-
-
 def main() -> Digits:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--lr", type=float, default=0.05)
@@ -112,6 +69,7 @@ def main() -> Digits:
     parser.add_argument("--dir", help="checkpoint directory outside a workflow")
     parser.add_argument("--devices", type=int, default=1, help="CPU processes (gloo when more than one)")
     parser.add_argument("--strategy", choices=("ddp", "fsdp"), default="ddp", help="with more than one process")
+    parser.add_argument("--workers", type=int, default=2, help="data loader worker processes")
     args = parser.parse_args()
 
     contract = RunContract.from_env() if "RESILIENT_FLOWS_RUN_DIR" in os.environ else None
@@ -121,9 +79,11 @@ def main() -> Digits:
     torch.set_num_threads(1)
     pl.seed_everything(args.seed, verbose=False)
     data = load_dataset("digits")
-    loader = ResumableLoader(TensorDataset(data.x_train, data.y_train), batch_size=64, seed=args.seed)
+    train = TensorDataset(data.x_train, data.y_train)
+    # resilient-flows (1/4): batch_size is the global batch; ResilientCallback gives each rank its share
+    loader = ResumableLoader(train, batch_size=64, shuffle=True, seed=args.seed, num_workers=args.workers)
 
-    io = ResilientCheckpointIO(args.dir)  # resilient-flows (1/3): the member's tiers, or --dir
+    io = ResilientCheckpointIO(args.dir)  # resilient-flows (2/4): the member's tiers, or --dir
     if io.directory is None:
         parser.error("--dir is needed outside a workflow")
     trainer = pl.Trainer(
@@ -136,15 +96,14 @@ def main() -> Digits:
             ModelCheckpoint(
                 io.directory, every_n_train_steps=args.every, save_top_k=2, monitor="train_loss", save_last=True
             ),
-            ResilientCallback(),  # resilient-flows (2/3): stop signals, metrics, injected faults
+            ResilientCallback(),  # resilient-flows (3/4): stop signals, metrics, injected faults
         ],
         logger=False,
         enable_progress_bar=False,
         enable_model_summary=False,
-        use_distributed_sampler=False,
     )
     model = Digits(args.lr)
-    trainer.fit(model, loader, ckpt_path="last")  # resilient-flows (3/3): resume if there is a checkpoint
+    trainer.fit(model, loader, ckpt_path="last")  # resilient-flows (4/4): resume if there is a checkpoint
     return model
 
 

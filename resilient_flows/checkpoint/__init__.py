@@ -8,6 +8,8 @@ first use (PEP 562), so that the runner can read a tier's committed steps withou
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from resilient_flows.lazy import lazy_exports
 
 _SOURCES = {
@@ -64,5 +66,109 @@ _SOURCES = {
         "StateMismatchError",
     ),
 }
+
+if TYPE_CHECKING:  # the names' definitions, for type checkers and editors (a test keeps them equal to _SOURCES)
+    from resilient_flows.checkpoint._catalog import (
+        CheckpointInfo as CheckpointInfo,
+    )
+    from resilient_flows.checkpoint._catalog import (
+        scan as scan,
+    )
+    from resilient_flows.checkpoint._engine import (
+        Checkpointer as Checkpointer,
+    )
+    from resilient_flows.checkpoint._engine import (
+        CheckpointStats as CheckpointStats,
+    )
+    from resilient_flows.checkpoint._engine import (
+        SkippedCheckpoint as SkippedCheckpoint,
+    )
+    from resilient_flows.checkpoint._engine import (
+        TierSpec as TierSpec,
+    )
+    from resilient_flows.checkpoint._export import (
+        ExportResult as ExportResult,
+    )
+    from resilient_flows.checkpoint._export import (
+        export as export,
+    )
+    from resilient_flows.checkpoint._flat import (
+        unflatten_state as unflatten_state,
+    )
+    from resilient_flows.checkpoint._heartbeat import (
+        COMMENT_PREFIX as COMMENT_PREFIX,
+    )
+    from resilient_flows.checkpoint._heartbeat import (
+        CheckpointHeartbeat as CheckpointHeartbeat,
+    )
+    from resilient_flows.checkpoint._heartbeat import (
+        HeartbeatReader as HeartbeatReader,
+    )
+    from resilient_flows.checkpoint._heartbeat import (
+        heartbeat_path as heartbeat_path,
+    )
+    from resilient_flows.checkpoint._heartbeat import (
+        read_heartbeat as read_heartbeat,
+    )
+    from resilient_flows.checkpoint._manifest import (
+        read_manifest as read_manifest,
+    )
+    from resilient_flows.checkpoint._reader import (
+        read_checkpoint as read_checkpoint,
+    )
+    from resilient_flows.checkpoint._state import (
+        RANK_LOCAL as RANK_LOCAL,
+    )
+    from resilient_flows.checkpoint._state import (
+        Stateful as Stateful,
+    )
+    from resilient_flows.checkpoint._state import (
+        TrainState as TrainState,
+    )
+    from resilient_flows.checkpoint._state import (
+        capture_rng as capture_rng,
+    )
+    from resilient_flows.checkpoint._state import (
+        restore_rng as restore_rng,
+    )
+    from resilient_flows.checkpoint._tiers import (
+        MANIFEST as MANIFEST,
+    )
+    from resilient_flows.checkpoint._tiers import (
+        Tier as Tier,
+    )
+    from resilient_flows.checkpoint._transfer import (
+        Box as Box,
+    )
+    from resilient_flows.checkpoint._transfer import (
+        Destination as Destination,
+    )
+    from resilient_flows.checkpoint._transfer import (
+        SendPlan as SendPlan,
+    )
+    from resilient_flows.checkpoint._transfer import (
+        check_pieces as check_pieces,
+    )
+    from resilient_flows.checkpoint._transfer import (
+        discard_target as discard_target,
+    )
+    from resilient_flows.checkpoint._transfer import (
+        plan_send as plan_send,
+    )
+    from resilient_flows.checkpoint._tree import (
+        flatten as flatten,
+    )
+    from resilient_flows.checkpoint._tree import (
+        unflatten as unflatten,
+    )
+    from resilient_flows.errors import (
+        CheckpointError as CheckpointError,
+    )
+    from resilient_flows.errors import (
+        CorruptCheckpointError as CorruptCheckpointError,
+    )
+    from resilient_flows.errors import (
+        StateMismatchError as StateMismatchError,
+    )
 
 __getattr__, __dir__, __all__ = lazy_exports(__name__, _SOURCES)

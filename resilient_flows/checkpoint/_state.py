@@ -62,6 +62,12 @@ class TrainState:
         Replicated user values (epoch, data position, ...). Restored in place into this dict.
     rank_extra:
         Values that differ per rank (a rank's data-loader offset). Restored in place.
+    data:
+        The data loaders' positions (a Stateful of JSON values, the same on every rank), saved
+        under ``data`` when it has any (a training context's resumable loaders).
+    rank_data:
+        The positions that differ per rank (streams' loaders), saved in each rank's own part
+        under ``data`` when it has any.
     rng:
         Capture the torch (CPU and CUDA), numpy and ``random`` generators. True by default.
     """
@@ -74,6 +80,8 @@ class TrainState:
         extra: dict[str, Any] | None = None,
         rank_extra: dict[str, Any] | None = None,
         rng: bool = True,
+        data: Stateful | None = None,
+        rank_data: Stateful | None = None,
     ) -> None:
         self.model = model
         self.optimizer = optimizer
@@ -81,6 +89,8 @@ class TrainState:
         self.extra = {} if extra is None else extra
         self.rank_extra = {} if rank_extra is None else rank_extra
         self.rng = rng
+        self.data = data
+        self.rank_data = rank_data
         self._created_for_restore = False
 
     def restore_target(self, saved: dict[str, Any]) -> dict[str, Any]:
@@ -138,7 +148,13 @@ class TrainState:
         if self.scheduler is not None:
             state["scheduler"] = self.scheduler.state_dict()
         state["extra"] = dict(self.extra)
+        positions = {} if self.data is None else self.data.state_dict()
+        if positions:  # no key without loaders: checkpoints of loops without one are unchanged
+            state["data"] = positions
         local: dict[str, Any] = {"extra": dict(self.rank_extra)}
+        streams = {} if self.rank_data is None else self.rank_data.state_dict()
+        if streams:
+            local["data"] = streams
         if self.rng:
             local["rng"] = capture_rng()
         state[RANK_LOCAL] = local
@@ -185,8 +201,12 @@ class TrainState:
         if self.scheduler is not None:
             self.scheduler.load_state_dict(state_dict["scheduler"])
         _replace(self.extra, state_dict.get("extra", {}))
+        if self.data is not None and "data" in state_dict:
+            self.data.load_state_dict(state_dict["data"])
         local = state_dict.get(RANK_LOCAL, {})
         _replace(self.rank_extra, local.get("extra", {}))
+        if self.rank_data is not None and "data" in local:
+            self.rank_data.load_state_dict(local["data"])
         if self.rng and "rng" in local:
             restore_rng(local["rng"])
 

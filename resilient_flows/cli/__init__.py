@@ -13,10 +13,17 @@ that the runner's guard (``python -m resilient_flows.cli.leaseguard``) starts wi
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from resilient_flows.lazy import lazy_exports
 
 _SOURCES = {
     "resilient_flows.cli._app": ("main",),
 }
+
+if TYPE_CHECKING:  # the names' definitions, for type checkers and editors (a test keeps them equal to _SOURCES)
+    from resilient_flows.cli._app import (
+        main as main,
+    )
 
 __getattr__, __dir__, __all__ = lazy_exports(__name__, _SOURCES)

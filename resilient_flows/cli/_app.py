@@ -27,8 +27,11 @@ from resilient_flows.cli import (
 from resilient_flows.cli._console import console
 from resilient_flows.errors import ResilientFlowsError
 
-#: The first line of the package's docstring: the description ``--help`` shows.
-DESCRIPTION = "The ``resilient-flows`` command line."
+#: What ``--help`` says first, in plain text (a terminal shows no reStructuredText).
+DESCRIPTION = (
+    "Run ensembles of PyTorch training as Parsl workflows that survive failures, preemption and "
+    "exploration: checkpoints, retries that resume, clones, co-scheduling."
+)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -3,7 +3,9 @@
 ``Trainer`` stops every ``save_steps`` to write ``checkpoint-N/`` (weights, ``optimizer.pt``,
 ``scheduler.pt``, ``rng_state.pth``, ``trainer_state.json``) and reads it back with ``torch.load``.
 :func:`resilient_trainer` hands both jobs to our engine and keeps Trainer's own resume logic (which
-epoch, how many batches to skip, when to reset the generators)::
+epoch, how many batches are done, when to reset the generators); its training data come from a
+:class:`~resilient_flows.training.ResumableLoader` (:mod:`resilient_flows.integrations._trainer_data`),
+so that a mid-epoch resume starts at the next sample instead of reading the skipped batches again::
 
     trainer = Trainer(model=model, args=args, train_dataset=train)
     resilient = resilient_trainer(trainer)  # tiers: the run contract, else <output_dir>/checkpoints
@@ -16,8 +18,9 @@ Trainer's state at ``global_step`` ``s + 1``.
 
 ``Trainer`` has no checkpoint-IO interface, so the helper replaces methods of the one instance it
 is given (``_save_checkpoint``, the four ``_load_*`` that resume reads through,
-``_maybe_log_save_evaluate`` to act at each step boundary, and, inside a workflow,
-``training_step`` to read each step's loss) and adds a :class:`ResilientTrainerCallback`. The
+``_maybe_log_save_evaluate`` to act at each step boundary, ``get_train_dataloader`` and
+``get_resumed_dataloader`` for the data, and, inside a workflow, ``training_step`` to read each
+step's loss) and adds a :class:`ResilientTrainerCallback`. The
 loaders act only on the resume points that :meth:`ResilientTrainerCallback.last_checkpoint` returns; an
 ordinary Trainer checkpoint directory still loads as before.
 """
@@ -44,7 +47,8 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
 
 from resilient_flows.checkpoint import Checkpointer, TrainState, capture_rng, read_manifest, restore_rng, unflatten
 from resilient_flows.errors import CheckpointError, CorruptCheckpointError, ResilientFlowsError
-from resilient_flows.training import ENV_NAMES
+from resilient_flows.integrations._trainer_data import TrainerData, serves_data
+from resilient_flows.training import ENV_NAMES, DataPositions
 from resilient_flows.training.boundary import CheckpointSaver, CommRanks, StepRuntime, member_events
 
 __all__ = ["ResilientTrainerCallback", "resilient_trainer"]
@@ -67,6 +71,7 @@ def resilient_trainer(
     save_steps: int | None = None,
     keep: int | None = None,
     persist_every: int | None = None,
+    resumable_data: bool | None = None,
 ) -> ResilientTrainerCallback:
     """Make ``trainer`` checkpoint through resilient-flows and stop cleanly on SIGTERM/SIGUSR1.
 
@@ -90,6 +95,16 @@ def resilient_trainer(
         Committed checkpoints kept per tier (default 3); replaces ``save_total_limit``.
     persist_every:
         With ``local_dir``: every n-th checkpoint also goes to ``directory`` (default 1).
+    resumable_data:
+        Train from a :class:`~resilient_flows.training.ResumableLoader` built from the Trainer's
+        own data settings (dataset, collator, ``per_device_train_batch_size`` times the ranks,
+        workers, ``drop_last``, shuffled from ``data_seed`` or ``seed``), whose position is in
+        every checkpoint: a mid-epoch resume starts at the next sample without reading the
+        skipped ones, and random augmentation, in workers or in the collator, is the
+        uninterrupted run's. Default: whenever Trainer's loader is the stock one
+        (``train_sampling_strategy`` ``"random"`` or ``"sequential"``, a map-style dataset, no
+        ``auto_find_batch_size``, no subclass overriding the data methods); ``True`` refuses a
+        Trainer where it cannot; ``False`` keeps Trainer's own loader and its skipping.
     """
     if any(isinstance(cb, ResilientTrainerCallback) for cb in trainer.callback_handler.callbacks):
         raise ResilientFlowsError("this Trainer checkpoints through resilient-flows already")
@@ -99,6 +114,7 @@ def resilient_trainer(
         raise ResilientFlowsError(
             "load_best_model_at_end needs Trainer's own checkpoint directories: turn it off with resilient_trainer"
         )
+    serve_data = serves_data(trainer, resumable_data)
     if save_steps is not None and (isinstance(save_steps, bool) or not isinstance(save_steps, int) or save_steps < 1):
         raise ValueError(f"save_steps must be an integer >= 1, got {save_steps!r}")
     given = {"directory": directory, "local_dir": local_dir, "save_steps": save_steps, "keep": keep}
@@ -115,7 +131,7 @@ def resilient_trainer(
             keep=3 if keep is None else keep,
             persist_every=1 if persist_every is None else persist_every,
         )
-    callback = ResilientTrainerCallback(trainer, run)
+    callback = ResilientTrainerCallback(trainer, run, TrainerData(trainer, run.positions) if serve_data else None)
     trainer.add_callback(callback)
     return callback
 
@@ -132,11 +148,12 @@ class ResilientTrainerCallback(TrainerCallback):
         committing a checkpoint; None otherwise. (Inside one the process exits with status 75.)
     """
 
-    def __init__(self, trainer: Trainer, run: _Member | _Standalone) -> None:
+    def __init__(self, trainer: Trainer, run: _Member | _Standalone, data: TrainerData | None = None) -> None:
         self.trainer = trainer
         self.checkpointer = run.checkpointer
         self.stopped: str | None = None
         self._run = run
+        self._data = data
         self._extra: dict[str, Any] = {}
         self._tracked = False
         self._resume: tempfile.TemporaryDirectory | None = None
@@ -151,8 +168,9 @@ class ResilientTrainerCallback(TrainerCallback):
         a committed checkpoint (a first start), else a resume point that this callback loads.
 
         Trainer then resumes as from its own checkpoint: same global step, same epoch, the
-        batches already seen skipped (unless ``ignore_data_skip``), the generators reset where
-        the data continue.
+        generators reset where the data continue, and the data at the next sample (the
+        resumable loader's position), or past the batches already seen, which Trainer's own
+        loader reads again (unless ``ignore_data_skip``).
         """
         if self.checkpointer.latest_step() is None:
             return None
@@ -196,7 +214,9 @@ class ResilientTrainerCallback(TrainerCallback):
         Trainer resumes in this order: ``_load_from_checkpoint`` (the weights), then it reads
         ``trainer_state.json`` (epoch and batches to skip follow from it), creates the optimizer
         and scheduler, ``_load_optimizer_and_scheduler``, ``_load_scaler``, and, where the data
-        continue, ``_load_rng_state``.
+        continue, ``_load_rng_state``. With a resumable loader, ``get_train_dataloader`` builds it
+        and a mid-epoch ``get_resumed_dataloader`` skips nothing: the generators are reset there,
+        before the first batch is drawn, as at an epoch's start.
         """
         load_model = trainer._load_from_checkpoint
         load_optimizer = trainer._load_optimizer_and_scheduler
@@ -252,6 +272,22 @@ class ResilientTrainerCallback(TrainerCallback):
         trainer._maybe_log_save_evaluate = _maybe_log_save_evaluate
         if self._run.logs_loss:
             trainer.training_step = training_step_with_loss
+        if self._data is not None:
+            self._replace_data_methods(trainer, self._data)
+
+    def _replace_data_methods(self, trainer: Trainer, data: TrainerData) -> None:
+        resumed_dataloader = trainer.get_resumed_dataloader
+
+        def get_resumed_dataloader(dataloader: Any, num_batches: int) -> Any:
+            if not data.resumed(dataloader, num_batches):
+                return resumed_dataloader(dataloader, num_batches)
+            if self._rng is not None:  # the data continue here: nothing is skipped that would draw first
+                restore_rng(self._rng)
+                self._rng = None
+            return dataloader
+
+        trainer.get_train_dataloader = data.build
+        trainer.get_resumed_dataloader = get_resumed_dataloader
 
     def _boundary(self) -> None:
         """What a step boundary owes the run (metrics, a checkpoint when the member's interval says,
@@ -287,6 +323,8 @@ class ResilientTrainerCallback(TrainerCallback):
                 f"(step {restored} is the newest valid one now): run again to resume from it"
             )
         self._rng = capture_rng()
+        if self._data is not None and self.trainer.args.ignore_data_skip:
+            self._data.restart_epoch()
         logger.info("resumed from checkpoint step %d (global step %d)", restored, restored + 1)
 
     def _track(self) -> int | None:
@@ -370,6 +408,7 @@ class _Standalone:
             directory, local_dir=local_dir, keep=keep, persist_every=persist_every, comm=_world_group()
         )
         self.save_steps = save_steps
+        self.positions = DataPositions()
         self._saver = CheckpointSaver(self.checkpointer)
         ranks = CommRanks(self.checkpointer.comm)
         self._runtime = StepRuntime("trainer", 1, ranks, self._saver, member_events(None, None, False))
@@ -379,7 +418,7 @@ class _Standalone:
         self._runtime.signals.install()
 
     def track(self, model: Any, optimizer: Any, scheduler: Any, extra: dict[str, Any]) -> int | None:
-        self._saver.state = TrainState(model, optimizer, scheduler, extra=extra)
+        self._saver.state = TrainState(model, optimizer, scheduler, extra=extra, data=self.positions)
         restored = self.checkpointer.restore(self._saver.state)
         if self.checkpointer.skipped:  # newer ones failed verification: training goes on from this one
             self.checkpointer.discard_newer_than(-1 if restored is None else restored)
@@ -425,6 +464,7 @@ class _Member:
 
         self.run = from_env()
         self.checkpointer = self.run.context.checkpointer
+        self.positions = self.run.context.data
 
     def track(self, model: Any, optimizer: Any, scheduler: Any, extra: dict[str, Any]) -> int | None:
         self.run.restore(model=model, optimizer=optimizer, scheduler=scheduler, extra=extra)

@@ -15,6 +15,8 @@ Nothing here imports Parsl or torch.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from resilient_flows.lazy import lazy_exports
 
 _SOURCES = {
@@ -54,5 +56,82 @@ _SOURCES = {
     ),
     "resilient_flows.mlc._tune": ("candidates",),
 }
+
+if TYPE_CHECKING:  # the names' definitions, for type checkers and editors (a test keeps them equal to _SOURCES)
+    from resilient_flows.mlc._analytic import (
+        MultilevelOptimum as MultilevelOptimum,
+    )
+    from resilient_flows.mlc._analytic import (
+        async_interval as async_interval,
+    )
+    from resilient_flows.mlc._analytic import (
+        async_optimum as async_optimum,
+    )
+    from resilient_flows.mlc._analytic import (
+        daly_interval as daly_interval,
+    )
+    from resilient_flows.mlc._analytic import (
+        daly_wall_time as daly_wall_time,
+    )
+    from resilient_flows.mlc._analytic import (
+        multilevel_optimum as multilevel_optimum,
+    )
+    from resilient_flows.mlc._analytic import (
+        optimal_interval as optimal_interval,
+    )
+    from resilient_flows.mlc._analytic import (
+        three_level_optimum as three_level_optimum,
+    )
+    from resilient_flows.mlc._analytic import (
+        two_level_optimum as two_level_optimum,
+    )
+    from resilient_flows.mlc._analytic import (
+        young_interval as young_interval,
+    )
+    from resilient_flows.mlc._dataset import (
+        label as label,
+    )
+    from resilient_flows.mlc._dataset import (
+        read_rows as read_rows,
+    )
+    from resilient_flows.mlc._dataset import (
+        sample_params as sample_params,
+    )
+    from resilient_flows.mlc._dataset import (
+        write_rows as write_rows,
+    )
+    from resilient_flows.mlc._params import (
+        InvalidParameterError as InvalidParameterError,
+    )
+    from resilient_flows.mlc._params import (
+        MLCConfig as MLCConfig,
+    )
+    from resilient_flows.mlc._params import (
+        MLCParams as MLCParams,
+    )
+    from resilient_flows.mlc._params import (
+        Objective as Objective,
+    )
+    from resilient_flows.mlc._recommender import (
+        Recommender as Recommender,
+    )
+    from resilient_flows.mlc._recommender import (
+        fit as fit,
+    )
+    from resilient_flows.mlc._search import (
+        search as search,
+    )
+    from resilient_flows.mlc._simulator import (
+        SimResult as SimResult,
+    )
+    from resilient_flows.mlc._simulator import (
+        simulate as simulate,
+    )
+    from resilient_flows.mlc._simulator import (
+        simulate_many as simulate_many,
+    )
+    from resilient_flows.mlc._tune import (
+        candidates as candidates,
+    )
 
 __getattr__, __dir__, __all__ = lazy_exports(__name__, _SOURCES)

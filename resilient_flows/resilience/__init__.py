@@ -7,6 +7,8 @@ checkpoint engine, and restores them in place after a restart, so that a simulat
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from resilient_flows.lazy import lazy_exports
 
 _SOURCES = {
@@ -21,5 +23,25 @@ _SOURCES = {
         "every",
     ),
 }
+
+if TYPE_CHECKING:  # the names' definitions, for type checkers and editors (a test keeps them equal to _SOURCES)
+    from resilient_flows.resilience._capture import (
+        Array as Array,
+    )
+    from resilient_flows.resilience._capture import (
+        find_arrays as find_arrays,
+    )
+    from resilient_flows.resilience._context import (
+        Context as Context,
+    )
+    from resilient_flows.resilience._context import (
+        Every as Every,
+    )
+    from resilient_flows.resilience._context import (
+        Filter as Filter,
+    )
+    from resilient_flows.resilience._context import (
+        every as every,
+    )
 
 __getattr__, __dir__, __all__ = lazy_exports(__name__, _SOURCES)

@@ -20,6 +20,8 @@ This package is below the runner, the members and the views: it imports none of 
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from resilient_flows.lazy import lazy_exports
 
 _SOURCES = {
@@ -72,5 +74,85 @@ _SOURCES = {
         "write_plan",
     ),
 }
+
+if TYPE_CHECKING:  # the names' definitions, for type checkers and editors (a test keeps them equal to _SOURCES)
+    from resilient_flows.capped import (
+        CappedLines as CappedLines,
+    )
+    from resilient_flows.capped import (
+        open_regular as open_regular,
+    )
+    from resilient_flows.capped import (
+        parse_json as parse_json,
+    )
+    from resilient_flows.capped import (
+        read_capped as read_capped,
+    )
+    from resilient_flows.capped import (
+        read_json_capped as read_json_capped,
+    )
+    from resilient_flows.rundir._damage import (
+        Damage as Damage,
+    )
+    from resilient_flows.rundir._damage import (
+        DamageLog as DamageLog,
+    )
+    from resilient_flows.rundir._events import (
+        FULL_WAIT_S as FULL_WAIT_S,
+    )
+    from resilient_flows.rundir._events import (
+        NO_CHECKPOINT as NO_CHECKPOINT,
+    )
+    from resilient_flows.rundir._events import (
+        EventLog as EventLog,
+    )
+    from resilient_flows.rundir._events import (
+        EventTail as EventTail,
+    )
+    from resilient_flows.rundir._events import (
+        read_events as read_events,
+    )
+    from resilient_flows.rundir._files import (
+        read_json as read_json,
+    )
+    from resilient_flows.rundir._layout import (
+        RunLayout as RunLayout,
+    )
+    from resilient_flows.rundir._layout import (
+        TaskLayout as TaskLayout,
+    )
+    from resilient_flows.rundir._layout import (
+        member_layout as member_layout,
+    )
+    from resilient_flows.rundir._layout import (
+        run_layout as run_layout,
+    )
+    from resilient_flows.rundir._layout import (
+        stage_layout as stage_layout,
+    )
+    from resilient_flows.rundir._ledger import (
+        append_record as append_record,
+    )
+    from resilient_flows.rundir._ledger import (
+        read_records as read_records,
+    )
+    from resilient_flows.rundir._metrics import (
+        MetricsLog as MetricsLog,
+    )
+    from resilient_flows.rundir._metrics import (
+        MetricsReader as MetricsReader,
+    )
+    from resilient_flows.rundir._plan import (
+        encode_plan as encode_plan,
+    )
+    from resilient_flows.rundir._plan import (
+        read_plan_document as read_plan_document,
+    )
+    from resilient_flows.rundir._plan import (
+        refuse_occupied as refuse_occupied,
+    )
+    from resilient_flows.rundir._plan import (
+        write_plan as write_plan,
+    )
 
 __getattr__, __dir__, __all__ = lazy_exports(__name__, _SOURCES)

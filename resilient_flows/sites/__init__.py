@@ -7,6 +7,8 @@ imported on first use, so that reading a site's facts (:func:`site_facts`) does 
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from resilient_flows.lazy import lazy_exports
 
 _SOURCES = {
@@ -36,5 +38,64 @@ _SOURCES = {
         "user_site_dir",
     ),
 }
+
+if TYPE_CHECKING:  # the names' definitions, for type checkers and editors (a test keeps them equal to _SOURCES)
+    from resilient_flows.sites._blockerrors import (
+        PatientBlockErrorHandler as PatientBlockErrorHandler,
+    )
+    from resilient_flows.sites._facts import (
+        SiteFacts as SiteFacts,
+    )
+    from resilient_flows.sites._options import (
+        SITE_OPTIONS as SITE_OPTIONS,
+    )
+    from resilient_flows.sites._options import (
+        SiteOptions as SiteOptions,
+    )
+    from resilient_flows.sites._options import (
+        parse_site_options as parse_site_options,
+    )
+    from resilient_flows.sites._site import (
+        SiteFile as SiteFile,
+    )
+    from resilient_flows.sites._site import (
+        load_site as load_site,
+    )
+    from resilient_flows.sites._site import (
+        site_facts as site_facts,
+    )
+    from resilient_flows.sites._sitefile import (
+        SITE_DIR as SITE_DIR,
+    )
+    from resilient_flows.sites._sitefile import (
+        SITES_VARIABLE as SITES_VARIABLE,
+    )
+    from resilient_flows.sites._sitefile import (
+        KnownSite as KnownSite,
+    )
+    from resilient_flows.sites._sitefile import (
+        SiteDir as SiteDir,
+    )
+    from resilient_flows.sites._sitefile import (
+        known_sites as known_sites,
+    )
+    from resilient_flows.sites._sitefile import (
+        site_description as site_description,
+    )
+    from resilient_flows.sites._sitefile import (
+        site_dirs as site_dirs,
+    )
+    from resilient_flows.sites._sitefile import (
+        site_names as site_names,
+    )
+    from resilient_flows.sites._sitefile import (
+        site_path as site_path,
+    )
+    from resilient_flows.sites._sitefile import (
+        user_site_dir as user_site_dir,
+    )
+    from resilient_flows.sites.cobalt import (
+        CobaltProvider as CobaltProvider,
+    )
 
 __getattr__, __dir__, __all__ = lazy_exports(__name__, _SOURCES)

@@ -35,9 +35,11 @@ from resilient_flows.training._distributed import shutdown_process_group
 from resilient_flows.training._faults import record_pool_lost
 from resilient_flows.training._fork import CloneStart
 from resilient_flows.training._heartbeat import Heartbeat
+from resilient_flows.training._loader import DataPositions, ResumableLoader, loader_arguments
 from resilient_flows.training._parallel import join_member_ranks, wrap_model
 from resilient_flows.training._peerwatch import PeerWatch, watch_peers
 from resilient_flows.training._spec import MemberSpec
+from resilient_flows.training._stream import StreamLoader, is_stream, stream_loader
 from resilient_flows.training._walltime import current_block, drain_in_s
 from resilient_flows.training.boundary import Cadence, CheckpointSaver, CommRanks, StepRuntime, member_events
 
@@ -86,6 +88,8 @@ class TrainContext:
         self.restored_step: int | None = None
         self.state: TrainState | None = None
         self.retired: str | None = None
+        self.data = DataPositions()
+        self._unpositioned_said = False
         self.distributed = join_member_ranks(spec, comm)
         self.group = None if self.distributed is None else self.distributed.group
         self.device = torch.device("cpu") if self.distributed is None else self.distributed.device
@@ -164,13 +168,14 @@ class TrainContext:
         extra: dict[str, Any] | None = None,
     ) -> int | None:
         """Declare what a checkpoint holds and restore it from the latest checkpoint; the step restored."""
-        self.state = TrainState(model, optimizer, scheduler, extra=extra)
+        self.state = TrainState(model, optimizer, scheduler, extra=extra, data=self.data, rank_data=self.data.per_rank)
         self._clone.wait(self.checkpointer)
         self.restored_step = self.checkpointer.restore(self.state)
         if self.checkpointer.skipped:  # newer ones it could not read: training goes on from here
             self.checkpointer.discard_newer_than(-1 if self.restored_step is None else self.restored_step)
         saver = self.runtime.saver
         saver.state, saver.last_saved = self.state, self.restored_step
+        self._warn_unpositioned()
         if not self._clone.restored(self.state, self.restored_step) and self.restored_step is not None:
             restored = self.checkpointer.restored
             self._emit(
@@ -181,6 +186,47 @@ class TrainContext:
                 bytes_from=restored.bytes_from,
             )
         return self.restored_step
+
+    def loader(
+        self,
+        data: Any,
+        batch_size: int | None = None,
+        *,
+        shuffle: bool | None = None,
+        drop_last: bool | None = None,
+        seed: int | None = None,
+        name: str = "train",
+        **loader_kwargs: Any,
+    ) -> ResumableLoader | StreamLoader:
+        """A ``DataLoader`` whose position is in every checkpoint and that resumes at the next sample.
+
+        ``data`` is a map-style dataset, or a ``DataLoader`` you built (its dataset, batch size,
+        sampler's shuffle, workers and collate function are taken; a ``DistributedSampler``'s
+        per-rank batch times its replicas is the global batch). ``batch_size`` is the global
+        batch, split over this member's ranks; the order of each epoch comes from ``seed``
+        (the member's by default) and the epoch only, so a checkpoint resumes on any rank count
+        without a sample trained twice or skipped. Other arguments go to ``DataLoader``
+        (``num_workers``, ``persistent_workers``, ``collate_fn``, ...); see
+        :class:`~resilient_flows.training.ResumableLoader`. Build it before or after
+        :meth:`track`: either way it starts where the restored checkpoint left it.
+
+        An ``IterableDataset``, a ``DataLoader`` over one, or torchdata's ``StatefulDataLoader``
+        (the ``data`` extra) resumes by that loader's ``state_dict()``, kept per rank: on the
+        same rank count only (:class:`~resilient_flows.training.StreamLoader`).
+        """
+        seed = self.seed if seed is None else seed
+        given = {key: value for key, value in {"shuffle": shuffle, "drop_last": drop_last}.items() if value is not None}
+        where = {"seed": seed, "rank": self.rank, "world_size": self.world_size, "name": name}
+        made: ResumableLoader | StreamLoader
+        if is_stream(data):
+            made = stream_loader(data, batch_size, **where, **given, **loader_kwargs)
+        else:
+            dataset, taken = loader_arguments(data)
+            given.update({} if batch_size is None else {"batch_size": batch_size})
+            made = ResumableLoader(dataset, **where, **{**taken, **given, **loader_kwargs})
+        self.data.add(made)
+        self._warn_unpositioned()
+        return made
 
     def steps(self, total: int) -> Iterator[int]:
         """Steps ``0 .. total-1``, after the restored one; checkpoints and honours stop requests between them.
@@ -203,6 +249,17 @@ class TrainContext:
                 self.runtime.commit(total - 1)
             else:
                 self.checkpointer.wait()
+
+    def batches(self, loader: ResumableLoader | StreamLoader, total: int) -> Iterator[tuple[int, Any]]:
+        """``(step, batch)`` for the steps of :meth:`steps`, batch after batch of ``loader`` across epochs.
+
+        Each batch is drawn after the previous step's boundary, so that a checkpoint of a step
+        holds the loader's position just past that step's batch (``zip(loader, ctx.steps(n))``,
+        in that order, would save one batch ahead and skip it on resume).
+        """
+        stream = loader.batches()
+        for step in self.steps(total):
+            yield step, next(stream)
 
     def log(self, step: int, **metrics: float) -> None:
         """Record metrics of ``step`` (floats, or 0-d tensors) in the member's metrics log."""
@@ -285,6 +342,20 @@ class TrainContext:
         if self.spec.nodes > 1 or self.spec.min_nodes is not None:
             where["nodes"] = self.spec.nodes
         return where
+
+    def _warn_unpositioned(self) -> None:
+        """A checkpoint without data positions (saved before the member used ``ctx.loader``)
+        restarts its loaders at epoch 0: say so once, in the run's events, for it is not exact."""
+        if self.restored_step is None or self.data.restored or not self.data.names() or self._unpositioned_said:
+            return
+        self._unpositioned_said = True
+        self._emit(
+            "warning",
+            attempt=self.attempt,
+            step=self.restored_step,
+            reason=f"the checkpoint of step {self.restored_step} holds no data position: loader(s) "
+            f"{', '.join(self.data.names())} start at epoch 0, sample 0",
+        )
 
     def _pool_lost(self, reason: str) -> None:
         """The attempt's worker pool is gone (said from the heartbeat's thread): its end is the

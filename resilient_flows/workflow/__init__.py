@@ -10,6 +10,8 @@ statuses, and must not pay for the runner's Parsl import.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from resilient_flows.lazy import lazy_exports
 
 _SOURCES = {
@@ -55,5 +57,79 @@ _SOURCES = {
     ),
     "resilient_flows.workflow._status_json": ("status_document",),
 }
+
+if TYPE_CHECKING:  # the names' definitions, for type checkers and editors (a test keeps them equal to _SOURCES)
+    from resilient_flows.workflow._families import (
+        GROUP_ABOVE as GROUP_ABOVE,
+    )
+    from resilient_flows.workflow._families import (
+        describe_families as describe_families,
+    )
+    from resilient_flows.workflow._follow import (
+        follow_run as follow_run,
+    )
+    from resilient_flows.workflow._leaseguard import (
+        guard as guard,
+    )
+    from resilient_flows.workflow._liveness import (
+        liveness as liveness,
+    )
+    from resilient_flows.workflow._mlcgen import (
+        generate as generate,
+    )
+    from resilient_flows.workflow._monitoring import (
+        visualize_note as visualize_note,
+    )
+    from resilient_flows.workflow._plan import (
+        plan_workflow as plan_workflow,
+    )
+    from resilient_flows.workflow._report import (
+        member_notes as member_notes,
+    )
+    from resilient_flows.workflow._report import (
+        stage_rows as stage_rows,
+    )
+    from resilient_flows.workflow._report import (
+        stage_table as stage_table,
+    )
+    from resilient_flows.workflow._report import (
+        status_table as status_table,
+    )
+    from resilient_flows.workflow._rundir import (
+        Plan as Plan,
+    )
+    from resilient_flows.workflow._rundir import (
+        read_plan as read_plan,
+    )
+    from resilient_flows.workflow._rundir import (
+        run_members as run_members,
+    )
+    from resilient_flows.workflow._runner import (
+        prepare_run as prepare_run,
+    )
+    from resilient_flows.workflow._runner import (
+        resume_run as resume_run,
+    )
+    from resilient_flows.workflow._runner import (
+        start_run as start_run,
+    )
+    from resilient_flows.workflow._status import (
+        MemberStatus as MemberStatus,
+    )
+    from resilient_flows.workflow._status import (
+        StatusTracker as StatusTracker,
+    )
+    from resilient_flows.workflow._status import (
+        member_statuses as member_statuses,
+    )
+    from resilient_flows.workflow._status_json import (
+        status_document as status_document,
+    )
+    from resilient_flows.workflow.schema import (
+        Workflow as Workflow,
+    )
+    from resilient_flows.workflow.schema import (
+        load_workflow as load_workflow,
+    )
 
 __getattr__, __dir__, __all__ = lazy_exports(__name__, _SOURCES)

@@ -14,7 +14,10 @@ Two objects, added to an ordinary ``Trainer``::
 into host buffers and the engine writes them behind training; the path Lightning names becomes a
 reference to a step of the engine's store (:mod:`resilient_flows.integrations.pathstore` has the
 mapping). :class:`ResilientCallback` turns SIGTERM/SIGUSR1 and the runner's requests into a
-committed checkpoint at the next step boundary, and writes the member's metrics.
+committed checkpoint at the next step boundary, and writes the member's metrics. A
+:class:`~resilient_flows.training.ResumableLoader` given to ``fit`` resumes mid-epoch at the next
+sample: Lightning checkpoints its position, and the callback gives each rank its share
+(:mod:`resilient_flows.integrations.lightning._data`).
 
 Both classes derive from the Lightning that is imported when this module is first imported:
 ``pytorch_lightning`` or ``lightning.pytorch``, whichever the script imported already (the
@@ -33,6 +36,8 @@ for Lightning yet.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from resilient_flows.lazy import lazy_exports
 
 _SOURCES = {
@@ -41,5 +46,19 @@ _SOURCES = {
     "resilient_flows.integrations.lightning._package": ("LIGHTNING",),
     "resilient_flows.integrations.lightning._strategy": ("ResilientModelParallelStrategy",),
 }
+
+if TYPE_CHECKING:  # the names' definitions, for type checkers and editors (a test keeps them equal to _SOURCES)
+    from resilient_flows.integrations.lightning._callback import (
+        ResilientCallback as ResilientCallback,
+    )
+    from resilient_flows.integrations.lightning._checkpoint_io import (
+        ResilientCheckpointIO as ResilientCheckpointIO,
+    )
+    from resilient_flows.integrations.lightning._package import (
+        LIGHTNING as LIGHTNING,
+    )
+    from resilient_flows.integrations.lightning._strategy import (
+        ResilientModelParallelStrategy as ResilientModelParallelStrategy,
+    )
 
 __getattr__, __dir__, __all__ = lazy_exports(__name__, _SOURCES)

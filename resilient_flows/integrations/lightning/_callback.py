@@ -9,6 +9,7 @@ import torch
 from resilient_flows.errors import ResilientFlowsError
 from resilient_flows.integrations.lightning._boundary import lightning_runtime, step_metrics
 from resilient_flows.integrations.lightning._checkpoint_io import ResilientCheckpointIO
+from resilient_flows.integrations.lightning._data import place_loaders
 from resilient_flows.integrations.lightning._package import Callback, run_contract
 from resilient_flows.rundir import TaskLayout
 from resilient_flows.training import MemberSpec, member_dir, read_spec, state_digest
@@ -36,6 +37,11 @@ class ResilientCallback(Callback):
       emits ``resumed``/``preempted``/``retired`` events, and writes the member's report (last
       metrics and the weights' digest) when ``fit`` ends.
     - Faults the workflow injects (``faults:``) hit the first attempt once the step they name is done.
+    - A :class:`~resilient_flows.training.ResumableLoader` given to ``fit`` (or returned by
+      ``train_dataloader()``) takes its rank's share of each global batch (the strategy's
+      data-parallel rank and size, as Lightning's ``DistributedSampler`` would) and follows
+      Lightning's epochs; Lightning saves its position in every checkpoint and hands it back on
+      resume, so a run resumed mid-epoch trains on the batches an uninterrupted one would.
 
     The step boundary itself is :class:`~resilient_flows.training.boundary.StepRuntime`'s, as for
     every member; this callback feeds it Lightning's steps, collectives and checkpoint saves.
@@ -70,11 +76,15 @@ class ResilientCallback(Callback):
         runtime = self._active
         runtime.signals.reason, self.stopped, self._report = None, None, None
         runtime.signals.install()
+        place_loaders(trainer)  # a resumed epoch starts no on_train_epoch_start: its loaders are placed here
         self._step = trainer.global_step - 1
         if trainer.ckpt_path is not None:
             runtime.emit("resumed", attempt=runtime.attempt, step=self._step)
         if trainer.max_steps < 0 or self._step + 1 < trainer.max_steps:
             self._stop(trainer, runtime.decline_start(self._step + 1))
+
+    def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
+        place_loaders(trainer)
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
         step = trainer.global_step - 1

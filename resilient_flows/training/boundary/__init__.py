@@ -10,6 +10,8 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from resilient_flows.lazy import lazy_exports
 
 _SOURCES = {
@@ -30,5 +32,37 @@ _SOURCES = {
     ),
     "resilient_flows.training.boundary._signals": ("StopSignals",),
 }
+
+if TYPE_CHECKING:  # the names' definitions, for type checkers and editors (a test keeps them equal to _SOURCES)
+    from resilient_flows.training.boundary._cadence import (
+        Cadence as Cadence,
+    )
+    from resilient_flows.training.boundary._ranks import (
+        CommRanks as CommRanks,
+    )
+    from resilient_flows.training.boundary._ranks import (
+        Ranks as Ranks,
+    )
+    from resilient_flows.training.boundary._requests import (
+        Request as Request,
+    )
+    from resilient_flows.training.boundary._runtime import (
+        StepRuntime as StepRuntime,
+    )
+    from resilient_flows.training.boundary._runtime import (
+        Stop as Stop,
+    )
+    from resilient_flows.training.boundary._runtime import (
+        member_events as member_events,
+    )
+    from resilient_flows.training.boundary._saver import (
+        CheckpointSaver as CheckpointSaver,
+    )
+    from resilient_flows.training.boundary._saver import (
+        Saver as Saver,
+    )
+    from resilient_flows.training.boundary._signals import (
+        StopSignals as StopSignals,
+    )
 
 __getattr__, __dir__, __all__ = lazy_exports(__name__, _SOURCES)

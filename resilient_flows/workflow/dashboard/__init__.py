@@ -8,6 +8,8 @@ writes the report without importing the web server.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from resilient_flows.lazy import lazy_exports
 
 _SOURCES = {
@@ -19,5 +21,22 @@ _SOURCES = {
     ),
     "resilient_flows.workflow.dashboard._static": ("write_dashboard_report",),
 }
+
+if TYPE_CHECKING:  # the names' definitions, for type checkers and editors (a test keeps them equal to _SOURCES)
+    from resilient_flows.workflow.dashboard._model import (
+        RunModel as RunModel,
+    )
+    from resilient_flows.workflow.dashboard._server import (
+        DEFAULT_PORT as DEFAULT_PORT,
+    )
+    from resilient_flows.workflow.dashboard._server import (
+        dashboard_app as dashboard_app,
+    )
+    from resilient_flows.workflow.dashboard._server import (
+        serve_dashboard as serve_dashboard,
+    )
+    from resilient_flows.workflow.dashboard._static import (
+        write_dashboard_report as write_dashboard_report,
+    )
 
 __getattr__, __dir__, __all__ = lazy_exports(__name__, _SOURCES)
