@@ -91,6 +91,12 @@ if TYPE_CHECKING:  # the names' definitions, for type checkers and editors (a te
     from resilient_flows.capped import (
         read_json_capped as read_json_capped,
     )
+    from resilient_flows.rundir._attemptlogs import TAIL_CAP as TAIL_CAP
+    from resilient_flows.rundir._attemptlogs import attempt_logs as attempt_logs
+    from resilient_flows.rundir._attemptlogs import copy_log as copy_log
+    from resilient_flows.rundir._attemptlogs import failure_tail as failure_tail
+    from resilient_flows.rundir._attemptlogs import follow_log as follow_log
+    from resilient_flows.rundir._attemptlogs import tail_lines as tail_lines
     from resilient_flows.rundir._damage import (
         Damage as Damage,
     )

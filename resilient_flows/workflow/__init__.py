@@ -80,6 +80,9 @@ if TYPE_CHECKING:  # the names' definitions, for type checkers and editors (a te
     from resilient_flows.workflow._monitoring import (
         visualize_note as visualize_note,
     )
+    from resilient_flows.workflow._output_tails import OutputTails as OutputTails
+    from resilient_flows.workflow._output_tails import failed_tails as failed_tails
+    from resilient_flows.workflow._output_tails import logs_command as logs_command
     from resilient_flows.workflow._plan import (
         plan_workflow as plan_workflow,
     )
