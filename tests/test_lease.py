@@ -173,11 +173,12 @@ def assert_members_stopped_where_they_were(run_dir: Path, names: list[str]) -> N
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(600)  # a runner, a block and two members start on busy cores: minutes
 def test_a_runner_sigkilled_and_never_resumed_leaves_nothing_running_and_loses_no_step(tmp_path: Path) -> None:
     runner, run_dir = start_runner(tmp_path, quick_site(tmp_path, "local"), command=True)
     names = ["m", "c"]
     try:
-        wait_for(lambda: committed_by_every_member(run_dir, names), 120, "a checkpoint of every member")
+        wait_for(lambda: committed_by_every_member(run_dir, names), 300, "a checkpoint of every member")
         runner.send_signal(signal.SIGKILL)  # the runner alone, as when its login session dies
         runner.wait()
         took = wait_for(lambda: not leftovers(run_dir), ORPHAN_S + 60, "the run's processes gone")

@@ -35,6 +35,9 @@ from resilient_flows.training._spec import CheckpointSpec, FaultSpec  # noqa: E4
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "workflows" / "lightning_digits.py"
+#: Seconds one Lightning process may take: tens on an idle core, minutes with every core busy
+#: (torch, Lightning and two loader workers per rank start on each).
+SUBPROCESS_S = 300
 
 
 def committed(directory: Path) -> list[int]:
@@ -196,12 +199,13 @@ for steps in (6, 10):
 """
 
 
+@pytest.mark.timeout(SUBPROCESS_S + 60)
 def test_the_unified_lightning_package_gets_classes_of_its_own(tmp_path: Path) -> None:
     require_module(
         "lightning", "the unified lightning package is not installed: pip install 'resilient-flows[lightning]'"
     )
     done = subprocess.run(
-        [sys.executable, "-c", UNIFIED, str(tmp_path)], capture_output=True, text=True, timeout=120, cwd=ROOT
+        [sys.executable, "-c", UNIFIED, str(tmp_path)], capture_output=True, text=True, timeout=SUBPROCESS_S, cwd=ROOT
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.split("\n")[:2] == ["6 False 6", "10 True 10"]  # the second run resumed from step 6
@@ -230,7 +234,7 @@ def attempt(spec: MemberSpec, run_dir: Path, number: int, *args: str) -> subproc
     (run_dir / "members" / spec.name / "attempts").write_text(str(number))
     env = {**os.environ, **RunContract.for_member(spec, run_dir, number).to_env()}
     return subprocess.run(
-        [sys.executable, str(SCRIPT), *args], env=env, capture_output=True, text=True, timeout=120, cwd=ROOT
+        [sys.executable, str(SCRIPT), *args], env=env, capture_output=True, text=True, timeout=SUBPROCESS_S, cwd=ROOT
     )
 
 
@@ -239,6 +243,7 @@ def report(run_dir: Path, name: str) -> dict[str, Any]:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(3 * SUBPROCESS_S)
 def test_a_member_killed_mid_epoch_resumes_from_its_newest_checkpoint_to_the_same_weights(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     spec = member(run_dir, "m", steps=60, faults=(FaultSpec("kill", 35),))  # 23 batches an epoch: mid-epoch 2
@@ -272,6 +277,7 @@ def test_a_member_killed_mid_epoch_resumes_from_its_newest_checkpoint_to_the_sam
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(3 * SUBPROCESS_S)
 def test_a_member_stopped_by_a_signal_resumes_as_ddp_on_two_cpu_processes(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     spec = member(run_dir, "ddp", steps=24, faults=(FaultSpec("preempt", 12),), interval=5)
@@ -291,6 +297,7 @@ def test_a_member_stopped_by_a_signal_resumes_as_ddp_on_two_cpu_processes(tmp_pa
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(3 * SUBPROCESS_S)
 def test_an_fsdp2_member_stopped_by_a_signal_resumes_to_the_weights_of_an_uninterrupted_run(tmp_path: Path) -> None:
     fsdp = ("--devices", "2", "--strategy", "fsdp")
     plain = tmp_path / "plain"  # the uninterrupted run, beside the first attempt
@@ -308,7 +315,7 @@ def test_an_fsdp2_member_stopped_by_a_signal_resumes_to_the_weights_of_an_uninte
     kinds = [(e["kind"], e.get("step")) for e in read_events(run_dir) if e["kind"] in ("preempted", "resumed")]
     assert kinds == [("preempted", 12), ("resumed", 12)]
 
-    output, _ = uninterrupted.communicate(timeout=120)
+    output, _ = uninterrupted.communicate(timeout=SUBPROCESS_S)
     assert uninterrupted.returncode == 0, output[-3000:]
     _, resumed_state = load(checkpoints / "last.ckpt")
     _, plain_state = load(plain / "last.ckpt")
