@@ -14,33 +14,20 @@ are not something to assert.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 from requires import unmet_in_part
 from rich.console import Console
+from scripts import load_benchmark
 from slurm import require_slurm
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(480)]
 
-REPO = Path(__file__).resolve().parents[1]
 
-
-def _load_harness() -> ModuleType:
-    """``benchmarks/chaos.py`` as the module ``chaos``: workers import its workload by that name."""
-    spec = importlib.util.spec_from_file_location("chaos", REPO / "benchmarks" / "chaos.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["chaos"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-chaos = _load_harness()
+chaos = load_benchmark("chaos")
 
 SMALL = chaos.MODES["quick"]
 

@@ -3,19 +3,18 @@ that load nothing they skip, per-sample augmentation seeds, and the errors for w
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import random
 import sys
 from collections.abc import Iterable
 from dataclasses import replace
 from pathlib import Path
-from types import ModuleType
 
 import numpy as np
 import pytest
 import torch
 from conftest import mpiexec, python_env
+from scripts import load_benchmark
 from torch.utils.data import DataLoader, DistributedSampler, IterableDataset, Sampler
 
 from resilient_flows.errors import ResilientFlowsError
@@ -32,19 +31,7 @@ from resilient_flows.training import (
 REPO = Path(__file__).resolve().parents[1]
 
 
-def _load(name: str) -> ModuleType:
-    """A benchmark module by its file's name: workers import its member (``data_resume_member:train``) by name."""
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, REPO / "benchmarks" / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-member = _load("data_resume_member")
+member = load_benchmark("data_resume_member")
 
 
 def ids(batch: list) -> list[int]:

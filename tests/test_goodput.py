@@ -6,32 +6,15 @@ Timings are the benchmark's business: on a loaded machine they are not something
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
+from scripts import load_benchmark
 
-REPO = Path(__file__).resolve().parents[1]
-
-
-def _load(name: str) -> ModuleType:
-    """A benchmark module by its file's name: workers import its members (``goodput_member:paced``) by name."""
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, REPO / "benchmarks" / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-goodput = _load("goodput")
-recovery_split = _load("recovery_split")
-goodput_report = _load("goodput_report")
+goodput = load_benchmark("goodput")
+recovery_split = load_benchmark("recovery_split")
+goodput_report = load_benchmark("goodput_report")
 
 T0 = 1000.0
 
