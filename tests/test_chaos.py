@@ -19,9 +19,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from benchmark_modules import load_benchmark
 from requires import unmet_in_part
 from rich.console import Console
-from scripts import load_benchmark
 from slurm import require_slurm
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(480)]

@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from benchmark_modules import load_benchmark
 from conftest import mpiexec, python_env
-from scripts import load_benchmark
 from torch.utils.data import DataLoader, DistributedSampler, IterableDataset, Sampler
 
 from resilient_flows.errors import ResilientFlowsError

@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 
 import pytest
-from scripts import load_benchmark
+from benchmark_modules import load_benchmark
 
 goodput = load_benchmark("goodput")
 recovery_split = load_benchmark("recovery_split")

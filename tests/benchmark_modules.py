@@ -1,4 +1,4 @@
-"""Python files that are not modules of a package (the benchmarks), imported as the tests need them."""
+"""The benchmarks (files, not modules of a package), imported as the tests need them."""
 
 from __future__ import annotations
 
