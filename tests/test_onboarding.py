@@ -183,6 +183,34 @@ def test_init_takes_a_fresh_git_repository_as_empty(tmp_path: Path) -> None:
     assert (tmp_path / "train.py").exists()
 
 
+def test_init_example_writes_the_docs_workflow_and_the_files_it_names(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A user with only the wheel gets ``workflows/NAME.yaml`` as the docs run it; the Lightning
+    example's command member needs its script beside it."""
+    assert main(["init", "--example", "quickstart", str(tmp_path / "q")]) == 0
+    assert [p.relative_to(tmp_path / "q").as_posix() for p in (tmp_path / "q").rglob("*")] == [
+        "workflows",
+        "workflows/quickstart.yaml",
+    ]
+    quickstart = REPO / "workflows" / "quickstart.yaml"
+    assert (tmp_path / "q" / "workflows" / "quickstart.yaml").read_bytes() == quickstart.read_bytes()
+    assert "resilient-flows run workflows/quickstart.yaml" in capsys.readouterr().out
+    assert main(["validate", str(tmp_path / "q" / "workflows" / "quickstart.yaml")]) == 0
+    assert main(["init", "--example", "lightning", str(tmp_path / "l")]) == 0
+    assert sorted(p.name for p in (tmp_path / "l" / "workflows").iterdir()) == ["lightning.yaml", "lightning_digits.py"]
+
+
+def test_init_example_names_the_examples_when_one_is_unknown(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "mine.txt").write_text("mine")  # the name is checked first: the directory is not the problem
+    assert main(["init", "--example", "quikstart", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "no example named 'quikstart'; the examples are " in err and "quickstart" in err and "gpt" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mine.txt"]
+
+
 def test_version_comes_from_the_package_metadata(capsys: pytest.CaptureFixture[str]) -> None:
     from importlib import metadata
 
