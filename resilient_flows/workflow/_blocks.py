@@ -173,10 +173,11 @@ def _cancel(records: list[dict[str, Any]], executors: Iterable[Any]) -> list[str
 def _job_record(provider: Any, job_id: str) -> dict[str, Any]:
     record: dict[str, Any] = {"job_id": job_id, "provider": type(provider).__name__}
     if isinstance(provider, LocalProvider):
-        pid = provider.resources.get(job_id, {}).get("remote_pid")
+        resource = provider.resources.get(job_id, {})
+        pid = resource.get("remote_pid")
         started = None if pid is None else process_start_time(pid)
         group = _local_group(provider, job_id)
-        script = provider.resources.get(job_id, {}).get("script_path")
+        script = resource.get("script_path")
         record.update(pid=pid, host=socket.gethostname(), started=started, pgid=group, script_path=script)
     return record
 

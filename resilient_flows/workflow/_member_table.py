@@ -55,6 +55,12 @@ _OPTIONAL = (
     _Column("preempted", "pre."),
     _Column("test acc.", "acc."),
 )
+_EVERY = (*_ALWAYS, *_OPTIONAL)
+
+
+def format_loss(value: float | None) -> str:
+    """A loss as the tables show it: four significant digits, "-" without one."""
+    return "-" if value is None else f"{value:.4g}"
 
 
 def last_error(status: MemberStatus, width: int | None = ERROR_SHOWN) -> str:
@@ -74,7 +80,7 @@ def _cells(s: MemberStatus) -> list[str]:
         s.name,
         s.state,
         "-" if s.step is None else f"{s.step + 1}/{s.steps}",
-        "-" if s.loss is None else f"{s.loss:.4g}",
+        format_loss(s.loss),
         "-" if s.checkpoint is None else str(s.checkpoint),
         str(s.attempts),
         str(s.failures),
@@ -95,40 +101,38 @@ class MemberTable:
         self._rows = [_cells(s) for s in self.statuses]
         shown = ERROR_SHOWN if cut_errors else None
         self._errors = [last_error(s, shown) for s in self.statuses] if errors else []
+        self._cell_widths = [max((len(row[i]) for row in self._rows), default=0) for i in range(len(_EVERY))]
+        self._error_width = max([len("last error"), *(len(e) for e in self._errors)]) if errors else 0
 
-    def _width(self, index: int, column: _Column, short: bool = False) -> int:
-        header = column.short if short else column.header
-        return max([len(header), *(len(row[index]) for row in self._rows)])
+    def _width(self, index: int, short: bool = False) -> int:
+        column = _EVERY[index]
+        return max(len(column.short if short else column.header), self._cell_widths[index])
 
     def _cost(self, columns: list[int], short: bool = False) -> int:
-        every = (*_ALWAYS, *_OPTIONAL)
-        return 1 + sum(self._width(i, every[i], short) + _COLUMN_COST for i in columns)
+        return 1 + sum(self._width(i, short) + _COLUMN_COST for i in columns)
 
     def layout(self, width: int) -> tuple[list[int], bool, int | None]:
         """The columns drawn (indexes into the cells), whether headers are short, and the error
         column's width (None: errors on lines of their own, or none) at ``width`` characters."""
-        count = len(_ALWAYS) + len(_OPTIONAL)
         short = self._cost(list(range(len(_ALWAYS)))) > width
         if self._errors:
-            error = max([len("last error"), *(len(e) for e in self._errors)])
-            for drawn in range(count, len(_ALWAYS) - 1, -1):
-                if self._cost(list(range(drawn)), short) + error + _COLUMN_COST <= width:
-                    return list(range(drawn)), short, error
-        for drawn in range(count, 1, -1):
+            for drawn in range(len(_EVERY), len(_ALWAYS) - 1, -1):
+                if self._cost(list(range(drawn)), short) + self._error_width + _COLUMN_COST <= width:
+                    return list(range(drawn)), short, self._error_width
+        for drawn in range(len(_EVERY), 1, -1):
             if self._cost(list(range(drawn)), short) <= width:
                 return list(range(drawn)), short, None
         return [0], short, None
 
     def table(self, columns: list[int], short: bool, error_width: int | None) -> Table:
-        every = (*_ALWAYS, *_OPTIONAL)
         table = Table(title=self.title)
         for index in columns:
-            column = every[index]
+            column = _EVERY[index]
             table.add_column(
                 column.short if short else column.header,
                 justify=column.justify,  # type: ignore[arg-type]
                 no_wrap=True,
-                min_width=self._width(index, column, short),
+                min_width=self._width(index, short),
             )
         if error_width is not None:
             table.add_column("last error", no_wrap=True, min_width=error_width)
@@ -150,7 +154,6 @@ class MemberTable:
             yield from self.below()
 
     def __rich_measure__(self, console: Console, options: ConsoleOptions) -> Measurement:
-        always = list(range(len(_ALWAYS)))
-        every = list(range(len(_ALWAYS) + len(_OPTIONAL)))
-        error = max([len("last error"), *(len(e) for e in self._errors)]) + _COLUMN_COST if self._errors else 0
-        return Measurement(self._cost(always, short=True), self._cost(every) + error).clamp(max_width=options.max_width)
+        error = self._error_width + _COLUMN_COST if self._errors else 0
+        widest = self._cost(list(range(len(_EVERY)))) + error
+        return Measurement(self._cost(list(range(len(_ALWAYS))), short=True), widest).clamp(max_width=options.max_width)

@@ -22,7 +22,7 @@ from resilient_flows.workflow._families import (
     family_stats,
     troubled_members,
 )
-from resilient_flows.workflow._member_table import MemberTable
+from resilient_flows.workflow._member_table import MemberTable, format_loss
 from resilient_flows.workflow._output_tails import OutputTails, failed_tails
 from resilient_flows.workflow._plots import plot_losses
 from resilient_flows.workflow._status import MemberStatus
@@ -74,15 +74,11 @@ def family_table(statuses: Iterable[MemberStatus], title: str) -> Table:
             str(f.members),
             *(str(f.states[state]) for state in states),
             f"{f.steps_done}/{f.steps_total}",
-            _loss(f.best_loss),
-            _loss(f.median_loss),
+            format_loss(f.best_loss),
+            format_loss(f.median_loss),
             str(f.failures),
         )
     return table
-
-
-def _loss(value: float | None) -> str:
-    return "-" if value is None else f"{value:.4g}"
 
 
 def campaign_table(workflow: Any, members: list[MemberSpec], statuses: dict[str, MemberStatus]) -> Table:
