@@ -163,6 +163,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import sklearn.datasets  # noqa: F401  (paced's built-in loads its data with it: a warm pool preloads it with this module)
 import yaml
 from rich.console import Console
 from rich.table import Table

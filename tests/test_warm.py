@@ -3,6 +3,7 @@ worker forked from the pool's preloaded fork server (real Parsl, the local site)
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import signal
@@ -20,7 +21,7 @@ from slurm import wait_for
 from resilient_flows.errors import SiteConfigError
 from resilient_flows.sites import load_site
 from resilient_flows.sites._parsl_adapter import DEFAULT_PRELOAD, WARM_MODULE, add_preload, is_warm, split_argv
-from resilient_flows.training import read_events, run_member
+from resilient_flows.training import preloaded_modules, read_events, run_member
 from resilient_flows.training._heartbeat import heartbeat_path, read_heartbeat
 from resilient_flows.workflow import read_plan
 
@@ -58,6 +59,71 @@ def test_the_runs_workloads_join_the_preload_once_each_and_only_python_names(tmp
     assert modules == [*DEFAULT_PRELOAD, "mine", "pkg.sub"]
     assert standby is False
     assert pool_argv[:2] == ["{debug}", "{max_workers_per_node}"]
+
+
+def test_a_builtin_workload_preloads_its_data_loader_and_a_module_workload_its_module() -> None:
+    assert preloaded_modules("mlp-digits") == ("sklearn.datasets",)
+    assert preloaded_modules("mine.sub:train") == ("mine.sub",)
+    assert preloaded_modules("nonsense") == ()
+
+
+def test_preloading_scikit_learn_starts_no_thread_but_the_fork_safe_blas_pools() -> None:
+    """A fresh interpreter, as a fork server is, with BLAS free to start its threads: what the
+    preload reports for the built-ins' loader."""
+    env = {k: v for k, v in python_env().items() if not k.endswith("_NUM_THREADS")}
+    code = (
+        "from resilient_flows.sites._preload import preload;"
+        "print(preload(['torch', 'sklearn.datasets', 'no_such_module_here']))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env)
+    failed, started = ast.literal_eval(out.stdout.strip().splitlines()[-1])
+    assert started == 0
+    assert failed == ["no_such_module_here: ModuleNotFoundError: No module named 'no_such_module_here'"]
+
+
+def test_the_preload_report_on_a_full_disk_does_not_end_the_fork_server() -> None:
+    """The block's log on a full disk: the fork server's report of what it did not preload fails
+    to write, and the fork server goes on (an error here ended it, and every worker after)."""
+    code = "from resilient_flows.sites._preload import _report; _report(['mine: ImportError'], 1); print('alive')"
+    with open("/dev/full", "w") as full:
+        out = subprocess.run(
+            [sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=full, text=True, env=python_env()
+        )
+    assert (out.returncode, out.stdout) == (0, "alive\n")
+
+
+_FORK_SERVER_DIES = """
+import multiprocessing, multiprocessing.forkserver, os, signal, sys, functools
+import probe
+from resilient_flows.sites._parsl_adapter import _WorkerContext
+from resilient_flows.sites._warmpool import start_fork_server
+
+context = multiprocessing.get_context("forkserver")
+context.set_forkserver_preload(["resilient_flows.sites._preload"])
+preloaded = functools.partial(start_fork_server, ["wave"])
+preloaded()
+workers = _WorkerContext(context, context, {}, preloaded)
+for out in sys.argv[1:]:
+    worker = workers.Process(target=probe.report, args=(out,))
+    worker.start()
+    worker.join()
+    server = multiprocessing.forkserver._forkserver._forkserver_pid
+    os.kill(server, signal.SIGKILL)
+    while open(f"/proc/{server}/stat").read().rsplit(")", 1)[1].split()[0] != "Z":  # dead, not yet reaped
+        pass
+"""
+
+
+def test_a_fork_server_that_died_is_replaced_by_one_that_preloads_too(tmp_path: Path) -> None:
+    """A fork server lost mid-run (an error at its preload, a kill): the next worker comes from a
+    new one, which must preload as the first did, or every restarted member imports torch again."""
+    (tmp_path / "probe.py").write_text(
+        "import sys\n\ndef report(path):\n    open(path, 'w').write(str('wave' in sys.modules))\n"
+    )
+    env = {**python_env(), "PYTHONPATH": os.pathsep.join([str(tmp_path), python_env()["PYTHONPATH"]])}
+    outs = [tmp_path / "first", tmp_path / "after-the-kill"]
+    subprocess.run([sys.executable, "-c", _FORK_SERVER_DIES, *map(str, outs)], check=True, env=env, timeout=120)
+    assert [out.read_text() for out in outs] == ["True", "True"]
 
 
 @pytest.mark.parametrize(

@@ -713,3 +713,30 @@ def test_holding_a_block_of_a_dead_interchange_gives_up_and_goes_on(monkeypatch:
     _blocks.hold_block(DeadInterchange(), "3")  # returns, after 0.2 s
     assert asked == ["3"]
     never.set()
+
+
+def test_holding_a_block_stops_waiting_once_the_interchange_process_exits() -> None:
+    """The interchange killed while the runner waits for its answer (or before it asks): the
+    runner goes on at once, to notice the lost interchange, instead of waiting out the 5 s."""
+    from resilient_flows.workflow import _blocks
+
+    never = threading.Event()
+    asked: list[str] = []
+
+    class KilledInterchange:
+        def __init__(self) -> None:
+            self.interchange_proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+
+        def _hold_block(self, block: str) -> None:
+            asked.append(block)
+            never.wait()
+
+    executor = KilledInterchange()
+    threading.Timer(0.3, executor.interchange_proc.kill).start()
+    began = time.monotonic()
+    _blocks.hold_block(executor, "1")
+    assert asked == ["1"] and time.monotonic() - began < _blocks.HOLD_ANSWER_S / 2
+    executor.interchange_proc.wait()
+    _blocks.hold_block(executor, "2")  # already dead: not asked
+    assert asked == ["1"]
+    never.set()

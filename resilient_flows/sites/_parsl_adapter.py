@@ -205,19 +205,23 @@ def split_argv(argv: Sequence[str]) -> tuple[list[str], bool, list[str]]:
 
 
 def run_pool(
-    argv: Sequence[str], forkserver: multiprocessing.context.BaseContext, environ: Mapping[str, str] | None = None
+    argv: Sequence[str],
+    forkserver: multiprocessing.context.BaseContext,
+    environ: Mapping[str, str] | None = None,
+    ensure_server: Callable[[], None] | None = None,
 ) -> None:
     """Run Parsl's worker pool with ``argv`` (its own arguments), its workers made by
     ``forkserver`` (a ``forkserver`` context whose preload is set) and noticed when they exit.
     ``environ`` is set in each worker: the fork server, started before a standby's go file told
-    it, passes its own environment on."""
+    it, passes its own environment on. ``ensure_server`` is called before each worker starts (a
+    fork server that died is started again, preloading)."""
     from parsl.executors.high_throughput import process_worker_pool as pool
 
     main = _main_block(pool)
     for name in ("SpawnContext", "Manager", "worker"):
         if not hasattr(pool, name):
             raise RuntimeError(f"Parsl's process_worker_pool has no {name} (tested with Parsl {TESTED_PARSL})")
-    workers = _WorkerContext(pool.SpawnContext, forkserver, dict(environ or {}))
+    workers = _WorkerContext(pool.SpawnContext, forkserver, dict(environ or {}), ensure_server)
     pool.SpawnContext = workers
     pool.Manager = _waking_manager(pool.Manager, workers)
     sys.argv = [POOL_SCRIPT, *argv]
@@ -238,10 +242,17 @@ class _WorkerContext:
     values, the ``multiprocessing`` manager, which workers reach by pickle) from ``spawn`` as
     before. It remembers the workers it started, for :class:`_WakingEvent` to wait on."""
 
-    def __init__(self, spawn: Any, forkserver: multiprocessing.context.BaseContext, environ: dict[str, str]) -> None:
+    def __init__(
+        self,
+        spawn: Any,
+        forkserver: multiprocessing.context.BaseContext,
+        environ: dict[str, str],
+        ensure_server: Callable[[], None] | None = None,
+    ) -> None:
         self._spawn = spawn
         self._forkserver = forkserver
         self._environ = environ
+        self._ensure_server = ensure_server
         self._started: list[Any] = []
         self._lock = threading.Lock()
 
@@ -252,6 +263,9 @@ class _WorkerContext:
         """A worker process from the fork server (started by the pool), remembered."""
         if self._environ and "target" in kwargs:
             kwargs["target"] = functools.partial(_in_environ, self._environ, kwargs["target"])
+        if self._ensure_server is not None:
+            with self._lock:
+                self._ensure_server()
         process = self._forkserver.Process(*args, **kwargs)
         with self._lock:
             self._started.append(process)

@@ -22,15 +22,20 @@ import threading
 
 #: The variable naming the modules to import.
 PRELOAD_VARIABLE = "RESILIENT_FLOWS_WARM_PRELOAD"
+#: Imported first, their threads not counted: see :func:`preload`.
+_FORK_SAFE = ("numpy", "scipy.linalg")
 
 
 def preload(modules: list[str]) -> tuple[list[str], int]:
     """Import ``modules``: the ones that failed, each with why, and how many threads they started.
 
-    numpy is imported first and its threads are not counted: its OpenBLAS starts its pool at
-    import, and stops and restarts it around a fork (``pthread_atfork``), so it is fork-safe."""
-    with contextlib.suppress(ImportError):
-        importlib.import_module("numpy")
+    numpy and SciPy's linear algebra (where installed: scikit-learn, the built-ins' data loader,
+    imports it, and so may any workload module) are imported first and their threads are not
+    counted: each one's OpenBLAS starts its pool at import, and stops and restarts it around a
+    fork (``pthread_atfork``), so it is fork-safe."""
+    for fork_safe in _FORK_SAFE:
+        with contextlib.suppress(ImportError):
+            importlib.import_module(fork_safe)
     before = _threads()
     failed = []
     for name in modules:
@@ -60,14 +65,18 @@ def _threads() -> int:
 
 
 def _report(failed: list[str], started: int) -> None:
-    for line in failed:
-        print(f"resilient-flows warm pool: not preloaded, imported by each worker instead: {line}", file=sys.stderr)
+    """Say on stderr (the block's log) what was not preloaded, and any threads started. Never
+    raises: on a full disk the write fails, and an error here would end the fork server, whose
+    replacement would fork workers that import everything again."""
+    lines = [f"resilient-flows warm pool: not preloaded, imported by each worker instead: {line}" for line in failed]
     if started > 0:
-        print(
+        lines.append(
             f"resilient-flows warm pool: the preloaded modules started {started} thread(s) in the fork server; "
-            "workers forked from it may hang on a lock one of them held",
-            file=sys.stderr,
+            "workers forked from it may hang on a lock one of them held"
         )
+    with contextlib.suppress(OSError):
+        for line in lines:
+            print(line, file=sys.stderr, flush=True)
 
 
 _NAMED = os.environ.pop(PRELOAD_VARIABLE, "")  # read once, by the fork server: its workers do not see it

@@ -30,6 +30,7 @@ with instead of its own, and the environment to add (the resuming runner's token
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib
 import multiprocessing
 import multiprocessing.forkserver
@@ -49,16 +50,26 @@ def main(argv: list[str]) -> None:
     modules, standby, pool_argv = split_argv(argv)
     forkserver = multiprocessing.get_context("forkserver")
     forkserver.set_forkserver_preload(["resilient_flows.sites._preload"])
-    os.environ[PRELOAD_VARIABLE] = ",".join(modules)
-    try:  # started now, its imports under way while the pool connects; only it sees the variable
-        multiprocessing.forkserver.ensure_running()
-    finally:
-        del os.environ[PRELOAD_VARIABLE]
+    preloaded = functools.partial(start_fork_server, modules)
+    preloaded()  # started now, its imports under way while the pool connects
     environ: dict[str, str] = {}
     if standby:
         pool_argv, environ = wait_for_go(pool_argv)
         os.environ.update(environ)
-    run_pool(pool_argv, forkserver, environ)
+    run_pool(pool_argv, forkserver, environ, preloaded)
+
+
+def start_fork_server(modules: Sequence[str]) -> None:
+    """Start the fork server, preloading ``modules``, unless it runs. Called again before each
+    worker starts: a fork server that died (multiprocessing starts another at the next worker)
+    is replaced by one that preloads too, not by one whose workers import everything again. Only
+    the fork server sees the variable: the pool's other children (its multiprocessing manager,
+    spawned, imports this module) must not preload."""
+    os.environ[PRELOAD_VARIABLE] = ",".join(modules)
+    try:
+        multiprocessing.forkserver.ensure_running()
+    finally:
+        del os.environ[PRELOAD_VARIABLE]
 
 
 def wait_for_go(pool_argv: Sequence[str]) -> tuple[list[str], dict[str, str]]:

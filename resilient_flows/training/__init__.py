@@ -25,6 +25,7 @@ _SOURCES = {
         "CNNParams",
         "MLPParams",
         "STRUCTURAL",
+        "preloaded_modules",
     ),
     "resilient_flows.training._command": (
         "CommandKilled",
@@ -170,6 +171,9 @@ if TYPE_CHECKING:  # the names' definitions, for type checkers and editors (a te
     )
     from resilient_flows.training._builtins import (
         MLPParams as MLPParams,
+    )
+    from resilient_flows.training._builtins import (
+        preloaded_modules as preloaded_modules,
     )
     from resilient_flows.training._command import (
         DEFAULT_GRACE_S as DEFAULT_GRACE_S,

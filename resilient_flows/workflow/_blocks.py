@@ -223,23 +223,37 @@ def retire_block(executor: BlockProviderExecutor, block: str | None) -> bool:
 
 #: Seconds the interchange has to answer a hold before the block is cancelled without it.
 HOLD_ANSWER_S = 5.0
+#: Seconds between two looks at the interchange process while its answer to a hold is awaited.
+HOLD_LOOK_S = 0.1
 
 
 def hold_block(executor: BlockProviderExecutor, block: str) -> None:
     """Put the block's managers on hold: the interchange sends them no more tasks, while the ones
     they run go on (Parsl's own ``_hold_block``, where the executor has one).
 
-    Asked from a thread of its own and waited for at most :data:`HOLD_ANSWER_S`: Parsl's command
-    channel waits forever for an interchange that died (a fault may take the block's pool and the
-    interchange at once), and the runner must go on to notice that and start Parsl again."""
+    Asked from a thread of its own and waited for at most :data:`HOLD_ANSWER_S`, and not at all
+    once the interchange process exited: Parsl's command channel waits forever for an interchange
+    that died (a fault may take the block's pool and the interchange at once), and the runner must
+    go on to notice that and start Parsl again."""
     hold = getattr(executor, "_hold_block", None)
-    if hold is None:
+    if hold is None or _interchange_exited(executor):
         return
     asking = threading.Thread(target=hold, args=(str(block),), name=f"hold-block-{block}", daemon=True)
     asking.start()
-    asking.join(HOLD_ANSWER_S)
+    deadline = time.monotonic() + HOLD_ANSWER_S
+    while asking.is_alive() and time.monotonic() < deadline:
+        asking.join(HOLD_LOOK_S)
+        if asking.is_alive() and _interchange_exited(executor):
+            logger.warning("the interchange exited before it answered the hold of block %s", block)
+            return
     if asking.is_alive():
         logger.warning("the interchange did not answer the hold of block %s within %.0f s", block, HOLD_ANSWER_S)
+
+
+def _interchange_exited(executor: BlockProviderExecutor) -> bool:
+    """Whether the executor's interchange (a process of this runner's, for an HTEX) has exited."""
+    proc = getattr(executor, "interchange_proc", None)
+    return proc is not None and proc.poll() is not None
 
 
 def _local_group(provider: Any, job_id: str) -> int | None:

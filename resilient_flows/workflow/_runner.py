@@ -57,6 +57,7 @@ from resilient_flows.training import (
     has_result,
     latest_committed_step,
     member_dir,
+    preloaded_modules,
     stage_finished,
 )
 from resilient_flows.workflow._adopt import Adoption, adoptable
@@ -325,7 +326,7 @@ def _site_config(
     that carry the runner's ``token``, where given (what is left of them is found by it: see
     :mod:`resilient_flows.workflow._stragglers`) and, where ``monitor_as`` names the workflow,
     Parsl's monitoring into the run's database (see :mod:`resilient_flows.workflow._monitoring`).
-    Warm worker pools preload the ``workloads`` (``module:function``) as well. Where a member is
+    Warm worker pools preload the modules the ``workloads`` import as well. Where a member is
     ``shrinkable`` (``min_nodes`` below its ``nodes``), blocks outlive a lost node, spares or not.
     The blocks the retry handler retires are put in ``retired``, where given, for the runner to fail
     their other tasks."""
@@ -343,7 +344,7 @@ def _site_config(
     )
     if token is not None:
         carry_token(config, token)
-    modules = [w.partition(":")[0] for w in workloads if ":" in w]
+    modules = [m for w in workloads for m in preloaded_modules(w)]
     for executor in config.executors:
         add_preload(executor, modules)
     if _prioritized(config):

@@ -15,7 +15,6 @@ from resilient_flows.lazy import lazy_exports
 _SOURCES = {
     "resilient_flows.workflow.dashboard._model": ("RunModel",),
     "resilient_flows.workflow.dashboard._server": (
-        "DEFAULT_PORT",
         "dashboard_app",
         "serve_dashboard",
     ),
@@ -27,9 +26,6 @@ if TYPE_CHECKING:  # the names' definitions, for type checkers and editors (a te
         RunModel as RunModel,
     )
     from resilient_flows.workflow.dashboard._server import (
-        DEFAULT_PORT as DEFAULT_PORT,
-    )
-    from resilient_flows.workflow.dashboard._server import (
         dashboard_app as dashboard_app,
     )
     from resilient_flows.workflow.dashboard._server import (
@@ -39,4 +35,8 @@ if TYPE_CHECKING:  # the names' definitions, for type checkers and editors (a te
         write_dashboard_report as write_dashboard_report,
     )
 
-__getattr__, __dir__, __all__ = lazy_exports(__name__, _SOURCES)
+#: The default port: one ``ssh -L`` line in the docs works without editing. Defined here, not in
+#: the server, so that the command line's parser reads it without importing the web server.
+DEFAULT_PORT = 8050
+
+__getattr__, __dir__, __all__ = lazy_exports(__name__, _SOURCES, defined=["DEFAULT_PORT"])

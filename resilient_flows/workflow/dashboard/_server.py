@@ -42,6 +42,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from resilient_flows.errors import ResilientFlowsError
 from resilient_flows.strictjson import strict
+from resilient_flows.workflow.dashboard import DEFAULT_PORT
 from resilient_flows.workflow.dashboard._model import RunModel
 from resilient_flows.workflow.dashboard._page import asset_path, page_html
 
@@ -50,8 +51,6 @@ LOOK_S = 1.0
 #: The start of the name of the cookie that carries the token after the first request; each
 #: server adds its own name.
 COOKIE_PREFIX = "rf_dashboard_"
-#: The default port: one ``ssh -L`` line in the docs works without editing.
-DEFAULT_PORT = 8050
 #: What the page may load and run: its own scripts and data only; Plotly styles its elements inline.
 CONTENT_POLICY = (
     "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:; "
