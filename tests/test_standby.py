@@ -225,11 +225,13 @@ def test_members_with_a_checkpoint_go_first_to_a_new_parsl_instance(tmp_path: Pa
 
 @pytest.mark.slow
 @pytest.mark.timeout(400)
-def test_a_resume_takes_over_the_standby_pool_a_killed_runner_left_waiting(tmp_path: Path) -> None:
-    """The runner SIGKILLed with its members' workers (nothing left to adopt): the resume runs them
-    on the killed runner's waiting pool, preloaded, instead of a cold block; its workers carry the
-    new runner's token (a task with the old one would refuse to start), every member reaches the
-    fault-free weights, and nothing of either runner is left."""
+@pytest.mark.parametrize("killed", ["every worker", "one worker"])
+def test_a_resume_takes_over_the_standby_pool_a_killed_runner_left_waiting(tmp_path: Path, killed: str) -> None:
+    """The runner SIGKILLed with its members' workers (nothing left to adopt), or with one of them
+    (the other member's attempt is adopted and trains on): the resume runs the members it must
+    start on the killed runner's waiting pool, preloaded, instead of a cold block; its workers carry
+    the new runner's token (a task with the old one would refuse to start), every member reaches
+    the fault-free weights, and nothing of either runner is left."""
     from test_watchdog import (
         CLI,
         TWO_LONGER,
@@ -245,7 +247,9 @@ def test_a_resume_takes_over_the_standby_pool_a_killed_runner_left_waiting(tmp_p
     from resilient_flows.workflow._blocks import process_start_time
 
     run_dir = tmp_path / "run"
-    (tmp_path / "wf.yaml").write_text(TWO_LONGER)
+    # the member whose worker survives must still train when the resume starts, to be adopted
+    workflow = TWO_LONGER if killed == "every worker" else TWO_LONGER.replace("steps: 1500", "steps: 4000")
+    (tmp_path / "wf.yaml").write_text(workflow)
     site = Path(__file__).resolve().parents[1] / "site-configs" / "local.yaml"
     runner = subprocess.Popen(
         [CLI, "run", tmp_path / "wf.yaml", "--site", site, "--run-dir", run_dir],
@@ -265,7 +269,8 @@ def test_a_resume_takes_over_the_standby_pool_a_killed_runner_left_waiting(tmp_p
         runner.wait(timeout=10)
         everything = processes()
         servers = {pid for pid, (parent, cmd) in everything.items() if parent == pool and "forkserver" in cmd}
-        for pid in [pid for pid, (parent, _) in everything.items() if parent in servers]:
+        workers = sorted(pid for pid, (parent, _) in everything.items() if parent in servers)
+        for pid in workers if killed == "every worker" else workers[:1]:
             os.kill(pid, signal.SIGKILL)
         resumed = subprocess.run(
             [CLI, "resume", run_dir], capture_output=True, text=True, timeout=300, env={**os.environ, "COLUMNS": "200"}
@@ -275,6 +280,7 @@ def test_a_resume_takes_over_the_standby_pool_a_killed_runner_left_waiting(tmp_p
             runner.kill()
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     assert f"a standby pool an earlier runner left (its block {waiting['block']}) takes over" in resumed.stdout
+    assert resumed.stdout.count("of an earlier runner trains on") == (0 if killed == "every worker" else 1)
     mine = [r for r in read_records(run_layout(run_dir)) if "block" in r and r["runner"] != waiting["runner"]]
     assert (mine[0]["pid"], mine[0]["started"]) == (waiting["pid"], waiting["started"])  # no cold first block
     assert mine[0]["token"] == waiting["token"] and Path(waiting["go"]).exists()  # it carries the old one

@@ -724,7 +724,7 @@ class _RunLoop:
             self._adopt(console)
             if self.adoption is not None and not self.pending:
                 _no_initial_blocks(self.config)
-            if self.adoption is None:
+            else:  # members to start now: on a pool left waiting, where there is one, not a cold block
                 self._take_waiting_pools(console)
         if self.adoption is None:
             self._cancel_previous(console)
