@@ -105,8 +105,9 @@ ABANDON_S = 5.0
 #: The same where the interchange exited: nothing can answer, so any wait past its own work is lost.
 ABANDON_EXITED_S = 1.0
 
-#: Seconds between two tries to start Parsl on a full file system.
-STORAGE_WAIT_S = 2.0
+#: Seconds between two tries to start Parsl on a full file system: as often as the event log looks
+#: for room, so that a Parsl instance lost while the disk is full starts again soon after space returns.
+STORAGE_WAIT_S = 0.5
 
 #: Seconds the guard has to exit when the runner ends.
 GUARD_EXIT_S = 5.0
