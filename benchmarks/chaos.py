@@ -1672,9 +1672,15 @@ class Loss:
 
 
 def by_member(data: RunData) -> dict[str, list[dict[str, Any]]]:
+    """Each member's events, with the losses of a whole Parsl instance, which end every member's
+    attempt in it (see :func:`recovery_split.ends_every_attempt`)."""
     grouped: dict[str, list[dict[str, Any]]] = {name: [] for name in data.names}
     for event in data.events:
-        grouped.setdefault(event.get("member"), []).append(event)
+        if recovery_split.ends_every_attempt(event):
+            for events in grouped.values():
+                events.append(event)
+        else:
+            grouped.setdefault(event.get("member"), []).append(event)
     return grouped
 
 

@@ -6,7 +6,9 @@ bounded by a timestamp the run already writes (``events.jsonl`` and the member's
 ``metrics.jsonl``) or the injector's own clock (the fault's wall-clock time):
 
 - **detection**: the fault -> the runner notices: the attempt's ``failed`` (the retry handler)
-  or ``lost`` (the watchdog) event, or a new runner's ``submitted`` after the runner died;
+  or ``lost`` (the watchdog) event, the ``lost`` event of the whole Parsl instance (its
+  interchange lost: every attempt it ran ended then, and the runner starts another), or a new
+  runner's ``submitted`` after the runner died;
 - **restart**: -> the next attempt runs: its ``started`` event;
 - **restore**: -> training again: the next attempt's ``resumed`` event (its checkpoint restored),
   or for an attempt with nothing to restore, its first step's line less one step time;
@@ -42,10 +44,27 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["NOTICES", "Split", "goodput", "percentile", "queued_s", "split_of", "step_time_s", "summary"]
+__all__ = [
+    "NOTICES",
+    "Split",
+    "ends_every_attempt",
+    "goodput",
+    "percentile",
+    "queued_s",
+    "split_of",
+    "step_time_s",
+    "summary",
+]
 
 #: The events by which the runner notices that an attempt ended.
 NOTICES = ("failed", "lost", "submitted")
+
+
+def ends_every_attempt(event: Mapping[str, Any]) -> bool:
+    """Whether ``event`` is the loss of a whole Parsl instance (its interchange exited or hung):
+    the runner's notice for every attempt that instance ran, which name no member."""
+    return event.get("kind") == "lost" and event.get("member") is None and event.get("block") is None
+
 
 #: ``(step, attempt, wall-clock time)`` of each line of a member's ``metrics.jsonl``.
 MetricLine = tuple[int, int, float]
@@ -110,7 +129,7 @@ def split_of(
     queue). ``waiting``: the split of a fault that found the member waiting to restart, its attempt
     ended by an earlier one: no detection, no redone steps.
     """
-    mine = [e for e in events if e.get("member") == member]
+    mine = [e for e in events if e.get("member") == member or ends_every_attempt(e)]
     started = {e["attempt"]: e["time"] for e in mine if e["kind"] == "started"}
     resumed = {e["attempt"]: e["time"] for e in mine if e["kind"] == "resumed"}
     charged = sum(

@@ -68,6 +68,20 @@ def test_a_watchdog_loss_is_the_notice_and_a_charged_retry_is_counted() -> None:
     assert split.retries_charged == 1
 
 
+def test_the_loss_of_the_parsl_instance_is_every_attempt_s_notice_and_a_block_s_loss_is_not() -> None:
+    """The interchange killed: the runner notices at once (a ``lost`` event naming no member and
+    no block) and starts Parsl again, which a full disk may hold up: that wait is restart, not
+    detection. A lost block of another member's is no notice of this one's end."""
+    lost = {"kind": "lost", "member": None, "attempt": None, "executor": "local", "silent_s": None}
+    events = [e for e in EVENTS if e["kind"] != "failed"] + [
+        {**lost, "time": T0 + 2.2, "block": "3", "reason": "the worker pool of block 3 is gone"},
+        {**lost, "time": T0 + 2.25, "block": None, "reason": "the interchange of executor local exited"},
+        event("submitted", 3.5, None),
+    ]
+    split = recovery_split.split_of(events, METRICS, "m", 1, T0 + 2.05, step_s=0.1)
+    assert (split.detected_by, split.detection_s, split.restart_s) == ("lost", pytest.approx(0.2), pytest.approx(1.75))
+
+
 def test_a_fault_with_no_later_attempt_has_no_recovery() -> None:
     events = [e for e in EVENTS if e["attempt"] == 1]
     split = recovery_split.split_of(events, METRICS[:10], "m", 1, T0 + 2.05, step_s=0.1)
