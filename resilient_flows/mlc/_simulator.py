@@ -195,7 +195,9 @@ def simulate_many(
 
 def _check_seed(seed: int | None) -> int:
     if seed is None:
-        return int(np.random.SeedSequence().entropy)
+        entropy = np.random.SeedSequence().entropy
+        assert isinstance(entropy, int)  # drawn when none is given: one int, never the sequence passed
+        return entropy
     return check_count("seed", seed, minimum=0)
 
 
@@ -465,7 +467,8 @@ class _Schedule:
         n2 = np.where(every > 0, np.minimum(n2, cap), 0)
         n3 = np.where(deep, np.minimum(n3, cap // stride3) * stride3, 0)
         shared = np.where(deep if self.three else every > 0, np.minimum(shared, cap // stride3), 0)
-        return tuple(np.maximum(x, 0).astype(np.int64) for x in (n2, n3, shared))
+        n2, n3, shared = (np.maximum(x, 0).astype(np.int64) for x in (n2, n3, shared))
+        return n2, n3, shared
 
     def finish(self, cfg: np.ndarray, left: np.ndarray, last: np.ndarray) -> np.ndarray:
         """Seconds from a run's start to the commit of its ``left``-th segment, the job's last (``last``
@@ -513,6 +516,35 @@ class _Rows:
     names = ("row", "cfg", "tid", "u", "nseg", "ulast", "last", "every", "l3", "t", "restarting", "rcost", "k")
     names += ("l2", "l3safe", "far", "local", "rfar", "i1", "i2", "i3", "nf1", "nf2", "nf3", "f1", "f2", "f3")
     names += ("flushes",)
+
+    row: np.ndarray
+    cfg: np.ndarray
+    tid: np.ndarray
+    u: np.ndarray
+    nseg: np.ndarray
+    ulast: np.ndarray
+    last: np.ndarray
+    every: np.ndarray
+    l3: np.ndarray
+    t: np.ndarray
+    restarting: np.ndarray
+    rcost: np.ndarray
+    k: np.ndarray
+    l2: np.ndarray
+    l3safe: np.ndarray
+    far: np.ndarray
+    local: np.ndarray
+    rfar: np.ndarray
+    i1: np.ndarray
+    i2: np.ndarray
+    i3: np.ndarray
+    nf1: np.ndarray
+    nf2: np.ndarray
+    nf3: np.ndarray
+    f1: np.ndarray
+    f2: np.ndarray
+    f3: np.ndarray
+    flushes: np.ndarray
 
     def __init__(self, **columns: np.ndarray) -> None:
         self.__dict__.update(columns)
