@@ -1,7 +1,9 @@
 """Hugging Face ``Trainer`` under DDP on two CPU ranks (gloo, started by ``torchrun`` as users start it),
 trained from the resumable loader: every process SIGKILLed mid-epoch after a committed checkpoint, as
 a node failure would, the resumed run starts at the committed data position, trains every sample
-of each epoch once across the ranks, and ends at an uninterrupted two-rank run's weights bit for bit."""
+of each epoch once across the ranks, and ends at an uninterrupted two-rank run's weights bit for bit.
+In one process, a Trainer that believes it is one of two ranks: its share of the global batch, the
+layouts it cannot serve, and the resume step the ranks agree on."""
 
 from __future__ import annotations
 
@@ -24,7 +26,10 @@ import hf_ddp_worker  # noqa: E402
 import hf_ids  # noqa: E402
 from conftest import python_env  # noqa: E402
 
-from resilient_flows.checkpoint import read_manifest, unflatten  # noqa: E402
+from resilient_flows.checkpoint import Checkpointer, read_manifest, unflatten  # noqa: E402
+from resilient_flows.errors import CheckpointError, ResilientFlowsError  # noqa: E402
+from resilient_flows.integrations.transformers import _agreed_trainer_state, resilient_trainer  # noqa: E402
+from resilient_flows.training import ResumableLoader  # noqa: E402
 
 RANKS = 2
 TORCHRUN = Path(sys.executable).with_name("torchrun")
@@ -122,3 +127,79 @@ def test_every_rank_killed_mid_epoch_resumes_at_the_committed_position_to_the_un
         for rank in range(RANKS)
     }
     assert len(digests) == 1
+
+
+# ---------------------------------------------------------------------- one process, as rank 1 of 2
+
+
+@pytest.fixture
+def rank_1_of_2(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(transformers.TrainingArguments, "world_size", property(lambda self: 2))
+    monkeypatch.setattr(transformers.TrainingArguments, "process_index", property(lambda self: 1))
+
+
+@pytest.mark.parametrize(("split_batches", "global_batch"), [(False, 4), (True, 2)])
+def test_each_rank_takes_its_share_of_the_global_batch(
+    tmp_path: Path, rank_1_of_2: None, split_batches: bool, global_batch: int
+) -> None:
+    trainer = hf_ids.make_trainer(tmp_path, steps=2, save_steps=1, batch=2)
+    trainer.args.accelerator_config.split_batches = split_batches
+    trainer.args.dataloader_num_workers = 0
+    resilient_trainer(trainer, resumable_data=True)
+    loader = trainer.get_train_dataloader()
+    assert isinstance(loader, ResumableLoader)
+    assert (loader.batch_size, loader.rank, loader.world_size) == (global_batch, 1, 2)
+    whole = ResumableLoader(
+        trainer.train_dataset, global_batch, shuffle=True, seed=hf_ids.SEED, collate_fn=hf_ids.masking_collator
+    )
+    batch = next(iter(whole))["index"].tolist()
+    assert next(iter(loader))["index"].tolist() == batch[global_batch // 2 :]
+
+
+def test_layouts_whose_ranks_cannot_share_each_batch_keep_trainers_loader_or_are_refused(
+    tmp_path: Path, rank_1_of_2: None
+) -> None:
+    odd = hf_ids.make_trainer(tmp_path, steps=2, save_steps=1, batch=2)
+    odd.train_dataset = hf_ids.NoisyTokenIds(17, hf_ids.SEED)  # the epoch ends on a global batch of 1
+    with pytest.raises(ResilientFlowsError, match=r"a global batch of 1 sample\(s\) cannot give each of 2 ranks"):
+        resilient_trainer(odd, resumable_data=True)
+    resilient_trainer(odd)  # the default keeps Trainer's loader
+    assert not isinstance(odd.get_train_dataloader(), ResumableLoader)
+    dropped = hf_ids.make_trainer(tmp_path, steps=2, save_steps=1, batch=2)
+    dropped.train_dataset, dropped.args.dataloader_drop_last = odd.train_dataset, True
+    resilient_trainer(dropped, resumable_data=True)
+    assert len(dropped.get_train_dataloader()) == 4  # the 17th sample is dropped, as Trainer would
+
+    tensor_parallel = hf_ids.make_trainer(tmp_path, steps=2, save_steps=1, batch=2)
+    tensor_parallel.model._tp_size = 2
+    with pytest.raises(ResilientFlowsError, match=r"tensor parallelism \(2 ranks\) feeds several ranks the same batch"):
+        resilient_trainer(tensor_parallel, resumable_data=True)
+
+
+class TwoRanks:
+    """Rank 0 of two, the other rank's contribution to each gather given."""
+
+    rank, size = 0, 2
+
+    def __init__(self, other: object) -> None:
+        self.other = other
+
+    def allgather(self, obj: object) -> list[object]:
+        return [obj, self.other]
+
+
+def test_the_ranks_resume_from_the_newest_step_any_of_them_can_read(tmp_path: Path) -> None:
+    with Checkpointer(tmp_path / "here") as here:
+        here.save(2, {"extra": {"trainer_state": {"global_step": 3}}})
+    other = (5, {"global_step": 6})
+    here.comm = TwoRanks(other)
+    assert _agreed_trainer_state(here) == other  # the other rank's node kept a newer one
+    here.comm = TwoRanks((1, {"global_step": 2}))
+    assert _agreed_trainer_state(here) == (2, {"global_step": 3})
+    with Checkpointer(tmp_path / "empty") as empty:
+        pass
+    empty.comm = TwoRanks(other)
+    assert _agreed_trainer_state(empty) == other  # this rank's node lost its tier
+    empty.comm = TwoRanks("no readable checkpoint there")
+    with pytest.raises(CheckpointError, match=r"no readable checkpoint in .*empty"):
+        _agreed_trainer_state(empty)
