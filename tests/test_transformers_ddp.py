@@ -1,7 +1,8 @@
 """Hugging Face ``Trainer`` under DDP on two CPU ranks (gloo, started by ``torchrun`` as users start it),
 trained from the resumable loader: every process SIGKILLed mid-epoch after a committed checkpoint, as
 a node failure would, the resumed run starts at the committed data position, trains every sample
-of each epoch once across the ranks, and ends at an uninterrupted two-rank run's weights bit for bit.
+of each epoch once across the ranks, and ends at an uninterrupted two-rank run's weights bit for bit;
+resumed on one process with the same global batch, it trains the same samples.
 In one process, a Trainer that believes it is one of two ranks: its share of the global batch, the
 layouts it cannot serve, and the resume step the ranks agree on."""
 
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -32,6 +34,7 @@ from resilient_flows.integrations.transformers import _agreed_trainer_state, res
 from resilient_flows.training import ResumableLoader  # noqa: E402
 
 RANKS = 2
+STEPS = hf_ddp_worker.STEPS
 TORCHRUN = Path(sys.executable).with_name("torchrun")
 HOLD_AT = 7  # global steps: checkpoints at 3 and 6 (save_steps=3); 7 is 3 batches into epoch 1
 COMMITTED = 5  # our step of global step 6: 2 global batches of 4 into epoch 1
@@ -96,6 +99,7 @@ def test_every_rank_killed_mid_epoch_resumes_at_the_committed_position_to_the_un
     ranks = held(first, run_dir, "first")
     assert [rank["committed"] for rank in ranks] == [COMMITTED] * RANKS
     kill_every_process(first, ranks)
+    shutil.copytree(run_dir / "out", tmp_path / "one" / "out")  # for a resume on one rank, below
     finished(full, full_dir, "full")
     second = torchrun(run_dir, "second")
     finished(second, run_dir, "second")
@@ -111,11 +115,11 @@ def test_every_rank_killed_mid_epoch_resumes_at_the_committed_position_to_the_un
     for rank in range(RANKS):
         uninterrupted = steps_of(full_dir, "full", rank)
         killed, resumed = steps_of(run_dir, "first", rank), steps_of(run_dir, "second", rank)
-        assert sorted(killed) == list(range(HOLD_AT)) and sorted(resumed) == list(range(COMMITTED + 1, 10))
+        assert sorted(killed) == list(range(HOLD_AT)) and sorted(resumed) == list(range(COMMITTED + 1, STEPS))
         kept = {step: ids for step, ids in killed.items() if step <= COMMITTED} | resumed
         assert kept == uninterrupted, f"rank {rank}"
         trained.append(kept)
-    for epoch_start in range(0, 10 - STEPS_PER_EPOCH + 1, STEPS_PER_EPOCH):
+    for epoch_start in range(0, STEPS - STEPS_PER_EPOCH + 1, STEPS_PER_EPOCH):
         epoch = [
             i for kept in trained for step in range(epoch_start, epoch_start + STEPS_PER_EPOCH) for i in kept[step]
         ]
@@ -127,6 +131,12 @@ def test_every_rank_killed_mid_epoch_resumes_at_the_committed_position_to_the_un
         for rank in range(RANKS)
     }
     assert len(digests) == 1
+
+    # The same checkpoint resumed on one process, with the same global batch: the same samples.
+    one = hf_ids.make_trainer(tmp_path / "one" / "out", STEPS, hf_ddp_worker.SAVE_STEPS, batch=2 * RANKS)
+    one.train(resume_from_checkpoint=resilient_trainer(one).last_checkpoint())
+    per_rank = [steps_of(full_dir, "full", rank) for rank in range(RANKS)]
+    assert one.ids == {step: [i for ids in per_rank for i in ids[step]] for step in range(COMMITTED + 1, STEPS)}
 
 
 # ---------------------------------------------------------------------- one process, as rank 1 of 2

@@ -103,8 +103,11 @@ def resilient_trainer(
         skipped ones, and random augmentation, in workers or in the collator, is the
         uninterrupted run's. Default: whenever Trainer's loader is the stock one
         (``train_sampling_strategy`` ``"random"`` or ``"sequential"``, a map-style dataset, no
-        ``auto_find_batch_size``, no subclass overriding the data methods); ``True`` refuses a
-        Trainer where it cannot; ``False`` keeps Trainer's own loader and its skipping.
+        ``auto_find_batch_size``, no subclass overriding the data methods; on several ranks, no
+        tensor, context or sequence parallelism and a last global batch with a sample for each
+        rank); ``True`` refuses a Trainer where it cannot; ``False`` keeps Trainer's own loader
+        and its skipping. Under DDP every rank takes its share of each global batch (with
+        ``split_batches``, ``per_device_train_batch_size`` is the global batch).
     """
     if any(isinstance(cb, ResilientTrainerCallback) for cb in trainer.callback_handler.callbacks):
         raise ResilientFlowsError("this Trainer checkpoints through resilient-flows already")
