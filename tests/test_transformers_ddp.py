@@ -213,3 +213,14 @@ def test_the_ranks_resume_from_the_newest_step_any_of_them_can_read(tmp_path: Pa
     empty.comm = TwoRanks("no readable checkpoint there")
     with pytest.raises(CheckpointError, match=r"no readable checkpoint in .*empty"):
         _agreed_trainer_state(empty)
+
+
+def test_a_rank_that_sees_no_checkpoint_resumes_when_another_rank_does(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    trainer = hf_ids.make_trainer(tmp_path, steps=2, save_steps=1)
+    resilient = resilient_trainer(trainer)
+    monkeypatch.setattr(resilient.checkpointer, "comm", TwoRanks(None))
+    assert resilient.last_checkpoint() is None  # no rank sees one: a first start everywhere
+    monkeypatch.setattr(resilient.checkpointer, "comm", TwoRanks(5))
+    assert resilient.last_checkpoint() is not None  # the other rank's node-local tier holds step 5
