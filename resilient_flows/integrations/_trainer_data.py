@@ -42,7 +42,42 @@ def own_loader_reason(trainer: Trainer) -> str | None:
     dataset = trainer.train_dataset
     if dataset is not None and (isinstance(dataset, IterableDataset) or not hasattr(dataset, "__len__")):
         return "an IterableDataset has no order to resume in"
+    return _ranks_reason(trainer)
+
+
+def _ranks_reason(trainer: Trainer) -> str | None:
+    """Why the ranks cannot each take a share of every global batch, or None (DDP, one process)."""
+    world = max(1, trainer.args.world_size)
+    if world == 1:
+        return None
+    model_parallel = {
+        "tensor": trainer.get_tp_size(),
+        "context": trainer.get_cp_size(),
+        "sequence": trainer.get_sp_size(),
+    }
+    shared = [f"{kind} parallelism ({size} ranks)" for kind, size in model_parallel.items() if size > 1]
+    if shared:
+        return f"{', '.join(shared)} feeds several ranks the same batch, which only Trainer's loader deals"
+    if trainer.train_dataset is None:
+        return None  # Trainer's own error at train()
+    length, batch = len(trainer.train_dataset), global_batch(trainer)
+    tail = 0 if trainer.args.dataloader_drop_last else length % batch
+    smallest = min(batch, tail or batch, length)
+    if smallest < world:
+        return (
+            f"a global batch of {smallest} sample(s) cannot give each of {world} ranks a share "
+            f"(an epoch of {length} samples in global batches of {batch}): set dataloader_drop_last=True "
+            "or a larger per_device_train_batch_size"
+        )
     return None
+
+
+def global_batch(trainer: Trainer) -> int:
+    """Samples of one micro-step over all ranks: ``per_device_train_batch_size`` times the ranks, or,
+    with Accelerate's ``split_batches``, ``per_device_train_batch_size`` itself, split among them."""
+    if getattr(trainer.args.accelerator_config, "split_batches", False):
+        return trainer._train_batch_size
+    return trainer._train_batch_size * max(1, trainer.args.world_size)
 
 
 def serves_data(trainer: Trainer, resumable_data: bool | None) -> bool:
@@ -62,8 +97,10 @@ def resumable_loader(trainer: Trainer) -> ResumableLoader:
     """The loader Trainer's ``get_train_dataloader`` would build, with the order and position ours.
 
     The same dataset (unused columns removed), collator, workers and ``drop_last``; the global
-    batch is ``per_device_train_batch_size`` times the ranks; the order is shuffled unless
-    ``train_sampling_strategy="sequential"``, from ``data_seed`` (else ``seed``).
+    batch is :func:`global_batch`, each rank (``process_index``) taking its share of it, as
+    Accelerate's sharding of Trainer's loader would (the loader is not given to Accelerate: it is
+    sharded already); the order is shuffled unless ``train_sampling_strategy="sequential"``, from
+    ``data_seed`` (else ``seed``), the same on every rank.
     """
     args = trainer.args
     dataset, collator = trainer.train_dataset, trainer.data_collator
@@ -75,7 +112,7 @@ def resumable_loader(trainer: Trainer) -> ResumableLoader:
     world = max(1, args.world_size)
     return ResumableLoader(
         dataset,
-        trainer._train_batch_size * world,
+        global_batch(trainer),
         shuffle=_SHUFFLE[getattr(args, "train_sampling_strategy", "random")],
         drop_last=args.dataloader_drop_last,
         seed=args.seed if args.data_seed is None else args.data_seed,

@@ -103,8 +103,11 @@ def resilient_trainer(
         skipped ones, and random augmentation, in workers or in the collator, is the
         uninterrupted run's. Default: whenever Trainer's loader is the stock one
         (``train_sampling_strategy`` ``"random"`` or ``"sequential"``, a map-style dataset, no
-        ``auto_find_batch_size``, no subclass overriding the data methods); ``True`` refuses a
-        Trainer where it cannot; ``False`` keeps Trainer's own loader and its skipping.
+        ``auto_find_batch_size``, no subclass overriding the data methods; on several ranks, no
+        tensor, context or sequence parallelism and a last global batch with a sample for each
+        rank); ``True`` refuses a Trainer where it cannot; ``False`` keeps Trainer's own loader
+        and its skipping. Under DDP every rank takes its share of each global batch (with
+        ``split_batches``, ``per_device_train_batch_size`` is the global batch).
     """
     if any(isinstance(cb, ResilientTrainerCallback) for cb in trainer.callback_handler.callbacks):
         raise ResilientFlowsError("this Trainer checkpoints through resilient-flows already")
@@ -171,8 +174,11 @@ class ResilientTrainerCallback(TrainerCallback):
         generators reset where the data continue, and the data at the next sample (the
         resumable loader's position), or past the batches already seen, which Trainer's own
         loader reads again (unless ``ignore_data_skip``).
+
+        Under DDP it is collective: every rank calls it, and every rank resumes when any rank
+        sees a committed checkpoint (a rank on a replaced node may have lost its node-local tier).
         """
-        if self.checkpointer.latest_step() is None:
+        if all(step is None for step in self.checkpointer.comm.allgather(self.checkpointer.latest_step())):
             return None
         if self._resume is None:
             self._resume = tempfile.TemporaryDirectory(prefix="rf-hf-resume-")
@@ -307,7 +313,7 @@ class ResilientTrainerCallback(TrainerCallback):
     def _pin(self, resume: Path) -> None:
         """Choose the checkpoint to resume from and put its ``TrainerState`` where Trainer reads it
         next, before the optimizer exists to restore the rest into."""
-        self._resume_step, trainer_state = _newest_trainer_state(self.checkpointer)
+        self._resume_step, trainer_state = _agreed_trainer_state(self.checkpointer)
         (resume / _TRAINER_STATE_FILE).write_text(json.dumps(trainer_state))
 
     def _restore(self) -> None:
@@ -340,6 +346,21 @@ class ResilientTrainerCallback(TrainerCallback):
         scaler = self.trainer.accelerator.scaler
         if scaler is not None:
             self._extra[SCALER] = scaler.state_dict()
+
+
+def _agreed_trainer_state(checkpointer: Checkpointer) -> tuple[int, dict[str, Any]]:
+    """The step every rank resumes from and its ``TrainerState``: the newest that any rank can read,
+    as the collective restore that follows chooses (a rank that lost its node-local tier has an
+    older newest step, or none). Collective with the checkpointer's ranks; every rank raises alike."""
+    try:
+        mine: tuple[int, dict[str, Any]] | str = _newest_trainer_state(checkpointer)
+    except CheckpointError as exc:
+        mine = str(exc)
+    found = checkpointer.comm.allgather(mine)
+    readable = [each for each in found if not isinstance(each, str)]
+    if not readable:
+        raise CheckpointError(found[checkpointer.comm.rank])
+    return max(readable, key=lambda each: each[0])
 
 
 def _newest_trainer_state(checkpointer: Checkpointer) -> tuple[int, dict[str, Any]]:
