@@ -10,10 +10,13 @@ import io
 import json
 import os
 import re
+import select
 import shlex
+import signal
 import struct
 import subprocess
 import termios
+import time
 from pathlib import Path
 
 import pytest
@@ -96,25 +99,30 @@ def test_the_summary_file_cuts_nothing(tmp_path: Path) -> None:
 ANSI = re.compile(rb"\x1b\[[0-9;?]*[A-Za-z]|\r")
 
 
-def in_a_pty(argv: list[str], columns: int) -> tuple[int, bytes]:
+def in_a_pty(argv: list[str], columns: int, timeout: float = 300.0) -> tuple[int, bytes]:
     """Run ``argv`` on a pty of ``columns`` columns (no COLUMNS variable: the width is the
-    terminal's; a TERM that draws live views); its exit status and everything it wrote."""
+    terminal's; a TERM that draws live views); its exit status and everything it wrote. One still
+    writing after ``timeout`` seconds is interrupted (as Ctrl-C would) and fails the test."""
     master, slave = os.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, columns, 0, 0))
     env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
     process = subprocess.Popen(argv, stdin=slave, stdout=slave, stderr=slave, env={**env, "TERM": "xterm-256color"})
     os.close(slave)
     output = bytearray()
-    while True:
+    deadline = time.monotonic() + timeout
+    while select.select([master], [], [], max(0.0, deadline - time.monotonic()))[0]:
         try:
             data = os.read(master, 4096)
         except OSError:  # EIO: the command ended and closed its side
-            break
+            data = b""
         if not data:
-            break
+            os.close(master)
+            return process.wait(timeout=60), bytes(output)
         output += data
+    process.send_signal(signal.SIGINT)
+    process.wait(timeout=60)
     os.close(master)
-    return process.wait(timeout=60), bytes(output)
+    raise AssertionError(f"{argv[1]} did not end within {timeout:g} s; its last output: {bytes(output[-3000:])!r}")
 
 
 def status_in_a_pty(run_dir: Path, columns: int) -> str:
