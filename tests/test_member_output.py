@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import os
 import subprocess
 import sys
@@ -264,6 +265,21 @@ def test_status_shows_the_end_of_a_failed_members_output_within_the_width(
     whole = Console(file=io.StringIO(), width=1000, color_system=None)
     whole.print(OutputTails(run, tails, cut=False))
     assert "e" * 300 in whole.file.getvalue()
+
+
+def test_status_json_names_each_attempts_files_and_the_latest(
+    run_with_logs: Path, capsys: pytest.CaptureFixture
+) -> None:
+    assert main(["status", str(run_with_logs), "--json"]) == 1
+    members = {m["name"]: m for m in json.loads(capsys.readouterr().out)["members"]}
+    assert (members["m-0"]["state"], members["m-0"]["attempts"]) == ("failed", 2)
+    assert members["m-0"]["logs"] == [
+        {"attempt": 1, "rank": 0, "file": "members/m-0/logs/attempt-1.log"},
+        {"attempt": 2, "rank": 0, "file": "members/m-0/logs/attempt-2.log"},
+        {"attempt": 2, "rank": 1, "file": "members/m-0/logs/attempt-2.rank-1.log"},
+    ]
+    assert members["m-0"]["log"] == "members/m-0/logs/attempt-2.log"
+    assert [(members[m]["logs"], members[m]["log"]) for m in ("m-1", "m-2")] == [([], None)] * 2  # none printed
 
 
 # ------------------------------------------------------------------------ members of a real run

@@ -10,12 +10,17 @@ import io
 import json
 import os
 import re
+import select
+import shlex
+import signal
 import struct
 import subprocess
 import termios
+import time
 from pathlib import Path
 
 import pytest
+from conftest import REPO
 from rich.console import Console
 from test_lease import CLI
 from test_views import append, make_run
@@ -94,26 +99,35 @@ def test_the_summary_file_cuts_nothing(tmp_path: Path) -> None:
 ANSI = re.compile(rb"\x1b\[[0-9;?]*[A-Za-z]|\r")
 
 
-def status_in_a_pty(run_dir: Path, columns: int) -> str:
-    """``resilient-flows status RUN`` on a pty of ``columns`` columns (no COLUMNS variable: the
-    width is the terminal's), what it wrote without its colours."""
+def in_a_pty(argv: list[str], columns: int, timeout: float = 300.0) -> tuple[int, bytes]:
+    """Run ``argv`` on a pty of ``columns`` columns (no COLUMNS variable: the width is the
+    terminal's; a TERM that draws live views); its exit status and everything it wrote. One still
+    writing after ``timeout`` seconds is interrupted (as Ctrl-C would) and fails the test."""
     master, slave = os.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, columns, 0, 0))
     env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
-    process = subprocess.Popen([CLI, "status", run_dir], stdin=slave, stdout=slave, stderr=slave, env=env)
+    process = subprocess.Popen(argv, stdin=slave, stdout=slave, stderr=slave, env={**env, "TERM": "xterm-256color"})
     os.close(slave)
     output = bytearray()
-    while True:
+    deadline = time.monotonic() + timeout
+    while select.select([master], [], [], max(0.0, deadline - time.monotonic()))[0]:
         try:
             data = os.read(master, 4096)
         except OSError:  # EIO: the command ended and closed its side
-            break
+            data = b""
         if not data:
-            break
+            os.close(master)
+            return process.wait(timeout=60), bytes(output)
         output += data
-    os.close(master)
+    process.send_signal(signal.SIGINT)
     process.wait(timeout=60)
-    return ANSI.sub(b"", bytes(output)).decode()
+    os.close(master)
+    raise AssertionError(f"{argv[1]} did not end within {timeout:g} s; its last output: {bytes(output[-3000:])!r}")
+
+
+def status_in_a_pty(run_dir: Path, columns: int) -> str:
+    """``resilient-flows status RUN`` on a pty, what it wrote without its colours."""
+    return ANSI.sub(b"", in_a_pty([CLI, "status", str(run_dir)], columns)[1]).decode()
 
 
 @pytest.mark.parametrize("columns", WIDTHS)
@@ -127,3 +141,65 @@ def test_status_in_a_terminal_shows_every_name_and_the_error(tmp_path: Path, col
     assert all(re.search(rf"│ {re.escape(name)} +│", text) for name, _ in members), text
     shown = json.dumps(text)
     assert "RuntimeError: the loss became NaN at step 12" in text, shown
+
+
+# ------------------------------------------------------------------------ `run` in a terminal
+
+#: Command members with long names, one failing with a long message: the live table, the
+#: final one, the error's line and the end of the member's output must all fit.
+RUN_MEMBERS = {f"command-member-with-a-long-name-lr0.05-seed{k}": "finished" for k in range(2)}
+RUN_FAILED = "command-member-that-fails-with-a-long-name-seed2"
+RUN_CAUSE = "RuntimeError: the loss became NaN at step 12 after the learning rate warm-up ended " + "y" * 60
+RUN_WORKFLOW = "\n".join(
+    [
+        "name: narrow",
+        "retries: 0",
+        "members:",
+        *(f"  - {{name: {name}, steps: 1, command: [sh, -c, 'echo training; sleep 1']}}" for name in RUN_MEMBERS),
+        f"  - {{name: {RUN_FAILED}, steps: 1, command: [sh, -c, 'echo \"{RUN_CAUSE}\" >&2; exit 3']}}\n",
+    ]
+)
+SGR = re.compile(rb"\x1b\[[0-9;]*m")
+MOVES = re.compile(rb"\x1b\[[0-9;?]*[A-Za-z]|\r")
+
+
+def screen_lines(output: bytes) -> list[str]:
+    """Every line the command drew, colours removed: a cursor movement (the live view redrawing
+    itself) ends a line as a newline does."""
+    return MOVES.sub(b"\n", SGR.sub(b"", output)).decode().split("\n")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("columns", [80, 200])
+def test_run_in_a_terminal_draws_nothing_wider_than_it(tmp_path: Path, columns: int) -> None:
+    """``resilient-flows run`` on the local site in a real pty: its live table while the members
+    run, the final table, the failed member's error and output's end fit the width, every name
+    whole; only the commands to copy are whole lines, wider if they must be (the terminal wraps them)."""
+    site = tmp_path / "site.yaml"  # the local site; no pools preloaded with torch for command members
+    site.write_text(
+        (REPO / "site-configs/local.yaml")
+        .read_text()
+        .replace("warm_workers: true", "warm_workers: false")
+        .replace("standby_pool: true", "standby_pool: false")
+    )
+    workflow = tmp_path / "wf.yaml"
+    workflow.write_text(RUN_WORKFLOW)
+    run_dir = tmp_path / "run"
+    argv = [CLI, "run", str(workflow), "--site", str(site), "--run-dir", str(run_dir)]
+    returncode, output = in_a_pty(argv, columns)
+    lines = screen_lines(output)
+    shown = json.dumps(lines)
+    assert returncode == 1, shown  # a member failed
+    commands = [
+        f"  {what}: {shlex.join(['resilient-flows', 'logs', str(run_dir), RUN_FAILED])}"
+        for what in ("all of it", "its output")
+    ]
+    assert all(command in lines for command in commands), shown
+    assert max(len(line) for line in lines if line not in commands) <= columns, shown
+    assert any(re.fullmatch(r" *narrow \(\d+ s\) *", line) for line in lines), shown  # the live table was drawn
+    final = lines[max(k for k, line in enumerate(lines) if line.startswith("┏")) :]  # the last table drawn
+    states = {**RUN_MEMBERS, RUN_FAILED: "failed"}
+    rows = [re.match(r"│ (\S+) +│ (\S+) +│", line) for line in final]
+    assert {row[1]: row[2] for row in rows if row is not None} == states, shown
+    assert "CommandFailed: command of mem" in "\n".join(final), shown  # the error: a column, or a line of its own
+    assert any(line.startswith("  RuntimeError: the loss became NaN at step 12") for line in final), shown

@@ -228,7 +228,7 @@ def _status(args: argparse.Namespace) -> int:
     else:
         title = f"{plan.workflow.name} on {plan.site}: {args.run_dir}"
         console().print(status_table(statuses, title, all_members=args.all))
-        console().print(OutputTails(run_dir, failed_tails(run_dir, statuses.values())))
+        console().print(OutputTails(run_dir, failed_tails(run_dir, statuses.values())), crop=False)
     for note in member_notes(statuses.values()):
         warn(note)
     warn_damage(run_dir, damage)

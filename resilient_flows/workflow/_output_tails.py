@@ -65,8 +65,10 @@ def failed_tails(
 
 class OutputTails:
     """The tails under the table: per member a line naming its attempt's log, its last lines
-    (indented; cut at the console's width with ``cut``), and the command that prints all of it
-    (never cut: it is there to be copied)."""
+    (indented; cut at the console's width with ``cut``), and the command that prints all of it.
+    That command is there to be copied: it is one line, never cut nor broken, wider than the
+    console if it must be (the terminal wraps it softly and copies it whole), so print the tails
+    with ``crop=False``."""
 
     def __init__(self, run_dir: str | os.PathLike, tails: list[OutputTail], cut: bool = True) -> None:
         self.run_dir, self.tails, self.cut = run_dir, tails, cut
@@ -77,7 +79,7 @@ class OutputTails:
             yield Text(f"{tail.member} failed; the end of attempt {tail.attempt}'s output ({where}):")
             for line in tail.lines:
                 yield Text(f"  {line}", no_wrap=self.cut, overflow="ellipsis" if self.cut else "fold")
-            yield Text(f"  all of it: {logs_command(self.run_dir, tail.member)}")
+            yield Text(f"  all of it: {logs_command(self.run_dir, tail.member)}", no_wrap=True, overflow="ignore")
         more = [t.member for t in self.tails[TAILS_SHOWN:]]
         if more:
             yield Text(f"{len(more)} more failed ({', '.join(more)}): {logs_command(self.run_dir, 'MEMBER')}")

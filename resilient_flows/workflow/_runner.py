@@ -910,8 +910,9 @@ class _RunLoop:
             write_dashboard_report(run_dir, page)
         except (OSError, ResilientFlowsError) as exc:  # the tables and the plot are written: say so, go on
             console.print(f"[bold yellow]could not write the report page {escape(str(page))}:[/] {escape(str(exc))}")
-        tails = OutputTails(run_dir, failed_tails(run_dir, statuses.values()))
-        for shown in (table, tails, *extra):
+        console.print(table)
+        console.print(OutputTails(run_dir, failed_tails(run_dir, statuses.values())), crop=False)
+        for shown in extra:
             console.print(shown)
         for report in reports:
             for name, values in report.items():

@@ -3,7 +3,7 @@
 A script reads this instead of scraping a table whose columns change with the terminal's width
 and the number of members. The document is an object with a ``version``: within a version
 fields are only ever added; a change to what a field means, or its removal, takes a new version.
-README.md ("Output for scripts") lists every field.
+docs/guides/inspect-export.md ("Output for scripts") lists every field.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from resilient_flows.rundir import DamageLog
+from resilient_flows.rundir import DamageLog, attempt_logs, member_layout
 from resilient_flows.workflow._status import MemberStatus
 
 #: The version of the ``status --json`` document.
@@ -40,6 +40,22 @@ def member_document(status: MemberStatus) -> dict[str, Any]:
     }
 
 
+def log_documents(run_dir: str | os.PathLike, name: str) -> dict[str, Any]:
+    """Where the member's output is, so that a script reads it without knowing the layout:
+    ``logs``, every attempt's files in order (``attempt``, ``rank``, ``file``: rank 0's carries
+    the launcher's messages of a member on several ranks), and ``log``, the latest attempt's
+    lowest rank's file (what ``resilient-flows logs RUN MEMBER --follow`` shows; None before any
+    attempt started). Files are named relative to the run directory, as ``damage`` names them."""
+    found = attempt_logs(member_layout(run_dir, name))
+    files = [
+        {"attempt": attempt, "rank": rank, "file": str(path.relative_to(run_dir))}
+        for attempt, ranks in found.items()
+        for rank, path in ranks.items()
+    ]
+    latest = [f["file"] for f in files if f["attempt"] == max(found)] if found else [None]
+    return {"logs": files, "log": latest[0]}
+
+
 def status_document(
     run_dir: str | os.PathLike,
     workflow: str,
@@ -61,7 +77,7 @@ def status_document(
         "workflow": workflow,
         "site": site,
         "done": done,
-        "members": [member_document(s) for s in statuses.values()],
+        "members": [{**member_document(s), **log_documents(run_dir, s.name)} for s in statuses.values()],
         "stages": stages,
         "damage": damage.documents(run_dir),
         "runner": runner,
