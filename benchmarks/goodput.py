@@ -32,6 +32,15 @@ x the fault-free step time); what the four leave is ``other`` (the step the faul
 checkpoint waits). **Goodput at one fault a minute** is 1 - cost / 60 s. Figures are medians
 (and p95) over rounds; each round runs the fault-free member and every kind side by side.
 
+``--workload gpt`` measures the flagship GPT member instead (``resilient_flows.examples.gpt:train``,
+its shuffled ``DataLoader`` of two workers, AdamW; see :data:`GPT_MODES` for its sizes), its
+checkpoints on the memory tier (node memory under ``/dev/shm``, the run's own, which a killed
+process leaves behind) and the shared one (``--tiers T,T`` names others: ``--tiers shared`` for
+a restore from the shared tier); its redone steps cost its own fault-free step time. Every run
+also reports what checkpoints cost the training loop: the median and p95 of each checkpoint's
+stall (``stall_ms`` of its ``checkpointed`` events), beside the fault-free run's, and the bytes
+its restores read from each tier.
+
 Checks: every faulted member's digest equals the fault-free one's (bit for bit), and no retry
 was charged (the ``cost`` of the ``failed`` events is 0); after a node loss, the restore read no
 byte from the shared tier (the lost shards come from the buddy's peer copy) and, with a spare
@@ -40,9 +49,10 @@ costs <= 1.5 s per fault on a quiet machine; with ``--cluster`` and a spare node
 trains again <= 10 s after the kill. ``--spare-nodes N`` writes ``facts.spare_nodes: N`` into the
 run's copy of the site (said so when this commit's sites do not know the option).
 
-``python benchmarks/goodput.py [--quick | --full] [--cluster] [--spare-nodes N] [--kinds K,K]
-[--rounds N] [--period S] [--json PATH] [--dir DIR]``; ``--quick`` (member-kill only, one round)
-takes about two minutes on a 2-core machine (each run's runner start is half of it), the
+``python benchmarks/goodput.py [--quick | --full] [--workload paced|gpt] [--tiers T,T] [--cluster]
+[--spare-nodes N] [--kinds K,K] [--rounds N] [--period S] [--json PATH] [--dir DIR]``; ``--quick``
+(member-kill only, one round) takes about two minutes on a 2-core machine (each run's runner
+start is half of it; as long with ``--workload gpt``), the
 default (every local kind, two rounds) 15 to 40, as loaded as the machine is; ``--cluster``
 (member kill and one node loss per run; ``--quick``: node loss only, one round) about three
 minutes a round and half a minute to start the cluster.
