@@ -493,7 +493,7 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="goodput-", dir=args.dir))
     # node memory for the memory tier, this run's own: no run of another restores from it
     memory = Path(tempfile.mkdtemp(prefix="goodput-", dir=MEMORY_ROOT)) if "memory" in mode.tiers else None
-    load_before = os.getloadavg()
+    load_before, revision = os.getloadavg(), commit()  # the code measured, not a commit made meanwhile
     try:
         with cluster_of(out, args.cluster) as site:
             site_file, remark = site_copy(site, args.spare_nodes, work, memory)
@@ -511,7 +511,7 @@ def main(argv: list[str] | None = None) -> int:
             "member": {"workload": mode.workload, "params": mode.params, "interval": mode.interval},
             "tiers": list(mode.tiers),
             "site": site,
-            "commit": commit(),
+            "commit": revision,
             "period_s": args.period,
             "load_before": load_before,
             "load_after": os.getloadavg(),
