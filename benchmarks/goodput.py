@@ -52,7 +52,7 @@ run's copy of the site (said so when this commit's sites do not know the option)
 ``python benchmarks/goodput.py [--quick | --full] [--workload paced|gpt] [--tiers T,T] [--cluster]
 [--spare-nodes N] [--kinds K,K] [--rounds N] [--period S] [--json PATH] [--dir DIR]``; ``--quick``
 (member-kill only, one round) takes about two minutes on a 2-core machine (each run's runner
-start is half of it; as long with ``--workload gpt``), the
+start is half of it; with ``--workload gpt`` three and a half at a load average of 5 to 9), the
 default (every local kind, two rounds) 15 to 40, as loaded as the machine is; ``--cluster``
 (member kill and one node loss per run; ``--quick``: node loss only, one round) about three
 minutes a round and half a minute to start the cluster.
