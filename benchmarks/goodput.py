@@ -32,6 +32,15 @@ x the fault-free step time); what the four leave is ``other`` (the step the faul
 checkpoint waits). **Goodput at one fault a minute** is 1 - cost / 60 s. Figures are medians
 (and p95) over rounds; each round runs the fault-free member and every kind side by side.
 
+``--workload gpt`` measures the flagship GPT member instead (``resilient_flows.examples.gpt:train``,
+its shuffled ``DataLoader`` of two workers, AdamW; see :data:`GPT_MODES` for its sizes), its
+checkpoints on the memory tier (node memory under ``/dev/shm``, the run's own, which a killed
+process leaves behind) and the shared one (``--tiers T,T`` names others: ``--tiers shared`` for
+a restore from the shared tier); its redone steps cost its own fault-free step time. Every run
+also reports what checkpoints cost the training loop: the median and p95 of each checkpoint's
+stall (``stall_ms`` of its ``checkpointed`` events), beside the fault-free run's, and the bytes
+its restores read from each tier.
+
 Checks: every faulted member's digest equals the fault-free one's (bit for bit), and no retry
 was charged (the ``cost`` of the ``failed`` events is 0); after a node loss, the restore read no
 byte from the shared tier (the lost shards come from the buddy's peer copy) and, with a spare
@@ -40,9 +49,10 @@ costs <= 1.5 s per fault on a quiet machine; with ``--cluster`` and a spare node
 trains again <= 10 s after the kill. ``--spare-nodes N`` writes ``facts.spare_nodes: N`` into the
 run's copy of the site (said so when this commit's sites do not know the option).
 
-``python benchmarks/goodput.py [--quick | --full] [--cluster] [--spare-nodes N] [--kinds K,K]
-[--rounds N] [--period S] [--json PATH] [--dir DIR]``; ``--quick`` (member-kill only, one round)
-takes about two minutes on a 2-core machine (each run's runner start is half of it), the
+``python benchmarks/goodput.py [--quick | --full] [--workload paced|gpt] [--tiers T,T] [--cluster]
+[--spare-nodes N] [--kinds K,K] [--rounds N] [--period S] [--json PATH] [--dir DIR]``; ``--quick``
+(member-kill only, one round) takes about two minutes on a 2-core machine (each run's runner
+start is half of it; with ``--workload gpt`` three and a half at a load average of 5 to 9), the
 default (every local kind, two rounds) 15 to 40, as loaded as the machine is; ``--cluster``
 (member kill and one node loss per run; ``--quick``: node loss only, one round) about three
 minutes a round and half a minute to start the cluster.
@@ -50,8 +60,11 @@ minutes a round and half a minute to start the cluster.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
+import dataclasses
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -59,9 +72,11 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import yaml
 
 BENCH_DIR = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH_DIR))
@@ -84,11 +99,21 @@ LOOK_S = 0.1
 
 @dataclass(frozen=True)
 class Mode:
+    """A size of a workload: the member measured, how long it trains, and the faults struck."""
+
     kinds: tuple[str, ...]
     rounds: int
     steps: int
-    step_s: float = 0.1
+    step_s: float = 0.1  # the paced member's sleep per step; otherwise an estimate, for the injector only
     interval: int = 2  # checkpoint every so many steps
+    workload: str = "goodput_member:paced"
+    params: dict[str, Any] = field(default_factory=dict)  # the member's params, besides paced's own two
+    tiers: tuple[str, ...] = ()  # the checkpoint's tiers (none: the site's default)
+
+    @property
+    def paced(self) -> bool:
+        """Whether the member's pace is known (:data:`step_s` of sleep per step), not measured."""
+        return self.workload == "goodput_member:paced"
 
 
 MODES = {
@@ -96,6 +121,23 @@ MODES = {
     "default": Mode(kinds=LOCAL_KINDS, rounds=2, steps=350),
     "full": Mode(kinds=LOCAL_KINDS, rounds=5, steps=950),
 }
+#: The flagship GPT (``resilient_flows.examples.gpt:train``: its shuffled two-worker ``DataLoader``,
+#: AdamW, a state of 12 bytes a parameter) with a memory tier, which a killed process leaves
+#: behind: ``--quick`` the tiny size at half its batch; the default the example's own size, batch
+#: and steps; ``--full`` the small size (37 MiB of checkpoint tensors). The step times are a quiet
+#: core's (tiny at batch 8 takes 0.1 s), which only the injector's margins and the least number
+#: of steps that leaves room for a fault read: a loaded machine's slower steps leave more room.
+GPT = "resilient_flows.examples.gpt:train"
+GPT_TIERS = ("memory", "shared")
+GPT_MODES = {
+    "quick": Mode(("member-kill",), 1, 250, 0.1, 10, GPT, {"size": "tiny", "batch_size": 8}, GPT_TIERS),
+    "default": Mode(("member-kill",), 2, 300, 0.15, 25, GPT, {"size": "tiny", "batch_size": 16}, GPT_TIERS),
+    "full": Mode(("member-kill",), 3, 150, 1.0, 10, GPT, {"size": "small", "batch_size": 16}, GPT_TIERS),
+}
+WORKLOADS = {"paced": MODES, "gpt": GPT_MODES}
+#: The tiers ``--tiers`` may name on one node, and where the memory tier's node memory is.
+TIERS = ("memory", "local", "shared")
+MEMORY_ROOT = "/dev/shm"
 #: On the emulated cluster a lost node without a spare costs a new block (about a minute): one
 #: loss per run, so that the member trains between losses (struck again 2 s after each restart,
 #: it would crawl).
@@ -106,15 +148,25 @@ MAX_FAULTS = {"node-loss": 1}
 def config_of(mode: Mode, steps: int, spanning: bool) -> chaos.Config:
     """chaos.py's configuration of one paced member: its workflow, and what its injectors read.
     ``spanning``: the member spans two nodes with a peer tier (chaos.py's ``--peer`` member)."""
-    params = {"steps": steps, "step_s": mode.step_s}
+    params = {"steps": steps, "step_s": mode.step_s} if mode.paced else dict(mode.params)
     return chaos.Config(
         members=1,
         steps=steps,
         interval=mode.interval,
         params=params,
-        workload="goodput_member:paced",
+        workload=mode.workload,
         peer_members=int(spanning),
     )
+
+
+def workflow_of(config: chaos.Config, mode: Mode, site: str, site_file: Path | None) -> str:
+    """chaos.py's workflow of ``config``, its checkpoint on the mode's tiers (if it names any)."""
+    text = chaos.workflow_yaml(config, site, site_file)
+    if not mode.tiers:
+        return text
+    document = yaml.safe_load(text)
+    document["checkpoint"]["tiers"] = list(mode.tiers)
+    return yaml.safe_dump(document, sort_keys=False)
 
 
 # ---------------------------------------------------------------------- the injector
@@ -217,18 +269,30 @@ class Measured:
     timed_out: bool
     blocks: int = 1  # blocks the run started (``block_started`` events)
     shared_bytes: int = 0  # bytes its restores read from the shared tier (``resumed`` events)
+    stalls_ms: list[float] = field(default_factory=list)  # each checkpoint's stall (``checkpointed`` events)
+    restored_bytes: dict[str, int] = field(default_factory=dict)  # tier -> bytes its restores read
+
+
+def restored_bytes(events: list[dict[str, Any]]) -> dict[str, int]:
+    """Bytes the run's restores read from each tier (``bytes_from`` of ``resumed`` events, whose
+    sources name a tier, or a tier ``on HOST``), by tier."""
+    by_tier: dict[str, int] = {}
+    for e in events:
+        if e["kind"] == "resumed":
+            for source, count in (e.get("bytes_from") or {}).items():
+                tier = source.split(" on ")[0]
+                by_tier[tier] = by_tier.get(tier, 0) + int(count)
+    return by_tier
 
 
 def shared_bytes(events: list[dict[str, Any]]) -> int:
-    """Bytes the run's restores read from the shared tier (``bytes_from`` of ``resumed`` events:
-    ``shared``, or ``shared on HOST``)."""
-    return sum(
-        int(count)
-        for e in events
-        if e["kind"] == "resumed"
-        for source, count in (e.get("bytes_from") or {}).items()
-        if source.split(" on ")[0] == "shared"
-    )
+    """Bytes the run's restores read from the shared tier."""
+    return restored_bytes(events).get("shared", 0)
+
+
+def stalls_of(events: list[dict[str, Any]]) -> list[float]:
+    """Each checkpoint's stall of the training loop, in ms (``stall_ms`` of ``checkpointed`` events)."""
+    return [float(e["stall_ms"]) for e in events if e["kind"] == "checkpointed" and "stall_ms" in e]
 
 
 def member_wall_s(data: chaos.RunData) -> float:
@@ -247,7 +311,7 @@ def measure(
     directory = work / label
     directory.mkdir(parents=True)
     workflow = directory / "goodput.yaml"
-    workflow.write_text(chaos.workflow_yaml(config, site, site_file))
+    workflow.write_text(workflow_of(config, mode, site, site_file))
     facts = chaos.SiteFacts.of(site)
     cluster = nodes_dir = None
     if site == "local-slurm-nodes":
@@ -278,10 +342,9 @@ def measure(
     metrics = data.metrics.get(name, [])
     faults = [] if injector is None else [f for f in injector.faults if f.time > 0]
     step_s = recovery_split.step_time_s(metrics)
+    pace = mode.step_s if mode.paced else step_s  # a redone step costs the member's own step time
     splits = [
-        recovery_split.split_of(data.events, metrics, name, f.hit[name], f.time, mode.step_s)
-        for f in faults
-        if name in f.hit
+        recovery_split.split_of(data.events, metrics, name, f.hit[name], f.time, pace) for f in faults if name in f.hit
     ]
     return Measured(
         label,
@@ -295,32 +358,49 @@ def measure(
         execution.timed_out,
         sum(e["kind"] == "block_started" for e in data.events),
         shared_bytes(data.events),
+        stalls_of(data.events),
+        restored_bytes(data.events),
     )
 
 
 # ---------------------------------------------------------------------- sites
 
 
-def site_copy(site: str, spare_nodes: int | None, directory: Path) -> tuple[Path | None, str | None]:
-    """The run's copy of ``site`` with ``facts.spare_nodes: N`` (None: the site itself), and why the
-    option was left out when this commit's sites refuse it (None when it was kept or not asked)."""
-    if spare_nodes is None:
+def with_fact(text: str, key: str, value: object) -> str:
+    """A site file's ``text`` with ``facts.KEY: VALUE``, in place of the line it had (if any)."""
+    if "\nfacts:\n" not in text:
+        raise SystemExit(f"the site has no facts: section to put {key} in")
+    text = re.sub(rf"(?m)^  {key}:.*\n", "", text)
+    return text.replace("\nfacts:\n", f"\nfacts:\n  {key}: {value}\n", 1)
+
+
+def site_copy(
+    site: str, spare_nodes: int | None, directory: Path, memory: Path | None = None
+) -> tuple[Path | None, str | None]:
+    """The run's copy of ``site`` with ``facts.spare_nodes: N`` and ``facts.memory_scratch: MEMORY``
+    (neither asked: None, the site itself), and why spare nodes were left out when this commit's
+    sites refuse them (None when they were kept or not asked)."""
+    if spare_nodes is None and memory is None:
         return None, None
     from resilient_flows.errors import SiteConfigError
     from resilient_flows.sites import load_site
 
     text = (chaos.REPO / "site-configs" / f"{site}.yaml").read_text()
     path = directory / f"{site}.yaml"
-    if "\nfacts:\n" not in text:
-        raise SystemExit(f"the site {site} has no facts: section to put spare_nodes in")
-    path.write_text(text.replace("\nfacts:\n", f"\nfacts:\n  spare_nodes: {spare_nodes}\n", 1))
+    if memory is not None:
+        text = with_fact(text, "memory_scratch", memory)
+    path.write_text(text if spare_nodes is None else with_fact(text, "spare_nodes", spare_nodes))
     try:
         load_site(path)
     except SiteConfigError as exc:
-        if "spare_nodes" not in str(exc):
+        if spare_nodes is None or "spare_nodes" not in str(exc):
             raise SystemExit(f"the site {site} does not load: {exc}") from None
-        path.unlink()
-        return None, f"spare_nodes: {spare_nodes} is not known on this commit ({exc}); measured without spares"
+        path.write_text(text)
+        remark = f"spare_nodes: {spare_nodes} is not known on this commit ({exc}); measured without spares"
+        if memory is None:
+            path.unlink()
+            return None, remark
+        return path, remark
     return path, None
 
 
@@ -359,47 +439,79 @@ def run_rounds(args: Any, mode: Mode, site: str, work: Path, out: Any, site_file
     return rounds
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser, _ = harness.options(
-        __doc__, quick="member-kill only, one round: about a minute", full="five rounds of longer members"
-    )
-    parser.add_argument("--cluster", action="store_true", help="on a 3-node Slurm cluster started here, with node loss")
-    parser.add_argument("--spare-nodes", type=int, metavar="N", help="with --cluster: spare_nodes: N in the site")
-    parser.add_argument("--kinds", metavar="K,K", help="only these kinds of fault")
-    parser.add_argument("--rounds", type=int, help="rounds (default: the size's)")
-    parser.add_argument("--period", type=float, default=15.0, help="seconds between faults (default 15)")
-    parser.add_argument("--json", type=Path, help="write the figures, checks and splits")
-    parser.add_argument("--dir", type=Path, help="working directory (default: a new temporary one)")
-    args = parser.parse_args(argv)
+def mode_of(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Mode:
+    """The size of the workload asked for, with the kinds and tiers the options name (a mistake in
+    them: the parser's one line and exit)."""
     size = harness.size_of(args)
-    mode = MODES[size]
+    mode = WORKLOADS[args.workload][size]
     known = CLUSTER_KINDS if args.cluster else LOCAL_KINDS
     if args.cluster:
-        mode = Mode(CLUSTER_KINDS if size != "quick" else ("node-loss",), mode.rounds, mode.steps)
+        if not mode.paced:
+            parser.error("--cluster measures the paced member only")
+        mode = dataclasses.replace(mode, kinds=CLUSTER_KINDS if size != "quick" else ("node-loss",))
     if args.kinds:
         chosen = tuple(k.strip() for k in args.kinds.split(",") if k.strip())
         if unknown := [k for k in chosen if k not in known]:
             parser.error(f"--kinds: {', '.join(unknown)} not among {', '.join(known)}")
-        mode = Mode(chosen, mode.rounds, mode.steps)
+        mode = dataclasses.replace(mode, kinds=chosen)
+    if args.tiers:
+        tiers = tuple(t.strip() for t in args.tiers.split(",") if t.strip())
+        if unknown := [t for t in tiers if t not in TIERS]:
+            parser.error(f"--tiers: {', '.join(unknown)} not among {', '.join(TIERS)}")
+        mode = dataclasses.replace(mode, tiers=tiers)
     if args.spare_nodes is not None and (not args.cluster or args.spare_nodes < 0):
         parser.error("--spare-nodes N needs --cluster and N >= 0")
     if args.rounds is not None and args.rounds < 1:
         parser.error("--rounds must be at least 1")
+    return mode
+
+
+def parser_of() -> argparse.ArgumentParser:
+    """The benchmark's options."""
+    parser, _ = harness.options(
+        __doc__, quick="member-kill only, one round: about a minute", full="five rounds of longer members"
+    )
+    parser.add_argument("--workload", choices=tuple(WORKLOADS), default="paced", help="the member (default paced)")
+    parser.add_argument("--cluster", action="store_true", help="on a 3-node Slurm cluster started here, with node loss")
+    parser.add_argument("--spare-nodes", type=int, metavar="N", help="with --cluster: spare_nodes: N in the site")
+    parser.add_argument("--kinds", metavar="K,K", help="only these kinds of fault")
+    parser.add_argument("--tiers", metavar="T,T", help="the checkpoint's tiers (default: the workload's)")
+    parser.add_argument("--rounds", type=int, help="rounds (default: the size's)")
+    parser.add_argument("--period", type=float, default=15.0, help="seconds between faults (default 15)")
+    parser.add_argument("--json", type=Path, help="write the figures, checks and splits")
+    parser.add_argument("--dir", type=Path, help="working directory (default: a new temporary one)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = parser_of()
+    args = parser.parse_args(argv)
+    size = harness.size_of(args)
+    mode = mode_of(parser, args)
     out = harness.console()
     signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
     work = Path(tempfile.mkdtemp(prefix="goodput-", dir=args.dir))
-    load_before = os.getloadavg()
+    # node memory for the memory tier, this run's own: no run of another restores from it
+    memory = Path(tempfile.mkdtemp(prefix="goodput-", dir=MEMORY_ROOT)) if "memory" in mode.tiers else None
+    load_before, revision = os.getloadavg(), commit()  # the code measured, not a commit made meanwhile
     try:
         with cluster_of(out, args.cluster) as site:
-            site_file, remark = site_copy(site, args.spare_nodes, work)
+            site_file, remark = site_copy(site, args.spare_nodes, work, memory)
             if remark:
                 out.print(f"[yellow]{remark}")
-            out.print(f"{size}: kinds {', '.join(mode.kinds)} on {site}, a fault every {args.period:g} s; work {work}")
+            tiers = ", ".join(mode.tiers) or "the site's"
+            out.print(
+                f"{size}: {args.workload} member ({mode.params or 'paced'}, tiers {tiers}), kinds"
+                f" {', '.join(mode.kinds)} on {site}, a fault every {args.period:g} s; work {work}"
+            )
             rounds = run_rounds(args, mode, site, work, out, site_file)
         meta = {
             "mode": size,
+            "workload": args.workload,
+            "member": {"workload": mode.workload, "params": mode.params, "interval": mode.interval},
+            "tiers": list(mode.tiers),
             "site": site,
-            "commit": commit(),
+            "commit": revision,
             "period_s": args.period,
             "load_before": load_before,
             "load_after": os.getloadavg(),
@@ -407,13 +519,15 @@ def main(argv: list[str] | None = None) -> int:
             "spare_nodes": args.spare_nodes,
             "remarks": [remark] if remark else [],
         }
-        rows, checks = rows_of(rounds, spares=site_file is not None and args.spare_nodes > 0)
+        rows, checks = rows_of(rounds, spares=bool(args.spare_nodes) and remark is None)
         print_report(out, meta, rows, checks)
         if args.json:
             write_document(args.json, meta, rows, checks, rounds)
         return 1 if harness.failed(checks) else 0
     finally:
         shutil.rmtree(work, ignore_errors=True)
+        if memory is not None:
+            shutil.rmtree(memory, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@ same round, its split, goodput at one fault a minute, the targets of issue 34, a
 from __future__ import annotations
 
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -79,6 +79,8 @@ def _row(kind: str, runs: list[tuple[Any, Any]]) -> dict[str, Any]:
         "wall_median": statistics.median(m.wall_s for m, _ in runs),
         "faults": sum(m.faults for m, _ in runs),
         "rounds": len(runs),
+        **stall_summary(ms for m, _ in runs for ms in m.stalls_ms),
+        "restored_bytes": _added(m.restored_bytes for m, _ in runs),
     }
     if kind == "fault-free":
         row["step_s"] = statistics.median(m.step_s for m, _ in runs)
@@ -95,6 +97,27 @@ def _row(kind: str, runs: list[tuple[Any, Any]]) -> dict[str, Any]:
     return row
 
 
+def stall_summary(stalls_ms: Iterable[float]) -> dict[str, float]:
+    """What checkpoints cost the training loop: the median and p95 (nearest rank) of each
+    checkpoint's stall in ms, and their count; nothing without checkpoints."""
+    stalls = list(stalls_ms)
+    if not stalls:
+        return {}
+    return {
+        "stall_ms_median": statistics.median(stalls),
+        "stall_ms_p95": percentile(stalls, 0.95),
+        "checkpoints": len(stalls),
+    }
+
+
+def _added(counts: Iterable[Mapping[str, int]]) -> dict[str, int]:
+    total: dict[str, int] = {}
+    for count in counts:
+        for key, value in count.items():
+            total[key] = total.get(key, 0) + value
+    return total
+
+
 def _seconds(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}"
 
@@ -104,7 +127,7 @@ def print_report(out: Console, meta: Mapping[str, Any], rows: Mapping[str, Mappi
     load = f"load {meta['load_before'][0]:.2f} before, {meta['load_after'][0]:.2f} after, {meta['cpus']} CPUs"
     title = f"Time one fault costs ({meta['site']}, a fault every {meta['period_s']:g} s; {meta['commit']}; {load})"
     table = Table(title=title)
-    headings = ("kind", "faults", "cost", "p95", *PARTS, "other", "again", "goodput")
+    headings = ("kind", "faults", "cost", "p95", *PARTS, "other", "again", "goodput", "stall ms", "p95 ms")
     for heading in (*headings, "target", "result"):
         table.add_column(heading, justify="left" if heading in ("kind", "target", "result") else "right")
     for kind, row in rows.items():
@@ -123,22 +146,35 @@ def print_report(out: Console, meta: Mapping[str, Any], rows: Mapping[str, Mappi
             _seconds(row.get("other")),
             _seconds(row.get("training_again_median")),
             "-" if share is None else f"{100 * share:.1f} %",
+            *_stall_cells(row),
             "" if check is None else check["target"],
             result,
         )
     out.print(table)
     clean = rows.get("fault-free")
     if clean is not None:
+        stall, p95 = _stall_cells(clean)
         out.print(
             f"fault-free member: {clean['wall_median']:.1f} s (median of {clean['rounds']}), step"
-            f" {clean['step_s'] * 1000:.0f} ms. Seconds per fault (medians; p95 over rounds): cost = (faulted -"
-            " fault-free wall time) / faults; again = fault -> training again; goodput at one fault a minute"
+            f" {clean['step_s'] * 1000:.0f} ms, checkpoint stall {stall} ms (p95 {p95}). Seconds per fault (medians;"
+            " p95 over rounds): cost = (faulted - fault-free wall time) / faults; again = fault -> training again;"
+            " goodput at one fault a minute; stall: each checkpoint's, in ms"
         )
+    for kind, row in rows.items():
+        if row.get("restored_bytes"):
+            read = ", ".join(f"{tier} {count / 2**20:.1f} MiB" for tier, count in row["restored_bytes"].items())
+            out.print(f"{kind}: restores read {read}")
     others = {k: v for k, v in checks.items() if not k.startswith("target_")}
     for check in others.values():
         out.print(f"{check['result']}  {check['label']}: {check['value']:g} (target {check['target']})")
     for remark in meta.get("remarks", []):
         out.print(f"[yellow]{remark}")
+
+
+def _stall_cells(row: Mapping[str, Any]) -> tuple[str, str]:
+    if "stall_ms_median" not in row:
+        return "-", "-"
+    return f"{row['stall_ms_median']:.1f}", f"{row['stall_ms_p95']:.1f}"
 
 
 def write_document(

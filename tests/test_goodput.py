@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 
 import pytest
+import yaml
 from benchmark_modules import load_benchmark
 
 goodput = load_benchmark("goodput")
@@ -193,3 +194,95 @@ def test_shared_bytes_count_every_restore_from_the_shared_tier_on_any_node() -> 
         {"kind": "started"},
     ]
     assert goodput.shared_bytes(events) == 12
+
+
+def test_the_checkpoint_stall_is_summarised_by_its_median_and_p95_in_ms() -> None:
+    events = [
+        event("checkpointed", 1.0, 1, step=9, stall_ms=4.0),
+        event("checkpointed", 2.0, 1, step=19, stall_ms=2.0),
+        event("started", 2.5, 2),
+        event("checkpointed", 3.0, 2, step=29, stall_ms=9.5),
+        event("checkpointed", 4.0, 2, step=39, stall_ms=3.0),
+        event("checkpointed", 5.0, 2, step=49),  # an older member's event, without a stall
+    ]
+    stalls = goodput.stalls_of(events)
+    assert stalls == [4.0, 2.0, 9.5, 3.0]
+    assert goodput_report.stall_summary(stalls) == {"stall_ms_median": 3.5, "stall_ms_p95": 9.5, "checkpoints": 4}
+    assert goodput_report.stall_summary(stalls[:3]) == {"stall_ms_median": 4.0, "stall_ms_p95": 9.5, "checkpoints": 3}
+    assert goodput_report.stall_summary([]) == {}
+
+
+def test_the_rows_hold_each_run_s_stall_and_the_bytes_its_restores_read_per_tier() -> None:
+    def run(kind: str, wall_s: float, faults: int, stalls: list[float], read: dict[str, int]) -> object:
+        return goodput.Measured(
+            **{**measured(kind, wall_s, faults).__dict__, "stalls_ms": stalls, "restored_bytes": read}
+        )
+
+    rounds = [
+        [run("fault-free", 30.0, 0, [1.0, 3.0], {}), run("member-kill", 32.0, 1, [2.0], {"memory": 100})],
+        [run("fault-free", 30.0, 0, [2.0], {}), run("member-kill", 31.0, 1, [6.0, 4.0], {"memory": 50, "shared": 7})],
+    ]
+    rows, _ = goodput_report.rows_of(rounds, spares=False)
+    clean, kill = rows["fault-free"], rows["member-kill"]
+    assert (clean["stall_ms_median"], clean["stall_ms_p95"], clean["checkpoints"]) == (2.0, 3.0, 3)
+    assert (kill["stall_ms_median"], kill["stall_ms_p95"], kill["checkpoints"]) == (4.0, 6.0, 3)
+    assert clean["restored_bytes"] == {} and kill["restored_bytes"] == {"memory": 150, "shared": 7}
+
+
+def test_restored_bytes_are_counted_by_tier_on_any_node() -> None:
+    events = [
+        {"kind": "resumed", "bytes_from": {"memory": 10, "shared on n3": 7}},
+        {"kind": "resumed", "bytes_from": {"memory on n1": 5, "shared": 1}},
+        {"kind": "resumed"},
+        {"kind": "started", "bytes_from": {"memory": 99}},
+    ]
+    assert goodput.restored_bytes(events) == {"memory": 15, "shared": 8}
+    assert goodput.shared_bytes(events) == 8
+
+
+def test_the_gpt_workload_trains_the_example_on_the_memory_tier_of_a_site_copy(tmp_path: Path) -> None:
+    """``--workload gpt``: the flagship's params (no paced ``step_s``), its checkpoint on the memory
+    and shared tiers, and a copy of the site whose node memory is the run's own directory."""
+    parser = goodput.parser_of()
+    mode = goodput.mode_of(parser, parser.parse_args(["--workload", "gpt", "--quick"]))
+    assert mode == goodput.GPT_MODES["quick"]
+    assert (mode.workload, mode.params, mode.tiers, mode.paced) == (
+        "resilient_flows.examples.gpt:train",
+        {"size": "tiny", "batch_size": 8},
+        ("memory", "shared"),
+        False,
+    )
+    config = goodput.config_of(mode, 120, spanning=False)
+    assert (config.workload, config.params, config.steps, config.interval) == (mode.workload, mode.params, 120, 10)
+    document = yaml.safe_load(goodput.workflow_of(config, mode, "local", None))
+    assert document["checkpoint"] == {"interval": 10, "keep": 3, "tiers": ["memory", "shared"]}
+    assert document["members"][0]["params"] == {"size": "tiny", "batch_size": 8}
+    paced = goodput.MODES["quick"]
+    plain = yaml.safe_load(goodput.workflow_of(goodput.config_of(paced, 220, False), paced, "local", None))
+    assert "tiers" not in plain["checkpoint"]  # the paced member on the site's own tiers, as before
+    path, remark = goodput.site_copy("local", None, tmp_path, Path("/dev/shm/goodput-x"))
+    assert remark is None and path is not None
+    lines = [line for line in path.read_text().splitlines() if "memory_scratch" in line]
+    assert lines == ["  memory_scratch: /dev/shm/goodput-x"]
+
+
+def test_the_options_pick_the_workload_s_size_and_tiers_and_refuse_what_it_cannot_run(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    parser = goodput.parser_of()
+
+    def mode(*argv: str) -> object:
+        return goodput.mode_of(parser, parser.parse_args(list(argv)))
+
+    assert mode() == goodput.MODES["default"]
+    assert mode("--workload", "gpt", "--full").params == {"size": "small", "batch_size": 16}
+    assert mode("--workload", "gpt", "--tiers", "shared").tiers == ("shared",)
+    assert mode("--workload", "gpt", "--kinds", "preempt").kinds == ("preempt",)
+    assert mode("--workload", "gpt", "--kinds", "preempt").workload == "resilient_flows.examples.gpt:train"
+    for argv, message in (
+        (("--workload", "gpt", "--cluster"), "--cluster measures the paced member only"),
+        (("--tiers", "peer"), "--tiers: peer not among memory, local, shared"),
+    ):
+        with pytest.raises(SystemExit) as exit_:
+            mode(*argv)
+        assert exit_.value.code == 2 and message in capsys.readouterr().err
