@@ -519,7 +519,7 @@ def main(argv: list[str] | None = None) -> int:
             "spare_nodes": args.spare_nodes,
             "remarks": [remark] if remark else [],
         }
-        rows, checks = rows_of(rounds, spares=bool(args.spare_nodes) and remark is None)
+        rows, checks = rows_of(rounds, spares=bool(args.spare_nodes) and remark is None, timed=mode.paced)
         print_report(out, meta, rows, checks)
         if args.json:
             write_document(args.json, meta, rows, checks, rounds)
