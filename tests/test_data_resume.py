@@ -131,6 +131,36 @@ def test_a_resume_on_another_rank_count_loads_only_the_samples_after_the_positio
     assert after[0].state_dict() == {**saved, "epoch": 1, "position": 60}
 
 
+def test_a_hugging_face_dataset_with_two_workers_resumes_on_another_rank_count_at_its_position() -> None:
+    """An Arrow-backed ``datasets.Dataset`` (map-style: rows as dicts), loaded by two worker
+    processes per rank: four ranks train five global batches, three resume from the saved
+    position, and the two epochs are the one-rank order, each row once, nothing skipped read."""
+    import datasets
+
+    table = datasets.Dataset.from_dict({"id": list(range(60)), "text": [f"row {i}" for i in range(60)]})
+
+    def rows(batch: list[dict]) -> list[int]:
+        assert all(row["text"] == f"row {row['id']}" for row in batch)
+        return [row["id"] for row in batch]
+
+    def ranks(world: int) -> list[ResumableLoader]:
+        return [
+            ResumableLoader(table, 8, seed=7, shuffle=True, rank=r, world_size=world, collate_fn=rows, num_workers=2)
+            for r in range(world)
+        ]
+
+    one = loaders(60, 8, 1, shuffle=True)[0]
+    want = list(one) + list(one)
+    before = ranks(4)
+    streams = [loader.batches() for loader in before]
+    trained = [flat(next(stream) for stream in streams) for _ in range(5)]
+    saved = json.loads(json.dumps(before[0].state_dict()))
+    after = ranks(3)
+    for loader in after:
+        loader.load_state_dict(saved)
+    assert trained + global_batches(after) + global_batches(after) == want
+
+
 def test_augmentation_is_the_samples_whichever_rank_and_worker_loads_it() -> None:
     def drawn(world: int, workers: int) -> dict[int, tuple]:
         out = {}
