@@ -158,6 +158,33 @@ def test_each_checkpoint_holds_the_weights_at_its_save_call(tmp_path: Path, exam
     assert not list(tmp_path.glob("checkpoint-*"))  # Trainer wrote no checkpoint of its own
 
 
+class RaiseAt(transformers.TrainerCallback):
+    """Raises at the end of global step ``at``: a user's code failing mid-run."""
+
+    def __init__(self, at: int) -> None:
+        self.at = at
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step == self.at:
+            raise RuntimeError(f"failed at step {self.at}")
+
+
+def test_a_train_that_raises_gives_the_stop_signals_back(tmp_path: Path, example) -> None:
+    """``train()`` raising skips ``on_train_end``: SIGTERM and SIGUSR1 must end the process again,
+    not wait for a step boundary that never comes; a new run in the same process then works."""
+    failing = make_trainer(example, tmp_path / "run", steps=6, save_steps=2, callbacks=[RaiseAt(3)])
+    resilient = resilient_trainer(failing)
+    with pytest.raises(RuntimeError, match="failed at step 3"):
+        failing.train(resume_from_checkpoint=resilient.last_checkpoint())
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    assert signal.getsignal(signal.SIGUSR1) is signal.SIG_DFL
+    resumed = make_trainer(example, tmp_path / "run", steps=6, save_steps=2, callbacks=[SignalAt(5, signal.SIGUSR1)])
+    again = resilient_trainer(resumed)
+    resumed.train(resume_from_checkpoint=again.last_checkpoint())
+    assert (again.stopped, resumed.state.global_step) == ("signal SIGUSR1", 5)
+    assert signal.getsignal(signal.SIGUSR1) is signal.SIG_DFL
+
+
 def test_settings_it_cannot_honour_are_refused(tmp_path: Path, example) -> None:
     trainer = make_trainer(example, tmp_path, steps=2, save_steps=1)
     resilient_trainer(trainer)

@@ -230,6 +230,7 @@ class ResilientTrainerCallback(TrainerCallback):
         load_rng = trainer._load_rng_state
         log_save_evaluate = trainer._maybe_log_save_evaluate
         training_step = trainer.training_step
+        inner_training_loop = trainer._inner_training_loop
 
         def _save_checkpoint(model: Any, trial: Any = None) -> None:
             if trial is None:
@@ -265,6 +266,16 @@ class ResilientTrainerCallback(TrainerCallback):
             log_save_evaluate(*args, **kwargs)
             self._boundary()
 
+        def _inner_training_loop(*args: Any, **kwargs: Any) -> Any:
+            """Trainer's loop, which ``train()`` reads when it runs (``trainer.train`` itself is read
+            before the call's arguments, ``resilient_trainer(trainer)`` among them). Where it
+            raises, ``on_train_end`` never comes: the stop signals' handlers go back here."""
+            try:
+                return inner_training_loop(*args, **kwargs)
+            except BaseException:
+                self._run.abandon()
+                raise
+
         def training_step_with_loss(*args: Any, **kwargs: Any) -> torch.Tensor:
             loss = training_step(*args, **kwargs)
             self._loss = loss.detach() if self._loss is None else self._loss + loss.detach()
@@ -276,6 +287,7 @@ class ResilientTrainerCallback(TrainerCallback):
         trainer._load_scaler = _load_scaler
         trainer._load_rng_state = _load_rng_state
         trainer._maybe_log_save_evaluate = _maybe_log_save_evaluate
+        trainer._inner_training_loop = _inner_training_loop
         if self._run.logs_loss:
             trainer.training_step = training_step_with_loss
         if self._data is not None:
@@ -438,6 +450,10 @@ class _Standalone:
         """From now until :meth:`finish`, a stop signal waits for the next step boundary."""
         self._runtime.signals.install()
 
+    def abandon(self) -> None:
+        """``train()`` raised: a stop signal ends the process again, as before :meth:`begin`."""
+        self._runtime.signals.restore()
+
     def track(self, model: Any, optimizer: Any, scheduler: Any, extra: dict[str, Any]) -> int | None:
         self._saver.state = TrainState(model, optimizer, scheduler, extra=extra, data=self.positions)
         restored = self.checkpointer.restore(self._saver.state)
@@ -493,6 +509,9 @@ class _Member:
 
     def begin(self) -> None:
         """Nothing to do: the member's run handles stop signals from its start."""
+
+    def abandon(self) -> None:
+        """Nothing to do: the member's run ends with its process."""
 
     def step_end(self, global_step: int, control: TrainerControl) -> None:
         control.should_save = False  # the member's interval replaces save_strategy
