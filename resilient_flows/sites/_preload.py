@@ -19,11 +19,16 @@ import os
 import signal
 import sys
 import threading
+from pathlib import Path
 
 #: The variable naming the modules to import.
 PRELOAD_VARIABLE = "RESILIENT_FLOWS_WARM_PRELOAD"
 #: Imported first, their threads not counted: see :func:`preload`.
 _FORK_SAFE = ("numpy", "scipy.linalg")
+#: Threads not counted, by name: jemalloc's background thread (the allocator of pyarrow, which
+#: pandas imports where it is installed, and scikit-learn imports pandas), which jemalloc's own
+#: fork handlers make safe.
+_FORK_SAFE_THREADS = frozenset({"jemalloc_bg_thd"})
 
 
 def preload(modules: list[str]) -> tuple[list[str], int]:
@@ -57,11 +62,20 @@ def _die_with_the_server() -> None:
 
 
 def _threads() -> int:
-    """The threads of this process, the interpreter's and any native ones."""
+    """The threads of this process, the interpreter's and any native ones, but for those known to
+    be fork-safe by name (:data:`_FORK_SAFE_THREADS`)."""
     try:
-        return len(os.listdir("/proc/self/task"))
+        tasks = os.listdir("/proc/self/task")
     except OSError:
         return threading.active_count()
+    return sum(_thread_name(task) not in _FORK_SAFE_THREADS for task in tasks)
+
+
+def _thread_name(task: str) -> str:
+    try:
+        return Path(f"/proc/self/task/{task}/comm").read_text().strip()
+    except OSError:  # it ended meanwhile
+        return ""
 
 
 def _report(failed: list[str], started: int) -> None:
