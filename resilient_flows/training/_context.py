@@ -178,7 +178,8 @@ class TrainContext:
         saver.state, saver.last_saved = self.state, self.restored_step
         self._warn_unpositioned()
         restored = self.checkpointer.restored
-        if not self._clone.restored(self.state, self.restored_step) and self.restored_step is not None and restored is not None:
+        cloned = self._clone.restored(self.state, self.restored_step)
+        if not cloned and self.restored_step is not None and restored is not None:
             self._emit(
                 "resumed",
                 attempt=self.attempt,
@@ -216,7 +217,8 @@ class TrainContext:
         same rank count only (:class:`~resilient_flows.training.StreamLoader`).
         """
         seed = self.seed if seed is None else seed
-        given: dict[str, Any] = {key: value for key, value in {"shuffle": shuffle, "drop_last": drop_last}.items() if value is not None}
+        flags = {"shuffle": shuffle, "drop_last": drop_last}
+        given: dict[str, Any] = {key: value for key, value in flags.items() if value is not None}
         where = {"seed": seed, "rank": self.rank, "world_size": self.world_size, "name": name}
         made: ResumableLoader | StreamLoader
         if is_stream(data):

@@ -122,7 +122,8 @@ class GlobalBatchNorm2d(nn.BatchNorm2d):
         if self.group is None or not self.training:
             return super().forward(x)
         dims = (0, 2, 3)
-        mean_now, var_now, batches, momentum = self.running_mean, self.running_var, self.num_batches_tracked, self.momentum
+        mean_now, var_now, momentum = self.running_mean, self.running_var, self.momentum
+        batches = self.num_batches_tracked
         if mean_now is None or var_now is None or batches is None or momentum is None:
             raise ValueError("GlobalBatchNorm2d needs running statistics (track_running_stats) and a momentum")
         count = torch.tensor([x.numel() // x.shape[1]], dtype=x.dtype, device=x.device)
