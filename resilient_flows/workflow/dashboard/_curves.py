@@ -20,7 +20,7 @@ import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 import numpy as np
 
@@ -195,7 +195,7 @@ def _point(raw: bytes) -> Point | None:
     if not isinstance(record, dict):
         return None
     step, loss, when, attempt = record.get("step"), record.get("loss"), record.get("time"), record.get("attempt", 1)
-    if not all(_is_number(v) for v in (step, attempt)) or not all(v is None or _is_number(v) for v in (loss, when)):
+    if not (_is_number(step) and _is_number(attempt)) or not all(v is None or _is_number(v) for v in (loss, when)):
         return None
     if not math.isfinite(step):
         return None
@@ -207,7 +207,7 @@ def _point(raw: bytes) -> Point | None:
     )
 
 
-def _is_number(value: object) -> bool:
+def _is_number(value: object) -> TypeGuard[int | float]:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
