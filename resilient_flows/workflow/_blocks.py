@@ -85,9 +85,8 @@ class BlockLedger:
                 resource = getattr(executor.provider, "resources", {}).get(job_id)
                 carried = resource.get("token") if isinstance(resource, dict) else None
                 record = {**_job_record(executor.provider, job_id), "token": carried or self.token}
-                if is_standby(executor) and isinstance(
-                    executor, HighThroughputExecutor
-                ):  # a resume takes over a pool left waiting for its go file
+                # a resume takes over a pool left waiting for its go file (a HighThroughputExecutor's)
+                if is_standby(executor) and isinstance(executor, HighThroughputExecutor):
                     record["go"] = (resource or {}).get("go") or go_file(executor.worker_logdir, block)
                 found = _stragglers_of(record)
                 if found:
