@@ -556,8 +556,9 @@ def _spare_left(fault: dict[str, Any]) -> bool:
     """Whether the launch watcher found the nodes that died and the block has enough left for the
     member (see :mod:`resilient_flows.training._nodewatch`): its retry restarts on a spare there."""
     left, needed, lost = fault.get("nodes_left"), fault.get("nodes_needed"), fault.get("lost_nodes")
-    known = isinstance(left, int) and isinstance(needed, int) and isinstance(lost, list) and bool(lost)
-    return known and left >= needed
+    if not (isinstance(left, int) and isinstance(needed, int) and isinstance(lost, list) and lost):
+        return False
+    return left >= needed
 
 
 def _permanent(exception: BaseException) -> bool:

@@ -167,7 +167,8 @@ def parse_json(data: bytes) -> Any:
 
 def _check_start(data: bytes) -> None:
     """ValueError if the first byte of ``data`` that is not blank cannot start a JSON document."""
-    start = _BLANK.match(data).end()  # type: ignore[union-attr]  # it matches the empty string
+    blank = _BLANK.match(data)
+    start = 0 if blank is None else blank.end()  # never None: it matches the empty string
     if start < len(data) and data[start : start + 1] not in _STARTS:
         raise ValueError(f"it starts with {data[start : start + 1]!r}, which no JSON document does")
 

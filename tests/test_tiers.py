@@ -329,8 +329,9 @@ def flusher_child(directory: Path, tier: int) -> None:
         def then_stop() -> object:
             for i, chunk in enumerate(chunks):
                 yield chunk
-                if i == 1:
-                    (directory / "midway").write_text(str(path))
+                if i == 1:  # renamed into place: the test never reads a half-written name
+                    (directory / "midway.tmp").write_text(str(path))
+                    (directory / "midway.tmp").rename(directory / "midway")
                     time.sleep(60)  # the test kills us here
 
         return real(path, head, then_stop(), digest, aligned)

@@ -78,3 +78,14 @@ def test_pyright_resolves_the_public_names_and_flags_a_wrong_argument(tmp_path: 
     assert out.count('is "type[Checkpointer]"') == 2 and 'is "type[TrainContext]"' in out, out
     assert 'Argument of type "Literal[\'two\']" cannot be assigned to parameter "keep" of type "int"' in out, out
     assert "1 error" in out, out
+
+
+@pytest.mark.slow  # the whole package: a minute of CPU
+def test_pyright_finds_no_error_in_the_package() -> None:
+    pyright = shutil.which("basedpyright", path=str(Path(sys.executable).parent))
+    assert pyright is not None, "basedpyright is part of the test extra"
+    # run in the checkout, so that pyproject's [tool.pyright] (basic mode, the package) applies
+    command = [pyright, "--pythonpath", sys.executable, "resilient_flows"]
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600)
+    errors = [line for line in done.stdout.splitlines() if " - error: " in line]
+    assert not errors and "0 errors" in done.stdout, "\n".join(errors) or done.stdout + done.stderr

@@ -14,13 +14,17 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 import numpy as np
 import torch
 
 from resilient_flows.checkpoint._tree import Leaf
+
+if TYPE_CHECKING:
+    from torch.distributed.tensor import DTensor
 
 
 @dataclass(frozen=True)
@@ -68,13 +72,13 @@ class HeldBox:
     holders: tuple[int, ...]
 
 
-def is_dtensor(leaf: Any) -> bool:
+def is_dtensor(leaf: Any) -> TypeGuard[DTensor]:
     """True for a ``torch.distributed.tensor.DTensor`` (without importing it where unavailable)."""
     cls = type(leaf)
     return isinstance(leaf, torch.Tensor) and cls.__name__ == "DTensor" and hasattr(leaf, "placements")
 
 
-def dtensor_local(leaf: torch.Tensor) -> torch.Tensor:
+def dtensor_local(leaf: DTensor) -> torch.Tensor:
     """The local shard of a DTensor, as a plain tensor that aliases it.
 
     ``to_local()`` goes through an autograd function on every call (tens of microseconds per
@@ -84,7 +88,7 @@ def dtensor_local(leaf: torch.Tensor) -> torch.Tensor:
     return local if isinstance(local, torch.Tensor) else leaf.to_local()
 
 
-def local_box(leaf: torch.Tensor) -> Box:
+def local_box(leaf: Leaf) -> Box:
     """The part of the global array this rank's ``leaf`` holds."""
     if not is_dtensor(leaf):
         return Box.whole(tuple(leaf.shape))
@@ -109,7 +113,7 @@ def piece_of(leaf: Leaf, box: Box, held: Box | None = None) -> torch.Tensor:
     return local if box == held else local[box.within(held)]
 
 
-def held_boxes(leaf: torch.Tensor, group_ranks: list[int]) -> list[HeldBox]:
+def held_boxes(leaf: Leaf, group_ranks: list[int]) -> list[HeldBox]:
     """Every distinct non-empty box of ``leaf`` and its holders, as ranks of the checkpoint group.
 
     ``group_ranks[i]`` is the global (default-group) rank of the group's rank ``i``; a plain
@@ -135,7 +139,7 @@ def held_boxes(leaf: torch.Tensor, group_ranks: list[int]) -> list[HeldBox]:
     return [HeldBox(box, tuple(sorted(ranks))) for box, ranks in holders.items()]
 
 
-def _box_at(shape: tuple[int, ...], mesh_shape: tuple[int, ...], coordinate: list[int], placements: Any) -> Box:
+def _box_at(shape: tuple[int, ...], mesh_shape: tuple[int, ...], coordinate: Sequence[int], placements: Any) -> Box:
     # The one private helper we rely on: PyTorch's own rule for where a mesh coordinate's shard
     # lies (uneven chunks and strided sharding included), the same one DCP's metadata uses.
     from torch.distributed.tensor._utils import _compute_local_shape_and_global_offset

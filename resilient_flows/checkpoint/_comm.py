@@ -29,34 +29,43 @@ class Comm(Protocol):
 
     def allgather(self, obj: Any) -> list[Any]:
         """Every rank's ``obj``, indexed by rank, on every rank."""
+        ...
 
     def bcast(self, obj: Any, root: int = 0) -> Any:
         """``root``'s ``obj`` on every rank."""
+        ...
 
     def bcast_buffer(self, buffer: torch.Tensor, root: int) -> None:
         """Fill the contiguous CPU tensor ``buffer`` on every rank with ``root``'s, in place."""
+        ...
 
     def exchange(self, sends: list[tuple[int, torch.Tensor]], recvs: list[tuple[int, torch.Tensor]]) -> None:
         """Point to point: send each ``(rank, tensor)`` of ``sends`` and fill each of ``recvs`` from
         its rank, all at once (so that a ring of ranks sending to their neighbours cannot
         deadlock). Every rank that a rank sends to calls this with the matching receive; empty
         tensors are not sent (both sides know their sizes)."""
+        ...
 
     def dup(self) -> Comm:
         """A new communicator over the same ranks (collective)."""
+        ...
 
     def free(self) -> None:
         """Release a communicator made by ``dup`` (collective)."""
+        ...
 
     def release(self) -> None:
         """Let go of a group the user tore down, so that it is destroyed now, not in the
         interpreter's teardown, where a gloo group's destructor can abort the process."""
+        ...
 
     def group_ranks(self) -> list[int]:
         """The global ``torch.distributed`` rank of each rank of this group, in order."""
+        ...
 
     def alive(self) -> bool:
         """False once the user tore the communication down (``destroy_process_group``, ``MPI_Finalize``)."""
+        ...
 
 
 class SingleProcess:
@@ -168,7 +177,8 @@ class TorchComm:
         import torch.distributed as dist
 
         self._dist = dist
-        self._group = group
+        # Any: a ProcessGroup, None (the default group), or _RELEASED, which torch rejects on purpose
+        self._group: Any = group
         self.rank = dist.get_rank(group)
         self.size = dist.get_world_size(group)
 

@@ -28,7 +28,7 @@ import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -168,7 +168,7 @@ class Checkpointer:
     ) -> None:
         _check_positive_int("keep", keep)
         specs = _tier_specs(directory, local_dir, persist_every, tiers)
-        self.tiers = [Tier(spec.path, spec.name) for spec in specs]
+        self.tiers = [Tier(spec.path, cast(str, spec.name)) for spec in specs]  # _tier_specs names each
         self._every = [spec.persist_every for spec in specs]
         self._sent = [0] * len(specs)  # per tier: checkpoints sent to the tier before it
         self.shared = self.tiers[-1]
@@ -335,7 +335,9 @@ class Checkpointer:
         """Take the host arena (waiting for the previous checkpoint to let go of it) and start the
         copy into it: the arena's generation, the snapshot, and the seconds waited for the arena."""
         leaves = {**layout.arrays, **layout.local_arrays}
-        deferrable = stateful.deferrable() if overlap else lambda name: False
+        # save() lets overlap through only with a TrainState that has an optimizer
+        train = stateful if overlap and isinstance(stateful, TrainState) else None
+        deferrable = train.deferrable() if train is not None else lambda name: False
         before = time.perf_counter()
         generation = self._arena.acquire()  # the flush of the previous checkpoint re-reads from here on
         waited = time.perf_counter() - before
@@ -345,8 +347,8 @@ class Checkpointer:
                 CopyTask(item, leaves[item.name], layout.held[item.name], view, not deferrable(item.name))
                 for item, view in zip(layout.mine, views, strict=True)
             ]
-            if overlap:
-                self._guard_optimizer(stateful.optimizer)
+            if train is not None and train.optimizer is not None:
+                self._guard_optimizer(train.optimizer)
             snapshot = Snapshot(tasks, overlap, self._copier)
             if overlap:
                 self._pending_snapshot = snapshot
@@ -494,11 +496,13 @@ class Checkpointer:
 
     def _raise_pending(self) -> None:
         with self._lock:
-            failures, self._errors = tuple(self._errors), []
+            failures: tuple[Failure, ...] = tuple(self._errors)
+            self._errors = []
         if failures:
-            more = f" (and {len(failures) - 1} more failure(s))" if len(failures) > 1 else ""
+            first, count = failures[0], len(failures)
+            more = f" (and {count - 1} more failure(s))" if count > 1 else ""
             full = all(f.kind == STORAGE_FULL for f in failures)
-            raise (StorageFullError if full else CheckpointError)(f"{failures[0]}{more}", failures=failures)
+            raise (StorageFullError if full else CheckpointError)(f"{first}{more}", failures=failures)
 
     def _check_open(self) -> None:
         if self._closed:
@@ -594,8 +598,8 @@ class _DictState:
     def state_dict(self) -> dict:
         return self.data
 
-    def load_state_dict(self, loaded: dict) -> None:
-        _update_in_place(self.data, loaded)
+    def load_state_dict(self, state_dict: dict) -> None:
+        _update_in_place(self.data, state_dict)
 
 
 def _update_in_place(target: dict, loaded: dict) -> None:

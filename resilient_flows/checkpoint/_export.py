@@ -139,7 +139,9 @@ def _write_array(fd: int, opened: OpenCheckpoint, name: str, offset: int) -> int
     opened.verify(targets)
     full = opened.fill(targets)[name]
     opened.release(name)
-    data = memoryview(full.reshape(-1).view(torch.uint8).numpy())
+    if not isinstance(full, torch.Tensor):  # never: a target made without a live array is a tensor
+        raise CheckpointError(f"{name}: restored as a {type(full).__name__}, not a tensor")
+    data = full.reshape(-1).view(torch.uint8).numpy().data
     written = 0
     while written < len(data):
         written += os.pwrite(fd, data[written:], offset + written)
@@ -150,9 +152,11 @@ def _layout_safetensors(path: Path, manifest: Manifest, names: dict[str, str]) -
     """Write the safetensors header; where each tensor's data goes."""
     header: dict[str, object] = {"__metadata__": {"format": "pt", "step": str(manifest.step)}}
     offset = 0
+    starts: list[int] = []
     for name, exported in names.items():
         record = manifest.arrays[name]
         nbytes = record.numel * record.dtype.itemsize
+        starts.append(offset)
         header[exported] = {
             "dtype": DTYPE_CODES[record.dtype],
             "shape": list(record.shape),
@@ -164,7 +168,7 @@ def _layout_safetensors(path: Path, manifest: Manifest, names: dict[str, str]) -
     with open(path, "wb") as f:
         f.write(struct.pack("<Q", len(text)) + text)
         f.truncate(8 + len(text) + offset)
-    return [8 + len(text) + header[exported]["data_offsets"][0] for exported in names.values()]
+    return [8 + len(text) + start for start in starts]
 
 
 def _layout_torch(path: Path, manifest: Manifest, names: dict[str, str]) -> list[int]:
@@ -184,4 +188,5 @@ def _layout_torch(path: Path, manifest: Manifest, names: dict[str, str]) -> list
     keys = [f"data/{i}" for i in range(len(names))]
     if any(key not in stored for key in keys) or f"data/{len(names)}" in stored:
         raise CheckpointError(f"torch.save laid out {path.name} unexpectedly; export to safetensors instead")
-    return [archive.get_record_offset(key) for key in keys]
+    # torch's stubs lack this method of PyTorchFileReader, which torch.serialization itself calls
+    return [archive.get_record_offset(key) for key in keys]  # pyright: ignore[reportAttributeAccessIssue]

@@ -276,7 +276,10 @@ class HeartbeatReader:
                 if not self._cond.wait_for(lambda seen=seen: self._batch is not seen, timeout=self.IDLE_S):
                     self._slots.remove(slot)  # a reader no one asks any more (its agent is gone) holds no threads
                     return
-                batch = seen = self._batch
+                batch = self._batch
+                if batch is None:  # never: wait_for saw a new batch, and a batch is never taken back
+                    continue
+                seen = batch
             while (item := batch.take()) is not None:
                 slot.since = time.monotonic()
                 key, slot.path, owner = item

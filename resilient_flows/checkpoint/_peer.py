@@ -251,7 +251,7 @@ def _transfer(comm: Comm, buddy: int | None, reader, nbytes: int, receiving: lis
         sends = []
         if buddy is not None and sent < nbytes:
             length = min(CHUNK, nbytes - sent)
-            view = memoryview(out.numpy())[:length]
+            view = out.numpy().data[:length]
             try:
                 got = reader.readinto(view)
                 if got != length:

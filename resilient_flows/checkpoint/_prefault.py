@@ -14,7 +14,7 @@ import ctypes
 import mmap
 import sys
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import torch
 
@@ -24,7 +24,7 @@ MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)
 MIN_BYTES = 1 << 20
 
 
-def _madvise() -> ctypes._CFuncPtr | None:
+def _madvise() -> Callable[[int, int, int], int] | None:
     if sys.platform != "linux":
         return None
     try:
@@ -67,7 +67,7 @@ class Prefault:
         self._thread: threading.Thread | None = None
         regions = host_regions(self._tensors)
         if _MADVISE is not None and regions:
-            self._thread = threading.Thread(target=self._run, args=(regions,), name="rf-prefault", daemon=True)
+            self._thread = threading.Thread(target=self._run, args=(_MADVISE, regions), name="rf-prefault", daemon=True)
             self._thread.start()
 
     def stop(self) -> None:
@@ -76,9 +76,9 @@ class Prefault:
             self._thread.join()
         self._tensors.clear()
 
-    def _run(self, regions: list[tuple[int, int]]) -> None:
+    def _run(self, madvise: Callable[[int, int, int], int], regions: list[tuple[int, int]]) -> None:
         # Last first: the copy starts at the first target and faults in what it reaches first itself,
         # so the two work on different pages instead of waiting on the same ones.
         for address, nbytes in reversed(regions):
-            if self._stop.is_set() or _MADVISE(address, nbytes, MADV_POPULATE_WRITE) != 0:
+            if self._stop.is_set() or madvise(address, nbytes, MADV_POPULATE_WRITE) != 0:
                 return  # stopped, or refused (EINVAL from an old kernel): the copy faults pages in itself

@@ -276,8 +276,8 @@ class OpenCheckpoint:
         self._relay = []
         wanting_by: dict[tuple[str, str, int], list[int]] = {}  # each piece a rank reads itself: who
         for rank, wanted in enumerate(needs or []):
-            for need in wanted:
-                wanting_by.setdefault(tuple(need), []).append(rank)
+            for name, key, shard in wanted:  # a list or a tuple, as the transport delivers it
+                wanting_by.setdefault((name, key, shard), []).append(rank)
         for (name, key, shard), wanting in sorted(wanting_by.items()):
             able = [rank for rank in range(self.comm.size) if visible[rank].get(shard, slowest) != slowest]
             if not able or all(visible[rank].get(shard, slowest) != slowest for rank in wanting):
@@ -348,7 +348,7 @@ class OpenCheckpoint:
                 self.comm.exchange([], [(reader, buffer.reshape(-1))])
             target = targets.get(name)
             common = None if target is None or target.replicated else piece.box.intersect(target.box)
-            if rank in wanting and common is not None:
+            if rank in wanting and target is not None and common is not None:
                 target.dst[common.within(target.box)].copy_(buffer[common.within(piece.box)])
         return {(name, piece.key) for name, piece, _, _ in self._relay}
 
@@ -396,7 +396,7 @@ class OpenCheckpoint:
         if not target.fresh or (name, piece.key) in self._assigned:
             return None
         common = piece.box.intersect(target.box)
-        if common != piece.box:
+        if common is None or common != piece.box:
             return None
         region, buffer = target.landing(common)
         return region if buffer is region else None
@@ -606,12 +606,12 @@ def read_agreed(
         except StateMismatchError as exc:
             mismatch = str(exc)
         try:
-            needs = opened.needs(targets) if visible is not None else None
+            needs = opened.needs(targets) if visible is not None and opened is not None else None
             agreed = comm.allgather((mismatch, shape, visible, needs))  # no rank reads if one must stop
             mismatch = first_problem(m for m, *_ in agreed) or _structure_problem([k for _, k, _, _ in agreed])
             if mismatch:
                 raise StateMismatchError(mismatch)
-            if problem is None:
+            if problem is None and opened is not None:  # opened whenever no problem was found
                 try:
                     visibles, wanted = [v or {} for _, _, v, _ in agreed], [n or [] for *_, n in agreed]
                     opened.assign_readers(targets, visibles, wanted, last)
@@ -619,7 +619,7 @@ def read_agreed(
                 except CorruptCheckpointError as exc:
                     problem = str(exc)
             problems = comm.allgather(problem)
-            if not any(problems):
+            if not any(problems) and opened is not None:
                 arrays = opened.fill(targets)
                 read_from, bytes_from = _sources_of_all_ranks(opened, tiers, node or socket.gethostname(), comm)
                 return Restored(s, manifest.world_size, opened.state(arrays), read_from, bytes_from)

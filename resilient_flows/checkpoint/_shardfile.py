@@ -32,7 +32,7 @@ import warnings
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 import xxhash
@@ -125,7 +125,7 @@ def write_shard(
     """
     digest = xxhash.xxh3_64()
     tmp = path.with_name(path.name + ".tmp")
-    view = memoryview(data.numpy())
+    view = data.numpy().data
     aligned = data.data_ptr() % PAGE == 0 and not cached
     hasher = _PieceHasher(entries)
     nbytes = _write_durably(tmp, head, _hashed_chunks(view, hasher), digest, aligned=aligned)
@@ -155,21 +155,21 @@ class _PieceHasher:
         """Hash ``chunk``: the data section's bytes from offset ``start`` on."""
         stop = start + len(chunk)
         while self._current is not None and self._current[1] < stop:
-            _, begin, end = self._current
+            key, begin, end = self._current
             with chunk[max(begin, start) - start : min(end, stop) - start] as part:
                 self._digest.update(part)
             if end > stop:
                 return
-            self._next()
+            self._next(key)
 
     def finish(self) -> dict[str, str]:
         """Every entry's checksum by key; entries not fed (empty ones at the end) hash nothing."""
         while self._current is not None:
-            self._next()
+            self._next(self._current[0])
         return self._digests
 
-    def _next(self) -> None:
-        self._digests[self._current[0]] = self._digest.hexdigest()
+    def _next(self, key: str) -> None:
+        self._digests[key] = self._digest.hexdigest()
         self._digest.reset()
         self._current = next(self._pending, None)
 
@@ -232,7 +232,7 @@ def send_shard(
     checksums ``record`` and ``pieces`` hold.
     """
     tmp = dst.with_name(dst.name + ".tmp")
-    stream = _MemoryThenFile(memoryview(data.numpy()), len(head), entries, src, lease)
+    stream = _MemoryThenFile(data.numpy().data, len(head), entries, src, lease)
     try:
         if len(head) + data.numel() != record.nbytes or xxhash.xxh3_64_hexdigest(head) != record.header_xxh3_64:
             raise CorruptCheckpointError(f"the host copy of {record.file} does not match its record; not flushing it")
@@ -474,13 +474,13 @@ class MappedShard:
         try:
             (hlen,) = struct.unpack("<Q", self._map[:8])
             header = parse_json(self._map[8 : 8 + hlen])  # a nest too deep is ValueError
-            self._entries = {k: v for k, v in header.items() if k != "__metadata__"}
+            self._entries: dict[str, dict[str, Any]] = {k: v for k, v in header.items() if k != "__metadata__"}
         except (struct.error, ValueError, AttributeError) as exc:
             self.close()
             raise CorruptCheckpointError(f"{path.name} has an unreadable header ({exc})") from None
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)  # read-only on purpose: views are only read
-            self._bytes = torch.frombuffer(self._map, dtype=torch.uint8)
+            self._bytes: torch.Tensor | None = torch.frombuffer(self._map, dtype=torch.uint8)
         self._base = 8 + hlen
         self._verified: set[str] = set()
         self._ahead: set[str] = set()  # entries asked to be read ahead
@@ -515,6 +515,8 @@ class MappedShard:
         first = self._base + begin
         if end - begin != nbytes or first % dtype.itemsize or self._base + end > len(self._map):
             raise CorruptCheckpointError(f"{self.path.name}: entry {key!r} has bad data offsets {begin}..{end}")
+        if self._bytes is None:
+            raise ValueError(f"{self.path.name}: a piece read after close()")
         flat = self._bytes[first : first + nbytes]
         if key not in self._verified or into is not None:
             if key not in self._ahead:
@@ -574,7 +576,7 @@ class MappedShard:
 
 
 def _hash(data: torch.Tensor) -> str:
-    return xxhash.xxh3_64_hexdigest(data.numpy()) if data.numel() else xxhash.xxh3_64_hexdigest(b"")
+    return xxhash.xxh3_64_hexdigest(data.numpy().data) if data.numel() else xxhash.xxh3_64_hexdigest(b"")
 
 
 def _hash_copying(src: torch.Tensor, dst: torch.Tensor) -> str:
@@ -582,7 +584,7 @@ def _hash_copying(src: torch.Tensor, dst: torch.Tensor) -> str:
     digest = xxhash.xxh3_64()
     for start in range(0, src.numel(), COPY_CHUNK):
         chunk = src[start : start + COPY_CHUNK]
-        digest.update(chunk.numpy())
+        digest.update(chunk.numpy().data)
         dst[start : start + COPY_CHUNK].copy_(chunk)
     return digest.hexdigest()
 

@@ -183,7 +183,7 @@ class Snapshot:
 
     def _copy(self, tasks: Sequence[CopyTask]) -> None:
         """Copy host tensors here; queue device tensors on the side stream behind ``_ready``."""
-        if self._stream is None:
+        if self._stream is None or self._ready is None:  # both or neither: there is no device tensor
             for t in tasks:
                 t.dst.copy_(t.source())
             return

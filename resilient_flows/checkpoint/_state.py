@@ -43,7 +43,7 @@ class Stateful(Protocol):
 
     def state_dict(self) -> dict[str, Any]: ...
 
-    def load_state_dict(self, state_dict: dict[str, Any]) -> Any: ...
+    def load_state_dict(self, state_dict: dict[str, Any], /) -> Any: ...
 
 
 class TrainState:
@@ -106,23 +106,20 @@ class TrainState:
         would give state to parameters that had none.
         """
         saved_state = (saved.get("optimizer") or {}).get("state") or {}
-        init = (
-            bool(saved_state)
-            and isinstance(self.model, torch.nn.Module)
-            and self.optimizer is not None
-            and not self.optimizer.state
-        )
+        optimizer = self.optimizer
+        module = isinstance(self.model, torch.nn.Module)
+        init = bool(saved_state) and module and optimizer is not None and not optimizer.state
         self._created_for_restore = init
-        if init:
-            self._create_optimizer_state(saved_state)
+        if init and optimizer is not None:
+            self._create_optimizer_state(optimizer, saved_state)
         return self.state_dict()
 
-    def _create_optimizer_state(self, saved_state: dict[str, Any]) -> None:
+    def _create_optimizer_state(self, optimizer: torch.optim.Optimizer, saved_state: dict[str, Any]) -> None:
         params = {name: param for param, name in _parameter_names(self.model).items()}
         for name, values in saved_state.items():
             param = params.get(name)
             if param is not None and isinstance(values, dict):
-                self.optimizer.state[param] = {key: _empty_like_saved(param, value) for key, value in values.items()}
+                optimizer.state[param] = {key: _empty_like_saved(param, value) for key, value in values.items()}
 
     def created_for_restore(self) -> tuple[str, ...]:
         """Prefixes of the arrays :meth:`restore_target` created: nothing trains from them before
@@ -131,9 +128,9 @@ class TrainState:
 
     def discard_restore_target(self) -> None:
         """Undo :meth:`restore_target` when nothing was restored: the optimizer is left as it was."""
-        if self._created_for_restore:
+        if self._created_for_restore and self.optimizer is not None:  # created only for an optimizer
             self.optimizer.state.clear()
-            self._created_for_restore = False
+        self._created_for_restore = False
 
     def state_dict(self) -> dict[str, Any]:
         state: dict[str, Any] = {}
@@ -144,7 +141,7 @@ class TrainState:
             if self.model is not None:
                 state["model"] = self._model_state()
             if self.optimizer is not None:
-                state["optimizer"] = self._optimizer_state()
+                state["optimizer"] = self._optimizer_state(self.optimizer)
         if self.scheduler is not None:
             state["scheduler"] = self.scheduler.state_dict()
         state["extra"] = dict(self.extra)
@@ -165,17 +162,17 @@ class TrainState:
             return get_model_state_dict(self.model)
         return self.model.state_dict()
 
-    def _optimizer_state(self) -> dict[str, Any]:
+    def _optimizer_state(self, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
         if not isinstance(self.model, torch.nn.Module):
-            return self.optimizer.state_dict()
-        if self.optimizer.state:
-            return get_optimizer_state_dict(self.model, self.optimizer)
+            return optimizer.state_dict()
+        if optimizer.state:
+            return get_optimizer_state_dict(self.model, optimizer)
         # The helper would create the state (a step with zero gradients) where none exists yet,
         # changing what the next real step does; before the first step there is nothing but the
         # hyperparameters to save.
         names = _parameter_names(self.model)
         groups = []
-        for group in self.optimizer.param_groups:
+        for group in optimizer.param_groups:
             hyperparameters = {k: v for k, v in group.items() if k != "params"}
             groups.append({**hyperparameters, "params": [names[p] for p in group["params"]]})
         return {"state": {}, "param_groups": groups}
@@ -220,7 +217,7 @@ class TrainState:
             if getattr(self, key) is not None and key not in saved:
                 raise StateMismatchError(f"the checkpoint has no {key}, which this TrainState has")
         if self.optimizer is not None:
-            live = [g["params"] for g in self._optimizer_state()["param_groups"]]
+            live = [g["params"] for g in self._optimizer_state(self.optimizer)["param_groups"]]
             stored = [g["params"] for g in saved["optimizer"]["param_groups"]]
             if [len(g) for g in live] != [len(g) for g in stored]:
                 raise StateMismatchError(

@@ -56,7 +56,7 @@ from resilient_flows.checkpoint._shardfile import (
 )
 from resilient_flows.checkpoint._snapshot import HostArena, Snapshot
 from resilient_flows.checkpoint._tiers import MANIFEST, Tier, shard_filename
-from resilient_flows.errors import Failure, PeerTransferError
+from resilient_flows.errors import CheckpointError, Failure, PeerTransferError
 
 logger = logging.getLogger(__name__)
 
@@ -83,6 +83,18 @@ class WriteJob:
     record: ShardRecord | None = field(default=None)
     head: bytes = b""
     digests: dict[str, str] = field(default_factory=dict)
+
+    def shard(self) -> ShardRecord:
+        """This rank's shard record, which every step after the first tier's write relies on."""
+        if self.record is None:
+            raise CheckpointError(f"step {self.step}: this rank's shard was never written")
+        return self.record
+
+    def committed(self) -> Manifest:
+        """The manifest, which every rank holds once the first tier committed the step."""
+        if self.manifest is None:
+            raise CheckpointError(f"step {self.step}: no manifest committed")
+        return self.manifest
 
 
 @dataclass
@@ -325,10 +337,10 @@ class WritePipeline:
             )
             return
         self.stats.committed += 1
-        self.stats.bytes_written += job.record.nbytes
+        self.stats.bytes_written += job.shard().nbytes
         self.stats.last_checkpoint_bytes = sum(record.nbytes for record, *_ in after)
         self.stats.last_commit_latency = time.perf_counter() - job.started
-        self.stats.record_tier(0, job.record.nbytes, time.perf_counter() - began)
+        self.stats.record_tier(0, job.shard().nbytes, time.perf_counter() - began)
         if job.depth > 1:
             with self._lock:
                 self._flush_pending.add(step)
@@ -358,7 +370,7 @@ class WritePipeline:
             job.manifest = job.manifest or Manifest.from_json(text, step_dir.name)
         if self.node_local(tier) and self.rank != 0 and not (step_dir / MANIFEST).is_file():
             try:
-                write_manifest(step_dir, job.manifest)  # this rank's node has no copy yet
+                write_manifest(step_dir, job.committed())  # this rank's node has no copy yet
             except OSError as exc:  # this node's copy is unusable; restore falls back to another tier
                 logger.warning("cannot commit step %d in this node's %s tier: %s", job.step, tier.name, exc)
         return None
@@ -378,7 +390,7 @@ class WritePipeline:
         """Send the job's checkpoint to tier ``index`` and commit it there; False when that failed."""
         if index in self.peer_capacity:
             return self._replicate(job, index)
-        comm, step, tier = self._flush_comm, job.step, self.tiers[index]
+        comm, step, tier = self._flush_group(), job.step, self.tiers[index]
         src = self.own_copy(index).step_dir(step) / self.shard_name
         dst_dir = tier.step_dir(step)
         began = time.perf_counter()
@@ -392,7 +404,7 @@ class WritePipeline:
                 problem = Failure.of(exc, f"copying {src} to {dst_dir} failed")
             problem = first_problem(comm.allgather(problem))
             if problem is None:
-                problem = self._commit(comm, job, tier, lambda: job.manifest)
+                problem = self._commit(comm, job, tier, job.committed)
         if problem is not None:
             where = f"the {tier.name} tier {tier.path}"
             self._abandon(tier, dst_dir, problem.within(f"flush of step {step} to {where}"))
@@ -401,10 +413,16 @@ class WritePipeline:
             self.stats.persisted += 1
             self.stats.last_persist_latency = time.perf_counter() - job.started
         if not exists:
-            self.stats.record_tier(index, job.record.nbytes, time.perf_counter() - began)
+            self.stats.record_tier(index, job.shard().nbytes, time.perf_counter() - began)
         self._committed(job, tier)
         self.prune(tier, step)
         return True
+
+    def _flush_group(self) -> Comm:
+        """The flush thread's communicator, which a writer with more than one tier has."""
+        if self._flush_comm is None:
+            raise CheckpointError("a flush to a later tier without a second tier")
+        return self._flush_comm
 
     def _placement(self, job: WriteJob) -> dict[str, list[str]]:
         """Where each shard's node-local copies of ``job`` go (the manifest's ``copies``)."""
@@ -445,13 +463,13 @@ class WritePipeline:
             )
         self._peer_keep[index] = plan.keep.get(host, self.keep)
         source = self.own_copy(index).step_dir(job.step) / self.shard_name
-        problem = replicate(self._flush_comm, ring, plan, job.manifest, source, tier)
+        problem = replicate(self._flush_group(), ring, plan, job.manifest, source, tier)
         if problem is not None:  # an extra copy: the checkpoint stands, and goes on to the next tier
             self.stats.peer_failed += 1
             logger.warning("step %d: no peer copy in the %s tier: %s", job.step, tier.name, problem.message)
             return True
         if self.rank in plan.sends:
-            self.stats.record_tier(index, job.record.nbytes, time.perf_counter() - began)
+            self.stats.record_tier(index, job.shard().nbytes, time.perf_counter() - began)
         self.prune(tier, job.step)
         self.stats.peer_held_bytes = held_bytes(tier)
         self._committed(job, tier)
@@ -485,13 +503,13 @@ class WritePipeline:
         """From the arena while it still holds this checkpoint, else (or from where a newer save
         took it back) from ``src``; counted in the stats by where the bytes came from."""
         if not self._arena.lend(job.generation):
-            copy_shard(src, dst, job.record)
+            copy_shard(src, dst, job.shard())
             self.stats.flushes_reread += 1
             return
         from_memory = send_shard(
-            dst, job.head, job.entries, self._arena.buffer, job.record, job.digests, src, self._arena
+            dst, job.head, job.entries, self._arena.buffer, job.shard(), job.digests, src, self._arena
         )
-        if from_memory == job.record.nbytes:
+        if from_memory == job.shard().nbytes:
             self.stats.flushes_from_arena += 1
         else:
             self.stats.flushes_reread += 1

@@ -565,7 +565,7 @@ def recv_state(
     if incoming is None:
         MPI.Request.Waitall(replies)  # small: sent eagerly, whether or not the source still listens
         stats.total_s = stats.stall_s = time.perf_counter() - started
-        raise problem
+        raise problem if problem is not None else CloneError("cannot receive the state")
     stats.messages = len(incoming.requests)
     MPI.Request.Waitall(incoming.requests + replies)
     state, stats.transfer_s = incoming.deliver(into)

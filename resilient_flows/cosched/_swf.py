@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, fields
 from pathlib import Path
+from typing import Any
 
 from resilient_flows.errors import InvalidJobError
 
@@ -124,7 +125,7 @@ def _parse_job(text: str, path: Path, number: int) -> SwfJob:
     tokens = text.split()
     if len(tokens) != len(_FIELDS):
         raise InvalidJobError(f"{path}:{number}: expected {len(_FIELDS)} fields, got {len(tokens)}: {text[:80]!r}")
-    values: dict[str, float | int] = {}
+    values: dict[str, Any] = {}  # an int for each field of _INTEGER, a float for the others
     for position, (name, token) in enumerate(zip(_FIELDS, tokens, strict=True), start=1):
         try:
             value = float(token)

@@ -48,7 +48,7 @@ def train(steps: int) -> np.ndarray:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("dir", type=Path, help="checkpoints in DIR/shared, final weights in DIR/final.npy")
     parser.add_argument("--steps", type=int, required=True)
     parser.add_argument("--every", type=int, required=True, help="checkpoint every this many steps (and step 0)")

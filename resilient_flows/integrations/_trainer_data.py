@@ -12,13 +12,17 @@ order at the position without loading what it skips.
 from __future__ import annotations
 
 import logging
-from typing import Any
+from collections.abc import Sized
+from typing import TYPE_CHECKING, Any, TypeGuard
 
-from torch.utils.data import IterableDataset
+from torch.utils.data import DataLoader, IterableDataset
 from transformers import Trainer
 
 from resilient_flows.errors import CheckpointError, ResilientFlowsError
 from resilient_flows.training import DataPositions, ResumableLoader
+
+if TYPE_CHECKING:
+    import datasets
 
 logger = logging.getLogger(__name__)
 
@@ -58,9 +62,10 @@ def _ranks_reason(trainer: Trainer) -> str | None:
     shared = [f"{kind} parallelism ({size} ranks)" for kind, size in model_parallel.items() if size > 1]
     if shared:
         return f"{', '.join(shared)} feeds several ranks the same batch, which only Trainer's loader deals"
-    if trainer.train_dataset is None:
-        return None  # Trainer's own error at train()
-    length, batch = len(trainer.train_dataset), global_batch(trainer)
+    dataset = trainer.train_dataset
+    if dataset is None or not isinstance(dataset, Sized):  # Trainer's own error at train(); no length: turned away
+        return None
+    length, batch = len(dataset), global_batch(trainer)
     tail = 0 if trainer.args.dataloader_drop_last else length % batch
     smallest = min(batch, tail or batch, length)
     if smallest < world:
@@ -108,7 +113,9 @@ def resumable_loader(trainer: Trainer) -> ResumableLoader:
         dataset = trainer._remove_unused_columns(dataset, description="Training")
     else:
         collator = trainer._get_collator_with_removed_columns(collator, description="Training")
-    workers = {"prefetch_factor": args.dataloader_prefetch_factor} if args.dataloader_num_workers > 0 else {}
+    workers: dict[str, Any] = (
+        {"prefetch_factor": args.dataloader_prefetch_factor} if args.dataloader_num_workers > 0 else {}
+    )
     world = max(1, args.world_size)
     return ResumableLoader(
         dataset,
@@ -127,7 +134,7 @@ def resumable_loader(trainer: Trainer) -> ResumableLoader:
     )
 
 
-def _is_datasets_dataset(dataset: Any) -> bool:
+def _is_datasets_dataset(dataset: Any) -> TypeGuard[datasets.Dataset]:
     try:
         import datasets
     except ImportError:
@@ -146,7 +153,7 @@ class TrainerData:
         self.trainer, self.positions = trainer, positions
         self.loader: ResumableLoader | None = None
 
-    def build(self) -> ResumableLoader:
+    def build(self) -> ResumableLoader | DataLoader:
         """What ``trainer.get_train_dataloader()`` returns: a new loader (a later ``train()`` starts anew)."""
         if self.trainer.train_dataset is None:
             return Trainer.get_train_dataloader(self.trainer)  # Trainer's own error

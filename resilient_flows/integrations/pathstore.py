@@ -228,7 +228,10 @@ class PathStore:
             self._saves += 1
             persist = self._saves % self.persist_every == 0
             final = lane.tiers[-1] if persist or len(lane.tiers) == 1 else lane.tiers[0]
-            lane.checkpointer.save(step, state, persist=persist, on_commit=self._settler(lane, final))
+            checkpointer = lane.checkpointer
+            if checkpointer is None:  # never: _lane starts its engine
+                raise CheckpointError(f"lane {lane_index} has no engine")
+            checkpointer.save(step, state, persist=persist, on_commit=self._settler(lane, final))
             with self._lock:
                 lane.unsettled.add(step)
             lane.newest, lane.last = step, (step, marks)

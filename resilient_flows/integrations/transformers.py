@@ -33,7 +33,7 @@ import logging
 import os
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -128,7 +128,8 @@ def resilient_trainer(
         run: _Member | _Standalone = _Member()
     else:
         run = _Standalone(
-            Path(trainer.args.output_dir) / "checkpoints" if directory is None else Path(directory),
+            # TrainingArguments sets output_dir ("trainer_output" when not given) in __post_init__
+            Path(cast(str, trainer.args.output_dir)) / "checkpoints" if directory is None else Path(directory),
             local_dir=local_dir,
             save_steps=save_steps,
             keep=3 if keep is None else keep,
@@ -238,11 +239,11 @@ class ResilientTrainerCallback(TrainerCallback):
             self._refresh()
             self._run.save_requested(trainer.state.global_step - 1)
 
-        def _load_from_checkpoint(checkpoint: str, model: Any = None) -> None:
-            if self._ours(checkpoint):
-                self._pin(Path(checkpoint))  # the weights follow once the optimizer exists
+        def _load_from_checkpoint(resume_from_checkpoint: str, model: Any = None) -> None:
+            if self._ours(resume_from_checkpoint):
+                self._pin(Path(resume_from_checkpoint))  # the weights follow once the optimizer exists
             else:
-                load_model(checkpoint, model)
+                load_model(resume_from_checkpoint, model)
 
         def _load_optimizer_and_scheduler(checkpoint: str | None) -> None:
             if self._ours(checkpoint):
@@ -304,7 +305,8 @@ class ResilientTrainerCallback(TrainerCallback):
                 self._rng = None
             return dataloader
 
-        trainer.get_train_dataloader = data.build
+        # Trainer only iterates and measures its loader, as it does a ResumableLoader
+        trainer.get_train_dataloader = data.build  # pyright: ignore[reportAttributeAccessIssue]
         trainer.get_resumed_dataloader = get_resumed_dataloader
 
     def _boundary(self) -> None:
@@ -335,7 +337,7 @@ class ResilientTrainerCallback(TrainerCallback):
         data continue: after skipping the batches already seen, which may draw from them.
         """
         restored = self._track()
-        if restored != self._resume_step:
+        if restored is None or restored != self._resume_step:
             raise CheckpointError(
                 f"checkpoint step {self._resume_step} failed verification after Trainer had read its state "
                 f"(step {restored} is the newest valid one now): run again to resume from it"

@@ -154,7 +154,7 @@ def fit(
     for kind in KINDS:
         candidate = train_model(kind, x[train], y[train], seed)
         errors[kind] = float(np.mean((candidate.predict(x[held]) - y[held]) ** 2))
-    kind = min(errors, key=errors.get)
+    kind = min(errors, key=lambda k: errors[k])
     chosen = train_model(kind, x, y, seed)
     meta = {"samples": len(x), "validation_mse": errors, "features": list(FEATURES)}
     return Recommender(chosen.kind, chosen.model, meta), errors

@@ -102,6 +102,8 @@ def search(
 
     base = young_interval(p.l1_cost, 1.0 / rate) or p.solve_time * 1e-4  # a free checkpoint: start small
     start = state.evaluate([base], [1 if flush else 0], [1 if deep else 0])
+    if start is None:  # never: a fresh search simulates its first candidate
+        raise RuntimeError("search: the starting point was not simulated")
     if start.stopped > trials // 2:
         logger.warning(
             "search: the job practically never finishes (%d of %d trials at %.0f s stopped by the guard); "

@@ -128,9 +128,10 @@ class MetricsReader:
         lines, self._followed = self._lines_after(self._followed)
         if not lines:
             return
-        ends = [self._record(*lines[0]), self._record(*lines[-1])]
-        records = ends
-        if ends[0] is None or ends[1] is None or _attempt(ends[0]) != _attempt(ends[1]):
+        first, last = self._record(*lines[0]), self._record(*lines[-1])
+        if first is not None and last is not None and _attempt(first) == _attempt(last):
+            records = [first, last]
+        else:
             records = [record for number, raw in lines if (record := self._record(number, raw)) is not None]
         for record in records:
             self._note(record)

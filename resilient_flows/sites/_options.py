@@ -24,7 +24,7 @@ from __future__ import annotations
 import copy
 import difflib
 from collections.abc import Sequence
-from typing import Annotated, Any
+from typing import Annotated, Any, Self
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -79,7 +79,7 @@ class SiteOptions(BaseModel):
         """The options that are set, by name."""
         return {key: getattr(self, key) for key in SITE_OPTIONS if getattr(self, key) is not None}
 
-    def merged(self, other: SiteOptions) -> SiteOptions:
+    def merged(self, other: SiteOptions) -> Self:
         """These options with those ``other`` sets replacing theirs."""
         return self.model_copy(update=other.given())
 
@@ -98,7 +98,7 @@ class SiteOptions(BaseModel):
             provider = executor.get("provider") if isinstance(executor, dict) else None
             kind = provider.get("type") if isinstance(provider, dict) else None
             fields = PROVIDER_FIELDS.get(str(kind))
-            if fields is None:
+            if fields is None or not isinstance(provider, dict):  # no provider: no fields either
                 raise SiteConfigError(
                     f"{where}: executors[{index}]: its provider, {kind or 'none'}, takes no site options "
                     f"({', '.join(given)}); they apply to {', '.join(PROVIDER_FIELDS)}"
@@ -106,9 +106,10 @@ class SiteOptions(BaseModel):
             for key, value in given.items():
                 provider[fields[key]] = _clock(value) if key == "walltime" else value
         facts = document.get("facts")
-        for key in FACT_FIELDS if isinstance(facts, dict) else ():
-            if key in given:
-                facts[key] = _clock(given[key]) if key == "walltime" else given[key]
+        if isinstance(facts, dict):
+            for key in FACT_FIELDS:
+                if key in given:
+                    facts[key] = _clock(given[key]) if key == "walltime" else given[key]
         return document
 
 

@@ -58,6 +58,7 @@ import json
 import logging
 import multiprocessing
 import multiprocessing.connection
+import multiprocessing.context
 import os
 import pickle
 import platform
@@ -206,7 +207,7 @@ def split_argv(argv: Sequence[str]) -> tuple[list[str], bool, list[str]]:
 
 def run_pool(
     argv: Sequence[str],
-    forkserver: multiprocessing.context.BaseContext,
+    forkserver: multiprocessing.context.ForkServerContext,
     environ: Mapping[str, str] | None = None,
     ensure_server: Callable[[], None] | None = None,
 ) -> None:
@@ -221,8 +222,10 @@ def run_pool(
     for name in ("SpawnContext", "Manager", "worker"):
         if not hasattr(pool, name):
             raise RuntimeError(f"Parsl's process_worker_pool has no {name} (tested with Parsl {TESTED_PARSL})")
-    workers = _WorkerContext(pool.SpawnContext, forkserver, dict(environ or {}), ensure_server)
-    pool.SpawnContext = workers
+    # the pool module imports SpawnContext from parsl.multiprocessing: not an export to type checkers
+    spawn = pool.SpawnContext  # pyright: ignore[reportPrivateImportUsage]
+    workers = _WorkerContext(spawn, forkserver, dict(environ or {}), ensure_server)
+    pool.SpawnContext = workers  # pyright: ignore[reportPrivateImportUsage]
     pool.Manager = _waking_manager(pool.Manager, workers)
     sys.argv = [POOL_SCRIPT, *argv]
     exec(main, pool.__dict__)
@@ -245,7 +248,7 @@ class _WorkerContext:
     def __init__(
         self,
         spawn: Any,
-        forkserver: multiprocessing.context.BaseContext,
+        forkserver: multiprocessing.context.ForkServerContext,
         environ: dict[str, str],
         ensure_server: Callable[[], None] | None = None,
     ) -> None:
@@ -364,10 +367,10 @@ def _kill_hung(manager: Any, worker_id: int, pid: int, stopped_s: float) -> None
         return
     try:
         raise WorkerHung(worker_id, platform.node(), round(stopped_s, 1))
-    except WorkerHung:
+    except WorkerHung as hung:
         package = {
             "type": "result",
             "task_id": task["task_id"],
-            "exception": serialize(RemoteExceptionWrapper(*sys.exc_info())),
+            "exception": serialize(RemoteExceptionWrapper(type(hung), hung, hung.__traceback__)),
         }
     manager.pending_result_queue.put(pickle.dumps(package))

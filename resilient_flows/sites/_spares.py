@@ -41,8 +41,8 @@ def with_spares(document: dict[str, Any], spares: int, survive: bool = False) ->
         if not isinstance(provider, dict):
             continue
         provider["nodes_per_block"] = int(provider.get("nodes_per_block", 1)) + spares
-        survive = _SURVIVE.get(str(provider.get("type")))
-        if survive is not None:
+        lasting = _SURVIVE.get(str(provider.get("type")))
+        if lasting is not None:
             given = str(provider.get("scheduler_options") or "")
-            provider["scheduler_options"] = f"{given}\n{survive}" if given else survive
+            provider["scheduler_options"] = f"{given}\n{lasting}" if given else lasting
     return document

@@ -73,7 +73,7 @@ _ORPHAN_GUARD = (
 class CommandFailed(ResilientFlowsError):
     """A command member's command exited with a status other than 0 and 75: costs a retry."""
 
-    def __init__(self, member: str, status: int, last_line: str = "") -> None:
+    def __init__(self, member: str, status: int | None, last_line: str = "") -> None:
         super().__init__(member, status, last_line)
         self.member, self.status, self.last_line = member, status, last_line
 

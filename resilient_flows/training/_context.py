@@ -14,7 +14,7 @@ import os
 import socket
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -107,14 +107,15 @@ class TrainContext:
         torch.set_num_threads(spec.threads)
         ranks = CommRanks(self.checkpointer.comm)
         counted = attempt is None  # else the process that launched this one counted, announces and beats
-        if counted:
-            attempt = ranks.broadcast(count_attempt(self.directory) if self.rank == 0 else None)
+        if attempt is None:  # rank 0 counts; the others get its number
+            attempt = cast(int, ranks.broadcast(count_attempt(self.directory) if self.rank == 0 else None))
         self.attempt: int = attempt
+        self._saver = CheckpointSaver(self.checkpointer, overlap=spec.checkpoint.overlap)
         self.runtime = StepRuntime(
             self.name,
             attempt,
             ranks,
-            CheckpointSaver(self.checkpointer, overlap=spec.checkpoint.overlap),
+            self._saver,
             self._emit,
             directory=self.directory,
             run_dir=self.run_dir,
@@ -173,11 +174,12 @@ class TrainContext:
         self.restored_step = self.checkpointer.restore(self.state)
         if self.checkpointer.skipped:  # newer ones it could not read: training goes on from here
             self.checkpointer.discard_newer_than(-1 if self.restored_step is None else self.restored_step)
-        saver = self.runtime.saver
+        saver = self._saver
         saver.state, saver.last_saved = self.state, self.restored_step
         self._warn_unpositioned()
-        if not self._clone.restored(self.state, self.restored_step) and self.restored_step is not None:
-            restored = self.checkpointer.restored
+        restored = self.checkpointer.restored
+        cloned = self._clone.restored(self.state, self.restored_step)
+        if not cloned and self.restored_step is not None and restored is not None:
             self._emit(
                 "resumed",
                 attempt=self.attempt,
@@ -215,7 +217,8 @@ class TrainContext:
         same rank count only (:class:`~resilient_flows.training.StreamLoader`).
         """
         seed = self.seed if seed is None else seed
-        given = {key: value for key, value in {"shuffle": shuffle, "drop_last": drop_last}.items() if value is not None}
+        flags = {"shuffle": shuffle, "drop_last": drop_last}
+        given: dict[str, Any] = {key: value for key, value in flags.items() if value is not None}
         where = {"seed": seed, "rank": self.rank, "world_size": self.world_size, "name": name}
         made: ResumableLoader | StreamLoader
         if is_stream(data):

@@ -28,7 +28,7 @@ import subprocess
 from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, overload
 
 import torch
 import torch.distributed as dist
@@ -285,7 +285,7 @@ def init_process_group(
         group = comm if isinstance(comm, dist.ProcessGroup) else None
         if _holders:  # ours: one more holder, released by its own shutdown_process_group
             _holders += 1
-            if group is None:
+            if group is None and _info is not None:  # set while we hold the group
                 return _info
         return _existing(group)
     use_interface(interface)
@@ -397,7 +397,10 @@ def _over_mpi(comm: Any, launch: LaunchEnv | None, backend: str | None, timeout:
         # every rank on this node: loopback, which needs no name service; else this host's name
         host = os.environ.get("MASTER_ADDR") or ("127.0.0.1" if local_size == size else socket.gethostname())
         try:
-            store = dist.TCPStore(host, 0, size, is_master=True, timeout=timeout, wait_for_workers=False)
+            # torch.distributed imports TCPStore from torch._C without re-exporting it to type checkers
+            store = dist.TCPStore(  # pyright: ignore[reportPrivateImportUsage]
+                host, 0, size, is_master=True, timeout=timeout, wait_for_workers=False
+            )
             where = (host, store.port)
         except (RuntimeError, OSError) as exc:
             problem = f"rank 0 could not open the rendezvous store on {host}: {exc}"
@@ -407,7 +410,7 @@ def _over_mpi(comm: Any, launch: LaunchEnv | None, backend: str | None, timeout:
     host, port = where
     try:
         if store is None:
-            store = dist.TCPStore(host, port, size, is_master=False, timeout=timeout)
+            store = dist.TCPStore(host, port, size, is_master=False, timeout=timeout)  # pyright: ignore[reportPrivateImportUsage]
         _select(device)
         dist.init_process_group(_devices(chosen), store=store, rank=rank, world_size=size, timeout=timeout)
     except (RuntimeError, OSError) as exc:
@@ -508,6 +511,10 @@ def _integer(env: Mapping[str, str], name: str) -> int:
         raise LaunchError(f"{name}={env[name]!r} is not an integer") from None
 
 
+@overload
+def _optional(env: Mapping[str, str], name: str, default: int) -> int: ...
+@overload
+def _optional(env: Mapping[str, str], name: str, default: None = None) -> int | None: ...
 def _optional(env: Mapping[str, str], name: str, default: int | None = None) -> int | None:
     return _integer(env, name) if env.get(name) else default
 
@@ -518,6 +525,10 @@ def _required(env: Mapping[str, str], name: str) -> int:
     return _integer(env, name)
 
 
+@overload
+def _first_of(env: Mapping[str, str], names: tuple[str, ...], default: int) -> int: ...
+@overload
+def _first_of(env: Mapping[str, str], names: tuple[str, ...], default: None = None) -> int | None: ...
 def _first_of(env: Mapping[str, str], names: tuple[str, ...], default: int | None = None) -> int | None:
     return next((_integer(env, name) for name in names if env.get(name)), default)
 

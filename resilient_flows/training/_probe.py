@@ -155,7 +155,9 @@ def main() -> None:
         except WorkloadError as exc:
             say(problem=asdict(Problem(check.ref, str(exc))))
             continue
-        for member, params in check.members if declared is not None else ():
+        if declared is None:
+            continue
+        for member, params in check.members:
             refused = params_problem(check.ref, declared, params, what=check.what)
             if refused is not None:
                 say(problem=asdict(Problem(check.ref, refused[1], member, refused[0])))

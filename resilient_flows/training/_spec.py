@@ -10,12 +10,13 @@ import math
 import os
 import signal
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any
+from typing import Any, Literal, get_args
 
 from resilient_flows.errors import WorkflowError
 
 #: How a member's ranks share the model: replicated (DDP) or sharded (FSDP2).
-PARALLEL_MODES = ("ddp", "fsdp")
+ParallelMode = Literal["ddp", "fsdp"]
+PARALLEL_MODES: tuple[ParallelMode, ...] = get_args(ParallelMode)
 
 
 @dataclass(frozen=True)

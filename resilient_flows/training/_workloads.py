@@ -122,6 +122,10 @@ class GlobalBatchNorm2d(nn.BatchNorm2d):
         if self.group is None or not self.training:
             return super().forward(x)
         dims = (0, 2, 3)
+        mean_now, var_now, momentum = self.running_mean, self.running_var, self.momentum
+        batches = self.num_batches_tracked
+        if mean_now is None or var_now is None or batches is None or momentum is None:
+            raise ValueError("GlobalBatchNorm2d needs running statistics (track_running_stats) and a momentum")
         count = torch.tensor([x.numel() // x.shape[1]], dtype=x.dtype, device=x.device)
         sums = _AllReduceSum.apply(torch.cat([x.sum(dims), count]), self.group)
         n = sums[-1]
@@ -129,9 +133,9 @@ class GlobalBatchNorm2d(nn.BatchNorm2d):
         centred = x - mean[None, :, None, None]
         var = _AllReduceSum.apply(centred.pow(2).sum(dims), self.group) / n
         with torch.no_grad():
-            self.num_batches_tracked += 1
-            self.running_mean.lerp_(mean.detach(), self.momentum)
-            self.running_var.lerp_(var.detach() * n / (n - 1), self.momentum)
+            batches.add_(1)
+            mean_now.lerp_(mean.detach(), momentum)
+            var_now.lerp_(var.detach() * n / (n - 1), momentum)
         scale = torch.rsqrt(var + self.eps) * self.weight
         return centred * scale[None, :, None, None] + self.bias[None, :, None, None]
 

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from parsl.executors import HighThroughputExecutor
 from parsl.executors.status_handling import BlockProviderExecutor
 from parsl.jobs.states import JobState, JobStatus
 from parsl.providers import LocalProvider
@@ -84,7 +85,8 @@ class BlockLedger:
                 resource = getattr(executor.provider, "resources", {}).get(job_id)
                 carried = resource.get("token") if isinstance(resource, dict) else None
                 record = {**_job_record(executor.provider, job_id), "token": carried or self.token}
-                if is_standby(executor):  # a resume takes over a pool left waiting for its go file
+                # a resume takes over a pool left waiting for its go file (a HighThroughputExecutor's)
+                if is_standby(executor) and isinstance(executor, HighThroughputExecutor):
                     record["go"] = (resource or {}).get("go") or go_file(executor.worker_logdir, block)
                 found = _stragglers_of(record)
                 if found:
@@ -164,7 +166,8 @@ def _cancel(records: list[dict[str, Any]], executors: Iterable[Any]) -> list[str
             if _kill_recorded(record["interchange"], record.get("started"), signal.SIGKILL, group=False):
                 done.append(f"interchange (pid {record['interchange']}) of executor {record['executor']}")
             continue
-        provider = providers.get(record.get("executor"))
+        label = record.get("executor")
+        provider = providers.get(label) if isinstance(label, str) else None
         if provider is not None and cancel_block(provider, record):
             done.append(f"block {record['block']} (job {record['job_id']}) of executor {record['executor']}")
     return done

@@ -63,7 +63,7 @@ def family_stats(statuses: Iterable[MemberStatus]) -> list[FamilyStats]:
     stats = []
     for family, members in group_by_family(statuses).items():
         losses = [s.loss for s in members if s.loss is not None]
-        states = dict.fromkeys(STATES, 0)
+        states: dict[str, int] = dict.fromkeys(STATES, 0)
         for s in members:
             states[s.state] += 1
         stats.append(

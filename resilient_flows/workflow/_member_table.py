@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
-from rich.console import Console, ConsoleOptions, RenderResult
+from rich.console import Console, ConsoleOptions, JustifyMethod, RenderResult
 from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
@@ -38,7 +38,7 @@ _COLUMN_COST = 3
 class _Column:
     header: str
     short: str
-    justify: str = "right"
+    justify: JustifyMethod = "right"
 
 
 _ALWAYS = (
@@ -130,7 +130,7 @@ class MemberTable:
             column = _EVERY[index]
             table.add_column(
                 column.short if short else column.header,
-                justify=column.justify,  # type: ignore[arg-type]
+                justify=column.justify,
                 no_wrap=True,
                 min_width=self._width(index, short),
             )

@@ -49,9 +49,12 @@ def worker_slots(config: Config) -> int:
             per_node = executor.max_workers_per_node
             per_node = os.cpu_count() or 1 if math.isinf(per_node) else int(per_node)
             provider = executor.provider
+            if provider is None:  # never: Parsl gives every HighThroughputExecutor a provider
+                raise WorkflowError(f"executor {executor.label} has no provider")
             total += per_node * provider.nodes_per_block * max(1, provider.max_blocks)
         elif isinstance(executor, ThreadPoolExecutor):
-            total += executor.max_threads
+            # None: as many threads as concurrent.futures gives a pool by default
+            total += executor.max_threads or min(32, (os.cpu_count() or 1) + 4)
         else:
             total += 1
     return total
@@ -129,8 +132,11 @@ class OnDemandAnalytics:
     def _due(request: AnalyticsConfig, elapsed: float, statuses: dict[str, MemberStatus]) -> bool:
         if request.after_s is not None:
             return request.after_s <= elapsed
-        status = statuses.get(request.when.member)
-        return status is not None and status.step is not None and status.step >= request.when.step
+        when = request.when
+        if when is None:  # never: the schema gives a request either after or when
+            raise WorkflowError("an analytics request needs 'after' or 'when'")
+        status = statuses.get(when.member)
+        return status is not None and status.step is not None and status.step >= when.step
 
     def _fire(self, request: AnalyticsConfig, members: list[MemberSpec], statuses: dict[str, MemberStatus]) -> None:
         chosen = [m.to_dict() for m in members if request.members == "all" or m.name in request.members]
@@ -273,7 +279,7 @@ def _interval(saves: list[float], member: MemberSpec, pace: float | None) -> flo
 
 def _restart_cost(events: list[dict[str, Any]]) -> float | None:
     """The median time from a retry's start to its restored state, over this run's resumes."""
-    started: dict[tuple[str, int], float] = {}
+    started: dict[tuple[str | None, int], float] = {}
     gaps = []
     for e in events:
         key = (e.get("member"), int(e.get("attempt") or 0))

@@ -105,10 +105,10 @@ def _member_lines(axes, statuses: dict[str, MemberStatus], curves: dict) -> None
     """Each member's loss (raw, faint, and a running mean); X where an attempt was lost, o where
     the next one resumed from a checkpoint, ^ where a clone branched off."""
     for name, s in statuses.items():
-        if curves[name] is None:
+        metrics = s.metrics
+        if curves[name] is None or metrics is None:  # a curve comes from the member's metrics
             continue
         steps, smooth = curves[name]
-        metrics = s.metrics
         (line,) = axes.plot(steps, [metrics.curve[k] for k in steps.tolist()], linewidth=0.6, alpha=0.25)
         color = line.get_color()
         axes.plot(steps, smooth, color=color, linewidth=1.6, label=name)

@@ -93,16 +93,20 @@ def campaign_table(workflow: Any, members: list[MemberSpec], statuses: dict[str,
                 family.add(m.name)
         done = [statuses[n] for n in sorted(family) if n in statuses]
         trained = sum(len(metrics.curve) for s in done if (metrics := s.history()) is not None)
-        scored = [s for s in done if s.result and "test_accuracy" in s.result and "retired" not in s.result]
-        best = max(scored, key=lambda s: s.result["test_accuracy"], default=None)
+        scored = [
+            (s, s.result["test_accuracy"])
+            for s in done
+            if s.result and "test_accuracy" in s.result and "retired" not in s.result
+        ]
+        best = max(scored, key=lambda pair: pair[1], default=None)
         table.add_row(
             campaign.name,
             campaign.strategy,
             str(len(done)),
             str(sum(1 for s in done if s.state == "retired")),
             str(trained),
-            "-" if best is None else best.name,
-            "-" if best is None else f"{best.result['test_accuracy']:.4f}",
+            "-" if best is None else best[0].name,
+            "-" if best is None else f"{best[1]:.4f}",
         )
     return table
 

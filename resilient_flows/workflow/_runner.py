@@ -20,7 +20,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
@@ -391,7 +391,7 @@ def _managers_of(executor: Any) -> list[dict[str, Any]] | None:
 
 
 def _handle_lost(
-    found: list[Lost], executors: list[Any], submitter: _Submitter, watchdog: Watchdog, console: Console
+    found: list[Lost], executors: Sequence[Any], submitter: _Submitter, watchdog: Watchdog, console: Console
 ) -> str | None:
     """Record what the watchdog found, cancel the blocks concerned and fail their tasks at once
     (``ManagerLost``, as the interchange would once its heartbeat threshold passed: see
@@ -415,7 +415,7 @@ def _handle_lost(
         for executor in executors:
             if label not in (None, executor.label) or not isinstance(executor, BlockProviderExecutor):
                 continue
-            if retire_block(executor, lost.block):
+            if lost.block is not None and retire_block(executor, lost.block):
                 watchdog.forget_block(executor.label, lost.block)
                 console.print(f"cancelled block {lost.block} of {executor.label}; its tasks are retried")
             if lost.block is not None:
@@ -467,7 +467,7 @@ def _close_logs(handlers: list[logging.FileHandler]) -> None:
             handler.close()
 
 
-def _abandon(dfk: Any, executors: list[Any]) -> None:
+def _abandon(dfk: Any, executors: Sequence[Any]) -> None:
     """Shut a Parsl instance whose interchange exited or hung: its blocks are cancelled through
     their providers, and nothing waits for the lost interchange's answers.
 
@@ -497,7 +497,7 @@ def _abandon(dfk: Any, executors: list[Any]) -> None:
                 executor.provider.cancel(jobs)
 
 
-def _kill_parsl(dfk: Any, executors: list[Any], ledger: BlockLedger) -> None:
+def _kill_parsl(dfk: Any, executors: Sequence[Any], ledger: BlockLedger) -> None:
     """Stop a Parsl instance at once (a second Ctrl-C): its blocks and interchange killed, with
     every process of theirs, then what is left of Parsl shut down as for a lost interchange."""
     ledger.cancel_own(executors)
@@ -542,9 +542,11 @@ def _holding(run_dir: Path, orphan_timeout_s: float, token: str | None = None) -
 
 def _execute(run_dir: Path, plan: Plan, members: list[MemberSpec], console: Console) -> int:
     _put_interpreter_on_path()
-    if plan.site_file is None:  # read back from the run directory: the site is read once, here
-        plan = dataclasses.replace(plan, site_file=SiteFile.open(plan.site, plan.workflow.site))
-    facts = plan.site_file.facts()
+    site_file = plan.site_file
+    if site_file is None:  # read back from the run directory: the site is read once, here
+        site_file = SiteFile.open(plan.site, plan.workflow.site)
+        plan = dataclasses.replace(plan, site_file=site_file)
+    facts = site_file.facts()
     runner_log = run_layout(run_dir).runner_log
     token = new_token()
     with Interrupts() as interrupts:  # Ctrl-C and SIGTERM: see resilient_flows.workflow._interrupt
@@ -606,6 +608,8 @@ class _RunLoop:
         ]
         self.stages = workflow.stage_specs()
         self.retired: queue.SimpleQueue = queue.SimpleQueue()  # (executor, block) the retry handler retired
+        if plan.site_file is None:
+            raise WorkflowError("a run needs its site file read first (as _execute does)")
         self.site_config = functools.partial(
             _site_config,
             plan.site_file,
@@ -869,7 +873,7 @@ class _RunLoop:
         live.update(table)
         return None
 
-    def _fail_retired(self, executors: list[Any], watchdog: Watchdog) -> None:
+    def _fail_retired(self, executors: Sequence[Any], watchdog: Watchdog) -> None:
         """Fail at once the tasks still running in the blocks the retry handler retired (one of
         their tasks failed for the machine's fault), as for a block the watchdog found lost."""
         while not self.retired.empty():

@@ -190,7 +190,13 @@ def left_waiting(records: Iterable[Mapping[str, Any]], executors: Iterable[Any])
     found: dict[str, Kept] = {}
     for record in records:
         label, go, pid = record.get("executor"), record.get("go"), record.get("pid")
-        if label not in labels or label in found or not isinstance(go, str) or not isinstance(pid, int):
+        if (
+            not isinstance(label, str)
+            or label not in labels
+            or label in found
+            or not isinstance(go, str)
+            or not isinstance(pid, int)
+        ):
             continue
         if record.get("host") != socket.gethostname() or os.path.lexists(go):
             continue

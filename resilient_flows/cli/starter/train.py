@@ -49,9 +49,9 @@ def train(ctx: TrainContext) -> dict[str, Any]:
 
 def digits() -> tuple[torch.Tensor, torch.Tensor]:
     """The 1797 8x8 images (scaled to [0, 1]) and their labels, in one fixed shuffled order."""
-    data = load_digits()
-    order = torch.randperm(len(data.target), generator=torch.Generator().manual_seed(0))
-    return torch.tensor(data.data, dtype=torch.float32)[order] / 16.0, torch.tensor(data.target)[order]
+    images, labels = load_digits(return_X_y=True)
+    order = torch.randperm(len(labels), generator=torch.Generator().manual_seed(0))
+    return torch.tensor(images, dtype=torch.float32)[order] / 16.0, torch.tensor(labels)[order]
 
 
 def _rng(seed: int, step: int) -> torch.Generator:

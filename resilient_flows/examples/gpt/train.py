@@ -18,7 +18,7 @@ from torch import nn
 from resilient_flows.examples.gpt.data import START_METHOD, ByteWindows, corpus_digest, split
 from resilient_flows.examples.gpt.model import GPT, SIZES, parameter_count
 from resilient_flows.examples.gpt.schedule import warmup_cosine
-from resilient_flows.training import TrainContext
+from resilient_flows.training import ResumableLoader, TrainContext
 
 __all__ = ["Params", "adamw", "build_model", "evaluate", "held_out_loss", "train"]
 
@@ -69,6 +69,8 @@ def train(ctx: TrainContext) -> dict[str, Any]:
     loader = ctx.loader(
         ByteWindows(train_bytes, model.config.block), p["batch_size"], shuffle=True, drop_last=True, **workers
     )
+    if not isinstance(loader, ResumableLoader):  # never: windows of the corpus are a map-style dataset
+        raise TypeError(f"a corpus of windows gets a ResumableLoader, not a {type(loader).__name__}")
     ctx.track(model=model, optimizer=optimizer, scheduler=scheduler)  # and the loader's position
     model.train()
     for step, (x, y) in ctx.batches(loader, p["steps"]):

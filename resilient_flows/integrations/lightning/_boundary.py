@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 import torch
 
@@ -106,7 +106,7 @@ def step_metrics(trainer: Any, outputs: Any) -> dict[str, float]:
     return values
 
 
-def _is_scalar(value: Any) -> bool:
+def _is_scalar(value: Any) -> TypeGuard[torch.Tensor | int | float]:
     if isinstance(value, torch.Tensor):
         return value.numel() == 1
     return isinstance(value, int | float) and not isinstance(value, bool)

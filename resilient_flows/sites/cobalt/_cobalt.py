@@ -232,7 +232,7 @@ class CobaltProvider(ClusterProvider, RepresentationMixin):
         list of bool
             One entry per job; all False if ``qdel`` failed.
         """
-        retcode, stdout, stderr = self.execute_wait("qdel " + " ".join(shlex.quote(j) for j in job_ids))
+        retcode, stdout, stderr = self.execute_wait("qdel " + " ".join(shlex.quote(str(j)) for j in job_ids))
         if retcode != 0:
             logger.warning("qdel failed with retcode:%s STDOUT:%s STDERR:%s", retcode, stdout.strip(), stderr.strip())
             return [False for _ in job_ids]

@@ -29,7 +29,7 @@ class Cadence:
         self._checkpointer = checkpointer
         self._drain_in = drain_in
         self._last_save = time.monotonic()
-        self._tuner = AutoTuner(spec.process_mtbf_s, spec.node_mtbf_s, steps) if spec.auto else None
+        self._tuner = _tuner(spec, steps) if spec.auto else None
 
     def due(self, step: int) -> bool:
         """Whether a checkpoint of ``step`` is due."""
@@ -70,3 +70,10 @@ class Cadence:
         self.interval_s, ck.persist_every, fields = choice
         self.interval_steps = None
         emit("tuned", step=step, **fields)
+
+
+def _tuner(spec: CheckpointSpec, steps: int) -> AutoTuner:
+    """The tuner of an ``auto`` spec, whose planner set both failure rates."""
+    if spec.process_mtbf_s is None or spec.node_mtbf_s is None:
+        raise ValueError("auto checkpoint intervals need process_mtbf_s and node_mtbf_s")
+    return AutoTuner(spec.process_mtbf_s, spec.node_mtbf_s, steps)

@@ -18,9 +18,11 @@ class Ranks(Protocol):
 
     def first_request(self, request: Request | None) -> Request | None:
         """The request of the first rank that has one, the same on every rank."""
+        ...
 
     def broadcast(self, value: T) -> T:
         """Rank 0's ``value`` on every rank."""
+        ...
 
 
 class CommRanks:

@@ -258,7 +258,7 @@ class StepRuntime:
         """The stop request and the clone orders due at ``step``, the same on every rank."""
         look = self._watch is not None and self._watch.due()
         request = pending_request(self.signals.reason or self._orphaned, look, self.directory)
-        if look and self.run_dir is not None:
+        if look and self._watch is not None and self.run_dir is not None:
             self._orders = read_clone_orders(self._watch.directory)  # those due later wait here, not on disk
         orders = [o for o in self._orders if o.at_step is None or step >= o.at_step]
         self._orders = [o for o in self._orders if o not in orders]

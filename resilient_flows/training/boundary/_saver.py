@@ -26,18 +26,22 @@ class Saver(Protocol):
     @property
     def stall(self) -> float:
         """Seconds the last save stalled training."""
+        ...
 
     def save(
         self, step: int, *, persist: bool | None = None, on_commit: OnCommit | None = None, cached: bool = False
     ) -> None:
         """Start a checkpoint of ``step``: ``persist`` to every tier, ``on_commit`` as it commits
         in each, ``cached`` kept in memory (a clone on this node reads it next)."""
+        ...
 
     def wait(self) -> None:
         """Return once every checkpoint started is committed."""
+        ...
 
     def prepare(self, step: int) -> None:
         """The state has its final layout after ``step``: get ready for the first save."""
+        ...
 
 
 class CheckpointSaver:

@@ -20,7 +20,7 @@ import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 import numpy as np
 
@@ -106,8 +106,8 @@ class LossSampler:
         points = list(self.points)
         if self.newest is not None and (not points or self.newest.step > points[-1].step):
             points.append(self.newest)
-        kept = [p for p in points if p.loss is not None]
-        return [p.step for p in kept], [p.loss for p in kept]  # type: ignore[misc]
+        kept = [(p.step, p.loss) for p in points if p.loss is not None]
+        return [step for step, _ in kept], [loss for _, loss in kept]
 
     def rate(self) -> float | None:
         """Steps per second of the newest attempt, from its first and newest lines seen."""
@@ -195,7 +195,7 @@ def _point(raw: bytes) -> Point | None:
     if not isinstance(record, dict):
         return None
     step, loss, when, attempt = record.get("step"), record.get("loss"), record.get("time"), record.get("attempt", 1)
-    if not all(_is_number(v) for v in (step, attempt)) or not all(v is None or _is_number(v) for v in (loss, when)):
+    if not (_is_number(step) and _is_number(attempt)) or not all(v is None or _is_number(v) for v in (loss, when)):
         return None
     if not math.isfinite(step):
         return None
@@ -207,19 +207,19 @@ def _point(raw: bytes) -> Point | None:
     )
 
 
-def _is_number(value: object) -> bool:
+def _is_number(value: object) -> TypeGuard[int | float]:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 @dataclass(frozen=True)
 class Band:
     """A family's losses on a step grid: median and the 10th and 90th percentiles, over the
-    members whose curves reach each step; ``count`` members had any."""
+    members whose curves reach each step (None where a value is not finite); ``count`` members had any."""
 
     steps: list[int]
-    p10: list[float]
-    p50: list[float]
-    p90: list[float]
+    p10: list[float | None]
+    p50: list[float | None]
+    p90: list[float | None]
     count: int
 
 
@@ -260,5 +260,5 @@ def _percentile(values: np.ndarray, q: float) -> np.ndarray:
     return ordered[low, columns] * (1 - fraction) + ordered[high, columns] * fraction
 
 
-def _finite(values: np.ndarray) -> list[float]:
-    return [float(v) if math.isfinite(v) else None for v in values]  # type: ignore[misc]
+def _finite(values: np.ndarray) -> list[float | None]:
+    return [float(v) if math.isfinite(v) else None for v in values]

@@ -19,6 +19,7 @@ page's whole state but the per-member details, :meth:`RunModel.member` one membe
 from __future__ import annotations
 
 import collections
+import os
 import statistics
 import threading
 import time
@@ -101,7 +102,7 @@ class MemberFacts:
 class RunModel:
     """The dashboard's view of the run in ``run_dir``; safe to share between threads."""
 
-    def __init__(self, run_dir: str | Path, damage: DamageLog | None = None) -> None:
+    def __init__(self, run_dir: str | os.PathLike[str], damage: DamageLog | None = None) -> None:
         self.run_dir = Path(run_dir)
         self.plan = read_plan(self.run_dir)
         self.damage = DamageLog() if damage is None else damage
@@ -193,7 +194,7 @@ class RunModel:
             self._first_event = when if self._first_event is None else self._first_event
             self._last_event = when if self._last_event is None else max(self._last_event, when)
         facts = self._facts[name] if isinstance(name, str) else None
-        if facts is not None:
+        if facts is not None and isinstance(name, str):
             self._touched.add(name)
             facts.heartbeat_until = time.monotonic() + HEARTBEAT_FOLLOW_S
         if kind == "started" and facts is not None:
@@ -250,7 +251,7 @@ class RunModel:
                 bands[stats.family] = band.__dict__
             best = sorted((s for s in members if s.loss is not None), key=lambda s: (s.loss, s.name))
             highlighted[stats.family] = [s.name for s in best[:HIGHLIGHTED]]
-            running = [rates[s.name] for s in members if s.state == "running" and rates.get(s.name)]
+            running = [rate for s in members if s.state == "running" and (rate := rates.get(s.name))]
             left = sum(max(0, s.steps - (0 if s.step is None else s.step + 1)) for s in members if _open(s))
             families.append(
                 {
@@ -355,7 +356,9 @@ class RunModel:
             stride = max(1, -(-len(steps) // MEMBER_POINTS))
             shown = steps[::stride] + (steps[-1:] if steps and (len(steps) - 1) % stride else [])
             curve = {"steps": shown, "loss": [reader.curve[s] for s in shown]}
-            times = {a: reader.attempt_times.get(a, (None, None)) for a in reader.attempt_spans}
+            times: dict[int, tuple[float | None, float | None]] = {
+                a: reader.attempt_times.get(a, (None, None)) for a in reader.attempt_spans
+            }
             return self._details(name, curve, reader.attempt_spans, times, self._shared_checkpoints(name))
 
     def member_sample(self, name: str) -> dict[str, Any] | None:

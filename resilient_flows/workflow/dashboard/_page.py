@@ -25,10 +25,12 @@ from resilient_flows.strictjson import dumps_strict
 _OWN = ("dashboard.js", "dashboard.css")
 #: Where the embedded data goes in a report.
 _DATA_MARK = "<!-- rf-data -->"
+#: This module's package, whose assets/ the page bundles.
+_PACKAGE = __name__.rpartition(".")[0]
 
 
 def _assets() -> Path:
-    return Path(str(resources.files(__package__) / "assets"))
+    return Path(str(resources.files(_PACKAGE) / "assets"))
 
 
 def plotly_bundle() -> Path:

@@ -12,7 +12,7 @@ import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import Any, cast
 
 from resilient_flows.training import CheckpointSpec, FaultSpec, MemberSpec, StageSpec, fill_command, stage_output
 from resilient_flows.workflow.schema._fields import to_seconds
@@ -148,15 +148,16 @@ class SpecBuilder:
         local = None if self.local_root is None else str(PurePosixPath(self.local_root) / name)
         memory = None if self.memory_root is None else str(PurePosixPath(self.memory_root) / name)
         peer = None if self.peer_root is None else str(PurePosixPath(self.peer_root) / name)
-        command = None
+        command = argv = None
         if member.command is not None:
+            argv = cast(list[str], member.command)  # validating the member made its command an argv
             values = {**params, "name": name, "seed": seed, "steps": member.steps}
-            command = fill_command(list(member.command), values, self.directory)
+            command = fill_command(list(argv), values, self.directory)
         return MemberSpec(
             name=name,
             workload=member.workload or "",
             command=command,
-            command_template=None if command is None else list(member.command),
+            command_template=None if argv is None else list(argv),
             workdir=None if self.directory is None else str(self.directory),
             grace_s=None if command is None else member.grace or self.stop_grace_s,
             params=params,

@@ -49,7 +49,7 @@ def check_workload(value: str) -> str:
     return value
 
 
-def check_one_way_to_run(what: str, workload: str | None, command: list[str] | str | None) -> None:
+def check_one_way_to_run(what: str, workload: str | None, command: str | list[Any] | None) -> None:
     """Exactly one of ``workload`` and ``command``; ``what`` names the member or campaign."""
     choice = "give 'workload' (a training function) or 'command' (your own script)"
     if workload is not None and command is not None:

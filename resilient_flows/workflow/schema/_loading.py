@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
+from pydantic_core import ErrorDetails
 
 from resilient_flows.errors import WorkflowError
 from resilient_flows.workflow._yamlsource import YamlSource
@@ -37,7 +38,7 @@ def parse_workflow(source: YamlSource) -> Workflow:
         raise WorkflowError(f"{source.path}:{line}: {dotted(loc) or 'workflow'}: {_explain(first)}{more}") from None
 
 
-def _explain(error: dict[str, Any]) -> str:
+def _explain(error: ErrorDetails) -> str:
     kind = error["type"]
     if kind == "extra_forbidden":
         allowed = _allowed_keys(tuple(error["loc"])[:-1])

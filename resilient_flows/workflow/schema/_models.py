@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import math
 import random
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, cast
 
 from pydantic import BaseModel, Field, ValidationInfo, field_validator, model_validator
 
 from resilient_flows.cosched import BASELINES
 from resilient_flows.sites import SiteOptions
-from resilient_flows.training import PARALLEL_MODES, STAGE_ARGUMENTS, check_command
+from resilient_flows.training import STAGE_ARGUMENTS, check_command
+from resilient_flows.training._spec import ParallelMode
 from resilient_flows.workflow.schema._fields import (
     FAULT_KINDS,
     STRICT,
@@ -81,7 +82,7 @@ class CheckpointConfig(_Section):
     @field_validator("process_mtbf", "node_mtbf")
     @classmethod
     def _mtbf(cls, value: int | str | None, info: ValidationInfo) -> int | str | None:
-        if value is not None and to_seconds(value, info.field_name) <= 0:
+        if value is not None and to_seconds(value, cast(str, info.field_name)) <= 0:  # a field validator's
             raise ValueError(f"{info.field_name} must be longer than 0 s")
         return value
 
@@ -139,7 +140,7 @@ class MemberConfig(_Section):
     ranks: int = 1
     nodes: Annotated[int, Field(ge=1)] = 1
     min_nodes: int | None = None  # None: it never shrinks
-    parallel: Literal[PARALLEL_MODES] = "ddp"
+    parallel: ParallelMode = "ddp"
     threads: Annotated[int, Field(ge=1)] = 1
     checkpoint: CheckpointConfig | None = None  # None: the workflow's
     after: list[Name] = []  # stages whose output it reads: it starts once they finished
@@ -170,7 +171,7 @@ class MemberConfig(_Section):
 
     @field_validator("command")
     @classmethod
-    def _command(cls, value: str | list[Any] | None, info: ValidationInfo) -> list[str] | None:
+    def _command(cls, value: str | list[Any] | None, info: ValidationInfo) -> str | list[Any] | None:
         if value is None or "params" not in info.data or "grid" not in info.data:
             return value  # params or grid failed: that error is the one to show
         names = {*info.data["params"], *(info.data["grid"] or {})}
@@ -326,6 +327,12 @@ class HyperparameterSpace(_Section):
                 raise ValueError(f"range {list(self.range)} needs low < high (and low > 0 with log)")
         return self
 
+    def _bounds(self) -> tuple[float, float]:
+        """The range, which the validator makes sure of where there are no values."""
+        if self.range is None:
+            raise ValueError("a hyperparameter needs 'values' or 'range'")
+        return self.range
+
     def grid(self) -> list[Any]:
         if self.values is None:
             raise ValueError("a grid needs 'values' for every hyperparameter")
@@ -334,7 +341,7 @@ class HyperparameterSpace(_Section):
     def sample(self, rng: random.Random) -> Any:
         if self.values is not None:
             return rng.choice(self.values)
-        low, high = self.range
+        low, high = self._bounds()
         if self.log:
             return math.exp(rng.uniform(math.log(low), math.log(high)))
         return rng.uniform(low, high)
@@ -344,7 +351,7 @@ class HyperparameterSpace(_Section):
         if self.values is not None:
             index = self.values.index(current) if current in self.values else 0
             return self.values[min(max(index + rng.choice((-1, 1)), 0), len(self.values) - 1)]
-        low, high = self.range
+        low, high = self._bounds()
         return min(max(float(current) * rng.choice(factors), low), high)
 
 
@@ -385,7 +392,7 @@ class ExploreConfig(_Section):
 
     @field_validator("command")
     @classmethod
-    def _command(cls, value: str | list[Any] | None, info: ValidationInfo) -> list[str] | None:
+    def _command(cls, value: str | list[Any] | None, info: ValidationInfo) -> str | list[Any] | None:
         if value is None or "params" not in info.data or "hyperparameters" not in info.data:
             return value
         names = {*info.data["params"], *info.data["hyperparameters"]}
@@ -429,7 +436,7 @@ class AnalyticsConfig(_Section):
     @classmethod
     def _durations(cls, value: int | str | None, info: ValidationInfo) -> int | str | None:
         if value is not None:
-            to_seconds(value, info.field_name)
+            to_seconds(value, cast(str, info.field_name))  # set for a field validator
         return value
 
     @model_validator(mode="after")
