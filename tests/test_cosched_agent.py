@@ -491,10 +491,11 @@ def _until(what: str, predicate, timeout: float = 60.0):
     pytest.fail(f"timed out after {timeout:g} s waiting for {what}")
 
 
-def _worker(directory: Path, every: int, steps: int) -> str:
+def _worker(directory: Path, every: int, steps: int, step_s: float = 0.1) -> str:
     directory.mkdir()
     command = (
         f"exec {sys.executable} -m resilient_flows.examples.preemptible {directory} --steps {steps} --every {every}"
+        f" --step-s {step_s}"
     )
     return _sbatch("-n1", "--requeue", "-J", f"rf-agent-{directory.name}", "-o", str(directory / "out"),
                    "--wrap", command)  # fmt: skip
@@ -507,15 +508,17 @@ def test_on_slurm_the_agent_preempts_the_fresh_checkpoint_and_the_victim_resumes
     (younger, checkpointed once). An on-demand job arrives. dp preempts "fresh"; youngest, asked
     on the same queue, would have taken "stale" and thrown away the work since its one checkpoint."""
     require_slurm()
-    steps = 90
+    # long enough (40 s) that neither batch job ends before the decision however slow the setup
+    # is under load: one that ended would free its CPU, and the request would need no victim
+    steps, step_s = 160, 0.25
     ids: list[str] = []
     try:
         fresh = tmp_path / "fresh"
-        ids.append(_worker(fresh, every=1, steps=steps))
+        ids.append(_worker(fresh, every=1, steps=steps, step_s=step_s))
         beats = [tmp_path / name / "shared" / FILENAME for name in ("fresh", "stale")]
         # the stale job starts seconds later (Slurm's start times are whole seconds): the younger
         _until("fresh checkpointing", beats[0].exists)
-        ids.append(_worker(tmp_path / "stale", every=10_000, steps=steps))
+        ids.append(_worker(tmp_path / "stale", every=10_000, steps=steps, step_s=step_s))
         _until("both heartbeats published", lambda: all(b.exists() for b in beats))
         batch = SlurmBatch()
         _until("both comments set", lambda: all(j.comment for j in batch.jobs() if j.id in ids))
@@ -532,6 +535,7 @@ def test_on_slurm_the_agent_preempts_the_fresh_checkpoint_and_the_victim_resumes
         ranks = {j.id: j.priority for j in batch.jobs()}
         assert ranks[waiting] > ranks[ondemand]
 
+        assert [_state(i) for i in ids[:2]] == ["RUNNING", "RUNNING"], "a batch job ended before the decision"
         youngest = Agent(batch, AgentConfig(unit="cpus", policy="youngest", dry_run=True)).poll()
         log = tmp_path / "events.jsonl"
         agent = Agent(batch, AgentConfig(unit="cpus", interval=0.5, grace=20), log_path=log)
@@ -573,10 +577,10 @@ def test_on_slurm_the_agent_preempts_the_fresh_checkpoint_and_the_victim_resumes
         _until("the victim released", released, timeout=40)
         events = [json.loads(line)["event"] for line in log.read_text().splitlines()]
         assert events[:2] == ["decision", "prioritize"] and "requeue" in events and events[-1] == "release"
-        _until("the victim finished", lambda: (fresh / "final.npy").exists(), timeout=90)
+        _until("the victim finished", lambda: (fresh / "final.npy").exists(), timeout=180)
         np.testing.assert_array_equal(np.load(fresh / "final.npy"), train(steps))
         # the requeued victim may take the freed CPU first (it is older); the job waits for a CPU
-        assert _until("the waiting batch job started", lambda: _started_at(waiting), timeout=90) >= began
+        assert _until("the waiting batch job started", lambda: _started_at(waiting), timeout=180) >= began
         starts = [line.split() for line in (fresh / "starts").read_text().splitlines()]
         assert len(starts) == 2 and starts[1][1] == "1" and int(starts[1][0]) >= 0  # resumed, not restarted
     finally:
