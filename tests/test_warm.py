@@ -102,7 +102,7 @@ context = multiprocessing.get_context("forkserver")
 context.set_forkserver_preload(["resilient_flows.sites._preload"])
 preloaded = functools.partial(start_fork_server, ["wave"])
 preloaded()
-workers = _WorkerContext(context, context, {}, preloaded)
+workers = _WorkerContext(context, context, preloaded, {})
 for out in sys.argv[1:]:
     worker = workers.Process(target=probe.report, args=(out,))
     worker.start()

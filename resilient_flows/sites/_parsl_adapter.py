@@ -208,8 +208,8 @@ def split_argv(argv: Sequence[str]) -> tuple[list[str], bool, list[str]]:
 def run_pool(
     argv: Sequence[str],
     forkserver: multiprocessing.context.ForkServerContext,
+    ensure_server: Callable[[], None],
     environ: Mapping[str, str] | None = None,
-    ensure_server: Callable[[], None] | None = None,
 ) -> None:
     """Run Parsl's worker pool with ``argv`` (its own arguments), its workers made by
     ``forkserver`` (a ``forkserver`` context whose preload is set) and noticed when they exit.
@@ -224,7 +224,7 @@ def run_pool(
             raise RuntimeError(f"Parsl's process_worker_pool has no {name} (tested with Parsl {TESTED_PARSL})")
     # the pool module imports SpawnContext from parsl.multiprocessing: not an export to type checkers
     spawn = pool.SpawnContext  # pyright: ignore[reportPrivateImportUsage]
-    workers = _WorkerContext(spawn, forkserver, dict(environ or {}), ensure_server)
+    workers = _WorkerContext(spawn, forkserver, ensure_server, dict(environ or {}))
     pool.SpawnContext = workers  # pyright: ignore[reportPrivateImportUsage]
     pool.Manager = _waking_manager(pool.Manager, workers)
     sys.argv = [POOL_SCRIPT, *argv]
@@ -249,8 +249,8 @@ class _WorkerContext:
         self,
         spawn: Any,
         forkserver: multiprocessing.context.ForkServerContext,
+        ensure_server: Callable[[], None],
         environ: dict[str, str],
-        ensure_server: Callable[[], None] | None = None,
     ) -> None:
         self._spawn = spawn
         self._forkserver = forkserver
@@ -266,11 +266,9 @@ class _WorkerContext:
         """A worker process from the fork server (started by the pool), remembered."""
         if self._environ and "target" in kwargs:
             kwargs["target"] = functools.partial(_in_environ, self._environ, kwargs["target"])
-        if self._ensure_server is not None:
-            with self._lock:
-                self._ensure_server()
-        process = self._forkserver.Process(*args, **kwargs)
         with self._lock:
+            self._ensure_server()
+            process = self._forkserver.Process(*args, **kwargs)
             self._started.append(process)
         return process
 

@@ -56,7 +56,7 @@ def main(argv: list[str]) -> None:
     if standby:
         pool_argv, environ = wait_for_go(pool_argv)
         os.environ.update(environ)
-    run_pool(pool_argv, forkserver, environ, preloaded)
+    run_pool(pool_argv, forkserver, preloaded, environ)
 
 
 def start_fork_server(modules: Sequence[str]) -> None:
