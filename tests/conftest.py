@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -87,6 +89,19 @@ def _empty_slurm_cluster(request: pytest.FixtureRequest) -> None:
 def tiers(tmp_path: Path) -> tuple[Path, Path]:
     """A (shared, local) pair of tier directories."""
     return tmp_path / "shared", tmp_path / "local"
+
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1)
+
+
+@pytest.fixture(autouse=True)
+def _stop_signals_as_found() -> Iterator[None]:
+    """A benchmark's or CLI's ``main`` run in-process installs its own stop handlers; the next test
+    in the same worker must start with the handlers the worker had, not inherit them."""
+    found = {signum: signal.getsignal(signum) for signum in STOP_SIGNALS}
+    yield
+    for signum, handler in found.items():
+        signal.signal(signum, handler)
 
 
 @pytest.fixture(autouse=True)
