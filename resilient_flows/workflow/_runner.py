@@ -691,7 +691,8 @@ class _RunLoop:
         instance to adopt instead of starting its first blocks cold (see
         :mod:`resilient_flows.workflow._standby`)."""
         self.kept = left_waiting(self.ledger.previous(), self.config.executors)
-        self.ledger.take((record_pid(k.resource), k.resource["started"]) for k in self.kept)
+        pools = ((record_pid(k.resource), k.resource["started"]) for k in self.kept)
+        self.ledger.take((pid, started) for pid, started in pools if pid is not None)
         for kept in self.kept:
             console.print(f"{kept.label}: a standby pool an earlier runner left (its block {kept.block}) takes over")
 
