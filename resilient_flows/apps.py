@@ -48,6 +48,7 @@ from resilient_flows.errors import (
 )
 from resilient_flows.rundir import EventLog, TaskLayout, stage_layout
 from resilient_flows.sites._hung import WorkerHung
+from resilient_flows.sites._parsl import retry_with_kwarg, retry_with_priority
 from resilient_flows.training import (
     EXIT_CANNOT_RUN,
     EXIT_PEER_LOST,
@@ -438,10 +439,7 @@ class ResumingRetryHandler:
             return math.inf
         if task_record["fail_cost"] + cost <= self.retries:
             if machine is not None and self.lost_priority is not None:
-                task_record["resource_specification"] = {
-                    **(task_record.get("resource_specification") or {}),
-                    "priority": self.lost_priority,
-                }
+                retry_with_priority(task_record, self.lost_priority)
             wait = self._backoff(task, task_record, progressed)
             events.emit(
                 "retried",
@@ -508,9 +506,8 @@ class ResumingRetryHandler:
         self._quick[task] = self._quick.get(task, 0) + 1 if quick else 0
         wait = min(BACKOFF_S * 2 ** (self._quick[task] - 1), MAX_BACKOFF_S) if self._quick[task] else 0.0
         self._waited[task] = wait
-        kwargs = task_record.get("kwargs")
-        if wait and isinstance(kwargs, dict):
-            kwargs["backoff_s"] = wait
+        if wait:
+            retry_with_kwarg(task_record, "backoff_s", wait)
         return wait
 
 

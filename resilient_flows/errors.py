@@ -31,6 +31,7 @@ __all__ = [
     "StateMismatchError",
     "StorageFullError",
     "Superseded",
+    "UnsupportedParslError",
     "WorkflowError",
     "WorkloadError",
     "is_permanent",
@@ -164,6 +165,11 @@ class StateMismatchError(CheckpointError):
 
 class SiteConfigError(ResilientFlowsError):
     """A site configuration names an unknown class, key or value; the message says which and where."""
+
+
+class UnsupportedParslError(ResilientFlowsError):
+    """The installed Parsl is not one whose internals resilient-flows knows (see
+    :mod:`resilient_flows.sites._parsl`): it would fail deep in a run, or run differently."""
 
 
 class WorkflowError(ResilientFlowsError):

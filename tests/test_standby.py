@@ -20,7 +20,7 @@ from parsl.jobs.states import JobState, JobStatus
 
 from resilient_flows.errors import SiteConfigError
 from resilient_flows.sites import SiteFile, load_site
-from resilient_flows.sites._parsl_adapter import go_file, is_standby, is_warm, split_argv
+from resilient_flows.sites._parsl import go_file, is_standby, is_warm, split_argv
 from resilient_flows.sites._warmpool import wait_for_go
 from resilient_flows.workflow._standby import Kept, Standby, cancel_kept, lower_init_blocks
 

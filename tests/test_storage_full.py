@@ -86,7 +86,8 @@ def test_a_runner_starts_parsl_once_the_full_run_directory_has_room(small_filesy
     from rich.console import Console
 
     from resilient_flows.sites import SiteFile
-    from resilient_flows.workflow._runner import _close_logs, _file_logs, _load_parsl, _site_config
+    from resilient_flows.sites._parsl import close_parsl_logs, parsl_file_logs
+    from resilient_flows.workflow._runner import _load_parsl, _site_config
 
     run_dir = small_filesystem / "run"
     run_dir.mkdir()
@@ -101,10 +102,10 @@ def test_a_runner_starts_parsl_once_the_full_run_directory_has_room(small_filesy
         assert "waiting for space" in out.getvalue() and "No space left on device" in out.getvalue()
         assert dfk.executors["local"].interchange_proc.poll() is None  # it runs
     finally:
-        logs = _file_logs(config.run_dir)
+        logs = parsl_file_logs(config.run_dir)
         dfk.cleanup()
         parsl.clear()
-        _close_logs(logs)  # as the runner does: Parsl's cleanup leaves its log open
+        close_parsl_logs(logs)  # as the runner does: Parsl's cleanup leaves its log open
 
 
 def test_a_member_trains_through_a_full_file_system_and_ends_like_an_uninterrupted_run(

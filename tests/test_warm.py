@@ -20,7 +20,7 @@ from slurm import wait_for
 
 from resilient_flows.errors import SiteConfigError
 from resilient_flows.sites import load_site
-from resilient_flows.sites._parsl_adapter import DEFAULT_PRELOAD, WARM_MODULE, add_preload, is_warm, split_argv
+from resilient_flows.sites._parsl import DEFAULT_PRELOAD, WARM_MODULE, add_preload, is_warm, split_argv
 from resilient_flows.training import preloaded_modules, read_events, run_member
 from resilient_flows.training._heartbeat import heartbeat_path, read_heartbeat
 from resilient_flows.workflow import read_plan
@@ -95,7 +95,7 @@ def test_the_preload_report_on_a_full_disk_does_not_end_the_fork_server() -> Non
 _FORK_SERVER_DIES = """
 import multiprocessing, multiprocessing.forkserver, os, signal, sys, functools
 import probe
-from resilient_flows.sites._parsl_adapter import _WorkerContext
+from resilient_flows.sites._parsl._pool import _WorkerContext
 from resilient_flows.sites._warmpool import start_fork_server
 
 context = multiprocessing.get_context("forkserver")

@@ -699,9 +699,9 @@ def test_a_site_stall_timeout_must_be_a_duration(tmp_path: Path) -> None:
 def test_holding_a_block_of_a_dead_interchange_gives_up_and_goes_on(monkeypatch: pytest.MonkeyPatch) -> None:
     """A fault that takes a block's pool and the interchange at once: Parsl's hold waits forever
     for an answer, and the runner, holding the block before it cancels it, must not wait with it."""
-    from resilient_flows.workflow import _blocks
+    from resilient_flows.sites._parsl import _executor
 
-    monkeypatch.setattr(_blocks, "HOLD_ANSWER_S", 0.2)
+    monkeypatch.setattr(_executor, "HOLD_ANSWER_S", 0.2)
     never = threading.Event()
     asked: list[str] = []
 
@@ -710,7 +710,7 @@ def test_holding_a_block_of_a_dead_interchange_gives_up_and_goes_on(monkeypatch:
             asked.append(block)
             never.wait()
 
-    _blocks.hold_block(DeadInterchange(), "3")  # returns, after 0.2 s
+    _executor.hold_block(DeadInterchange(), "3")  # returns, after 0.2 s
     assert asked == ["3"]
     never.set()
 
@@ -718,7 +718,7 @@ def test_holding_a_block_of_a_dead_interchange_gives_up_and_goes_on(monkeypatch:
 def test_holding_a_block_stops_waiting_once_the_interchange_process_exits() -> None:
     """The interchange killed while the runner waits for its answer (or before it asks): the
     runner goes on at once, to notice the lost interchange, instead of waiting out the 5 s."""
-    from resilient_flows.workflow import _blocks
+    from resilient_flows.sites._parsl import _executor
 
     never = threading.Event()
     asked: list[str] = []
@@ -734,9 +734,9 @@ def test_holding_a_block_stops_waiting_once_the_interchange_process_exits() -> N
     executor = KilledInterchange()
     threading.Timer(0.3, executor.interchange_proc.kill).start()
     began = time.monotonic()
-    _blocks.hold_block(executor, "1")
-    assert asked == ["1"] and time.monotonic() - began < _blocks.HOLD_ANSWER_S / 2
+    _executor.hold_block(executor, "1")
+    assert asked == ["1"] and time.monotonic() - began < _executor.HOLD_ANSWER_S / 2
     executor.interchange_proc.wait()
-    _blocks.hold_block(executor, "2")  # already dead: not asked
+    _executor.hold_block(executor, "2")  # already dead: not asked
     assert asked == ["1"]
     never.set()

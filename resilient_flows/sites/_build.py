@@ -56,7 +56,7 @@ from resilient_flows.envvars import expand_env
 from resilient_flows.errors import SiteConfigError
 from resilient_flows.sites import cobalt
 from resilient_flows.sites._blockerrors import PatientBlockErrorHandler
-from resilient_flows.sites._parsl_adapter import DEFAULT_PRELOAD, warm_launch_cmd
+from resilient_flows.sites._parsl import DEFAULT_PRELOAD, warm_launch_cmd
 
 _NAMESPACES = (parsl.executors, parsl.providers, parsl.launchers, cobalt)
 #: Our classes a site file names beside Parsl's (``block_error_handler: {type: ...}``).

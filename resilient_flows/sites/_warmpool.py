@@ -6,7 +6,7 @@ per restarted member on an idle core, many more on a busy node or a parallel fil
 the pool's workers are forked from a fork server that imported them once, at the pool's start
 (:mod:`resilient_flows.sites._preload`): a worker that replaces a killed one, and every idle
 worker a retry is sent to, starts with them imported. See
-:mod:`resilient_flows.sites._parsl_adapter` for how Parsl's pool is changed.
+:mod:`resilient_flows.sites._parsl` for how Parsl's pool is changed.
 
 Why a fork server, not ``fork`` from the pool's manager: the manager runs threads (ZeroMQ,
 Parsl's own) and forking a threaded process copies locks held by threads that do not exist in
@@ -20,7 +20,7 @@ says so on the pool's stderr.
 
 A standby pool (``--standby``, a site's ``standby_pool: true``) does all of that, imports the pool's
 own module too, and then waits, unknown to the interchange, until the runner creates its go file
-(:func:`~resilient_flows.sites._parsl_adapter.go_file`): a block whose pool is lost is replaced
+(:func:`~resilient_flows.sites._parsl.go_file`): a block whose pool is lost is replaced
 by one that is already started and preloaded (see :mod:`resilient_flows.workflow._standby`).
 A go file that holds a launch command (a standby adopted by the Parsl instance that replaced a
 lost interchange, or by the runner that resumed a killed one) gives the pool's arguments to run
@@ -39,7 +39,7 @@ import sys
 import time
 from collections.abc import Sequence
 
-from resilient_flows.sites._parsl_adapter import go_file, read_go, run_pool, split_argv
+from resilient_flows.sites._parsl import POOL_MODULE, go_file, read_go, run_pool, split_argv
 from resilient_flows.sites._preload import PRELOAD_VARIABLE
 
 #: Seconds between two looks of a standby pool for its go file.
@@ -76,8 +76,8 @@ def wait_for_go(pool_argv: Sequence[str]) -> tuple[list[str], dict[str, str]]:
     """Import the pool's module, then wait for this block's go file: a standby costs a few idle
     processes and no CPU until it is needed. A cancelled block ends here by its SIGTERM. The
     pool's arguments and the environment to add, as the file says (see
-    :func:`~resilient_flows.sites._parsl_adapter.read_go`)."""
-    importlib.import_module("parsl.executors.high_throughput.process_worker_pool")
+    :func:`~resilient_flows.sites._parsl.read_go`)."""
+    importlib.import_module(POOL_MODULE)
     parser = argparse.ArgumentParser(add_help=False)
     parser.add_argument("--logdir", required=True)
     parser.add_argument("--block_id", required=True)

@@ -29,12 +29,22 @@ from typing import Any
 
 from parsl.executors import HighThroughputExecutor
 from parsl.executors.status_handling import BlockProviderExecutor
-from parsl.jobs.states import JobState, JobStatus
 from parsl.providers import LocalProvider
 
 from resilient_flows.errors import WorkflowError, is_storage_full
 from resilient_flows.rundir import FULL_WAIT_S, append_record, read_records, run_layout
-from resilient_flows.sites._parsl_adapter import go_file, is_standby
+from resilient_flows.sites._parsl import (
+    foreign_job,
+    go_file,
+    hold_block,
+    interchange_pid,
+    is_standby,
+    job_record,
+    local_job_pid,
+    local_job_script,
+    mark_scaled_in,
+    set_job_record,
+)
 from resilient_flows.training import (
     DEFAULT_ORPHAN_TIMEOUT_S,
     RENEW_S,
@@ -72,18 +82,16 @@ class BlockLedger:
         for executor in executors:
             if not isinstance(executor, BlockProviderExecutor):
                 continue
-            proc = getattr(executor, "interchange_proc", None)
-            if proc is not None and (executor.label, f"interchange {proc.pid}") not in self._seen:
-                self._seen.add((executor.label, f"interchange {proc.pid}"))  # a new one per Parsl instance
-                self._append(
-                    {"executor": executor.label, "interchange": proc.pid, "started": process_start_time(proc.pid)}
-                )
+            pid = interchange_pid(executor)
+            if pid is not None and (executor.label, f"interchange {pid}") not in self._seen:
+                self._seen.add((executor.label, f"interchange {pid}"))  # a new one per Parsl instance
+                self._append({"executor": executor.label, "interchange": pid, "started": process_start_time(pid)})
             for block, job_id in list(executor.blocks_to_job_id.items()):
                 if (executor.label, block) in self._seen:
                     continue
                 self._seen.add((executor.label, block))
-                resource = getattr(executor.provider, "resources", {}).get(job_id)
-                carried = resource.get("token") if isinstance(resource, dict) else None
+                resource = job_record(executor.provider, job_id)
+                carried = resource.get("token") if resource is not None else None
                 record = {**_job_record(executor.provider, job_id), "token": carried or self.token}
                 # a resume takes over a pool left waiting for its go file (a HighThroughputExecutor's)
                 if is_standby(executor) and isinstance(executor, HighThroughputExecutor):
@@ -176,11 +184,10 @@ def _cancel(records: list[dict[str, Any]], executors: Iterable[Any]) -> list[str
 def _job_record(provider: Any, job_id: str) -> dict[str, Any]:
     record: dict[str, Any] = {"job_id": job_id, "provider": type(provider).__name__}
     if isinstance(provider, LocalProvider):
-        resource = provider.resources.get(job_id, {})
-        pid = resource.get("remote_pid")
+        pid = local_job_pid(provider, job_id)
         started = None if pid is None else process_start_time(pid)
         group = _local_group(provider, job_id)
-        script = resource.get("script_path")
+        script = local_job_script(provider, job_id)
         record.update(pid=pid, host=socket.gethostname(), started=started, pgid=group, script_path=script)
     return record
 
@@ -218,52 +225,15 @@ def retire_block(executor: BlockProviderExecutor, block: str | None) -> bool:
         timer = threading.Timer(KILL_GRACE_S, _kill_group, (group,))
         timer.daemon = True
         timer.start()
-    scaled_in = JobStatus(JobState.SCALED_IN)
-    executor._status[str(block)] = scaled_in  # what scale_in_facade records for the blocks it scales in
-    executor._simulated_status[str(block)] = scaled_in
+    mark_scaled_in(executor, str(block))
     return True
-
-
-#: Seconds the interchange has to answer a hold before the block is cancelled without it.
-HOLD_ANSWER_S = 5.0
-#: Seconds between two looks at the interchange process while its answer to a hold is awaited.
-HOLD_LOOK_S = 0.1
-
-
-def hold_block(executor: BlockProviderExecutor, block: str) -> None:
-    """Put the block's managers on hold: the interchange sends them no more tasks, while the ones
-    they run go on (Parsl's own ``_hold_block``, where the executor has one).
-
-    Asked from a thread of its own and waited for at most :data:`HOLD_ANSWER_S`, and not at all
-    once the interchange process exited: Parsl's command channel waits forever for an interchange
-    that died (a fault may take the block's pool and the interchange at once), and the runner must
-    go on to notice that and start Parsl again."""
-    hold = getattr(executor, "_hold_block", None)
-    if hold is None or _interchange_exited(executor):
-        return
-    asking = threading.Thread(target=hold, args=(str(block),), name=f"hold-block-{block}", daemon=True)
-    asking.start()
-    deadline = time.monotonic() + HOLD_ANSWER_S
-    while asking.is_alive() and time.monotonic() < deadline:
-        asking.join(HOLD_LOOK_S)
-        if asking.is_alive() and _interchange_exited(executor):
-            logger.warning("the interchange exited before it answered the hold of block %s", block)
-            return
-    if asking.is_alive():
-        logger.warning("the interchange did not answer the hold of block %s within %.0f s", block, HOLD_ANSWER_S)
-
-
-def _interchange_exited(executor: BlockProviderExecutor) -> bool:
-    """Whether the executor's interchange (a process of this runner's, for an HTEX) has exited."""
-    proc = getattr(executor, "interchange_proc", None)
-    return proc is not None and proc.poll() is not None
 
 
 def _local_group(provider: Any, job_id: str) -> int | None:
     """The process group of a LocalProvider block, while it runs."""
     if not isinstance(provider, LocalProvider):
         return None
-    pid = provider.resources.get(job_id, {}).get("remote_pid")
+    pid = local_job_pid(provider, job_id)
     try:
         return None if pid is None else os.getpgid(pid)
     except ProcessLookupError:
@@ -292,14 +262,8 @@ def cancel_block(provider: Any, record: dict[str, Any]) -> bool:
         found = _stragglers_of(record)
         return bool(found) and kill_stragglers(**found) > 0
     job_id = str(record["job_id"])
-    resources = getattr(provider, "resources", None)
-    if isinstance(resources, dict) and job_id not in resources:  # a job another runner submitted
-        resources[job_id] = {
-            "job_id": job_id,
-            "status": JobStatus(JobState.RUNNING),
-            "job_stdout_path": None,
-            "job_stderr_path": None,
-        }
+    if job_record(provider, job_id) is None:  # a job another runner submitted: its provider knows it not
+        set_job_record(provider, job_id, foreign_job(job_id))
     try:
         cancelled = bool(provider.cancel([job_id])[0])
     except Exception as exc:  # a provider's command failing must not stop the resume

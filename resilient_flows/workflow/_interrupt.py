@@ -39,8 +39,8 @@ from parsl.executors import HighThroughputExecutor
 
 from resilient_flows.errors import Preempted
 from resilient_flows.rundir import member_layout, run_layout
+from resilient_flows.sites._parsl import DFK_LOGGER, hold_managers
 from resilient_flows.training import BEAT_S, read_heartbeat, request_preemption
-from resilient_flows.workflow._watchdog import ANSWER_S, interchange_managers
 
 #: The signals that stop a run.
 INTERRUPTS = (signal.SIGINT, signal.SIGTERM)
@@ -141,7 +141,7 @@ class Drain:
         """Hold every block's managers: no task starts any more, nor a stopped member's retry."""
         for executor in executors:
             if isinstance(executor, HighThroughputExecutor):
-                _hold_managers(executor)
+                hold_managers(executor)
 
     def update(self) -> bool:
         """Ask the members newly seen beating to stop; whether none beats any more, or the time is up."""
@@ -177,14 +177,12 @@ class _QuietStops(logging.Filter):
 
 
 _QUIET = _QuietStops()
-#: Where Parsl logs a task's failure.
-PARSL_DFK_LOGGER = "parsl.dataflow.dflow"
 
 
 @contextlib.contextmanager
 def quiet_stops() -> Iterator[None]:
     """Leave out of the logs the failures of the tasks of members that stopped while in the block."""
-    logger = logging.getLogger(PARSL_DFK_LOGGER)
+    logger = logging.getLogger(DFK_LOGGER)
     logger.addFilter(_QUIET)
     try:
         yield
@@ -212,20 +210,6 @@ def _beating(run_dir: Path, members: set[str]) -> dict[str, dict[str, Any]]:
         if fresh and record is not None:
             found[path.name] = record
     return found
-
-
-def _hold_managers(executor: HighThroughputExecutor) -> None:
-    """Parsl's ``_hold_block`` for every block, with a timeout: Parsl's own waits for good on an
-    interchange that does not answer."""
-
-    def hold() -> None:
-        for manager in interchange_managers(executor) or []:
-            with contextlib.suppress(Exception):  # a closing channel, a timeout: the stop goes on
-                executor.command_client.run(["HOLD_MANAGER", manager["manager"]], timeout_s=ANSWER_S)
-
-    thread = threading.Thread(target=hold, name="stop-hold", daemon=True)
-    thread.start()
-    thread.join(2 * ANSWER_S + 1)
 
 
 def resume_line(run_dir: Path) -> str:

@@ -46,7 +46,18 @@ from resilient_flows.clone import request_clone
 from resilient_flows.errors import ResilientFlowsError, WorkflowError, is_storage_full
 from resilient_flows.rundir import FULL_WAIT_S, EventLog, run_layout
 from resilient_flows.sites import SiteFacts, SiteFile, SiteOptions
-from resilient_flows.sites._parsl_adapter import add_preload
+from resilient_flows.sites._parsl import (
+    add_preload,
+    close_parsl_logs,
+    disconnect,
+    interchange_answers,
+    interchange_exit,
+    interchange_managers,
+    kill_interchange,
+    parsl_file_logs,
+    record_pid,
+    shutdown_started,
+)
 from resilient_flows.training import (
     TOKEN_ENV,
     LeaseRenewer,
@@ -90,7 +101,7 @@ from resilient_flows.workflow._standby import Kept, Standby, cancel_kept, left_w
 from resilient_flows.workflow._status import StatusTracker
 from resilient_flows.workflow._stragglers import carry_token, kill_commands, new_token
 from resilient_flows.workflow._walltime import BlockClock
-from resilient_flows.workflow._watchdog import Lost, Watchdog, clear_heartbeats, interchange_managers, stall_timeout
+from resilient_flows.workflow._watchdog import Lost, Watchdog, clear_heartbeats, stall_timeout
 from resilient_flows.workflow.dashboard import write_dashboard_report
 from resilient_flows.workflow.schema import load_workflow, run_path
 
@@ -444,27 +455,10 @@ def _load_parsl(config: Config, fresh: Callable[[], Config], console: Console) -
             if not is_storage_full(exc) or time.monotonic() > deadline:
                 raise
             console.print(f"[yellow]cannot start Parsl ({exc}): waiting for space[/]")
-            _close_logs(_file_logs(config.run_dir))
+            close_parsl_logs(parsl_file_logs(config.run_dir))
             parsl.clear()
             time.sleep(STORAGE_WAIT_S)
             config = fresh()
-
-
-def _file_logs(directory: str) -> list[logging.FileHandler]:
-    """The log files Parsl keeps open under ``directory``. Its shutdown detaches them but leaves
-    them open, and an instance that failed to start keeps them attached: one more open file, and
-    one more copy of every later log line, per Parsl instance of a run."""
-    root = str(Path(directory).resolve())
-    handlers = logging.getLogger("parsl").handlers
-    return [h for h in handlers if isinstance(h, logging.FileHandler) and h.baseFilename.startswith(root)]
-
-
-def _close_logs(handlers: list[logging.FileHandler]) -> None:
-    for handler in handlers:
-        for name in ("parsl", "concurrent.futures"):  # where Parsl attaches them
-            logging.getLogger(name).removeHandler(handler)
-        with contextlib.suppress(OSError):  # its last lines cannot be flushed to a full disk
-            handler.close()
 
 
 def _abandon(dfk: Any, executors: Sequence[Any]) -> None:
@@ -478,14 +472,13 @@ def _abandon(dfk: Any, executors: Sequence[Any]) -> None:
     """
     wait_s = ABANDON_S
     for executor in executors:
-        proc = getattr(executor, "interchange_proc", None)
-        if proc is not None and (proc.poll() is not None or not executor.command_client.ok):
-            if proc.poll() is not None:
+        exited = interchange_exit(executor) is not None
+        if exited or not interchange_answers(executor):
+            if exited:
                 wait_s = ABANDON_EXITED_S
-            proc.kill()
-            executor.connected_managers = list  # the interchange would never answer
-            executor.connected_blocks = list
-    if dfk.cleanup_called:  # a second Ctrl-C in the middle of its shutdown: Parsl refuses another
+            if kill_interchange(executor):
+                disconnect(executor)  # the interchange would never answer
+    if shutdown_started(dfk):  # a second Ctrl-C in the middle of its shutdown: Parsl refuses another
         return
     shutdown = threading.Thread(target=dfk.cleanup, name="abandon-parsl", daemon=True)
     shutdown.start()
@@ -502,11 +495,7 @@ def _kill_parsl(dfk: Any, executors: Sequence[Any], ledger: BlockLedger) -> None
     every process of theirs, then what is left of Parsl shut down as for a lost interchange."""
     ledger.cancel_own(executors)
     for executor in executors:
-        proc = getattr(executor, "interchange_proc", None)
-        if proc is not None:
-            proc.kill()
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(timeout=ABANDON_S)
+        kill_interchange(executor, wait_s=ABANDON_S)
     _abandon(dfk, executors)
 
 
@@ -702,7 +691,8 @@ class _RunLoop:
         instance to adopt instead of starting its first blocks cold (see
         :mod:`resilient_flows.workflow._standby`)."""
         self.kept = left_waiting(self.ledger.previous(), self.config.executors)
-        self.ledger.take((k.resource["remote_pid"], k.resource["started"]) for k in self.kept)
+        pools = ((record_pid(k.resource), k.resource["started"]) for k in self.kept)
+        self.ledger.take((pid, started) for pid, started in pools if pid is not None)
         for kept in self.kept:
             console.print(f"{kept.label}: a standby pool an earlier runner left (its block {kept.block}) takes over")
 
@@ -776,7 +766,7 @@ class _RunLoop:
         """Shut the Parsl instance down: at once after a second stop signal, abandoned after its
         interchange was lost, else as Parsl does (its blocks cancelled)."""
         executors = self.config.executors
-        logs = _file_logs(self.config.run_dir)
+        logs = parsl_file_logs(self.config.run_dir)
         try:
             if self.interrupts.again:
                 _kill_parsl(dfk, executors, self.ledger)
@@ -789,7 +779,7 @@ class _RunLoop:
             raise
         finally:
             parsl.clear()
-            _close_logs(logs)
+            close_parsl_logs(logs)
             self.ledger.reap(executors, everything=True)
             if self.interrupts.requested:  # a command member that outlived its stop: its launcher is gone
                 kill_commands(self.ledger.token, self.run_dir)

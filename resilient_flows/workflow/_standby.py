@@ -36,11 +36,9 @@ would all start cold. A waiting pool has not met the interchange yet, so it can 
 cancel it), and :meth:`Standby.adopt` makes it the first block of the new instance's executor
 of the same label, in place of the one its strategy would start cold; its go file then carries
 the new executor's launch command, whose arguments (ports, certificates, block id, log
-directory) the pool runs with. This relies on Parsl internals (2026.10.26) beside those of
-:mod:`resilient_flows.sites._parsl_adapter`: ``BlockProviderExecutor.blocks_to_job_id``,
-``job_ids_to_block``, ``_status``, ``_simulated_status``, ``_block_id_counter`` and
-``_get_launch_command``, and ``LocalProvider.resources`` (a job's record, found alive by its
-``remote_pid``).
+directory) the pool runs with. Moving a block between Parsl instances relies on Parsl's
+internals: :mod:`resilient_flows.sites._parsl` does it (:func:`~resilient_flows.sites._parsl.take_block`,
+:func:`~resilient_flows.sites._parsl.add_block`).
 """
 
 from __future__ import annotations
@@ -53,10 +51,18 @@ from dataclasses import dataclass
 from typing import Any
 
 from parsl.executors.status_handling import BlockProviderExecutor
-from parsl.jobs.states import JobState, JobStatus
 from parsl.providers import LocalProvider
 
-from resilient_flows.sites._parsl_adapter import go_file, is_standby, tell_go
+from resilient_flows.sites._parsl import (
+    add_block,
+    block_launch_command,
+    foreign_job,
+    go_file,
+    is_standby,
+    set_job_record,
+    take_block,
+    tell_go,
+)
 from resilient_flows.training import process_start_time
 
 logger = logging.getLogger(__name__)
@@ -98,16 +104,11 @@ class Standby:
             waiting = sorted(
                 (b for b, s in executor.status_facade.items() if not s.terminal and b not in told), key=_block_order
             )
-            block = waiting[0] if waiting else None
-            job_id = executor.blocks_to_job_id.get(block) if block is not None else None
-            resource = executor.provider.resources.get(job_id) if job_id is not None else None
-            if block is None or job_id is None or not isinstance(resource, dict):
+            taken = take_block(executor, waiting[0]) if waiting else None
+            if taken is None:
                 continue
+            block, (job_id, resource) = waiting[0], taken
             go = self._adopted.get((executor.label, block)) or go_file(executor.worker_logdir, block)
-            for table in (executor.blocks_to_job_id, executor._status, executor._simulated_status):
-                table.pop(block, None)
-            executor.job_ids_to_block.pop(job_id, None)
-            del executor.provider.resources[job_id]
             kept.append(Kept(executor.label, block, go, job_id, resource, resource.get("token")))
         return kept
 
@@ -121,12 +122,8 @@ class Standby:
             if executor is None:
                 left.append(old)
                 continue
-            block = str(executor._block_id_counter.get_id())
             # what the block ledger records of it: the go file it waits for, the token it carries
-            executor.provider.resources[old.job_id] = {**old.resource, "go": old.go, "token": old.token}
-            executor.blocks_to_job_id[block] = old.job_id
-            executor.job_ids_to_block[old.job_id] = block
-            executor._status[block] = JobStatus(JobState.RUNNING)
+            block = add_block(executor, old.job_id, {**old.resource, "go": old.go, "token": old.token})
             self._adopted[(executor.label, block)] = old.go
             logger.info(
                 "block %s of %s is the waiting pool of the lost instance's block %s", block, old.label, old.block
@@ -174,7 +171,7 @@ class Standby:
         adopted = self._adopted.get((executor.label, block))
         if adopted:
             path = adopted
-            tell_go(path, executor._get_launch_command(block), self._environ)
+            tell_go(path, block_launch_command(executor, block), self._environ)
         else:
             path = go_file(executor.worker_logdir, block)
             tell_go(path)
@@ -202,13 +199,8 @@ def left_waiting(records: Iterable[Mapping[str, Any]], executors: Iterable[Any])
             continue
         if record.get("started") is None or process_start_time(pid) != record.get("started"):
             continue
-        resource = {
-            "job_id": str(record["job_id"]),
-            "status": JobStatus(JobState.RUNNING),
-            "remote_pid": pid,
-            "script_path": record.get("script_path"),
-            "started": record["started"],  # for the ledger: which process was taken over
-        }
+        # "started", for the ledger: which process was taken over
+        resource = foreign_job(str(record["job_id"]), pid, record.get("script_path"), started=record["started"])
         found[label] = Kept(label, str(record["block"]), go, str(record["job_id"]), resource, record.get("token"))
     return list(found.values())
 
@@ -226,7 +218,7 @@ def cancel_kept(kept: Iterable[Kept]) -> None:
     """Cancel kept blocks that no Parsl instance adopted: their pools would wait forever."""
     for old in kept:
         provider = LocalProvider()
-        provider.resources[old.job_id] = old.resource
+        set_job_record(provider, old.job_id, old.resource)
         provider.cancel([old.job_id])
 
 

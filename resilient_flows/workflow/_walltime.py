@@ -34,8 +34,9 @@ from parsl.jobs.states import JobState
 from parsl.providers import SlurmProvider
 
 from resilient_flows.rundir import EventLog, run_layout
+from resilient_flows.sites._parsl import hold_block
 from resilient_flows.training import BlockTimes, Pace, drain_margin_s, request_preemption
-from resilient_flows.workflow._blocks import hold_block, retire_block
+from resilient_flows.workflow._blocks import retire_block
 
 logger = logging.getLogger(__name__)
 

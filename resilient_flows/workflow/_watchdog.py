@@ -14,8 +14,8 @@ any of these states waits forever. The watchdog looks every :data:`WATCH_S` seco
 - each block's managers, as the interchange reports them: a block that holds tasks of which none
   beats for longer than the site's stall timeout is lost (:data:`START_FACTOR` times that since it
   took a task, while none of its tasks has beaten yet: they may still be starting);
-- each executor's interchange process: once it exited, or stopped answering, the executor can run
-  nothing more.
+- each executor's interchange process: once it exited, or stopped answering (within
+  :data:`~resilient_flows.sites._parsl.ANSWER_S`), the executor can run nothing more.
 
 Silence is measured on the runner's own clock, from the moment it last saw a heartbeat file
 change, so that clock skew between nodes and the shared file system's times play no part.
@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -36,18 +35,15 @@ from pathlib import Path
 from typing import Any
 
 from parsl.executors import HighThroughputExecutor
-from parsl.executors.high_throughput.errors import CommandClientTimeoutError
 
 from resilient_flows.rundir import run_layout
+from resilient_flows.sites._parsl import ANSWER_S, interchange_exit, interchange_managers
 from resilient_flows.training import read_heartbeat
 
 logger = logging.getLogger(__name__)
 
 #: Seconds between two looks: a lost pool is found within this of its members' next beat.
 WATCH_S = 1.0
-
-#: Seconds the interchange has to answer the watchdog; one that does not is given up.
-ANSWER_S = 10.0
 
 #: How many times its step time an attempt may stay silent, when its member sets no timeout.
 STEP_FACTOR = 10.0
@@ -139,9 +135,9 @@ class Watchdog:
         for executor in executors:
             if not isinstance(executor, HighThroughputExecutor):
                 continue
-            proc = executor.interchange_proc
-            if proc is not None and proc.poll() is not None:
-                reason = f"the interchange of executor {executor.label} exited (status {proc.returncode})"
+            status = interchange_exit(executor)
+            if status is not None:
+                reason = f"the interchange of executor {executor.label} exited (status {status})"
                 found.append(Lost(reason, executor=executor.label))
                 continue
             managers = interchange_managers(executor)
@@ -250,29 +246,6 @@ class Watchdog:
                     block=block,
                     executor=label,
                 )
-
-
-def interchange_managers(executor: HighThroughputExecutor) -> list[dict[str, Any]] | None:
-    """The interchange's list of managers; None when it does not answer within :data:`ANSWER_S`.
-
-    Asked from a thread of its own: Parsl's command channel has one lock, which Parsl's own status
-    poller may hold forever while it waits for a hung interchange, and no timeout on taking it.
-    """
-    answer: list[Any] = []
-
-    def ask() -> None:
-        try:
-            answer.append(executor.command_client.run("MANAGERS", timeout_s=ANSWER_S))
-        except CommandClientTimeoutError:
-            pass
-        except Exception as exc:  # a closing channel: no news
-            logger.warning("watchdog: cannot list the managers of %s: %s", executor.label, exc)
-            answer.append([])
-
-    thread = threading.Thread(target=ask, name="watchdog-managers", daemon=True)
-    thread.start()
-    thread.join(ANSWER_S + 1)
-    return answer[0] if answer else None
 
 
 def _key(lost: Lost) -> tuple[Any, ...]:

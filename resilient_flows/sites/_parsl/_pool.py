@@ -1,4 +1,4 @@
-"""What resilient-flows relies on inside Parsl's ``HighThroughputExecutor`` worker pool, in one place.
+"""What resilient-flows relies on inside Parsl's ``HighThroughputExecutor`` worker pool (see the package's docstring).
 
 Warm workers (see :mod:`resilient_flows.sites._warmpool`) start Parsl's own worker pool with two
 changes, both made from outside, in the pool's process only:
@@ -14,9 +14,9 @@ changes, both made from outside, in the pool's process only:
   the environment of the runner before.
 
 Everything else (arguments, logging, the manager, task dispatch, the lost task's report) is
-Parsl's own code. Tested with Parsl :data:`TESTED_PARSL`. The internals relied on, each checked
-where it is used so that a Parsl that changed one fails the pool's start with a clear error
-instead of running it differently:
+Parsl's own code. Tested with Parsl :data:`~resilient_flows.sites._parsl.TESTED_PARSL`. The
+internals relied on, each checked where it is used so that a Parsl that changed one fails the
+pool's start with a clear error instead of running it differently:
 
 - ``parsl.executors.high_throughput.executor.DEFAULT_LAUNCH_CMD`` starts with the pool's script,
   ``process_worker_pool.py``, followed by its arguments: the warm launch command keeps the
@@ -40,7 +40,7 @@ instead of running it differently:
   the watchdog, which finds it dead next, takes it for an idle worker and only replaces it.
 - Tools that find a run's pools by ``process_worker_pool`` in a process's command line (the chaos
   benchmark, the watchdog's tests) find warm pools too: their command line names the module
-  ``parsl.executors.high_throughput.process_worker_pool``, the first of :data:`DEFAULT_PRELOAD`.
+  :data:`POOL_MODULE`, the first of :data:`DEFAULT_PRELOAD`.
   A warm pool's workers are the children of its fork server (``multiprocessing.forkserver`` in
   their command line), itself a child of the pool.
 - The module's ``if __name__ == "__main__":`` block parses ``sys.argv``, sets the module global
@@ -73,28 +73,31 @@ from typing import Any
 
 from resilient_flows.errors import SiteConfigError
 from resilient_flows.sites._hung import LOOK_S, HangWatch, WorkerHung
+from resilient_flows.sites._parsl._version import TESTED_PARSL
 
 logger = logging.getLogger(__name__)
 
 __all__ = [
     "DEFAULT_PRELOAD",
+    "POOL_MODULE",
     "POOL_SCRIPT",
     "STANDBY_FLAG",
-    "TESTED_PARSL",
     "WARM_MODULE",
     "add_preload",
     "go_file",
     "is_standby",
     "is_warm",
+    "read_go",
     "run_pool",
     "split_argv",
+    "tell_go",
     "warm_launch_cmd",
 ]
 
-#: The Parsl versions the pool's internals below were read from and tested with.
-TESTED_PARSL = ("2026.10.26",)
 #: The script HTEX's default launch command starts.
 POOL_SCRIPT = "process_worker_pool.py"
+#: The module of Parsl's worker pool: its workers' code, and what names a pool on its command line.
+POOL_MODULE = "parsl.executors.high_throughput.process_worker_pool"
 #: The module a warm launch command runs instead.
 WARM_MODULE = "resilient_flows.sites._warmpool"
 _PRELOAD_FLAG = "--preload"
@@ -106,7 +109,7 @@ _MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 #: idle core), and what a member's attempt imports before its workload (the apps, the member
 #: runtime, the built-in workloads, numpy's RNGs). The runner adds the run's own workload modules.
 DEFAULT_PRELOAD = (
-    "parsl.executors.high_throughput.process_worker_pool",
+    POOL_MODULE,
     "torch",
     "torch._dynamo",
     "numpy.random",
