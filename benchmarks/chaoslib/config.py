@@ -67,7 +67,7 @@ class Config:
     full_window_s: float = 4.0
     retries: int = 2
     judge_runner_cpu: bool = False  # the 1 % target is for 128 members of 5-second tasks
-    span_s: float | None = None  # set: bursts over this many seconds, and no fault-free run (see ``main``)
+    span_s: float | None = None  # set: bursts over this many seconds, and no fault-free run (see ``cli.baseline``)
     hold: bool = False  # members wait at HOLD_AT of their steps until every fault struck (see ``paced``)
     peer_members: int = 0  # of ``members``, those that span two nodes with a peer tier (``--peer``)
     walltime_s: float | None = None  # every block's walltime (``--walltime``); None: the site's
