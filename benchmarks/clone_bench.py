@@ -802,7 +802,8 @@ def mpi_missing() -> str | None:
     return None
 
 
-def main(argv: list[str] | None = None) -> None:
+def parser_of() -> argparse.ArgumentParser:
+    """The options; ``--role`` and ``--task`` (hidden) make this process one of the measured workers."""
     parser, sizes = options(
         __doc__,
         quick=f"{SIZES['quick'] // MiB} MiB state, our clones pre-started only: under a minute",
@@ -816,6 +817,23 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--json", type=Path, help="write every figure with its unit, the verdicts, every clone")
     parser.add_argument("--role", choices=sorted(ROLES), help=argparse.SUPPRESS)
     parser.add_argument("--task", type=Path, help=argparse.SUPPRESS)
+    return parser
+
+
+def measure_plain(work: dict[str, Any], reps: int, root: Path, local_root: Path) -> dict[str, Any]:
+    """One checkpoint's stall, in a worker of its own: what a clone is compared with."""
+    worker = Spawned("plain", root / "plain.log")
+    worker.send({**work, "dir": str(root / "plain"), "local_dir": str(local_root / "plain"), "reps": reps})
+    try:
+        return worker.receive()
+    finally:
+        worker.stop()
+        shutil.rmtree(root / "plain", ignore_errors=True)
+        shutil.rmtree(local_root / "plain", ignore_errors=True)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = parser_of()
     args = parser.parse_args(argv)
     if args.role:
         role_main(args.role, args.task)
@@ -846,14 +864,7 @@ def main(argv: list[str] | None = None) -> None:
     with scratch("clone-bench-", args.dir) as root, local_tier as local_name:
         local_root = Path(local_name)
         clock.phase("one checkpoint's stall")
-        plain_worker = Spawned("plain", root / "plain.log")
-        plain_worker.send({**work, "dir": str(root / "plain"), "local_dir": str(local_root / "plain"), "reps": reps})
-        try:
-            plain = plain_worker.receive()
-        finally:
-            plain_worker.stop()
-        shutil.rmtree(root / "plain", ignore_errors=True)
-        shutil.rmtree(local_root / "plain", ignore_errors=True)
+        plain = measure_plain(work, reps, root, local_root)
         for transport, where in (("shared", "shared tier"), ("local", f"node-local tier ({local_root.parent})")):
             clock.phase(f"clones over the {where}")
             measured[transport] = measure_ours(transport, work, reps, root, local_root, cold)

@@ -20,9 +20,9 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from rich.console import Console
 
@@ -44,6 +44,8 @@ __all__ = [
     "with_units",
     "write_json",
 ]
+
+T = TypeVar("T")
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -92,10 +94,10 @@ def median_time(fn: Callable[[], object], n: int) -> float:
     return statistics.median(timed(fn) for _ in range(n))
 
 
-def rotated(variants: tuple[str, ...], round_: int) -> list[str]:
+def rotated(variants: Sequence[T], round_: int) -> list[T]:
     """The variants in a different order each round, so that drift on a shared machine spreads evenly."""
     shift = round_ % len(variants)
-    return list(variants[shift:] + variants[:shift])
+    return [*variants[shift:], *variants[:shift]]
 
 
 def timed(fn: Callable[[], object]) -> float:

@@ -42,6 +42,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import harness
@@ -83,6 +84,21 @@ RATIOS = [
 # ------------------------------------------------------------------------------------------ a rank
 
 
+def model_and_optimizer(spec: dict, seed: int) -> tuple[Any, Any]:
+    """A model of ``spec``'s width and depth whose weights ``seed`` decides, and its SGD optimizer,
+    stepped once so that its momentum buffers exist (they are checkpointed too)."""
+    import torch
+    from torch import nn
+
+    torch.manual_seed(seed)
+    model = nn.Sequential(*[nn.Linear(spec["width"], spec["width"]) for _ in range(spec["depth"])])
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    for p in model.parameters():
+        p.grad = torch.ones_like(p)
+    optimizer.step()
+    return model, optimizer
+
+
 def rank_main(spec: dict) -> None:
     import torch
     import torch.distributed as dist
@@ -95,15 +111,6 @@ def rank_main(spec: dict) -> None:
     rank = dist.get_rank()
     root = Path(spec["dir"])
 
-    def model_and_optimizer(seed: int) -> tuple[nn.Module, torch.optim.Optimizer]:
-        torch.manual_seed(seed)
-        model = nn.Sequential(*[nn.Linear(spec["width"], spec["width"]) for _ in range(spec["depth"])])
-        optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-        for p in model.parameters():
-            p.grad = torch.ones_like(p)
-        optimizer.step()  # momentum buffers exist
-        return model, optimizer
-
     def checkpointer(case: str, node: str, local: bool) -> Checkpointer:
         local_dir = root / case / "nodes" / node / "local" if local else None
         return Checkpointer(root / case / "shared", local_dir=local_dir, keep=1, comm=dist.group.WORLD)
@@ -111,7 +118,7 @@ def rank_main(spec: dict) -> None:
     def flat(model: nn.Module, optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
         return [*model.state_dict().values(), *(s["momentum_buffer"] for s in optimizer.state.values())]
 
-    model, optimizer = model_and_optimizer(1)
+    model, optimizer = model_and_optimizer(spec, 1)
     state = TrainState(model, optimizer)
     report: dict[str, list[float] | int] = {"save_spread_s": [], "save_packed_s": []}
     for round_ in range(spec["rounds"] + 1):  # the first is a warm-up
@@ -142,7 +149,7 @@ def rank_main(spec: dict) -> None:
     for round_ in range(spec["rounds"] + 1):
         order = [True, False] if round_ % 2 == 0 else [False, True]
         for local in order:
-            fresh_model, fresh_optimizer = model_and_optimizer(2)
+            fresh_model, fresh_optimizer = model_and_optimizer(spec, 2)
             fresh = TrainState(fresh_model, fresh_optimizer)
             if rank == 0:
                 evict(root / "loss" / "shared")

@@ -528,6 +528,41 @@ def print_report(figures: dict[str, float], verdicts: dict[str, dict[str, Any]],
     console.print(table)
 
 
+def calibrated_steps(task_s: float, figures: dict[str, float]) -> dict[str, int]:
+    """Steps of each MLP (``wide``, ``narrow``) for tasks of about ``task_s`` seconds, a multiple of
+    :data:`CHECKPOINTS_PER_TASK`; each one's step time and steps into ``figures``."""
+    steps = {}
+    for label, params, probe in (("wide", WIDE, 50), ("narrow", NARROW, 800)):
+        per_step = calibrate(params, probe)
+        figures[f"{label}_step"] = 1000 * per_step
+        steps[label] = max(CHECKPOINTS_PER_TASK, round(task_s / per_step / CHECKPOINTS_PER_TASK))
+        steps[label] *= CHECKPOINTS_PER_TASK
+        figures[f"{label}_steps"] = steps[label]
+    return steps
+
+
+def run_config(mode: str, task_s: float, reps: int, resumes: int, same: dict[str, bool], wall: float) -> dict[str, Any]:
+    """What the run measured with, and on which versions: the JSON document's ``config``."""
+    return {
+        "mode": mode,
+        "task_s": task_s,
+        "reps": reps,
+        "zero_reps": ZERO_FACTOR * reps,
+        "resume_rounds": resumes,
+        "workload": WORKLOAD,
+        "wide_params": WIDE,
+        "narrow_params": NARROW,
+        "checkpoints_per_task": CHECKPOINTS_PER_TASK,
+        "kill": {"steps": KILL_STEPS, "interval_steps": KILL_INTERVAL, "at_step": KILL_AT},
+        "retries": RETRIES,
+        "same_result": same,
+        "wall_s": wall,
+        "parsl": parsl.__version__,
+        "torch": torch.__version__,
+        "cpus": len(os.sched_getaffinity(0)),
+    }
+
+
 def main(argv: list[str] | None = None) -> None:
     parser, _ = options(
         __doc__, quick="1-second tasks, 3 rounds, 2 kills: under a minute", full="5-second tasks, 15 rounds, 11 kills"
@@ -559,13 +594,7 @@ def main(argv: list[str] | None = None) -> None:
             workers = int(dfk.executors[config.executors[0].label].workers_per_node)
             clock.phase(f"warming {workers} workers, calibrating steps for {task_s:g}-second tasks")
             warm_workers(workers)
-            steps = {}
-            for label, params, probe in (("wide", WIDE, 50), ("narrow", NARROW, 800)):
-                per_step = calibrate(params, probe)
-                figures[f"{label}_step"] = 1000 * per_step
-                steps[label] = max(CHECKPOINTS_PER_TASK, round(task_s / per_step / CHECKPOINTS_PER_TASK))
-                steps[label] *= CHECKPOINTS_PER_TASK
-                figures[f"{label}_steps"] = steps[label]
+            steps = calibrated_steps(task_s, figures)
             clock.phase(f"zero-step tasks, {ZERO_FACTOR * reps} rounds")
             zero, same["zero-step"] = side_by_side(root / "tasks", "zero", WIDE, 0, ZERO_FACTOR * reps)
             figures |= {"zero_ours": 1000 * zero["ours"], "zero_bare": 1000 * zero["bare"]}
@@ -598,24 +627,7 @@ def main(argv: list[str] | None = None) -> None:
         + ", ".join(f"{k} {'yes' if v else 'NO'}" for k, v in same.items())
     )
     if args.json:
-        config_out = {
-            "mode": size_of(args),
-            "task_s": task_s,
-            "reps": reps,
-            "zero_reps": ZERO_FACTOR * reps,
-            "resume_rounds": resumes,
-            "workload": WORKLOAD,
-            "wide_params": WIDE,
-            "narrow_params": NARROW,
-            "checkpoints_per_task": CHECKPOINTS_PER_TASK,
-            "kill": {"steps": KILL_STEPS, "interval_steps": KILL_INTERVAL, "at_step": KILL_AT},
-            "retries": RETRIES,
-            "same_result": same,
-            "wall_s": wall,
-            "parsl": parsl.__version__,
-            "torch": torch.__version__,
-            "cpus": len(os.sched_getaffinity(0)),
-        }
+        config_out = run_config(size_of(args), task_s, reps, resumes, same, wall)
         units = with_units(figures, FIGURES)
         if "restore_ratio" in figures:
             units["restore_ratio"] = {

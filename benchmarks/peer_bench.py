@@ -69,6 +69,7 @@ milliseconds, so one descheduling moves them: read the round-by-round ratios bes
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import os
@@ -432,7 +433,8 @@ def node_memory(base: Path) -> Iterator[tuple[Path, str]]:
 # ------------------------------------------------------------------------------------- the launcher
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser_of() -> argparse.ArgumentParser:
+    """The options; ``--rank-of`` (:func:`ranks.rank_options`) makes this process one rank."""
     parser, _ = options(
         __doc__, quick="32 MiB of state, 3 rounds (under a minute)", full="1 GiB of state, larger MLP, 5 rounds"
     )
@@ -456,6 +458,69 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--json", type=Path, help="write the figures and ratios")
     rank_options(parser)
+    return parser
+
+
+def model_sizes(size: str) -> dict[str, int]:
+    """The shapes of the restored state and of the trained model for ``size``, and their bytes
+    (parameters and Adam's two moments, float32)."""
+    state_mib, width = RESTORE_SIZES[size]
+    depth = max(1, round(state_mib * MiB / 3 / 4 / (width * width + width)))
+    train_width, train_depth, saves = TRAIN_SIZES[size]
+    return {
+        "width": width,
+        "depth": depth,
+        "train_width": train_width,
+        "train_depth": train_depth,
+        "saves": saves,
+        "state_bytes": 3 * 4 * depth * (width * width + width),
+        "train_bytes": 3 * 4 * train_depth * (train_width * train_width + train_width),
+    }
+
+
+def peer_figures(
+    reports: list[dict],
+    rounds: int,
+    sizes: dict[str, int],
+    shared_mbps: float,
+    throttle: Throttle,
+    throttled: list[int],
+) -> tuple[dict[str, float], list[float]]:
+    """The figures of the ranks' reports (``throttled``: the bytes each node read through the
+    throttle), and the stall ratio (peer on / off) round by round."""
+
+    # a collective operation ends when its slowest rank does: the slowest rank's median
+    def slowest(key: str) -> float:
+        return max(statistics.median(r[key]) for r in reports)
+
+    peer_from, shared_from = reports[0]["bytes_from"]["peer"], reports[0]["bytes_from"]["shared"]
+    figures: dict[str, float] = {
+        "restore_peer_s": slowest("restore_peer_s"),
+        "restore_shared_s": slowest("restore_shared_s"),
+        "restore_peer_buddy_mib": sum(n for where, n in peer_from.items() if where.startswith("peer")) / MiB,
+        "restore_peer_shared_mib": peer_from.get("shared", 0) / MiB,
+        "restore_shared_shared_mib": shared_from.get("shared", 0) / MiB,
+        "state_mib": sizes["state_bytes"] / MiB,
+        "shared_mbps": shared_mbps if throttle.kind != "none" else 0.0,
+        "throttled_read_mib": sum(throttled) / MiB,
+        "train_state_mib": sizes["train_bytes"] / MiB,
+    }
+    for key in ("stall", "wait", "step", "interval"):
+        for variant in ("off", "on"):
+            figures[f"{key}_{variant}_s"] = slowest(f"{key}_{variant}")
+    # the same ratio round by round (slowest rank of each): how far one round strays
+    per_round = [
+        max(r["stall_on"][i] for r in reports) / max(r["stall_off"][i] for r in reports) for i in range(rounds)
+    ]
+    figures["peer_copy_s"] = slowest("peer_copy_on")
+    figures["peer_sent_mib"] = statistics.median(reports[0]["peer_sent_on"])
+    if throttle.kind == "none":
+        del figures["throttled_read_mib"]
+    return figures, per_round
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = parser_of()
     args = parser.parse_args(argv)
     if args.rank_of:
         rank_main(args.rank_of)
@@ -466,12 +531,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--every and --persist-every must be at least 1")
     size = size_of(args)
     rounds = rounds_of(parser, args.rounds, ROUNDS[size])
-    state_mib, width = RESTORE_SIZES[size]
-    depth = max(1, round(state_mib * MiB / 3 / 4 / (width * width + width)))
-    train_width, train_depth, saves = TRAIN_SIZES[size]
-    state_bytes = 3 * 4 * depth * (width * width + width)
-    train_bytes = 3 * 4 * train_depth * (train_width * train_width + train_width)
-    image_mib = int(1.3 * (2 * state_bytes + 6 * train_bytes) / MiB) + 256
+    sizes = model_sizes(size)
+    image_mib = int(1.3 * (2 * sizes["state_bytes"] + 6 * sizes["train_bytes"]) / MiB) + 256
     # SIGTERM (a CI timeout) unwinds like Ctrl-C: the ranks, the mount and the cgroups are cleaned up.
     signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
     console = harness.console()
@@ -488,11 +549,7 @@ def main(argv: list[str] | None = None) -> int:
             "nodes": str(nodes),
             "shared": str(throttle.shared),
             "layout": args.layout,
-            "width": width,
-            "depth": depth,
-            "train_width": train_width,
-            "train_depth": train_depth,
-            "saves": saves,
+            **{key: sizes[key] for key in ("width", "depth", "train_width", "train_depth", "saves")},
             "every": args.every,
             "persist_every": args.persist_every,
             "rounds": rounds,
@@ -503,33 +560,8 @@ def main(argv: list[str] | None = None) -> int:
         reports = launch_ranks(__file__, spec, envs, reports_at, TIMEOUT_S[size], throttle.prefixes())
         throttled = throttle.read_bytes()
 
-    # a collective operation ends when its slowest rank does: the slowest rank's median
-    def slowest(key: str) -> float:
-        return max(statistics.median(r[key]) for r in reports)
-
+    figures, per_round = peer_figures(reports, rounds, sizes, args.shared_mbps, throttle, throttled)
     peer_from, shared_from = reports[0]["bytes_from"]["peer"], reports[0]["bytes_from"]["shared"]
-    figures: dict[str, float] = {
-        "restore_peer_s": slowest("restore_peer_s"),
-        "restore_shared_s": slowest("restore_shared_s"),
-        "restore_peer_buddy_mib": sum(n for where, n in peer_from.items() if where.startswith("peer")) / MiB,
-        "restore_peer_shared_mib": peer_from.get("shared", 0) / MiB,
-        "restore_shared_shared_mib": shared_from.get("shared", 0) / MiB,
-        "state_mib": state_bytes / MiB,
-        "shared_mbps": args.shared_mbps if throttle.kind != "none" else 0.0,
-        "throttled_read_mib": sum(throttled) / MiB,
-        "train_state_mib": train_bytes / MiB,
-    }
-    for key in ("stall", "wait", "step", "interval"):
-        for variant in ("off", "on"):
-            figures[f"{key}_{variant}_s"] = slowest(f"{key}_{variant}")
-    # the same ratio round by round (slowest rank of each): how far one round strays
-    per_round = [
-        max(r["stall_on"][i] for r in reports) / max(r["stall_off"][i] for r in reports) for i in range(rounds)
-    ]
-    figures["peer_copy_s"] = slowest("peer_copy_on")
-    figures["peer_sent_mib"] = statistics.median(reports[0]["peer_sent_on"])
-    if throttle.kind == "none":
-        del figures["throttled_read_mib"]
     checks = judge(figures, RATIOS)
 
     where = f"shared tier throttled to {args.shared_mbps:g} MB/s per node ({throttle.why})"

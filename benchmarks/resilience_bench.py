@@ -107,16 +107,10 @@ def memory_copy(n: int, reps: int = 5) -> float:
     return median_time(lambda: (np.copyto(out_u, u), np.copyto(out_v, v)), reps)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser, _ = options(__doc__, quick="64 MiB of state, under a minute", full="1 GiB of state")
-    parser.add_argument("--dir", type=Path, help="where checkpoints go (default: a temporary directory here)")
-    parser.add_argument("--json", type=Path, help="write every figure with its unit")
-    args = parser.parse_args(argv)
-    size = size_of(args)
-    n, iterations, rounds = SIZES[size]
-    console = harness.console()
-    root = Path(tempfile.mkdtemp(prefix="resilience-bench-", dir=args.dir or Path.cwd()))
-    checkpoints = iterations // EVERY
+def measure(n: int, iterations: int, rounds: int, where: Path) -> tuple[dict[str, list[float]], dict[str, np.ndarray]]:
+    """Each run's loop time per round, in an order reversed every other round so that drift on a
+    shared machine spreads evenly; and each run's final arrays (from its first round)."""
+    root = Path(tempfile.mkdtemp(prefix="resilience-bench-", dir=where))
     runners = {"none": run_none, "ours": run_ours, "baseline": run_baseline}
     times: dict[str, list[float]] = {name: [] for name in runners}
     finals = {}
@@ -131,6 +125,19 @@ def main(argv: list[str] | None = None) -> int:
                 shutil.rmtree(directory, ignore_errors=True)
     finally:
         shutil.rmtree(root, ignore_errors=True)
+    return times, finals
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser, _ = options(__doc__, quick="64 MiB of state, under a minute", full="1 GiB of state")
+    parser.add_argument("--dir", type=Path, help="where checkpoints go (default: a temporary directory here)")
+    parser.add_argument("--json", type=Path, help="write every figure with its unit")
+    args = parser.parse_args(argv)
+    size = size_of(args)
+    n, iterations, rounds = SIZES[size]
+    console = harness.console()
+    checkpoints = iterations // EVERY
+    times, finals = measure(n, iterations, rounds, args.dir or Path.cwd())
     same = all(np.array_equal(finals["none"], finals[k]) for k in finals)
     copy = memory_copy(n)
     base = statistics.median(times["none"])

@@ -64,6 +64,7 @@ import shutil
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -80,6 +81,25 @@ WORLDS = (4, 2)
 BATCH = 64
 #: Seconds a world of ranks may take before the launcher gives up on it.
 TIMEOUT = {"quick": 600, "default": 1800, "full": 3600}
+
+
+class Series(dict[str, list[float]]):
+    """Seconds per figure of a phase, one value per measured round (round 0 warms up, unkept)."""
+
+    def record(self, key: str, value: float, keep: bool) -> None:
+        if keep:
+            self.setdefault(key, []).append(value)
+
+
+def interleaved(variants: list[Callable[[bool], None]], rounds: int, paired: Callable[[], None] | None = None) -> None:
+    """Each variant once a round (told whether to keep its timings), in an order rotated each round
+    (:func:`harness.rotated`) so that a noisy neighbour slows each alike; round 0 is a warm-up.
+    ``paired``: called after each measured round, to pair its variants' figures."""
+    for round_ in range(rounds + 1):
+        for variant in harness.rotated(variants, round_):
+            variant(round_ > 0)
+        if round_ and paired is not None:
+            paired()
 
 
 # ------------------------------------------------------------------------------------------- one rank
@@ -168,7 +188,6 @@ class _RankBench:
     def phase_plain(self) -> dict:
         import torch
         import torch.distributed as dist
-        import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
         from resilient_flows.checkpoint import Checkpointer
@@ -181,16 +200,12 @@ class _RankBench:
         }
         with torch.no_grad():
             buffers = [torch.empty_like(t).fill_(1) for t in local]  # allocated and touched beforehand
-        series: dict[str, list[float]] = {}
+        series = Series()
         reuse = DefaultStager(StagingOptions(False, False, False, False))  # pinned, shared, async, non-blocking
         ck = Checkpointer(self.directory / f"ours-{world}", comm=dist.group.WORLD, keep=2)
         ck.prepare(state)
         step = 0
         dcp_dirs: dict[str, list[Path]] = {"dcp": [], "dcp_reuse": []}
-
-        def record(key: str, value: float, keep: bool) -> None:
-            if keep:
-                series.setdefault(key, []).append(value)
 
         def copy(keep: bool) -> None:
             self.barrier()
@@ -198,7 +213,7 @@ class _RankBench:
             with torch.no_grad():
                 for b, t in zip(buffers, local, strict=True):
                     b.copy_(t)
-            record("copy", time.perf_counter() - started, keep)
+            series.record("copy", time.perf_counter() - started, keep)
 
         def ours(keep: bool) -> None:
             nonlocal step
@@ -210,34 +225,17 @@ class _RankBench:
             returned = time.perf_counter()
             ck.wait()
             done = time.perf_counter()
-            record("ours_stall", returned - started, keep)
-            record("ours_commit", done - started, keep)
+            series.record("ours_stall", returned - started, keep)
+            series.record("ours_commit", done - started, keep)
             out["ours_file_bytes"] = ck.stats.bytes_written - before
-
-        def dcp_save(name: str, keep: bool, **kwargs: Any) -> None:
-            target = self.directory / f"{name}-{world}" / f"save-{len(dcp_dirs[name]):03d}"
-            dcp_dirs[name].append(target)
-            self.barrier()
-            started = time.perf_counter()
-            future = dcp.async_save(self.app(), checkpoint_id=target, process_group=self.dcp_group, **kwargs)
-            returned = time.perf_counter()
-            future.result()
-            done = time.perf_counter()
-            record(f"{name}_block", returned - started, keep)
-            record(f"{name}_total", done - started, keep)
-            if len(dcp_dirs[name]) > 2:  # keep two, as ours does (removed outside the timing)
-                self.cleanup(dcp_dirs[name][-3])
 
         variants = [
             copy,
             ours,
-            lambda keep: dcp_save("dcp", keep),
-            lambda keep: dcp_save("dcp_reuse", keep, async_stager=reuse),
+            lambda keep: self.dcp_save(dcp_dirs["dcp"], "dcp", series, keep),
+            lambda keep: self.dcp_save(dcp_dirs["dcp_reuse"], "dcp_reuse", series, keep, async_stager=reuse),
         ]
-        for round_ in range(self.rounds + 1):  # round 0 is a warm-up
-            shift = round_ % len(variants)
-            for variant in variants[shift:] + variants[:shift]:
-                variant(round_ > 0)
+        interleaved(variants, self.rounds)
         self.barrier()
         started = time.perf_counter()
         self.app()["app"].state_dict()
@@ -246,7 +244,30 @@ class _RankBench:
         reuse.close()
         buffers.clear()  # the copies go; reuse.close() dropped the stager's
         local.clear()
+        return out | self.plain_files(step, dcp_dirs) | {"series": series}
 
+    def dcp_save(self, saves: list[Path], name: str, series: Series, keep: bool, **kwargs: Any) -> None:
+        """One DCP ``async_save`` of the plain phase, into the next of ``saves``; two are kept, as ours keeps."""
+        import torch.distributed.checkpoint as dcp
+
+        target = self.directory / f"{name}-{self.world}" / f"save-{len(saves):03d}"
+        saves.append(target)
+        self.barrier()
+        started = time.perf_counter()
+        future = dcp.async_save(self.app(), checkpoint_id=target, process_group=self.dcp_group, **kwargs)
+        returned = time.perf_counter()
+        future.result()
+        done = time.perf_counter()
+        series.record(f"{name}_block", returned - started, keep)
+        series.record(f"{name}_total", done - started, keep)
+        if len(saves) > 2:  # removed outside the timing
+            self.cleanup(saves[-3])
+
+    def plain_files(self, step: int, dcp_dirs: dict[str, list[Path]]) -> dict[str, Any]:
+        """The sizes of the plain phase's last checkpoints, and where its DCP checkpoint lies; then
+        every checkpoint removed but those the 2-rank run restores (the 4-rank run's)."""
+        world = self.world
+        out: dict[str, Any] = {}
         shard = self.directory / f"ours-{world}" / f"step-{step:08d}"
         shard = shard / f"shard-{self.rank:05d}-of-{world:05d}.safetensors"
         out["ours_data_bytes"] = _safetensors_data_bytes(shard)
@@ -254,11 +275,11 @@ class _RankBench:
             last = dcp_dirs["dcp"][-1]
             out["dcp_file_bytes"] = sum(p.stat().st_size for p in last.iterdir() if p.is_file())
         out["dcp_source"] = str(dcp_dirs["dcp"][-1])
-        kept = [dcp_dirs["dcp"][-1]] if world == 4 else []  # the 2-rank run restores these
+        kept = [dcp_dirs["dcp"][-1]] if world == 4 else []
         self.cleanup(*(p for paths in dcp_dirs.values() for p in paths if p not in kept))
         if world != 4:
             self.cleanup(self.directory / f"ours-{world}")
-        return out | {"series": series}
+        return out
 
     # ---------------------------------------------------------------- phase 2: overlap, async staging
     def phase_overlap(self) -> dict:
@@ -275,39 +296,25 @@ class _RankBench:
         marks: dict[str, float] = {}
         pending: list = []
         waits: list[float] = []
-
-        def dcp_wait(*_: Any) -> None:  # DCP's staging must finish before the step changes the state
-            if pending:
-                started = time.perf_counter()
-                pending.pop().result()
-                waits.append(time.perf_counter() - started)
-
-        hooks = [
-            optimizer.register_step_pre_hook(lambda *_: marks.__setitem__("in", time.perf_counter())),
-            optimizer.register_step_pre_hook(dcp_wait),
-        ]
+        hooks = _step_hooks(optimizer, marks, pending, waits)
 
         def train_step() -> None:
             model(batch).square().mean().backward()
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
 
-        series: dict[str, list[float]] = {}
+        series = Series()
         stager = DefaultStager(StagingOptions(False, False, True, False))  # async staging, CPU memory
         ck = Checkpointer(self.directory / f"ours-overlap-{world}", comm=dist.group.WORLD, keep=2)
         ck.prepare(state)
         step = 0
         saves = 0
 
-        def record(key: str, value: float, keep: bool) -> None:
-            if keep:
-                series.setdefault(key, []).append(value)
-
         def plain(keep: bool) -> None:
             self.barrier()
             started = time.perf_counter()
             train_step()
-            record("step_alone", time.perf_counter() - started, keep)
+            series.record("step_alone", time.perf_counter() - started, keep)
 
         def ours(keep: bool) -> None:
             nonlocal step
@@ -320,8 +327,8 @@ class _RankBench:
                 hooks.append(optimizer.register_step_pre_hook(lambda *_: marks.__setitem__("out", time.perf_counter())))
             train_step()
             done = time.perf_counter()
-            record("ours_overlap_stall", returned - started + marks["out"] - marks["in"], keep)
-            record("ours_overlap_step", done - started, keep)
+            series.record("ours_overlap_stall", returned - started + marks["out"] - marks["in"], keep)
+            series.record("ours_overlap_step", done - started, keep)
             ck.wait()
 
         def dcp_async(keep: bool) -> None:
@@ -338,20 +345,12 @@ class _RankBench:
             waits.clear()
             train_step()
             done = time.perf_counter()
-            record("dcp_async_stall", returned - started + sum(waits), keep)
-            record("dcp_async_step", done - started, keep)
+            series.record("dcp_async_stall", returned - started + sum(waits), keep)
+            series.record("dcp_async_step", done - started, keep)
             response.upload_completion.result()
             self.cleanup(target)
 
-        variants = [plain, ours, dcp_async]
-        for round_ in range(self.rounds + 1):
-            shift = round_ % len(variants)
-            for variant in variants[shift:] + variants[:shift]:
-                variant(round_ > 0)
-            if round_:  # paired within the round: a slow spell of the machine slows all three
-                alone = series["step_alone"][-1]
-                series.setdefault("ours_overlap_added", []).append(series["ours_overlap_step"][-1] - alone)
-                series.setdefault("dcp_async_added", []).append(series["dcp_async_step"][-1] - alone)
+        interleaved([plain, ours, dcp_async], self.rounds, lambda: _overlap_added(series))
         for hook in hooks:
             hook.remove()
         ck.close()
@@ -452,6 +451,31 @@ class _RankBench:
             if round_ % 2:
                 shared(keep=True)
         return {"series_restore": series, "restore_equal": bool(equal)}
+
+
+def _step_hooks(optimizer: Any, marks: dict[str, float], pending: list, waits: list[float]) -> list:
+    """Hooks before the optimizer's step: when the step began (``marks["in"]``), and a wait for
+    DCP's staging in flight (``pending``, the wait added to ``waits``), which must finish before
+    the step changes the state."""
+
+    def dcp_wait(*_: Any) -> None:
+        if pending:
+            started = time.perf_counter()
+            pending.pop().result()
+            waits.append(time.perf_counter() - started)
+
+    return [
+        optimizer.register_step_pre_hook(lambda *_: marks.__setitem__("in", time.perf_counter())),
+        optimizer.register_step_pre_hook(dcp_wait),
+    ]
+
+
+def _overlap_added(series: Series) -> None:
+    """What a step with each save added to the step alone, paired within the round: a slow spell
+    of the machine slows all three."""
+    alone = series["step_alone"][-1]
+    series.setdefault("ours_overlap_added", []).append(series["ours_overlap_step"][-1] - alone)
+    series.setdefault("dcp_async_added", []).append(series["dcp_async_step"][-1] - alone)
 
 
 def _app_state(state):
@@ -674,7 +698,7 @@ class _Report:
 
 
 def report(size: str, spec: dict, runs: dict[int, list[dict]], wall: float, json_path: Path | None) -> int:
-
+    """The table, the figures and the verdicts of both worlds; 0 (the verdicts are the reader's)."""
     console = harness.console(150)
     first = runs[WORLDS[0]][0]
     state_bytes = first["state_bytes"]
@@ -691,140 +715,14 @@ def report(size: str, spec: dict, runs: dict[int, list[dict]], wall: float, json
             out.table.add_section()
         local = statistics.median(r["local_bytes"] for r in ranks)
         out.figure(f"{world}/local_bytes", local / MiB, "MiB", "state bytes per rank (median rank)")
-        plain = {key: _per_rank(ranks, "series", key) for key in ("copy", "ours_stall", "ours_commit")}
-        copy = out.row(world, "copy", f"copy of the rank's {local / MiB:.0f} MiB into reused buffers", plain["copy"])
-        stall = out.row(world, "ours_stall", "ours: stall (save returns, after prepare)", plain["ours_stall"])
-        out.ratio(
-            world, "ours_stall_over_copy", "ours: stall / copy", stall / copy, "copy", "<= 1.5", stall <= 1.5 * copy
-        )
-        commit = out.row(world, "ours_commit", "ours: save to commit (wait returns)", plain["ours_commit"])
-        for name, group, label in DCP_VARIANTS:
-            block = out.row(world, f"{name}_block", f"{label}: blocking", _per_rank(ranks, group, f"{name}_block"))
-            total = out.row(world, f"{name}_total", f"{label}: to completion", _per_rank(ranks, group, f"{name}_total"))
-            if block == block:  # not NaN: the variant ran
-                out.ratio(
-                    world,
-                    f"{name}_block_over_ours_stall",
-                    f"{name} blocking / ours' stall",
-                    block / stall,
-                    "ours",
-                    ">= 5",
-                    block >= 5 * stall,
-                )
-                out.ratio(
-                    world,
-                    f"{name}_total_over_ours_commit",
-                    f"{name} to completion / ours' commit",
-                    total / commit,
-                    "ours",
-                    ">= 1",
-                    total >= commit,
-                )
-            else:
-                error = next((r[f"{name}_error"] for r in ranks if f"{name}_error" in r), "did not run")
-                out.figure(f"{world}/{name}_error", error, "text", f"{label}: error")
-                out.table.add_row(str(world), f"{label}: failed", "", "", "", error[:60])
-        getsd = [r["get_state_dict"] for r in ranks]
-        out.row(world, "get_state_dict", "get_state_dict(model, optimizer) alone (part of every DCP save)", getsd)
-
-        got = {key: out.row(world, key, label, _per_rank(ranks, "series_overlap", key)) for key, label in OVERLAP_ROWS}
-        out.ratio(
-            world,
-            "dcp_async_over_ours_overlap_stall",
-            "DCP async-staging stall / ours' overlap stall",
-            got["dcp_async_stall"] / got["ours_overlap_stall"],
-            "ours",
-        )
-        added = got["dcp_async_added"] - got["ours_overlap_added"]
-        out.value(
-            world,
-            "dcp_async_added_minus_ours",
-            "time added to the step: DCP async staging minus ours overlap",
-            added,
-            "ms",
-            f"{added:.1f} ms",
-        )
-
-        data = sum(r["ours_data_bytes"] for r in ranks)
-        for key, label, value in (
-            ("ours_data_bytes", "ours: shard data written, sum over ranks", data),
-            (
-                "ours_file_bytes",
-                "ours: shard files (stats.bytes_written), sum",
-                sum(r["ours_file_bytes"] for r in ranks),
-            ),
-            ("dcp_file_bytes", "DCP: files written, sum", sum(r.get("dcp_file_bytes", 0) for r in ranks)),
-        ):
-            out.value(world, key, label, value / MiB, "MiB", f"{value / MiB:.2f} MiB")
-        out.ratio(
-            world,
-            "bytes_written_over_state",
-            "ours: shard data / state bytes",
-            data / state_bytes,
-            "state",
-            "1 +- 1 %",
-            abs(data / state_bytes - 1) <= 0.01,
-        )
-
-        peaks = [max(v for k, v in r.items() if k.startswith("peak_rss")) for r in ranks]
-        out.row(world, "peak_rss", "peak resident memory of a rank (VmHWM)", peaks, "MiB")
-        out.value(
-            world,
-            "peak_rss_sum",
-            "sum of the ranks' peaks (DCP's writer processes apart)",
-            sum(peaks) / MiB,
-            "MiB",
-            f"{sum(peaks) / MiB:.0f} MiB",
-        )
-
+        _plain_rows(out, world, ranks, local)
+        _overlap_rows(out, world, ranks)
+        _bytes_rows(out, world, ranks, state_bytes)
         if world == 2:
             out.table.add_section()
-            restore = {
-                key: _per_rank(ranks, "series_restore", key)
-                for key in ("ours_restore", "dcp_restore", "init_optimizer")
-            }
-            ours = out.row(
-                world, "ours_restore_4to2", "restore 4 -> 2 ranks: Checkpointer.restore", restore["ours_restore"]
-            )
-            theirs = out.row(
-                world, "dcp_restore_4to2", "restore 4 -> 2 ranks: dcp.load (+ set_state_dict)", restore["dcp_restore"]
-            )
-            out.row(
-                world,
-                "init_optimizer",
-                "of which dcp.load pays: a fresh Adam's state created (get_state_dict on it)",
-                restore["init_optimizer"],
-            )
-            out.ratio(
-                world,
-                "ours_restore_over_dcp",
-                "restore 4 -> 2: ours / dcp.load",
-                ours / theirs,
-                "dcp.load",
-                "<= 0.8",
-                ours <= 0.8 * theirs,
-            )
-            equal = all(r["restore_equal"] for r in ranks)
-            out.verdicts["2 ranks: restored states of ours and dcp.load equal bit for bit"] = equal
-            out.figure("2/restore_equal", equal, "bool", "both restores bitwise equal")
-            out.table.add_row(
-                "2", "restored states: ours = dcp.load, bit for bit", "", "", "", "", "PASS" if equal else "FAIL"
-            )
+            _restore_rows(out, ranks)
     console.print(out.table)
-    for world, ranks in runs.items():
-        seconds = {name: max(r["phase_seconds"][name] for r in ranks) for name in ranks[0]["phase_seconds"]}
-        peaks = {name: max(r[f"peak_rss_{name}"] for r in ranks) / MiB for name in seconds}
-        starts = {name: max(r[f"start_rss_{name}"] for r in ranks) / MiB for name in seconds}
-        for name in seconds:
-            out.figure(f"{world}/phase_{name}", seconds[name], "s", f"phase {name}, slowest rank")
-            out.figure(f"{world}/peak_rss_{name}", peaks[name], "MiB", f"phase {name}, largest peak RSS of a rank")
-            out.figure(
-                f"{world}/start_rss_{name}", starts[name], "MiB", f"phase {name}, largest RSS of a rank at start"
-            )
-        console.print(
-            f"{world} ranks, per phase: "
-            + ", ".join(f"{k} {seconds[k]:.0f} s (RSS {starts[k]:.0f} -> peak {peaks[k]:.0f} MiB)" for k in seconds)
-        )
+    _phase_figures(out, console, runs)
     unavailable = first.get("unavailable", {})
     for name, what in unavailable.items():
         console.print(f"DCP {name} on this machine: {what}")
@@ -839,6 +737,148 @@ def report(size: str, spec: dict, runs: dict[int, list[dict]], wall: float, json
         payload = {"size": size, "config": spec | {"batch": BATCH}, "figures": out.figures, "verdicts": out.verdicts}
         write_json(json_path, payload)
     return 0
+
+
+def _plain_rows(out: _Report, world: int, ranks: list[dict], local: float) -> None:
+    """The plain phase: a copy, our stall and commit, and each DCP variant against them."""
+    plain = {key: _per_rank(ranks, "series", key) for key in ("copy", "ours_stall", "ours_commit")}
+    copy = out.row(world, "copy", f"copy of the rank's {local / MiB:.0f} MiB into reused buffers", plain["copy"])
+    stall = out.row(world, "ours_stall", "ours: stall (save returns, after prepare)", plain["ours_stall"])
+    out.ratio(world, "ours_stall_over_copy", "ours: stall / copy", stall / copy, "copy", "<= 1.5", stall <= 1.5 * copy)
+    commit = out.row(world, "ours_commit", "ours: save to commit (wait returns)", plain["ours_commit"])
+    for name, group, label in DCP_VARIANTS:
+        block = out.row(world, f"{name}_block", f"{label}: blocking", _per_rank(ranks, group, f"{name}_block"))
+        total = out.row(world, f"{name}_total", f"{label}: to completion", _per_rank(ranks, group, f"{name}_total"))
+        if block == block:  # not NaN: the variant ran
+            out.ratio(
+                world,
+                f"{name}_block_over_ours_stall",
+                f"{name} blocking / ours' stall",
+                block / stall,
+                "ours",
+                ">= 5",
+                block >= 5 * stall,
+            )
+            out.ratio(
+                world,
+                f"{name}_total_over_ours_commit",
+                f"{name} to completion / ours' commit",
+                total / commit,
+                "ours",
+                ">= 1",
+                total >= commit,
+            )
+        else:
+            error = next((r[f"{name}_error"] for r in ranks if f"{name}_error" in r), "did not run")
+            out.figure(f"{world}/{name}_error", error, "text", f"{label}: error")
+            out.table.add_row(str(world), f"{label}: failed", "", "", "", error[:60])
+    getsd = [r["get_state_dict"] for r in ranks]
+    out.row(world, "get_state_dict", "get_state_dict(model, optimizer) alone (part of every DCP save)", getsd)
+
+
+def _overlap_rows(out: _Report, world: int, ranks: list[dict]) -> None:
+    """The overlap phase: what each engine's save adds to the next training step."""
+    got = {key: out.row(world, key, label, _per_rank(ranks, "series_overlap", key)) for key, label in OVERLAP_ROWS}
+    out.ratio(
+        world,
+        "dcp_async_over_ours_overlap_stall",
+        "DCP async-staging stall / ours' overlap stall",
+        got["dcp_async_stall"] / got["ours_overlap_stall"],
+        "ours",
+    )
+    added = got["dcp_async_added"] - got["ours_overlap_added"]
+    out.value(
+        world,
+        "dcp_async_added_minus_ours",
+        "time added to the step: DCP async staging minus ours overlap",
+        added,
+        "ms",
+        f"{added:.1f} ms",
+    )
+
+
+def _bytes_rows(out: _Report, world: int, ranks: list[dict], state_bytes: int) -> None:
+    """Bytes written against the state's, and the ranks' peak memory."""
+    data = sum(r["ours_data_bytes"] for r in ranks)
+    for key, label, value in (
+        ("ours_data_bytes", "ours: shard data written, sum over ranks", data),
+        (
+            "ours_file_bytes",
+            "ours: shard files (stats.bytes_written), sum",
+            sum(r["ours_file_bytes"] for r in ranks),
+        ),
+        ("dcp_file_bytes", "DCP: files written, sum", sum(r.get("dcp_file_bytes", 0) for r in ranks)),
+    ):
+        out.value(world, key, label, value / MiB, "MiB", f"{value / MiB:.2f} MiB")
+    out.ratio(
+        world,
+        "bytes_written_over_state",
+        "ours: shard data / state bytes",
+        data / state_bytes,
+        "state",
+        "1 +- 1 %",
+        abs(data / state_bytes - 1) <= 0.01,
+    )
+
+    peaks = [max(v for k, v in r.items() if k.startswith("peak_rss")) for r in ranks]
+    out.row(world, "peak_rss", "peak resident memory of a rank (VmHWM)", peaks, "MiB")
+    out.value(
+        world,
+        "peak_rss_sum",
+        "sum of the ranks' peaks (DCP's writer processes apart)",
+        sum(peaks) / MiB,
+        "MiB",
+        f"{sum(peaks) / MiB:.0f} MiB",
+    )
+
+
+def _restore_rows(out: _Report, ranks: list[dict]) -> None:
+    """The 2-rank run's restores of the 4-rank checkpoints: ours against ``dcp.load``, and equal."""
+    world = 2
+    restore = {
+        key: _per_rank(ranks, "series_restore", key) for key in ("ours_restore", "dcp_restore", "init_optimizer")
+    }
+    ours = out.row(world, "ours_restore_4to2", "restore 4 -> 2 ranks: Checkpointer.restore", restore["ours_restore"])
+    theirs = out.row(
+        world, "dcp_restore_4to2", "restore 4 -> 2 ranks: dcp.load (+ set_state_dict)", restore["dcp_restore"]
+    )
+    out.row(
+        world,
+        "init_optimizer",
+        "of which dcp.load pays: a fresh Adam's state created (get_state_dict on it)",
+        restore["init_optimizer"],
+    )
+    out.ratio(
+        world,
+        "ours_restore_over_dcp",
+        "restore 4 -> 2: ours / dcp.load",
+        ours / theirs,
+        "dcp.load",
+        "<= 0.8",
+        ours <= 0.8 * theirs,
+    )
+    equal = all(r["restore_equal"] for r in ranks)
+    out.verdicts["2 ranks: restored states of ours and dcp.load equal bit for bit"] = equal
+    out.figure("2/restore_equal", equal, "bool", "both restores bitwise equal")
+    out.table.add_row("2", "restored states: ours = dcp.load, bit for bit", "", "", "", "", "PASS" if equal else "FAIL")
+
+
+def _phase_figures(out: _Report, console: Any, runs: dict[int, list[dict]]) -> None:
+    """Each phase's time and memory, slowest or largest over ranks."""
+    for world, ranks in runs.items():
+        seconds = {name: max(r["phase_seconds"][name] for r in ranks) for name in ranks[0]["phase_seconds"]}
+        peaks = {name: max(r[f"peak_rss_{name}"] for r in ranks) / MiB for name in seconds}
+        starts = {name: max(r[f"start_rss_{name}"] for r in ranks) / MiB for name in seconds}
+        for name in seconds:
+            out.figure(f"{world}/phase_{name}", seconds[name], "s", f"phase {name}, slowest rank")
+            out.figure(f"{world}/peak_rss_{name}", peaks[name], "MiB", f"phase {name}, largest peak RSS of a rank")
+            out.figure(
+                f"{world}/start_rss_{name}", starts[name], "MiB", f"phase {name}, largest RSS of a rank at start"
+            )
+        console.print(
+            f"{world} ranks, per phase: "
+            + ", ".join(f"{k} {seconds[k]:.0f} s (RSS {starts[k]:.0f} -> peak {peaks[k]:.0f} MiB)" for k in seconds)
+        )
 
 
 if __name__ == "__main__":

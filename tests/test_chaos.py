@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -190,7 +191,7 @@ def test_a_fault_that_finds_a_member_waiting_to_restart_takes_over_the_rest_of_i
     assert (first.fault.kind, first.waiting, first.split.cut, first.recovery_s) == ("pool-kill", False, True, 5.0)
     assert (then.fault.kind, then.waiting, then.detect_s, then.recovery_s) == ("runner-kill", True, None, 10.5)
     facts = chaos.SiteFacts("local", 10.0, 1.0, 2)
-    run = chaos.Execution(data, 30.0, 1.0, 100.0, 2, [], 10.0, False, 0, chaos.Counter(), [], Path("log"))
+    run = chaos.Execution(data, 30.0, 1.0, 100.0, 2, [], 10.0, False, 0, Counter(), [], Path("log"))
     found = {f.key: f for f in chaos.figures(SMALL, facts, run, [pool, runner], {"a": "d"}, None)}
     assert found["attempts_lost"].value == 1
     assert (found["recoveries_runner-kill"].value, found["recovery_runner-kill_p95"].value) == (0, 10.5)
