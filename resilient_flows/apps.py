@@ -46,7 +46,18 @@ from resilient_flows.errors import (
     Superseded,
     is_permanent,
 )
-from resilient_flows.rundir import EventLog, TaskLayout, stage_layout
+from resilient_flows.rundir import (
+    EventLog,
+    Heartbeat,
+    TaskLayout,
+    analytics_task,
+    has_result,
+    heartbeat_path,
+    member_dir,
+    read_heartbeat,
+    stage_layout,
+    superseded,
+)
 from resilient_flows.sites._hung import WorkerHung
 from resilient_flows.training import (
     EXIT_CANNOT_RUN,
@@ -55,23 +66,17 @@ from resilient_flows.training import (
     PEER_LOST,
     POOL_LOST,
     CommandKilled,
-    Heartbeat,
     MemberSpec,
     StageSpec,
-    analytics_task,
     attempt_fault,
     declined_attempt,
-    has_result,
-    heartbeat_path,
     latest_committed_step,
-    member_dir,
     newest_iteration,
     pbs_hosts,
-    read_heartbeat,
-    superseded,
 )
 from resilient_flows.training._lostnodes import current_job, read_lost
 from resilient_flows.training._output import attempt_output, next_attempt, open_attempt_log
+from resilient_flows.training._pool import PoolWatch
 from resilient_flows.training._shrink import fewest_nodes, on_nodes_left
 
 __all__ = [
@@ -575,12 +580,12 @@ def _wait(backoff_s: float, run_dir: str, task: str) -> None:
     silent to the watchdog, which would declare its block lost.
 
     First of all, a task that an earlier runner's interchange handed out after a ``resume`` took
-    the run over refuses to start (:func:`~resilient_flows.training.superseded`)."""
+    the run over refuses to start (:func:`~resilient_flows.rundir.superseded`)."""
     refused = superseded(run_dir)
     if refused is not None:
         raise Superseded(f"task {task}: {refused}")
     if backoff_s > 0:
-        with Heartbeat(run_dir, task, None, waiting_s=backoff_s):
+        with Heartbeat(run_dir, task, None, waiting_s=backoff_s, pool=PoolWatch.find()):
             time.sleep(backoff_s)
 
 

@@ -18,11 +18,11 @@ import pytest
 
 from resilient_flows.apps import _wait
 from resilient_flows.errors import Superseded
-from resilient_flows.rundir import append_record, run_layout
-from resilient_flows.training import TOKEN_ENV, MemberSpec, read_events, superseded
+from resilient_flows.rundir import TOKEN_ENV, append_record, run_layout, superseded
+from resilient_flows.rundir._heartbeat import Heartbeat, heartbeat_path
+from resilient_flows.rundir._lease import end_lease, read_lease
+from resilient_flows.training import MemberSpec, read_events
 from resilient_flows.training._command import run_command
-from resilient_flows.training._heartbeat import Heartbeat, heartbeat_path
-from resilient_flows.training._lease import end_lease, read_lease
 from resilient_flows.workflow import read_plan
 from resilient_flows.workflow._adopt import FRESH_S, RESULT_GRACE_S, Adoption, adoptable, interchanges_alive
 from resilient_flows.workflow._blocks import RunnerLock, process_start_time

@@ -281,7 +281,7 @@ def hung(*_):
     raise TimeoutError("hung")
 
 def lease(run):
-    from resilient_flows.training import holding_runner, read_lease
+    from resilient_flows.rundir import holding_runner, read_lease
     return 0 if read_lease(run) is None and holding_runner(run) is None else 1
 
 def heartbeat(run):

@@ -15,9 +15,9 @@ import pytest
 from conftest import python_env
 from slurm import wait_for
 
+from resilient_flows.rundir._heartbeat import heartbeat_path, read_heartbeat
 from resilient_flows.sites._hung import HUNG_S, LATE_S, HangWatch, WorkerHung
 from resilient_flows.training import read_events, run_member
-from resilient_flows.training._heartbeat import heartbeat_path, read_heartbeat
 from resilient_flows.workflow import read_plan
 
 CLI = Path(sys.executable).with_name("resilient-flows")

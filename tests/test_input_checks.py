@@ -36,19 +36,13 @@ from resilient_flows.clone._lineage import lineage_tree
 from resilient_flows.errors import DamagedFileError, FileTooLargeError, WorkflowError
 from resilient_flows.integrations.pathstore import REF_FORMAT, PathStore, read_ref
 from resilient_flows.rundir import _plan as plan_file_module
+from resilient_flows.rundir import count_attempt, member_dir
+from resilient_flows.rundir._control import read_clone_orders, read_stop_request
 from resilient_flows.rundir._events import EventLog, EventTail, read_events
+from resilient_flows.rundir._heartbeat import read_heartbeat
 from resilient_flows.rundir._metrics import MetricsReader
 from resilient_flows.training._command import _finish
-from resilient_flows.training._control import (
-    count_attempt,
-    member_dir,
-    read_clone_orders,
-    read_spec,
-    read_stop_request,
-    register_member,
-    registered_members,
-)
-from resilient_flows.training._heartbeat import read_heartbeat
+from resilient_flows.training._members import read_spec, register_member, registered_members
 from resilient_flows.training._spec import MemberSpec, ParentSpec
 from resilient_flows.workflow import load_workflow
 from resilient_flows.workflow._blocks import BlockLedger, RunnerLock

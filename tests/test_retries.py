@@ -14,8 +14,8 @@ from parsl.executors.high_throughput.errors import WorkerLost
 
 from resilient_flows.apps import BACKOFF_S, MAX_BACKOFF_S, ResumingRetryHandler
 from resilient_flows.errors import Preempted
-from resilient_flows.rundir import DamageLog
-from resilient_flows.training import MemberSpec, heartbeat_path, read_events
+from resilient_flows.rundir import DamageLog, heartbeat_path
+from resilient_flows.training import MemberSpec, read_events
 from resilient_flows.training._command import run_command
 
 LAUNCHED = datetime.datetime(2026, 12, 5, 12, 0, 0)

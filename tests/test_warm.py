@@ -19,10 +19,10 @@ from conftest import REPO, python_env
 from slurm import wait_for
 
 from resilient_flows.errors import SiteConfigError
+from resilient_flows.rundir._heartbeat import heartbeat_path, read_heartbeat
 from resilient_flows.sites import load_site
 from resilient_flows.sites._parsl_adapter import DEFAULT_PRELOAD, WARM_MODULE, add_preload, is_warm, split_argv
 from resilient_flows.training import preloaded_modules, read_events, run_member
-from resilient_flows.training._heartbeat import heartbeat_path, read_heartbeat
 from resilient_flows.workflow import read_plan
 
 CLI = Path(sys.executable).with_name("resilient-flows")

@@ -27,8 +27,8 @@ from slurm import wait_for
 from resilient_flows.apps import ResumingRetryHandler
 from resilient_flows.errors import WorkflowError
 from resilient_flows.rundir import read_records, run_layout
+from resilient_flows.rundir._heartbeat import BEAT_S, Heartbeat, heartbeat_path, read_heartbeat
 from resilient_flows.training import CheckpointSpec, MemberSpec, TrainContext, read_events, run_member
-from resilient_flows.training._heartbeat import BEAT_S, Heartbeat, heartbeat_path, read_heartbeat
 from resilient_flows.workflow import read_plan
 from resilient_flows.workflow._blocks import BlockLedger, RunnerLock, cancel_block, process_start_time
 from resilient_flows.workflow._watchdog import START_FACTOR, WATCH_S, Watchdog, clear_heartbeats, stall_timeout

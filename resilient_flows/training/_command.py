@@ -39,11 +39,12 @@ from typing import Any
 from resilient_flows.capped import open_regular
 from resilient_flows.errors import PermanentError, Preempted, ResilientFlowsError
 from resilient_flows.rundir import EventLog, member_layout
+from resilient_flows.rundir._heartbeat import Heartbeat
 from resilient_flows.training._contract import EXIT_CANNOT_RUN, EXIT_PREEMPTED, STOP_SIGNALS, RunContract
-from resilient_flows.training._control import latest_committed_step
 from resilient_flows.training._faults import record_pool_lost
-from resilient_flows.training._heartbeat import Heartbeat
+from resilient_flows.training._members import latest_committed_step
 from resilient_flows.training._output import open_attempt_log
+from resilient_flows.training._pool import PoolWatch
 from resilient_flows.training._spec import MemberSpec
 
 logger = logging.getLogger(__name__)
@@ -125,7 +126,9 @@ def run_command(spec_dict: dict[str, Any], run_dir: str) -> dict[str, Any]:
         record_pool_lost(layout.root, reason)
         orphaned(reason)
 
-    beating = Heartbeat(run_dir, spec.name, attempt, on_orphaned=orphaned, on_pool_lost=pool_lost)
+    beating = Heartbeat(
+        run_dir, spec.name, attempt, on_orphaned=orphaned, on_pool_lost=pool_lost, pool=PoolWatch.find()
+    )
     with open(open_attempt_log(layout, attempt, header=shlex.join(spec.command)), "ab") as log, beating:
         try:
             process = subprocess.Popen(

@@ -19,7 +19,7 @@ Two attempts of one member never write at once:
 - the earlier interchanges still hold the tasks they had queued and hand them to the adopted
   attempts' workers as these free up: such a task refuses to start, since the lease now names
   another runner's token than the one its block carries
-  (:func:`~resilient_flows.training.superseded`). The runner writes its lease before it looks for
+  (:func:`~resilient_flows.rundir.superseded`). The runner writes its lease before it looks for
   attempts to adopt, and a task looks at the lease again once its heartbeat file exists: either
   the runner sees that file, or the task sees the new lease;
 - an adopted attempt is resubmitted only once it is over: its heartbeat file removed (the attempt
@@ -40,8 +40,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from resilient_flows.rundir import read_records, run_layout
-from resilient_flows.training import BEAT_S, MemberSpec, has_result, process_start_time, read_heartbeat, stat_fields
+from resilient_flows.rundir import (
+    BEAT_S,
+    has_result,
+    process_start_time,
+    read_heartbeat,
+    read_records,
+    run_layout,
+    stat_fields,
+)
+from resilient_flows.training import MemberSpec
 
 __all__ = ["FRESH_S", "RESULT_GRACE_S", "Adoption", "adoptable"]
 

@@ -33,14 +33,17 @@ from parsl.jobs.states import JobState, JobStatus
 from parsl.providers import LocalProvider
 
 from resilient_flows.errors import WorkflowError, is_storage_full
-from resilient_flows.rundir import FULL_WAIT_S, append_record, read_records, run_layout
-from resilient_flows.sites._parsl_adapter import go_file, is_standby
-from resilient_flows.training import (
+from resilient_flows.rundir import (
     DEFAULT_ORPHAN_TIMEOUT_S,
+    FULL_WAIT_S,
     RENEW_S,
+    append_record,
     process_start_time,
     read_lease,
+    read_records,
+    run_layout,
 )
+from resilient_flows.sites._parsl_adapter import go_file, is_standby
 from resilient_flows.workflow._stragglers import kill_stragglers, new_token
 
 logger = logging.getLogger(__name__)
@@ -329,7 +332,7 @@ def _kill_recorded(pid: int | None, started: int | None, sig: signal.Signals, gr
 class RunnerLock:
     """The run's lease file: which process runs the run now, so that a second runner is refused, and
     how long it may be gone before its members stop (the lease, see
-    :mod:`resilient_flows.training._lease`)."""
+    :mod:`resilient_flows.rundir._lease`)."""
 
     run_dir: Path
     orphan_timeout_s: float = DEFAULT_ORPHAN_TIMEOUT_S

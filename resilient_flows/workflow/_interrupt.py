@@ -38,8 +38,7 @@ from typing import Any
 from parsl.executors import HighThroughputExecutor
 
 from resilient_flows.errors import Preempted
-from resilient_flows.rundir import member_layout, run_layout
-from resilient_flows.training import BEAT_S, read_heartbeat, request_preemption
+from resilient_flows.rundir import BEAT_S, member_layout, read_heartbeat, request_preemption, run_layout
 from resilient_flows.workflow._watchdog import ANSWER_S, interchange_managers
 
 #: The signals that stop a run.

@@ -1,6 +1,6 @@
 """The runner's guard: once a dead runner's lease expired, cancel its blocks and its interchange.
 
-Members stop by themselves when the runner's lease expires (:mod:`resilient_flows.training._lease`),
+Members stop by themselves when the runner's lease expires (:mod:`resilient_flows.rundir._lease`),
 but the runner's interchange lives on its host and its worker pools wait for that interchange: a
 pilot job would hold its nodes until its walltime. The runner therefore starts this guard in a
 session of its own (the SIGKILL or hang-up that ends the runner does not reach it), on its own
@@ -29,8 +29,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from resilient_flows.rundir import EventLog, run_layout
-from resilient_flows.training import BEAT_S, RunnerLease, process_start_time, read_lease
+from resilient_flows.rundir import BEAT_S, EventLog, RunnerLease, process_start_time, read_lease, run_layout
 
 if TYPE_CHECKING:
     from resilient_flows.training import MemberSpec

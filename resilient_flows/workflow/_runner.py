@@ -44,22 +44,20 @@ from resilient_flows.apps import (
 )
 from resilient_flows.clone import request_clone
 from resilient_flows.errors import ResilientFlowsError, WorkflowError, is_storage_full
-from resilient_flows.rundir import FULL_WAIT_S, EventLog, run_layout
-from resilient_flows.sites import SiteFacts, SiteFile, SiteOptions
-from resilient_flows.sites._parsl_adapter import add_preload
-from resilient_flows.training import (
+from resilient_flows.rundir import (
+    FULL_WAIT_S,
     TOKEN_ENV,
+    EventLog,
     LeaseRenewer,
-    MemberSpec,
-    StageSpec,
     clone_order_path,
     end_lease,
     has_result,
-    latest_committed_step,
     member_dir,
-    preloaded_modules,
-    stage_finished,
+    run_layout,
 )
+from resilient_flows.sites import SiteFacts, SiteFile, SiteOptions
+from resilient_flows.sites._parsl_adapter import add_preload
+from resilient_flows.training import MemberSpec, StageSpec, latest_committed_step, preloaded_modules, stage_finished
 from resilient_flows.workflow._adopt import Adoption, adoptable
 from resilient_flows.workflow._blocks import (
     BlockLedger,

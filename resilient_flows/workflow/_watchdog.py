@@ -9,7 +9,7 @@ any of these states waits forever. The watchdog looks every :data:`WATCH_S` seco
 - each running attempt's heartbeat record: an attempt that saw its worker pool gone (the pool
   process, or its multiprocessing manager: :mod:`resilient_flows.training._pool`) says so in its
   next beat, and its block is lost at once (the fast path: within a look of the beat);
-- each running attempt's heartbeat (:mod:`resilient_flows.training._heartbeat`): an attempt whose
+- each running attempt's heartbeat (:mod:`resilient_flows.rundir._heartbeat`): an attempt whose
   file has not changed for longer than its stall timeout is lost;
 - each block's managers, as the interchange reports them: a block that holds tasks of which none
   beats for longer than the site's stall timeout is lost (:data:`START_FACTOR` times that since it
@@ -38,8 +38,7 @@ from typing import Any
 from parsl.executors import HighThroughputExecutor
 from parsl.executors.high_throughput.errors import CommandClientTimeoutError
 
-from resilient_flows.rundir import run_layout
-from resilient_flows.training import read_heartbeat
+from resilient_flows.rundir import read_heartbeat, run_layout
 
 logger = logging.getLogger(__name__)
 
