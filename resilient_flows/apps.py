@@ -51,10 +51,10 @@ from resilient_flows.rundir import (
     Heartbeat,
     TaskLayout,
     analytics_task,
+    attempt_heartbeat_path,
     has_result,
-    heartbeat_path,
     member_dir,
-    read_heartbeat,
+    read_attempt_heartbeat,
     stage_layout,
     superseded,
 )
@@ -388,8 +388,8 @@ class ResumingRetryHandler:
             return math.inf if permanent else 1.0
         name, run_dir, latest = found
         task = task_record["id"]
-        beat = heartbeat_path(run_dir, name)
-        record = read_heartbeat(beat)
+        beat = attempt_heartbeat_path(run_dir, name)
+        record = read_attempt_heartbeat(beat)
         beat.unlink(missing_ok=True)  # the attempt is over, however it ended
         events = EventLog(run_dir)
         attempt = task_record["try_id"] + 1
@@ -593,7 +593,7 @@ def _forget_analytics_heartbeat(task_record: dict[str, Any]) -> None:
     """An analytics attempt that failed beats no more: the watchdog must not take it for a silent one."""
     args = task_record.get("args") or ()
     if task_record.get("func_name") == "analytics_app" and len(args) >= 3:
-        heartbeat_path(str(args[1]), analytics_task(str(args[2]))).unlink(missing_ok=True)
+        attempt_heartbeat_path(str(args[1]), analytics_task(str(args[2]))).unlink(missing_ok=True)
 
 
 def _resumable_task(task_record: dict[str, Any]) -> tuple[str, str, int] | None:

@@ -285,9 +285,9 @@ def lease(run):
     return 0 if read_lease(run) is None and holding_runner(run) is None else 1
 
 def heartbeat(run):
-    from resilient_flows.checkpoint import read_heartbeat
+    from resilient_flows.checkpoint import read_checkpoint_heartbeat
     try:
-        read_heartbeat(Path(run, "members/m-0/checkpoints/checkpoint-heartbeat.json"))
+        read_checkpoint_heartbeat(Path(run, "members/m-0/checkpoints/checkpoint-heartbeat.json"))
     except ValueError as exc:  # no heartbeat, and why: what the agent logs
         print(exc, file=sys.stderr)
         return 1

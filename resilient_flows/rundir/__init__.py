@@ -75,8 +75,8 @@ _SOURCES = {
         "Heartbeat",
         "PoolLook",
         "analytics_task",
-        "heartbeat_path",
-        "read_heartbeat",
+        "attempt_heartbeat_path",
+        "read_attempt_heartbeat",
     ),
     "resilient_flows.rundir._layout": (
         "RunLayout",
@@ -175,8 +175,8 @@ if TYPE_CHECKING:  # the names' definitions, for type checkers and editors (a te
     from resilient_flows.rundir._heartbeat import Heartbeat as Heartbeat
     from resilient_flows.rundir._heartbeat import PoolLook as PoolLook
     from resilient_flows.rundir._heartbeat import analytics_task as analytics_task
-    from resilient_flows.rundir._heartbeat import heartbeat_path as heartbeat_path
-    from resilient_flows.rundir._heartbeat import read_heartbeat as read_heartbeat
+    from resilient_flows.rundir._heartbeat import attempt_heartbeat_path as attempt_heartbeat_path
+    from resilient_flows.rundir._heartbeat import read_attempt_heartbeat as read_attempt_heartbeat
     from resilient_flows.rundir._layout import (
         RunLayout as RunLayout,
     )

@@ -64,11 +64,11 @@ def analytics_task(request: str) -> str:
     return f"analytics@{request}"
 
 
-def heartbeat_path(run_dir: str | os.PathLike, task: str) -> Path:
+def attempt_heartbeat_path(run_dir: str | os.PathLike, task: str) -> Path:
     return run_layout(run_dir).heartbeat(task)
 
 
-def read_heartbeat(path: Path) -> dict[str, Any] | None:
+def read_attempt_heartbeat(path: Path) -> dict[str, Any] | None:
     """The record in a heartbeat file, or None when it is absent, being rewritten or oversized."""
     try:
         record = read_json(path, CONTROL_CAP, "heartbeat")
@@ -116,7 +116,7 @@ class Heartbeat:
         on_pool_lost: Callable[[str], None] | None = None,
         pool: PoolLook | None = None,
     ) -> None:
-        self.path = heartbeat_path(run_dir, task)
+        self.path = attempt_heartbeat_path(run_dir, task)
         self.run_dir = Path(run_dir)
         self.beat_s = beat_s
         self.on_orphaned = on_orphaned

@@ -44,7 +44,7 @@ from resilient_flows.rundir import (
     BEAT_S,
     has_result,
     process_start_time,
-    read_heartbeat,
+    read_attempt_heartbeat,
     read_records,
     run_layout,
     stat_fields,
@@ -78,7 +78,7 @@ def live_attempts(run_dir: Path, now: float | None = None) -> dict[str, dict[str
             fresh = now - path.stat().st_mtime <= FRESH_S
         except OSError:  # it ended meanwhile
             continue
-        record = read_heartbeat(path)
+        record = read_attempt_heartbeat(path)
         if fresh and _alive(record or {}):
             found[name] = record if record is not None else {}
     return found
@@ -186,7 +186,7 @@ class Adoption:
             now = self.clock()
             if mtime != self._changed[name][0]:
                 self._changed[name] = (mtime, now)
-                record = read_heartbeat(self.heartbeats / name)
+                record = read_attempt_heartbeat(self.heartbeats / name)
                 adoptee.record = record if record is not None else adoptee.record
             if not _alive(adoptee.record):  # killed on this host: it writes nothing more
                 resubmit.extend(self._end(name))

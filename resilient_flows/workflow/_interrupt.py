@@ -38,7 +38,7 @@ from typing import Any
 from parsl.executors import HighThroughputExecutor
 
 from resilient_flows.errors import Preempted
-from resilient_flows.rundir import BEAT_S, member_layout, read_heartbeat, request_preemption, run_layout
+from resilient_flows.rundir import BEAT_S, member_layout, read_attempt_heartbeat, request_preemption, run_layout
 from resilient_flows.workflow._watchdog import ANSWER_S, interchange_managers
 
 #: The signals that stop a run.
@@ -207,7 +207,7 @@ def _beating(run_dir: Path, members: set[str]) -> dict[str, dict[str, Any]]:
             fresh = now - path.stat().st_mtime < 3 * BEAT_S
         except OSError:
             continue
-        record = read_heartbeat(path)
+        record = read_attempt_heartbeat(path)
         if fresh and record is not None:
             found[path.name] = record
     return found

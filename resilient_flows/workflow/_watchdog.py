@@ -38,7 +38,7 @@ from typing import Any
 from parsl.executors import HighThroughputExecutor
 from parsl.executors.high_throughput.errors import CommandClientTimeoutError
 
-from resilient_flows.rundir import read_heartbeat, run_layout
+from resilient_flows.rundir import read_attempt_heartbeat, run_layout
 
 logger = logging.getLogger(__name__)
 
@@ -182,7 +182,7 @@ class Watchdog:
                 continue
             beat = self._beats.get(name)
             if beat is None or beat.mtime_ns != mtime:
-                record = read_heartbeat(path)
+                record = read_attempt_heartbeat(path)
                 previous = {} if beat is None else beat.record
                 self._beats[name] = _Beat(mtime, now, record if record is not None else previous)
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from resilient_flows.checkpoint import heartbeat_path, read_heartbeat, scan
+from resilient_flows.checkpoint import checkpoint_heartbeat_path, read_checkpoint_heartbeat, scan
 from resilient_flows.clone import clone_seed
 from resilient_flows.rundir import DamageLog, MetricsReader, member_layout
 from resilient_flows.training import MemberSpec
@@ -171,9 +171,9 @@ class RunModel:
         :data:`HEARTBEAT_FOLLOW_S` after its last event while the tier lags behind its newest
         checkpoint (the copy to the shared tier finishes after the member's last event)."""
         facts.heartbeat_looked = True
-        path = heartbeat_path(member_layout(self.run_dir, name).checkpoints)
+        path = checkpoint_heartbeat_path(member_layout(self.run_dir, name).checkpoints)
         try:
-            beat = read_heartbeat(path)
+            beat = read_checkpoint_heartbeat(path)
         except OSError:  # none yet
             beat = None
         except ValueError as exc:  # its writer replaces it whole: damaged
