@@ -38,6 +38,7 @@ from typing import Any
 
 from resilient_flows.capped import open_regular
 from resilient_flows.errors import PermanentError, Preempted, ResilientFlowsError
+from resilient_flows.procgroup import kill_group
 from resilient_flows.rundir import EventLog, member_layout
 from resilient_flows.rundir._heartbeat import Heartbeat
 from resilient_flows.training._contract import EXIT_CANNOT_RUN, EXIT_PREEMPTED, STOP_SIGNALS, RunContract
@@ -150,7 +151,7 @@ def run_command(spec_dict: dict[str, Any], run_dir: str) -> dict[str, Any]:
             with _forwarding(stop):
                 status, why = _wait(process, stop, grace)
         finally:
-            _kill_group(process.pid)  # whatever it left behind must not write into the next attempt
+            kill_group(process.pid)  # whatever it left behind must not write into the next attempt
     if status == 0:
         return _finish(spec, run_dir, attempt, events)
     if status < 0 and layout.command_report.is_file():
@@ -238,7 +239,7 @@ def _wait(process: subprocess.Popen, stop: _Stop, grace: float) -> tuple[int, st
             pass
         if stop.since is not None and not killed and time.monotonic() - stop.since > grace:
             killed = f"still running {grace:g} s after {stop.reason}"
-            _kill_group(process.pid)
+            kill_group(process.pid)
 
 
 def _signal_name(number: int) -> str:
@@ -247,11 +248,6 @@ def _signal_name(number: int) -> str:
         return signal.Signals(number).name
     except ValueError:
         return f"signal {number}"
-
-
-def _kill_group(group: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(group, signal.SIGKILL)
 
 
 def _finish(spec: MemberSpec, run_dir: str, attempt: int, events: EventLog, status: int = 0) -> dict[str, Any]:

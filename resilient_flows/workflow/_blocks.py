@@ -15,7 +15,6 @@ never by a job or group number alone, which another run (on another cluster) may
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import signal
@@ -33,6 +32,7 @@ from parsl.jobs.states import JobState, JobStatus
 from parsl.providers import LocalProvider
 
 from resilient_flows.errors import WorkflowError, is_storage_full
+from resilient_flows.procgroup import kill_group
 from resilient_flows.rundir import (
     DEFAULT_ORPHAN_TIMEOUT_S,
     FULL_WAIT_S,
@@ -218,7 +218,7 @@ def retire_block(executor: BlockProviderExecutor, block: str | None) -> bool:
     group = _local_group(executor.provider, job_id)
     executor.provider.cancel([job_id])
     if group is not None:  # LocalProvider sends SIGTERM, which a stopped (hung) worker never acts on
-        timer = threading.Timer(KILL_GRACE_S, _kill_group, (group,))
+        timer = threading.Timer(KILL_GRACE_S, kill_group, (group,))
         timer.daemon = True
         timer.start()
     scaled_in = JobStatus(JobState.SCALED_IN)
@@ -271,11 +271,6 @@ def _local_group(provider: Any, job_id: str) -> int | None:
         return None if pid is None else os.getpgid(pid)
     except ProcessLookupError:
         return None
-
-
-def _kill_group(group: int) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(group, signal.SIGKILL)
 
 
 def cancel_block(provider: Any, record: dict[str, Any]) -> bool:
