@@ -147,7 +147,7 @@ def test_status_json_is_one_versioned_document_with_the_damage(tmp_path: Path, c
 
 def test_status_json_has_the_stages_rows(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     from resilient_flows.workflow import plan_workflow
-    from resilient_flows.workflow._rundir import create_run_dir
+    from resilient_flows.workflow._recorded_plan import create_run_dir
     from resilient_flows.workflow.schema import load_workflow
 
     source = tmp_path / "wf.yaml"

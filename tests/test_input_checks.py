@@ -47,7 +47,7 @@ from resilient_flows.training._spec import MemberSpec, ParentSpec
 from resilient_flows.workflow import load_workflow
 from resilient_flows.workflow._blocks import BlockLedger, RunnerLock
 from resilient_flows.workflow._plan import plan_workflow
-from resilient_flows.workflow._rundir import create_run_dir, read_plan
+from resilient_flows.workflow._recorded_plan import create_run_dir, read_plan
 from resilient_flows.workflow._status import MemberStatus
 
 SHARD = "shard-00000-of-00001.safetensors"

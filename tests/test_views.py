@@ -25,8 +25,8 @@ from resilient_flows.workflow._blocks import RunnerLock
 from resilient_flows.workflow._families import STATES, describe_families, family_of, family_stats
 from resilient_flows.workflow._plan import plan_workflow
 from resilient_flows.workflow._plots import BEST_DRAWN, LEGEND_FAMILIES, loss_figure, plot_losses
+from resilient_flows.workflow._recorded_plan import create_run_dir
 from resilient_flows.workflow._report import status_table
-from resilient_flows.workflow._rundir import create_run_dir
 from resilient_flows.workflow._status import MemberStatus, StatusTracker
 from resilient_flows.workflow.schema import load_workflow
 

@@ -2,10 +2,10 @@
 
 Every name a run directory holds is spelled in :mod:`resilient_flows.rundir._layout` and nowhere
 else; the rest of the code asks a :class:`RunLayout` or a :class:`TaskLayout` where things are,
-and reads and writes its files through them. The append-only logs and the plan have modules of their own:
+and reads and writes its files through them. The append-only logs and the plan file have modules of their own:
 :mod:`~resilient_flows.rundir._events` (the event log), :mod:`~resilient_flows.rundir._metrics`
 (a member's metrics), :mod:`~resilient_flows.rundir._ledger` (the runners' blocks) and
-:mod:`~resilient_flows.rundir._plan`. What readers find damaged they record in a
+:mod:`~resilient_flows.rundir._planfile`. What readers find damaged they record in a
 :class:`~resilient_flows.rundir._damage.DamageLog`, for the views to report.
 
 The runner-member protocol lives here too, writers and readers together:
@@ -110,7 +110,7 @@ _SOURCES = {
         "MetricsLog",
         "MetricsReader",
     ),
-    "resilient_flows.rundir._plan": (
+    "resilient_flows.rundir._planfile": (
         "encode_plan",
         "read_plan_document",
         "refuse_occupied",
@@ -219,16 +219,16 @@ if TYPE_CHECKING:  # the names' definitions, for type checkers and editors (a te
     from resilient_flows.rundir._metrics import (
         MetricsReader as MetricsReader,
     )
-    from resilient_flows.rundir._plan import (
+    from resilient_flows.rundir._planfile import (
         encode_plan as encode_plan,
     )
-    from resilient_flows.rundir._plan import (
+    from resilient_flows.rundir._planfile import (
         read_plan_document as read_plan_document,
     )
-    from resilient_flows.rundir._plan import (
+    from resilient_flows.rundir._planfile import (
         refuse_occupied as refuse_occupied,
     )
-    from resilient_flows.rundir._plan import (
+    from resilient_flows.rundir._planfile import (
         write_plan as write_plan,
     )
 

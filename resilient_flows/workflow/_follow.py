@@ -20,8 +20,8 @@ from rich.console import Console, Group, RenderableType
 from rich.live import Live
 
 from resilient_flows.rundir import holding_runner
+from resilient_flows.workflow._recorded_plan import MemberIndex, read_plan
 from resilient_flows.workflow._report import stage_table, status_table
-from resilient_flows.workflow._rundir import MemberIndex, read_plan
 from resilient_flows.workflow._status import StatusTracker
 
 #: Seconds between two redraws: a run's state changes at the pace of steps and checkpoints,

@@ -60,7 +60,7 @@ def guard(run_dir: Path, runner: int, started: int | None, poll_s: float = POLL_
 def _retire(run_dir: Path, runner: int, lease: RunnerLease) -> list[str]:
     from resilient_flows.sites import SiteFile
     from resilient_flows.workflow._blocks import BlockLedger
-    from resilient_flows.workflow._rundir import read_plan
+    from resilient_flows.workflow._recorded_plan import read_plan
 
     events = EventLog(run_dir)
     events.emit(

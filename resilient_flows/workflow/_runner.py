@@ -72,17 +72,16 @@ from resilient_flows.workflow._leaseguard import stop_wait_s
 from resilient_flows.workflow._monitoring import monitoring_hub, visualize_note
 from resilient_flows.workflow._ondemand import LOST_PRIORITY, OnDemandAnalytics, worker_slots
 from resilient_flows.workflow._output_tails import OutputTails, failed_tails, logs_command
-from resilient_flows.workflow._plan import plan_workflow
-from resilient_flows.workflow._report import campaign_table, ondemand_table, stage_table, status_table, write_report
-from resilient_flows.workflow._rundir import (
+from resilient_flows.workflow._plan import Plan, plan_workflow
+from resilient_flows.workflow._recorded_plan import (
     MemberIndex,
-    Plan,
     create_run_dir,
     default_run_dir,
     read_plan,
     require_writable,
     run_members,
 )
+from resilient_flows.workflow._report import campaign_table, ondemand_table, stage_table, status_table, write_report
 from resilient_flows.workflow._runlog import library_output_to_log
 from resilient_flows.workflow._standby import Kept, Standby, cancel_kept, left_waiting, lower_init_blocks
 from resilient_flows.workflow._status import StatusTracker

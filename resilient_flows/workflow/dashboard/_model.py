@@ -34,7 +34,7 @@ from resilient_flows.training import MemberSpec
 from resilient_flows.workflow._families import family_of, family_stats, group_by_family
 from resilient_flows.workflow._liveness import liveness
 from resilient_flows.workflow._member_table import last_error
-from resilient_flows.workflow._rundir import MemberIndex, read_plan
+from resilient_flows.workflow._recorded_plan import MemberIndex, read_plan
 from resilient_flows.workflow._status import MemberStatus, StatusTracker, free_stop
 from resilient_flows.workflow.dashboard._curves import LossSampler, family_band
 
