@@ -35,7 +35,7 @@ from resilient_flows.checkpoint._manifest import read_manifest, write_manifest
 from resilient_flows.clone._lineage import lineage_tree
 from resilient_flows.errors import DamagedFileError, FileTooLargeError, WorkflowError
 from resilient_flows.integrations.pathstore import REF_FORMAT, PathStore, read_ref
-from resilient_flows.rundir import _plan as plan_file_module
+from resilient_flows.rundir import _planfile as plan_file_module
 from resilient_flows.rundir import count_attempt, member_dir
 from resilient_flows.rundir._control import read_clone_orders, read_stop_request
 from resilient_flows.rundir._events import EventLog, EventTail, read_events
