@@ -10,7 +10,7 @@ deviation). Targets (issue 13):
   ``--help`` measures).
 
 The run directory is synthetic, made here the way a run makes it: ``plan.json`` and each member's
-``spec.json`` through :func:`~resilient_flows.workflow._rundir.create_run_dir` (a ``count: N``
+``spec.json`` through :func:`~resilient_flows.workflow._recorded_plan.create_run_dir` (a ``count: N``
 workflow on the local site), then ``events.jsonl``, ``metrics.jsonl`` and ``result.json`` in the
 shapes that :mod:`resilient_flows.rundir._events` and ``run_member`` write. Its members are caught
 mid-run: 70 % finished, 20 % running, 4 % queued, 3 % retrying after a lost worker, 3 % failed
@@ -49,7 +49,7 @@ from rich.table import Table
 
 from resilient_flows.training._spec import MemberSpec
 from resilient_flows.workflow._plan import plan_workflow
-from resilient_flows.workflow._rundir import create_run_dir
+from resilient_flows.workflow._recorded_plan import create_run_dir
 from resilient_flows.workflow._status import StatusTracker
 from resilient_flows.workflow.schema import load_workflow
 
@@ -231,7 +231,7 @@ def heavy_imports(run_dir: Path) -> dict[str, list[str]]:
 
 def tracker_costs(run_dir: Path) -> dict[str, float]:
     """The runner's StatusTracker on this run: its first update, then one with nothing appended."""
-    from resilient_flows.workflow._rundir import read_plan
+    from resilient_flows.workflow._recorded_plan import read_plan
 
     members = [(m.name, m.steps) for m in read_plan(run_dir).members]
     tracker = StatusTracker(run_dir)

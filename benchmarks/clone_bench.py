@@ -227,7 +227,7 @@ def train(ctx: Any) -> dict[str, Any]:
 def run_ours(task: dict[str, Any]) -> None:
     """A member of ours (a source or a clone): ``run_member`` on its registered spec."""
     from resilient_flows.training import run_member
-    from resilient_flows.training._control import read_spec
+    from resilient_flows.training._members import read_spec
 
     spec = read_spec(task["run_dir"], task["name"])
     run_member(spec.to_dict(), task["run_dir"])
@@ -556,8 +556,9 @@ def measure_ours(
 ) -> dict[str, Any]:
     """Clones of one source over one transport: per-clone rows by how the clone started, source steps."""
     from resilient_flows.clone import request_clone
+    from resilient_flows.rundir import member_dir
     from resilient_flows.training import CheckpointSpec, MemberSpec, read_events
-    from resilient_flows.training._control import member_dir, read_spec, register_member
+    from resilient_flows.training._members import read_spec, register_member
 
     run_dir = root / f"ours-{transport}"
     local_dir = str(local_root / "src") if transport == "local" else None

@@ -151,7 +151,7 @@ def cluster_run(
     that length waits too, ranked above the on-demand job (submitted before it)."""
     import subprocess
 
-    from resilient_flows.checkpoint._heartbeat import read_heartbeat
+    from resilient_flows.checkpoint._heartbeat import read_checkpoint_heartbeat
 
     def sbatch(*args: str) -> str:
         out = subprocess.run(["sbatch", "--parsable", *args], capture_output=True, text=True, check=True, timeout=30)
@@ -214,7 +214,7 @@ def cluster_run(
             "lost_s": (stopped - resumed) * STEP_S,
             "expected_lost_s": decision["t"] - expected["last_checkpoint"],
             "latency_s": began - submitted,
-            "heartbeat_age_s": decision["t"] - read_heartbeat(beats[victim]).committed,
+            "heartbeat_age_s": decision["t"] - read_checkpoint_heartbeat(beats[victim]).committed,
         }
     finally:
         subprocess.run(["scancel", *ids.values()], capture_output=True, check=False)

@@ -15,7 +15,7 @@ Decision latency (section ``decide``)
 
 Theta's month (section ``month``)
     ``../shared/traces/theta-2022-01.swf`` (3119 jobs on 4392 nodes) replayed once per policy by
-    :func:`resilient_flows.cosched.simulate`: FCFS with EASY backfilling, every batch job
+    :func:`resilient_flows.cosched.simulate_trace`: FCFS with EASY backfilling, every batch job
     checkpointing hourly and restarting in 2 minutes, on-demand requests of 128 nodes for 30
     minutes arriving at 2 an hour (seeded: the same requests for every policy), ``alpha = beta =
     1``, ``max_delay`` 30 minutes. Then ``"dp"`` again with ``beta / alpha`` swept from 0.001 to
@@ -54,10 +54,10 @@ from resilient_flows.cosched import (
     OnDemandStream,
     RunningJob,
     SimConfig,
-    SimResult,
+    TraceSimResult,
     decide,
     read_swf,
-    simulate,
+    simulate_trace,
 )
 
 MACHINE = 4392
@@ -117,7 +117,7 @@ def measure_decisions(count: int, seed: int = 0) -> tuple[dict[str, float], list
     return figures, problems
 
 
-def simulate_month(trace: Path, until: float | None, sweep: tuple[float, ...]) -> tuple[list[SimResult], list]:
+def simulate_month(trace: Path, until: float | None, sweep: tuple[float, ...]) -> tuple[list[TraceSimResult], list]:
     swf = read_swf(trace)
     jobs = [j for j in swf.jobs if until is None or j.submit_time < until]
     submits = [j.submit_time for j in jobs]
@@ -125,8 +125,8 @@ def simulate_month(trace: Path, until: float | None, sweep: tuple[float, ...]) -
         min(submits), max(submits)
     )
     base = SimConfig(nodes=swf.max_nodes or MACHINE, alpha=1.0, beta=1.0, max_delay=1800.0, seed=0)
-    results = [simulate(jobs, replace(base, policy=p), requests) for p in ("dp", *BASELINES)]
-    curve = [(ratio, simulate(jobs, replace(base, beta=ratio), requests)) for ratio in sweep]
+    results = [simulate_trace(jobs, replace(base, policy=p), requests) for p in ("dp", *BASELINES)]
+    curve = [(ratio, simulate_trace(jobs, replace(base, beta=ratio), requests)) for ratio in sweep]
     return results, curve
 
 
@@ -143,7 +143,7 @@ def lost_at_equal_wait(curve: list, wait: float) -> float | None:
     return float(np.interp(wait, waits, [p[1] for p in points]))
 
 
-def month_figures(name: str, results: list[SimResult], curve: list) -> tuple[dict[str, float], list[list[str]]]:
+def month_figures(name: str, results: list[TraceSimResult], curve: list) -> tuple[dict[str, float], list[list[str]]]:
     figures: dict[str, float] = {}
     rows = []
     dp = results[0]

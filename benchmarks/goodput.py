@@ -232,7 +232,7 @@ class Periodic(chaos.Chaos):
         if self.kind == "member-kill":
             self._begin(fault, {name: attempt}, f"member process {pid} of {name}", [proc])
             return chaos.send(proc, signal.SIGKILL)
-        from resilient_flows.training import request_preemption
+        from resilient_flows.rundir import request_preemption
 
         self._begin(fault, {name: attempt}, f"{name} asked to stop (control file)")
         request_preemption(self.run_dir, name, "goodput benchmark")

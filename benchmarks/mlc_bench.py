@@ -34,7 +34,7 @@ from harness import failed, options, size_of, write_json
 from report import print_verdicts
 from rich.table import Table
 
-from resilient_flows.mlc import MLCConfig, MLCParams, search, simulate
+from resilient_flows.mlc import MLCConfig, MLCParams, search, simulate_failures
 from resilient_flows.mlc._dataset import sample_params
 from resilient_flows.mlc._recommender import Recommender
 from resilient_flows.mlc._tune import candidates
@@ -75,9 +75,11 @@ def main(argv: list[str] | None = None) -> int:
         recommender.recommend(p)
         recommend_s.append(time.perf_counter() - tic)
         configs = candidates(p, recommender)
-        reference = simulate(p, best, trials=trials, seed=7).efficiency
+        reference = simulate_failures(p, best, trials=trials, seed=7).efficiency
         for method in METHODS:
-            regrets[method].append(100 * (reference - simulate(p, configs[method], trials=trials, seed=7).efficiency))
+            regrets[method].append(
+                100 * (reference - simulate_failures(p, configs[method], trials=trials, seed=7).efficiency)
+            )
 
     figures: dict[str, dict[str, Any]] = {}
     table = Table(title=f"efficiency regret against the simulator's optimum, {count} held-out sets (pp)")

@@ -299,7 +299,7 @@ def trial(job: Job, k: int, l2_every: int, size: Size, seed: int, index: int) ->
 
     from resilient_flows.mlc._simulator import FailureArrivals
 
-    # the simulator's own arrivals for trial ``index``: simulate(trials=size.trials, seed=seed)
+    # the simulator's own arrivals for trial ``index``: simulate_failures(trials=size.trials, seed=seed)
     # meets the same failures, so each measured trial has a simulated twin
     arrivals = {
         level: FailureArrivals(mtbf, size.trials, seed, level)
@@ -435,7 +435,7 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def report(root: Path, size: Size, mode: str, args: argparse.Namespace) -> None:
-    from resilient_flows.mlc import MLCConfig, simulate
+    from resilient_flows.mlc import MLCConfig, simulate_failures
 
     console.print(f"[bold]mlc_validate[/] ({mode}): calibrating on {os.cpu_count()} cores under {root}")
     job, c = calibrate(root, size)
@@ -458,10 +458,10 @@ def report(root: Path, size: Size, mode: str, args: argparse.Namespace) -> None:
         low, high = t_interval(walls)
         measured = c.solve_time / statistics.fmean(walls)
         config = MLCConfig(k * c.step_s, l2_every)
-        sim = simulate(p, config, trials=4000, seed=args.seed)
-        twins = simulate(p, config, trials=size.trials, seed=args.seed)
+        sim = simulate_failures(p, config, trials=4000, seed=args.seed)
+        twins = simulate_failures(p, config, trials=size.trials, seed=args.seed)
         stall = statistics.median(x for r in runs for x in r.stalls)
-        own = simulate(replace(p, l1_cost=stall, l1_latency=0.0), config, trials=size.trials, seed=args.seed)
+        own = simulate_failures(replace(p, l1_cost=stall, l1_latency=0.0), config, trials=size.trials, seed=args.seed)
         rows.append(
             {
                 "config": name,

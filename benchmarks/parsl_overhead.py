@@ -107,9 +107,10 @@ from torch import nn
 
 from resilient_flows.apps import ResumingRetryHandler, train_app
 from resilient_flows.checkpoint import Checkpointer, TrainState, read_checkpoint
+from resilient_flows.rundir import member_dir
 from resilient_flows.rundir._events import read_events
 from resilient_flows.sites import load_site
-from resilient_flows.training import CheckpointSpec, FaultSpec, MemberSpec, member_dir
+from resilient_flows.training import CheckpointSpec, FaultSpec, MemberSpec
 from resilient_flows.training._workloads import batch_indices, builtin_model, evaluate_model
 
 MiB = 1 << 20

@@ -25,7 +25,7 @@ import yaml
 from resilient_flows.rundir import EventLog, MetricsLog, member_layout
 from resilient_flows.training import MemberSpec, ParentSpec, register_member
 from resilient_flows.workflow import Workflow, plan_workflow
-from resilient_flows.workflow._rundir import create_run_dir
+from resilient_flows.workflow._recorded_plan import create_run_dir
 
 FAMILIES = ("mlp-small", "mlp-wide", "cnn", "cnn-deep")
 #: Steps between two checkpoints.

@@ -42,7 +42,7 @@ _SOURCES = {
         "RunningJob",
         "decide",
         "read_swf",
-        "simulate",
+        "simulate_trace",
     ),
     "resilient_flows.errors": (
         "CloneError",
@@ -152,7 +152,7 @@ if TYPE_CHECKING:  # the names' definitions, for type checkers and editors (a te
         read_swf as read_swf,
     )
     from resilient_flows.cosched import (
-        simulate as simulate,
+        simulate_trace as simulate_trace,
     )
     from resilient_flows.errors import (
         CloneError as CloneError,

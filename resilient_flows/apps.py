@@ -46,7 +46,18 @@ from resilient_flows.errors import (
     Superseded,
     is_permanent,
 )
-from resilient_flows.rundir import EventLog, TaskLayout, stage_layout
+from resilient_flows.rundir import (
+    EventLog,
+    Heartbeat,
+    TaskLayout,
+    analytics_task,
+    attempt_heartbeat_path,
+    has_result,
+    member_dir,
+    read_attempt_heartbeat,
+    stage_layout,
+    superseded,
+)
 from resilient_flows.sites._hung import WorkerHung
 from resilient_flows.sites._parsl import retry_with_kwarg, retry_with_priority
 from resilient_flows.training import (
@@ -56,23 +67,17 @@ from resilient_flows.training import (
     PEER_LOST,
     POOL_LOST,
     CommandKilled,
-    Heartbeat,
     MemberSpec,
     StageSpec,
-    analytics_task,
     attempt_fault,
     declined_attempt,
-    has_result,
-    heartbeat_path,
     latest_committed_step,
-    member_dir,
     newest_iteration,
     pbs_hosts,
-    read_heartbeat,
-    superseded,
 )
 from resilient_flows.training._lostnodes import current_job, read_lost
 from resilient_flows.training._output import attempt_output, next_attempt, open_attempt_log
+from resilient_flows.training._pool import PoolWatch
 from resilient_flows.training._shrink import fewest_nodes, on_nodes_left
 
 __all__ = [
@@ -384,8 +389,8 @@ class ResumingRetryHandler:
             return math.inf if permanent else 1.0
         name, run_dir, latest = found
         task = task_record["id"]
-        beat = heartbeat_path(run_dir, name)
-        record = read_heartbeat(beat)
+        beat = attempt_heartbeat_path(run_dir, name)
+        record = read_attempt_heartbeat(beat)
         beat.unlink(missing_ok=True)  # the attempt is over, however it ended
         events = EventLog(run_dir)
         attempt = task_record["try_id"] + 1
@@ -572,12 +577,12 @@ def _wait(backoff_s: float, run_dir: str, task: str) -> None:
     silent to the watchdog, which would declare its block lost.
 
     First of all, a task that an earlier runner's interchange handed out after a ``resume`` took
-    the run over refuses to start (:func:`~resilient_flows.training.superseded`)."""
+    the run over refuses to start (:func:`~resilient_flows.rundir.superseded`)."""
     refused = superseded(run_dir)
     if refused is not None:
         raise Superseded(f"task {task}: {refused}")
     if backoff_s > 0:
-        with Heartbeat(run_dir, task, None, waiting_s=backoff_s):
+        with Heartbeat(run_dir, task, None, waiting_s=backoff_s, pool=PoolWatch.find()):
             time.sleep(backoff_s)
 
 
@@ -585,7 +590,7 @@ def _forget_analytics_heartbeat(task_record: dict[str, Any]) -> None:
     """An analytics attempt that failed beats no more: the watchdog must not take it for a silent one."""
     args = task_record.get("args") or ()
     if task_record.get("func_name") == "analytics_app" and len(args) >= 3:
-        heartbeat_path(str(args[1]), analytics_task(str(args[2]))).unlink(missing_ok=True)
+        attempt_heartbeat_path(str(args[1]), analytics_task(str(args[2]))).unlink(missing_ok=True)
 
 
 def _resumable_task(task_record: dict[str, Any]) -> tuple[str, str, int] | None:

@@ -60,7 +60,7 @@ class Preempted(ResilientFlowsError):
 class Superseded(ResilientFlowsError):
     """A task of a runner that another runner has taken the run over from (a ``resume``) refused
     to start: the new runner runs, or has adopted, that member's attempts, and two attempts of one
-    member must never write at once (see :func:`resilient_flows.training.superseded`)."""
+    member must never write at once (see :func:`resilient_flows.rundir.superseded`)."""
 
 
 class CheckpointError(ResilientFlowsError):

@@ -18,11 +18,11 @@ import pytest
 
 from resilient_flows.apps import _wait
 from resilient_flows.errors import Superseded
-from resilient_flows.rundir import append_record, run_layout
-from resilient_flows.training import TOKEN_ENV, MemberSpec, read_events, superseded
+from resilient_flows.rundir import TOKEN_ENV, append_record, run_layout, superseded
+from resilient_flows.rundir._heartbeat import Heartbeat, attempt_heartbeat_path
+from resilient_flows.rundir._lease import end_lease, read_lease
+from resilient_flows.training import MemberSpec, read_events
 from resilient_flows.training._command import run_command
-from resilient_flows.training._heartbeat import Heartbeat, heartbeat_path
-from resilient_flows.training._lease import end_lease, read_lease
 from resilient_flows.workflow import read_plan
 from resilient_flows.workflow._adopt import FRESH_S, RESULT_GRACE_S, Adoption, adoptable, interchanges_alive
 from resilient_flows.workflow._blocks import RunnerLock, process_start_time
@@ -39,7 +39,7 @@ class Clock:
 
 def beat(run_dir: Path, task: str, age_s: float = 0.0, **fields: object) -> None:
     """A heartbeat record of a live attempt on this host (this process), last written ``age_s`` ago."""
-    path = heartbeat_path(run_dir, task)
+    path = attempt_heartbeat_path(run_dir, task)
     path.parent.mkdir(parents=True, exist_ok=True)
     record = {"task": task, "attempt": 1, "pid": os.getpid(), "host": socket.gethostname(), "block": "0"}
     path.write_text(json.dumps({**record, "step": None, "step_s": None, **fields}))
@@ -86,10 +86,10 @@ def test_a_superseded_task_leaves_no_heartbeat_and_raises(tmp_path: Path, monkey
         _wait(0.0, str(tmp_path), "m-0")  # before it starts: a task the dead runner's interchange held
     with pytest.raises(Superseded, match="task m-0: runner"):
         Heartbeat(tmp_path, "m-0", attempt=2).start()  # after its file exists: the new runner may not have seen it
-    assert not heartbeat_path(tmp_path, "m-0").exists()
+    assert not attempt_heartbeat_path(tmp_path, "m-0").exists()
     monkeypatch.setenv(TOKEN_ENV, "new")
     with Heartbeat(tmp_path, "m-0", attempt=2):
-        assert heartbeat_path(tmp_path, "m-0").exists()
+        assert attempt_heartbeat_path(tmp_path, "m-0").exists()
 
 
 # ----------------------------------------------------------------------------- what is adopted
@@ -161,7 +161,7 @@ def test_an_adopted_attempt_that_finished_resolves_with_its_result_and_is_not_su
     assert adopted.update() == ([], None) and adopted.names() == {"m-0"}
     (tmp_path / "members" / "m-0").mkdir(parents=True)
     (tmp_path / "members" / "m-0" / "result.json").write_text(json.dumps({"step": 9}))
-    heartbeat_path(tmp_path, "m-0").unlink()
+    attempt_heartbeat_path(tmp_path, "m-0").unlink()
     assert adopted.update() == ([], None)
     assert adopted.names() == set() and future.result() == {"member": "m-0"}
 
@@ -171,7 +171,7 @@ def test_an_adopted_attempt_that_ended_without_a_result_is_submitted_after_its_g
     beat(tmp_path, "m-0")
     adopted = adoption(tmp_path, clock, "m-0")
     future = adopted.future("m-0")
-    heartbeat_path(tmp_path, "m-0").unlink()
+    attempt_heartbeat_path(tmp_path, "m-0").unlink()
     assert adopted.update() == ([], None)  # it may be writing its result
     clock.now += RESULT_GRACE_S + 1
     resubmit, lost = adopted.update()
@@ -189,7 +189,7 @@ def test_an_adopted_attempt_killed_on_this_host_is_submitted_at_once(tmp_path: P
     beat(tmp_path, "m-0", pid=dead.pid)  # its last beat, then SIGKILL: the file stays, fresh for a while
     resubmit, lost = adopted.update()
     assert [m.name for m in resubmit] == ["m-0"] and lost is None and adopted.names() == {"m-1"}
-    assert not heartbeat_path(tmp_path, "m-0").exists()  # this runner's watchdog would take it for its own
+    assert not attempt_heartbeat_path(tmp_path, "m-0").exists()  # this runner's watchdog would take it for its own
 
 
 def test_a_silent_adopted_attempt_is_given_up_with_every_other(tmp_path: Path) -> None:
@@ -204,7 +204,7 @@ def test_a_silent_adopted_attempt_is_given_up_with_every_other(tmp_path: Path) -
     resubmit, lost = adopted.update()
     assert resubmit == [] and lost == "adopted attempt of m-0 has not beaten for 11 s (stall timeout 10 s)"
     assert sorted(m.name for m in adopted.abandon()) == ["m-0", "m-1"]
-    assert not heartbeat_path(tmp_path, "m-0").exists() and not heartbeat_path(tmp_path, "m-1").exists()
+    assert not attempt_heartbeat_path(tmp_path, "m-0").exists() and not attempt_heartbeat_path(tmp_path, "m-1").exists()
 
 
 def test_an_adopted_attempt_whose_pool_is_lost_is_given_up(tmp_path: Path) -> None:

@@ -20,7 +20,7 @@ from resilient_flows.cli import main
 from resilient_flows.clone import request_clone
 from resilient_flows.errors import CloneError
 from resilient_flows.training import CheckpointSpec, MemberSpec, read_events, run_member, state_digest
-from resilient_flows.training._control import read_spec, register_member
+from resilient_flows.training._members import read_spec, register_member
 from resilient_flows.training._workloads import batch_indices, builtin_model
 from resilient_flows.workflow._status import loss_curve
 

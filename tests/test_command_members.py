@@ -21,7 +21,7 @@ from resilient_flows.clone import request_clone
 from resilient_flows.errors import Preempted, SiteConfigError, WorkflowError
 from resilient_flows.training import MemberSpec, RunContract, read_events
 from resilient_flows.training._command import CommandFailed, CommandKilled, run_command
-from resilient_flows.training._control import read_spec, register_member
+from resilient_flows.training._members import read_spec, register_member
 from resilient_flows.training._spec import CheckpointSpec
 from resilient_flows.workflow import load_workflow, plan_workflow
 from resilient_flows.workflow._status import loss_curve, member_statuses
@@ -293,7 +293,7 @@ def test_exit_statuses_cost_what_they_mean(tmp_path: Path, exception, progress: 
 
 def test_a_preemption_request_reaches_a_script_through_from_env(tmp_path: Path) -> None:
     """The runner's control file, not a signal: the script commits the step, exits 75, is requeued."""
-    from resilient_flows.training import request_preemption
+    from resilient_flows.rundir import request_preemption
 
     spec = MemberSpec(name="p", workload="", params={"lr": 0.05}, steps=40, command=[PYTHON, str(SCRIPT)])
     request_preemption(tmp_path, "p", reason="analytics a1")

@@ -20,7 +20,12 @@ import pytest
 from slurm import cancel, require_slurm
 
 from resilient_flows.checkpoint import Checkpointer
-from resilient_flows.checkpoint._heartbeat import FILENAME, CheckpointHeartbeat, HeartbeatWriter, read_heartbeat
+from resilient_flows.checkpoint._heartbeat import (
+    FILENAME,
+    CheckpointHeartbeat,
+    HeartbeatWriter,
+    read_checkpoint_heartbeat,
+)
 from resilient_flows.cli import main as cli_main
 from resilient_flows.cosched import OnDemandRequest, RunningJob, decide, decision_cost
 from resilient_flows.cosched._agent import Agent, AgentConfig, AgentStateError, is_marked, running_job
@@ -48,13 +53,13 @@ def test_a_checkpointer_publishes_its_newest_shared_commit_and_restore_time(tmp_
         for step in range(4):
             ckpt.save(step, state)
             ckpt.wait()
-    beat = read_heartbeat(tmp_path / "shared" / FILENAME)
+    beat = read_checkpoint_heartbeat(tmp_path / "shared" / FILENAME)
     assert beat.step == 3  # steps 1 and 3 went to the shared tier: the newest
     assert before <= beat.committed <= time.time() and beat.period is not None and beat.period > 0
     with Checkpointer(tmp_path / "shared") as again:
         assert again.restore(state) == 3
         again.save(4, state)
-    restored = read_heartbeat(tmp_path / "shared" / FILENAME)
+    restored = read_checkpoint_heartbeat(tmp_path / "shared" / FILENAME)
     assert restored.step == 4 and restored.restore is not None and restored.restore < 30
     assert not [p for p in (tmp_path / "shared").iterdir() if p.name.endswith(".tmp")]
     with Checkpointer(tmp_path / "quiet", heartbeat=False) as quiet:
@@ -80,14 +85,14 @@ def test_a_bad_heartbeat_is_refused_with_the_field_named(tmp_path: Path, text: s
     path = tmp_path / FILENAME
     path.write_text(text)
     with pytest.raises(ValueError, match=problem):
-        read_heartbeat(path)
+        read_checkpoint_heartbeat(path)
 
 
 def test_the_heartbeat_is_replaced_whole(tmp_path: Path) -> None:
     writer = HeartbeatWriter(tmp_path)
     for step in range(3):
         writer.committed(step, 0.5)
-    assert read_heartbeat(tmp_path / FILENAME).step == 2
+    assert read_checkpoint_heartbeat(tmp_path / FILENAME).step == 2
     assert [p.name for p in tmp_path.iterdir()] == [FILENAME]  # no temporary file left beside it
 
 
@@ -447,7 +452,7 @@ def test_a_job_without_heartbeat_counts_as_unchecked_since_its_start(tmp_path: P
     )
     (event,) = Agent(queue, config, clock=lambda: NOW).poll()
     assert event["inputs"]["running"][0]["last_checkpoint"] is None
-    beat = read_heartbeat(_beat(tmp_path, "old", NOW - 500))
+    beat = read_checkpoint_heartbeat(_beat(tmp_path, "old", NOW - 500))
     older = running_job(_job("3", NOW - 100), NOW, config, beat)
     assert older.last_checkpoint == NOW - 100  # committed before this run of the job began: its start
 
@@ -543,7 +548,7 @@ def test_on_slurm_the_agent_preempts_the_fresh_checkpoint_and_the_victim_resumes
         assert decision["decision"]["preempt"] == [ids[0]] and decision["acted"]
         (young,) = [e for e in youngest if e["event"] == "decision"]
         assert young["decision"]["preempt"] == [ids[1]] and not young["acted"]
-        stale_beat = read_heartbeat(beats[1])
+        stale_beat = read_checkpoint_heartbeat(beats[1])
         stale = next(r for r in decision["inputs"]["running"] if r["id"] == ids[1])
         assert stale["last_checkpoint"] == pytest.approx(stale_beat.committed)
         # each decision costs what the objective says for its own inputs and delay (dp may wait a
@@ -726,7 +731,7 @@ def test_a_heartbeat_that_is_not_the_jobs_own_small_regular_file_is_no_heartbeat
         pytest.skip("chown to another uid needs root")
     path, reason = _untrusted(tmp_path, kind)
     with pytest.raises(ValueError, match=reason):
-        read_heartbeat(path, owner=os.getuid())
+        read_checkpoint_heartbeat(path, owner=os.getuid())
     queue = Queue([_job("1", NOW - 100, heartbeat=path), _job("20", NOW, state="pending", comment="rf-ondemand")], 0)
     agent = Agent(queue, AgentConfig(dry_run=True), clock=lambda: NOW)
     with caplog.at_level("WARNING"):
@@ -771,7 +776,7 @@ def test_reads_that_hang_count_as_no_heartbeat_after_the_deadline(tmp_path: Path
 
     hung, fine = _beat(tmp_path, "hung", NOW - 5), _beat(tmp_path, "fine", NOW - 7)
     release, calls = threading.Event(), []
-    plain = heartbeat.read_heartbeat
+    plain = heartbeat.read_checkpoint_heartbeat
 
     def read(path: str, *, owner: int | None = None) -> CheckpointHeartbeat:
         calls.append(path)
@@ -779,7 +784,7 @@ def test_reads_that_hang_count_as_no_heartbeat_after_the_deadline(tmp_path: Path
             release.wait(30)
         return plain(path, owner=owner)
 
-    monkeypatch.setattr(heartbeat, "read_heartbeat", read)
+    monkeypatch.setattr(heartbeat, "read_checkpoint_heartbeat", read)
     jobs = [_job("1", NOW - 100, heartbeat=hung), _job("2", NOW - 100, heartbeat=fine),
             _job("20", NOW, state="pending", comment="rf-ondemand")]  # fmt: skip
     agent = Agent(Queue(jobs, 0), AgentConfig(dry_run=True, heartbeat_deadline=0.3), clock=lambda: NOW)
@@ -807,7 +812,7 @@ def test_what_a_heartbeat_claims_is_bounded_by_what_the_agent_sees(tmp_path: Pat
     assert (seen["1"]["restart_cost"], seen["1"]["checkpoint_interval"]) == (100.0, 100.0)
     assert event["decision"]["preempt"] == ["1"]
     config = AgentConfig(max_restore=30.0)
-    beat = read_heartbeat(liar.heartbeat)
+    beat = read_checkpoint_heartbeat(liar.heartbeat)
     old = running_job(replace(liar, start=NOW - 7200), NOW, config, beat)
     assert old.restart_cost == 30.0 and old.checkpoint_interval == 7200.0  # the site's maximum
     future = running_job(liar, NOW, config, replace(beat, committed=NOW + 3600))
@@ -848,7 +853,7 @@ def test_user_text_reaches_the_log_escaped_and_cut_short(tmp_path: Path, caplog:
     with pytest.raises(ValueError) as caught:
         path = tmp_path / "long.json"
         path.write_text(json.dumps({"format": "resilient-flows-heartbeat/1", "step": "A" * 60_000}))
-        read_heartbeat(path)
+        read_checkpoint_heartbeat(path)
     assert len(str(caught.value)) < 400
 
 

@@ -15,7 +15,7 @@ import pytest
 from resilient_flows.cli._cosim import add_parsers, run_cosim
 from resilient_flows.cosched._jobs import OnDemandRequest
 from resilient_flows.cosched._policies import BASELINES
-from resilient_flows.cosched._simulator import OnDemandStream, SimConfig, SimResult, simulate, young_interval
+from resilient_flows.cosched._simulator import OnDemandStream, SimConfig, TraceSimResult, simulate_trace
 from resilient_flows.cosched._swf import read_swf
 from resilient_flows.errors import InvalidJobError
 
@@ -34,16 +34,16 @@ def trace(tmp_path: Path, *lines: str, nodes: int = 10) -> Path:
     return path
 
 
-def run(path: Path, requests: list[OnDemandRequest] = (), **config) -> SimResult:
+def run(path: Path, requests: list[OnDemandRequest] = (), **config) -> TraceSimResult:
     loaded = read_swf(path)
-    return simulate(loaded.jobs, SimConfig(nodes=loaded.max_nodes, **config), requests)
+    return simulate_trace(loaded.jobs, SimConfig(nodes=loaded.max_nodes, **config), requests)
 
 
-def starts(result: SimResult) -> dict[str, float]:
+def starts(result: TraceSimResult) -> dict[str, float]:
     return {job.id: job.first_start for job in result.jobs}
 
 
-def check_invariants(result: SimResult) -> None:
+def check_invariants(result: TraceSimResult) -> None:
     """What every run must keep, checked from the record alone."""
     config = result.config
     assert max((busy for _, busy in result.busy_nodes()), default=0) <= config.nodes
@@ -101,7 +101,7 @@ def test_swf_reader_keeps_every_field_the_header_and_unknowns(tmp_path: Path) ->
     assert (second.allocated_processors, second.processors, second.preceding_job, second.think_time) == (-1, 2, 1, 30)
     assert not third.usable and not fourth.usable and fourth.processors == -1
     assert loaded.unusable == 2
-    result = simulate(loaded.jobs, SimConfig(nodes=8))
+    result = simulate_trace(loaded.jobs, SimConfig(nodes=8))
     assert result.skipped == {"no run time": 1, "no node count": 1, "larger than the machine": 0}
     assert [job.id for job in result.jobs] == ["1", "2"]
 
@@ -251,7 +251,7 @@ def test_every_policy_keeps_the_invariants_on_a_random_trace(tmp_path: Path, pol
 def test_youngs_interval_and_requests_the_machine_cannot_hold(tmp_path: Path) -> None:
     config = SimConfig(nodes=4392, checkpoint_cost=60.0, mtbf=86400.0)
     assert config.interval_for(128) == pytest.approx(math.sqrt(2 * 60 * 86400 * 4392 / 128))
-    assert young_interval(60.0, 86400.0, 4392, 4392) == pytest.approx(math.sqrt(2 * 60 * 86400))
+    assert config.interval_for(4392) == pytest.approx(math.sqrt(2 * 60 * 86400))  # the machine's own MTBF
     with pytest.raises(InvalidJobError, match="give both"):
         SimConfig(nodes=8, checkpoint_cost=60.0)
     path = trace(tmp_path, line(1, 0, 10, 4, 10), line(2, 0, 10, 40, 10))
@@ -264,7 +264,7 @@ def test_youngs_interval_and_requests_the_machine_cannot_hold(tmp_path: Path) ->
 def test_trace_jobs_of_a_queue_become_on_demand_requests(tmp_path: Path) -> None:
     path = trace(tmp_path, line(1, 0, 100, 10, 100), line(2, 50, 30, 4, 30, queue=9))
     loaded = read_swf(path)
-    result = simulate(loaded.jobs, SimConfig(nodes=10, policy="greedy", restart_cost=0.0), ondemand_queue=9)
+    result = simulate_trace(loaded.jobs, SimConfig(nodes=10, policy="greedy", restart_cost=0.0), ondemand_queue=9)
     (record,) = result.decisions
     assert (record.request.id, record.start, record.preempted) == ("swf-2", 50.0, ("1",))
     assert [job.id for job in result.jobs] == ["1"]
@@ -326,7 +326,7 @@ def test_a_week_of_theta_under_every_policy() -> None:
     requests = OnDemandStream(2.0, nodes=(128,), durations=(1800.0,), seed=0).requests(0, 7 * 86400)
     results = {}
     for policy in ("dp", *BASELINES):
-        results[policy] = simulate(week, SimConfig(nodes=loaded.max_nodes, policy=policy), requests)
+        results[policy] = simulate_trace(week, SimConfig(nodes=loaded.max_nodes, policy=policy), requests)
         check_invariants(results[policy])
     assert loaded.max_nodes == 4392 and len(week) > 500
     # dp minimises the objective it shares with the baselines, request by request; over a week, far below them

@@ -147,7 +147,7 @@ def test_status_json_is_one_versioned_document_with_the_damage(tmp_path: Path, c
 
 def test_status_json_has_the_stages_rows(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     from resilient_flows.workflow import plan_workflow
-    from resilient_flows.workflow._rundir import create_run_dir
+    from resilient_flows.workflow._recorded_plan import create_run_dir
     from resilient_flows.workflow.schema import load_workflow
 
     source = tmp_path / "wf.yaml"
@@ -281,13 +281,13 @@ def hung(*_):
     raise TimeoutError("hung")
 
 def lease(run):
-    from resilient_flows.training import holding_runner, read_lease
+    from resilient_flows.rundir import holding_runner, read_lease
     return 0 if read_lease(run) is None and holding_runner(run) is None else 1
 
 def heartbeat(run):
-    from resilient_flows.checkpoint import read_heartbeat
+    from resilient_flows.checkpoint import read_checkpoint_heartbeat
     try:
-        read_heartbeat(Path(run, "members/m-0/checkpoints/checkpoint-heartbeat.json"))
+        read_checkpoint_heartbeat(Path(run, "members/m-0/checkpoints/checkpoint-heartbeat.json"))
     except ValueError as exc:  # no heartbeat, and why: what the agent logs
         print(exc, file=sys.stderr)
         return 1

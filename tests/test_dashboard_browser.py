@@ -30,7 +30,7 @@ from resilient_flows.cli import main
 from resilient_flows.rundir import EventLog, MetricsLog, member_layout
 from resilient_flows.training import ParentSpec, read_spec, register_member
 from resilient_flows.workflow._plan import plan_workflow
-from resilient_flows.workflow._rundir import create_run_dir
+from resilient_flows.workflow._recorded_plan import create_run_dir
 from resilient_flows.workflow.schema import load_workflow
 
 webdriver = require_module("selenium.webdriver", "the dashboard's browser tests need selenium (pip install '.[test]')")

@@ -20,13 +20,13 @@ from test_views import append, imported_by, make_run
 
 from resilient_flows.cli import main
 from resilient_flows.cli._console import console
-from resilient_flows.rundir import run_layout
-from resilient_flows.training import (
+from resilient_flows.rundir import (
     RENEW_S,
     end_lease,
     holding_runner,
     process_start_time,
     read_lease,
+    run_layout,
     stat_fields,
 )
 from resilient_flows.workflow import follow_run

@@ -292,7 +292,7 @@ FAILING = (
 def two_ranks(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[dict]]:
     """One ``mpiexec -n 2`` launch for every check that needs ranks; each rank's report."""
     from resilient_flows.workflow import load_workflow, plan_workflow
-    from resilient_flows.workflow._rundir import create_run_dir
+    from resilient_flows.workflow._recorded_plan import create_run_dir
 
     root = tmp_path_factory.mktemp("two-ranks")
     (root / "specs/run").mkdir(parents=True)

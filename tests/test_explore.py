@@ -11,7 +11,7 @@ import pytest
 from resilient_flows.cli import main
 from resilient_flows.rundir._metrics import MetricsReader
 from resilient_flows.training import MemberSpec, read_events
-from resilient_flows.training._control import read_spec, register_member
+from resilient_flows.training._members import read_spec, register_member
 from resilient_flows.workflow._explore import PBTController, campaign_points
 from resilient_flows.workflow._status import MemberStatus
 from resilient_flows.workflow.schema import ExploreConfig, HyperparameterSpace

@@ -15,9 +15,9 @@ import pytest
 from conftest import python_env
 from slurm import wait_for
 
+from resilient_flows.rundir._heartbeat import attempt_heartbeat_path, read_attempt_heartbeat
 from resilient_flows.sites._hung import HUNG_S, LATE_S, HangWatch, WorkerHung
 from resilient_flows.training import read_events, run_member
-from resilient_flows.training._heartbeat import heartbeat_path, read_heartbeat
 from resilient_flows.workflow import read_plan
 
 CLI = Path(sys.executable).with_name("resilient-flows")
@@ -112,7 +112,7 @@ def test_a_stopped_worker_is_replaced_by_its_pool_and_its_member_resumes_on_the_
     try:
         wait_for(lambda: runner.poll() is not None or checkpoints(run_dir) >= 2, 180, "two checkpoints")
         assert runner.poll() is None, runner.communicate()[0]
-        beat = read_heartbeat(heartbeat_path(run_dir, "m"))
+        beat = read_attempt_heartbeat(attempt_heartbeat_path(run_dir, "m"))
         assert beat is not None
         stopped = int(beat["pid"])
         os.kill(stopped, signal.SIGSTOP)

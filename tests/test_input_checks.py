@@ -35,25 +35,19 @@ from resilient_flows.checkpoint._manifest import read_manifest, write_manifest
 from resilient_flows.clone._lineage import lineage_tree
 from resilient_flows.errors import DamagedFileError, FileTooLargeError, WorkflowError
 from resilient_flows.integrations.pathstore import REF_FORMAT, PathStore, read_ref
-from resilient_flows.rundir import _plan as plan_file_module
+from resilient_flows.rundir import _planfile as plan_file_module
+from resilient_flows.rundir import count_attempt, member_dir
+from resilient_flows.rundir._control import read_clone_orders, read_stop_request
 from resilient_flows.rundir._events import EventLog, EventTail, read_events
+from resilient_flows.rundir._heartbeat import read_attempt_heartbeat
 from resilient_flows.rundir._metrics import MetricsReader
 from resilient_flows.training._command import _finish
-from resilient_flows.training._control import (
-    count_attempt,
-    member_dir,
-    read_clone_orders,
-    read_spec,
-    read_stop_request,
-    register_member,
-    registered_members,
-)
-from resilient_flows.training._heartbeat import read_heartbeat
+from resilient_flows.training._members import read_spec, register_member, registered_members
 from resilient_flows.training._spec import MemberSpec, ParentSpec
 from resilient_flows.workflow import load_workflow
 from resilient_flows.workflow._blocks import BlockLedger, RunnerLock
 from resilient_flows.workflow._plan import plan_workflow
-from resilient_flows.workflow._rundir import create_run_dir, read_plan
+from resilient_flows.workflow._recorded_plan import create_run_dir, read_plan
 from resilient_flows.workflow._status import MemberStatus
 
 SHARD = "shard-00000-of-00001.safetensors"
@@ -225,7 +219,7 @@ PASSED_OVER: dict[str, tuple[str, int, Callable[[Path], Any], Any]] = {
         lambda run: read_clone_orders(member_dir(run, "a")),
         [],
     ),
-    "heartbeat": ("heartbeats/a", CONTROL_CAP, lambda run: read_heartbeat(run / "heartbeats" / "a"), None),
+    "heartbeat": ("heartbeats/a", CONTROL_CAP, lambda run: read_attempt_heartbeat(run / "heartbeats" / "a"), None),
     "runner lock": ("runner.json", CONTROL_CAP, lambda run: RunnerLock(run).acquire(), None),
     "clone seed": ("members/b/seed.json", CONTROL_CAP, clone_lineage, "[bold]b[/]  (waiting for its state; unchanged)"),
 }

@@ -29,9 +29,9 @@ from test_lease import CLI, quick_site, wait_for
 
 from resilient_flows.checkpoint._tiers import Tier
 from resilient_flows.cli import main
+from resilient_flows.rundir._heartbeat import Heartbeat
 from resilient_flows.training import read_events, run_member
 from resilient_flows.training._command import run_command
-from resilient_flows.training._heartbeat import Heartbeat
 from resilient_flows.workflow import read_plan
 from resilient_flows.workflow._interrupt import Drain, Interrupts, StopNow
 from resilient_flows.workflow._status import loss_curve

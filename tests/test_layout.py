@@ -12,9 +12,9 @@ import torch
 
 from resilient_flows.checkpoint import CheckpointError
 from resilient_flows.checkpoint._boxes import Box, HeldBox
-from resilient_flows.checkpoint._planner import MIN_PIECE_BYTES, WriteItem, plan_writes
-from resilient_flows.checkpoint._planner import ArraySpec as WriteSpec
 from resilient_flows.checkpoint._tree import flatten, unflatten
+from resilient_flows.checkpoint._writeplan import MIN_PIECE_BYTES, WriteItem, plan_writes
+from resilient_flows.checkpoint._writeplan import ArraySpec as WriteSpec
 
 
 def test_skeleton_round_trips_types_json_would_lose() -> None:

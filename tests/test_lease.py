@@ -18,9 +18,9 @@ from slurm import cancel_all, require_slurm, slurm_jobs
 
 from resilient_flows.checkpoint._tiers import Tier
 from resilient_flows.rundir import run_layout
+from resilient_flows.rundir._heartbeat import Heartbeat
+from resilient_flows.rundir._lease import RENEW_S, LeaseRenewer, end_lease, orphaned, read_lease
 from resilient_flows.training import read_events
-from resilient_flows.training._heartbeat import Heartbeat
-from resilient_flows.training._lease import RENEW_S, LeaseRenewer, end_lease, orphaned, read_lease
 from resilient_flows.workflow._blocks import RunnerLock, process_start_time
 from resilient_flows.workflow._leaseguard import guard
 

@@ -30,7 +30,7 @@ from resilient_flows.errors import CheckpointError  # noqa: E402
 from resilient_flows.integrations.lightning import ResilientCallback, ResilientCheckpointIO  # noqa: E402
 from resilient_flows.integrations.pathstore import load, read_ref  # noqa: E402
 from resilient_flows.training import MemberSpec, RunContract, read_events  # noqa: E402
-from resilient_flows.training._control import register_member  # noqa: E402
+from resilient_flows.training._members import register_member  # noqa: E402
 from resilient_flows.training._spec import CheckpointSpec, FaultSpec  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -24,7 +24,7 @@ from pytorch_lightning.callbacks import ModelCheckpoint  # noqa: E402
 from resilient_flows.errors import ResilientFlowsError  # noqa: E402
 from resilient_flows.integrations.lightning import ResilientCallback, ResilientCheckpointIO  # noqa: E402
 from resilient_flows.training import MemberSpec, ResumableLoader, RunContract, read_events  # noqa: E402
-from resilient_flows.training._control import register_member  # noqa: E402
+from resilient_flows.training._members import register_member  # noqa: E402
 from resilient_flows.training._spec import CheckpointSpec, FaultSpec  # noqa: E402
 
 SCRIPT = Path(lightning_ids.__file__)

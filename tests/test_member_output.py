@@ -212,7 +212,7 @@ def test_ctrl_c_ends_follow_quietly(run_with_logs: Path, monkeypatch, capsysbina
     def interrupted(_: float) -> None:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr("resilient_flows.training.holding_runner", lambda run_dir: object())
+    monkeypatch.setattr("resilient_flows.rundir.holding_runner", lambda run_dir: object())
     monkeypatch.setattr(logs, "time", SimpleNamespace(sleep=interrupted))
     assert main(["logs", str(run_with_logs), "m-0", "--rank", "1", "--follow"]) == 0  # a runner holds it: it waits
     captured = capsysbinary.readouterr()
@@ -231,7 +231,7 @@ def test_follow_waits_for_the_first_attempt_while_a_runner_holds_the_run(
         log.write_text("--- attempt 1 on h\nat last\n")
         (run_with_logs / "members/m-1/result.json").write_text("{}")
 
-    monkeypatch.setattr("resilient_flows.training.holding_runner", lambda run_dir: object())
+    monkeypatch.setattr("resilient_flows.rundir.holding_runner", lambda run_dir: object())
     monkeypatch.setattr(logs, "time", SimpleNamespace(sleep=first_attempt_starts))
     assert main(["logs", str(run_with_logs), "m-1", "--follow"]) == 0
     assert capsysbinary.readouterr().out == b"--- attempt 1 on h\nat last\n"

@@ -24,8 +24,8 @@ from resilient_flows.mlc import (
     multilevel_optimum,
     optimal_interval,
     search,
-    simulate,
-    simulate_many,
+    simulate_failures,
+    simulate_failures_many,
     two_level_optimum,
     young_interval,
 )
@@ -163,14 +163,14 @@ def test_no_failures_efficiency_is_exact() -> None:
     # every segment, the last included, ends with a committed checkpoint: 600 x (600 s + 10 s) = 366000 s
     p = MLCParams(l1_cost=10, l2_latency=300, l1_restart=10, l2_restart=300, l1_mtbf=math.inf, solve_time=360_000)
     for every in (None, 1, 7):
-        r = simulate(p, MLCConfig(600, every), trials=20)
+        r = simulate_failures(p, MLCConfig(600, every), trials=20)
         assert r.efficiency == 600 / (600 + 10)
         assert r.wall_time == 366_000.0 and r.wall_time_ci == (366_000.0, 366_000.0)
         assert r.l1_failures == r.l2_failures == 0 and r.stopped == 0
     # a solve time that is not a multiple: ceil(1000 / 300) = 4 checkpoints
     q = MLCParams(l1_cost=10, l1_restart=0, l1_mtbf=math.inf, solve_time=1000)
-    assert simulate(q, MLCConfig(300), trials=2).wall_time == 1040.0
-    assert simulate(q, MLCConfig(5000), trials=2).wall_time == 1010.0  # longer than the job: one, at the end
+    assert simulate_failures(q, MLCConfig(300), trials=2).wall_time == 1040.0
+    assert simulate_failures(q, MLCConfig(5000), trials=2).wall_time == 1010.0  # longer than the job: one, at the end
 
 
 def test_no_failures_a_slow_node_local_write_delays_every_checkpoint_and_the_last_commit() -> None:
@@ -178,10 +178,10 @@ def test_no_failures_a_slow_node_local_write_delays_every_checkpoint_and_the_las
     # tenth is written: 10 x (100 + 10 + 30) + 130 = 1530 s
     p = _calm(l1_latency=130)
     assert p.checkpoint_cost(100) == 40
-    r = simulate(p, MLCConfig(100), trials=2)
+    r = simulate_failures(p, MLCConfig(100), trials=2)
     assert r.wall_time == 1530.0 and r.efficiency == 1000 / 1530
     # a write shorter than a segment costs nothing but the wait for the last one: 10 x 110 + 60
-    assert simulate(_calm(l1_latency=60), MLCConfig(100, 1), trials=2).wall_time == 1160.0
+    assert simulate_failures(_calm(l1_latency=60), MLCConfig(100, 1), trials=2).wall_time == 1160.0
 
 
 @pytest.mark.parametrize(
@@ -194,7 +194,7 @@ def test_one_level_matches_daly(mtbf: float, cost: float, restart: float) -> Non
     # every failure), so they agree to sampling error when the interval divides the solve time.
     for tau in (optimal_interval(cost, restart, mtbf), 0.3 * optimal_interval(cost, restart, mtbf)):
         p = MLCParams(l1_cost=cost, l1_restart=restart, l1_mtbf=mtbf, solve_time=200 * tau)
-        r = simulate(p, MLCConfig(tau), trials=10_000, seed=1)
+        r = simulate_failures(p, MLCConfig(tau), trials=10_000, seed=1)
         expected = daly_wall_time(tau, cost, restart, mtbf, p.solve_time)
         assert r.wall_time == pytest.approx(expected, rel=0.02)
         assert r.wall_time_ci[0] * 0.995 <= expected <= r.wall_time_ci[1] * 1.005
@@ -318,7 +318,7 @@ def _reference(p: MLCParams, c: MLCConfig, trials: int, seed: int) -> tuple[list
 def test_simulator_matches_step_by_step_reference(params: MLCParams, config: MLCConfig) -> None:
     trials = 30
     p = params if params is not EXAMPLE else MLCParams(**{**EXAMPLE.__dict__, "solve_time": 20 * 3600})
-    r = simulate(p, config, trials=trials, seed=3)
+    r = simulate_failures(p, config, trials=trials, seed=3)
     walls, fails1, fails2 = _reference(p, config, trials, seed=3)
     np.testing.assert_allclose(r.wall_times, walls, rtol=1e-9)
     assert r.l1_failures == np.mean(fails1) and r.l2_failures == np.mean(fails2)
@@ -358,7 +358,7 @@ def _calm(**fields: float) -> MLCParams:
 def test_no_failures_efficiency_with_slowdown_and_blocking_is_exact(
     params: MLCParams, config: MLCConfig, wall: float
 ) -> None:
-    r = simulate(params, config, trials=3)
+    r = simulate_failures(params, config, trials=3)
     np.testing.assert_allclose(r.wall_times, wall, rtol=1e-12)
     segments = params.solve_time / config.interval
     slowdown_cost = (wall - segments * (config.interval + params.l1_cost)) / segments
@@ -370,18 +370,18 @@ def test_a_full_flush_queue_blocks_the_writer() -> None:
     # l2_every * (interval + l1_cost) = 110 s < 250 s of flush: the old shortcut (a newer request
     # replaced the waiting one) never delayed compute, 10 x 110 s; the one-slot queue does
     p = _calm(l2_latency=250)
-    assert simulate(p, MLCConfig(100, 1), trials=2).wall_time == 1970.0
-    assert simulate(p, MLCConfig(100, None), trials=2).wall_time == 1100.0
-    assert simulate(p, MLCConfig(100, 3), trials=2).wall_time == 1100.0  # 330 s >= 250 s: never blocks
+    assert simulate_failures(p, MLCConfig(100, 1), trials=2).wall_time == 1970.0
+    assert simulate_failures(p, MLCConfig(100, None), trials=2).wall_time == 1100.0
+    assert simulate_failures(p, MLCConfig(100, 3), trials=2).wall_time == 1100.0  # 330 s >= 250 s: never blocks
 
 
 def test_traffic_counts_the_flushes_that_reach_the_shared_tier() -> None:
     p = MLCParams(l1_cost=10, l1_restart=0, l1_mtbf=math.inf, solve_time=6000, l2_slowdown=0.2,
                   checkpoint_bytes=3e11, nodes=10, pfs_bandwidth=1e10)  # fmt: skip
-    r = simulate(p, MLCConfig(600, 1), trials=2)
+    r = simulate_failures(p, MLCConfig(600, 1), trials=2)
     # nine flushes (the tenth checkpoint ends the job) of 3e11 B in 6640 s
     assert r.shared_flushes == 9 and r.traffic == pytest.approx(9 * 3e11 / 6640 * 3600, rel=1e-12)
-    assert simulate(EXAMPLE, MLCConfig(600, 1), trials=2).traffic is None  # a latency, not bytes
+    assert simulate_failures(EXAMPLE, MLCConfig(600, 1), trials=2).traffic is None  # a latency, not bytes
 
 
 def test_new_fields_at_their_defaults_reproduce_the_old_model_exactly() -> None:
@@ -400,7 +400,7 @@ def test_new_fields_at_their_defaults_reproduce_the_old_model_exactly() -> None:
                 "pfs_bandwidth": math.inf, "l3_latency": 0.0, "l3_restart": 0.0, "l3_mtbf": math.inf}  # fmt: skip
     for p, c, wall, f1, f2 in old:
         for params in (p, MLCParams(**{**p.__dict__, **explicit})):
-            r = simulate(params, c, trials=200, seed=7)
+            r = simulate_failures(params, c, trials=200, seed=7)
             assert (r.wall_time, r.l1_failures, r.l2_failures, r.l3_failures) == (wall, f1, f2, 0.0)
 
 
@@ -412,7 +412,7 @@ def test_three_levels_without_upper_failures_equal_two_levels() -> None:
     two = MLCParams(**common, l2_latency=40 + 95)
     for config in (MLCConfig(60, 1), MLCConfig(45, 3)):
         deep = MLCConfig(config.interval, config.l2_every, l3_every=1)
-        r3, r2 = simulate(three, deep, trials=50, seed=2), simulate(two, config, trials=50, seed=2)
+        r3, r2 = simulate_failures(three, deep, trials=50, seed=2), simulate_failures(two, config, trials=50, seed=2)
         np.testing.assert_array_equal(r3.wall_times, r2.wall_times)
         assert r3.l3_failures == 0 and r3.l1_failures == r2.l1_failures > 0
 
@@ -420,11 +420,11 @@ def test_three_levels_without_upper_failures_equal_two_levels() -> None:
 def test_common_random_numbers() -> None:
     p = MLCParams(**{**EXAMPLE.__dict__, "solve_time": 20 * 3600})
     configs = [MLCConfig(600, 10), MLCConfig(900, 2), MLCConfig(450, None)]
-    together = simulate_many(p, configs, trials=200, seed=5)
-    alone = [simulate(p, c, trials=200, seed=5) for c in configs]
+    together = simulate_failures_many(p, configs, trials=200, seed=5)
+    alone = [simulate_failures(p, c, trials=200, seed=5) for c in configs]
     for a, b in zip(together, alone, strict=True):
         np.testing.assert_array_equal(a.wall_times, b.wall_times)
-    assert not np.array_equal(simulate(p, configs[0], trials=200, seed=6).wall_times, alone[0].wall_times)
+    assert not np.array_equal(simulate_failures(p, configs[0], trials=200, seed=6).wall_times, alone[0].wall_times)
     # the same failures: the first L1 failure arrives at the same time in every configuration, so a
     # trial whose first failure comes after the job would have finished is failure-free in both
     first = FailureArrivals(p.l1_mtbf, 200, 5, 1).gap(np.arange(200), np.zeros(200, dtype=np.int64))
@@ -437,9 +437,9 @@ def test_common_random_numbers() -> None:
 def test_guard_stops_hopeless_jobs() -> None:
     # restart 100 s, MTBF 1 s: a restart succeeds with probability e^-100; never finishes
     p = MLCParams(l1_cost=1, l1_restart=100, l1_mtbf=1, solve_time=100)
-    r = simulate(p, MLCConfig(10), trials=50, max_events=2000)
+    r = simulate_failures(p, MLCConfig(10), trials=50, max_events=2000)
     assert r.stopped == 50 and r.efficiency < 0.1
-    r = simulate(p, MLCConfig(10), trials=50, max_wall_factor=5)
+    r = simulate_failures(p, MLCConfig(10), trials=50, max_wall_factor=5)
     assert r.stopped == 50 and np.all(r.wall_times >= 500)
 
 
@@ -450,15 +450,15 @@ def test_search_beats_a_dense_grid() -> None:
     p = MLCParams(**{**EXAMPLE.__dict__, "solve_time": 50 * 3600})
     trials, seed = 200, 0
     best = search(p, trials=trials, seed=seed)
-    found = simulate(p, best, trials=trials, seed=seed)
+    found = simulate_failures(p, best, trials=trials, seed=seed)
     assert best.predicted_efficiency == found.efficiency
     young = young_interval(p.l1_cost, 1 / (p.l1_rate + p.l2_rate))
     grid = [MLCConfig(tau, e) for tau in young * 10.0 ** np.linspace(-1, 1, 41) for e in (1, 2, 3, 4, 6, 10, 20, 50)]
-    dense = max(r.efficiency for r in simulate_many(p, grid, trials=trials, seed=seed))
+    dense = max(r.efficiency for r in simulate_failures_many(p, grid, trials=trials, seed=seed))
     # the same failures everywhere, so "at least as good" is meant to within rounding of the optimum
     assert found.efficiency >= dense - 2e-4
     # and better than the first-order formula, which flushes too rarely when flushes are free
-    assert found.efficiency > simulate(p, two_level_optimum(p), trials=trials, seed=seed).efficiency
+    assert found.efficiency > simulate_failures(p, two_level_optimum(p), trials=trials, seed=seed).efficiency
 
 
 def test_search_cap_on_hopeless_candidates_changes_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -481,7 +481,7 @@ def test_flush_interference_makes_rarer_flushes_optimal() -> None:
     free = search(MLCParams(**{**REALISTIC.__dict__, "l2_slowdown": 0.0}), trials=100)
     assert free.l2_every == 1 and slowed.l2_every > 1
     assert slowed.predicted_traffic < free.predicted_traffic / 2
-    every_one = simulate(REALISTIC, MLCConfig(slowed.interval, 1), trials=100).efficiency
+    every_one = simulate_failures(REALISTIC, MLCConfig(slowed.interval, 1), trials=100).efficiency
     assert slowed.predicted_efficiency > every_one + 0.01
 
 
@@ -493,7 +493,7 @@ def test_search_objectives_cap_or_charge_the_traffic() -> None:
     assert capped.predicted_traffic <= cap and capped.predicted_efficiency < best.predicted_efficiency
     priced = search(free, trials=60, objective=Objective(byte_price=1e-13))
     assert priced.predicted_traffic < best.predicted_traffic
-    again = simulate(free, capped, trials=60)  # the figures are the simulator's, on the same failures
+    again = simulate_failures(free, capped, trials=60)  # the figures are the simulator's, on the same failures
     assert (again.efficiency, again.traffic) == (capped.predicted_efficiency, capped.predicted_traffic)
 
 
@@ -502,7 +502,7 @@ def test_search_three_levels() -> None:
                   l2_mtbf=6 * 3600, l3_latency=300, l3_restart=400, l3_mtbf=24 * 3600, l2_slowdown=0.3)  # fmt: skip
     best = search(p, trials=40, max_l2_every=8, max_l3_every=16)
     assert best.l2_every is not None and best.l3_every is not None
-    flat = simulate(p, MLCConfig(best.interval, 1, l3_every=1), trials=40).efficiency
+    flat = simulate_failures(p, MLCConfig(best.interval, 1, l3_every=1), trials=40).efficiency
     assert best.predicted_efficiency >= flat
 
 
@@ -513,7 +513,7 @@ def test_search_one_level_and_no_failures() -> None:
     tau = optimal_interval(30, 60, 3600)
     # the simulator's optimum is Daly's optimum, up to the flat top of the curve
     assert best.interval == pytest.approx(tau, rel=0.25)
-    exact = simulate(p, MLCConfig(tau), trials=200).efficiency
+    exact = simulate_failures(p, MLCConfig(tau), trials=200).efficiency
     assert best.predicted_efficiency >= exact - 1e-9
     calm = MLCParams(l1_cost=30, l1_restart=60, l1_mtbf=math.inf, solve_time=3600)
     assert search(calm) == MLCConfig(3600, None, predicted_efficiency=3600 / 3630)
@@ -579,7 +579,7 @@ def test_bad_objectives_and_configurations_name_the_field() -> None:
     with pytest.raises(InvalidParameterError, match="l3_every needs l2_every"):
         MLCConfig(600, None, l3_every=2)
     with pytest.raises(InvalidParameterError, match=r"configs\[0\].l3_every is set, but the parameters have no third"):
-        simulate(EXAMPLE, MLCConfig(600, 1, l3_every=2))
+        simulate_failures(EXAMPLE, MLCConfig(600, 1, l3_every=2))
 
 
 @pytest.mark.parametrize(
@@ -620,11 +620,11 @@ def test_invalid_arguments_name_the_field() -> None:
     with pytest.raises(ValueError, match="l2_every must be a whole number"):
         MLCConfig(600, 2.5)
     with pytest.raises(ValueError, match="trials must be >= 1, got 0"):
-        simulate(EXAMPLE, MLCConfig(600), trials=0)
+        simulate_failures(EXAMPLE, MLCConfig(600), trials=0)
     with pytest.raises(ValueError, match="trials must be >= 1"):
         search(EXAMPLE, trials=0)
     with pytest.raises(ValueError, match="seed must be >= 0"):
-        simulate(EXAMPLE, MLCConfig(600), seed=-1)
+        simulate_failures(EXAMPLE, MLCConfig(600), seed=-1)
     with pytest.raises(ValueError, match="mtbf must be > 0, got 0"):
         young_interval(10, 0)
     with pytest.raises(ValueError, match="checkpoint_cost must be >= 0"):

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from resilient_flows.cli import main
-from resilient_flows.mlc import MLCParams, optimal_interval, simulate
+from resilient_flows.mlc import MLCParams, optimal_interval, simulate_failures
 from resilient_flows.mlc._dataset import label, read_rows, sample_params, write_rows
 from resilient_flows.mlc._params import InvalidParameterError
 from resilient_flows.mlc._recommender import KINDS, Recommender, features, train_model
@@ -59,8 +59,10 @@ def test_a_model_file_is_json_in_our_format_and_nothing_else(tmp_path) -> None:
 def test_the_shipped_model_is_as_good_as_the_search_on_the_example() -> None:
     recommended = Recommender.default().recommend(EXAMPLE)
     assert recommended.l2_every == 1
-    ours = simulate(EXAMPLE, recommended, trials=4000, seed=3).efficiency
-    daly = simulate(EXAMPLE, type(recommended)(optimal_interval(10, 10, 6 * 3600 * 48 / 49), 1), trials=4000, seed=3)
+    ours = simulate_failures(EXAMPLE, recommended, trials=4000, seed=3).efficiency
+    daly = simulate_failures(
+        EXAMPLE, type(recommended)(optimal_interval(10, 10, 6 * 3600 * 48 / 49), 1), trials=4000, seed=3
+    )
     assert ours >= daly.efficiency - 0.001  # within 0.1 percentage point of the best formula, or better
 
 
@@ -74,8 +76,10 @@ def test_the_shipped_model_spaces_out_flushes_that_slow_compute() -> None:
     )  # fmt: skip
     recommended = Recommender.default().recommend(job)
     assert recommended.l2_every > 1
-    ours = simulate(job, recommended, trials=2000, seed=3).efficiency
-    daly = simulate(job, type(recommended)(optimal_interval(10, 10, 6 * 3600 * 48 / 49), 1), trials=2000, seed=3)
+    ours = simulate_failures(job, recommended, trials=2000, seed=3).efficiency
+    daly = simulate_failures(
+        job, type(recommended)(optimal_interval(10, 10, 6 * 3600 * 48 / 49), 1), trials=2000, seed=3
+    )
     assert ours >= daly.efficiency + 0.04
     calm = Recommender.default().recommend(replace(job, l2_slowdown=0.0))
     assert calm.l2_every < recommended.l2_every  # it reads the slowdown: a harmless flush may come more often

@@ -24,11 +24,12 @@ from resilient_flows.cli import main
 from resilient_flows.clone import _request as request
 from resilient_flows.clone import request_clone
 from resilient_flows.errors import WorkflowError
+from resilient_flows.rundir import member_dir
 from resilient_flows.training import MemberSpec, read_events
 from resilient_flows.training._command import run_command
-from resilient_flows.training._control import member_dir, newest_committed, register_member
+from resilient_flows.training._members import newest_committed, register_member
 from resilient_flows.workflow import Plan, load_workflow, plan_workflow, read_plan
-from resilient_flows.workflow._rundir import create_run_dir, run_members
+from resilient_flows.workflow._recorded_plan import create_run_dir, run_members
 from resilient_flows.workflow._status import loss_curve
 
 HERE = Path(__file__).resolve().parent

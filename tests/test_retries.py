@@ -14,8 +14,8 @@ from parsl.executors.high_throughput.errors import WorkerLost
 
 from resilient_flows.apps import BACKOFF_S, MAX_BACKOFF_S, ResumingRetryHandler
 from resilient_flows.errors import Preempted
-from resilient_flows.rundir import DamageLog
-from resilient_flows.training import MemberSpec, heartbeat_path, read_events
+from resilient_flows.rundir import DamageLog, attempt_heartbeat_path
+from resilient_flows.training import MemberSpec, read_events
 from resilient_flows.training._command import run_command
 
 LAUNCHED = datetime.datetime(2026, 12, 5, 12, 0, 0)
@@ -275,7 +275,7 @@ def test_a_lost_worker_pool_is_the_machines_fault_its_block_retired_before_the_r
     handler = ResumingRetryHandler(retries=2, free_without_progress=1, on_block_lost=lambda *a: retired.append(a))
     spec = nodes_member()
     started_attempt(tmp_path)
-    beat = heartbeat_path(tmp_path, "m")  # the lost attempt's, left behind by its killed process
+    beat = attempt_heartbeat_path(tmp_path, "m")  # the lost attempt's, left behind by its killed process
     beat.parent.mkdir(parents=True)
     beat.write_text(json.dumps({"task": "m", "attempt": 1, "block": "4", "committed": None}))
     record = mpi_record(spec, tmp_path)
@@ -300,7 +300,7 @@ def test_a_hung_worker_its_pool_replaced_is_the_machines_fault_and_its_block_is_
     handler = ResumingRetryHandler(retries=2, on_block_lost=lambda *a: retired.append(a))
     spec = member()
     started_attempt(tmp_path)
-    beat = heartbeat_path(tmp_path, "m")
+    beat = attempt_heartbeat_path(tmp_path, "m")
     beat.parent.mkdir(parents=True)
     beat.write_text(json.dumps({"task": "m", "attempt": 1, "block": "0", "committed": None}))
     record = {**record_of(spec, tmp_path), "executor": "local"}
@@ -325,7 +325,7 @@ def test_the_retry_after_a_lost_pool_keeps_its_place_ahead_of_members_never_star
     handler = ResumingRetryHandler(retries=2, lost_priority=1)
     spec = member()
     started_attempt(tmp_path)
-    beat = heartbeat_path(tmp_path, "m")
+    beat = attempt_heartbeat_path(tmp_path, "m")
     beat.parent.mkdir(parents=True)
     beat.write_text(json.dumps({"task": "m", "attempt": 1, "block": "0", "committed": None}))
     lost = {**record_of(spec, tmp_path), "executor": "local", "resource_specification": {"other": 3}}

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from resilient_flows.errors import ResilientFlowsError
+from resilient_flows.rundir import request_preemption
 from resilient_flows.rundir._metrics import MetricsLog
 from resilient_flows.training import (
     CheckpointSpec,
@@ -19,7 +20,6 @@ from resilient_flows.training import (
     TrainContext,
     evaluate_members,
     read_events,
-    request_preemption,
     run_member,
 )
 from resilient_flows.training._workloads import resolve_workload

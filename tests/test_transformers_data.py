@@ -24,7 +24,7 @@ from conftest import python_env  # noqa: E402
 from resilient_flows.errors import CheckpointError, ResilientFlowsError  # noqa: E402
 from resilient_flows.integrations.transformers import resilient_trainer  # noqa: E402
 from resilient_flows.training import MemberSpec, ResumableLoader, RunContract, read_events, state_digest  # noqa: E402
-from resilient_flows.training._control import register_member  # noqa: E402
+from resilient_flows.training._members import register_member  # noqa: E402
 from resilient_flows.training._spec import CheckpointSpec, FaultSpec  # noqa: E402
 
 STEPS_PER_EPOCH = hf_ids.EXAMPLES // 4

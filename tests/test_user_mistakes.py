@@ -20,7 +20,7 @@ from resilient_flows.training import MemberSpec, run_member
 from resilient_flows.training._run import evaluate_members
 from resilient_flows.training.boundary._unsaved import UNSAVED_INTERVALS
 from resilient_flows.workflow._plan import plan_workflow
-from resilient_flows.workflow._rundir import create_run_dir
+from resilient_flows.workflow._recorded_plan import create_run_dir
 from resilient_flows.workflow.schema import load_workflow
 
 WORKFLOW = "name: w\nmembers:\n  - {name: m, workload: mlp-digits, steps: 20}\n"

@@ -16,7 +16,7 @@ from resilient_flows.errors import SiteConfigError, WorkloadError
 from resilient_flows.sites import SITE_OPTIONS, SiteFile, SiteOptions
 from resilient_flows.training import FunctionCheck, MemberSpec, StageSpec, probe_functions, run_member, run_stage
 from resilient_flows.workflow import load_workflow, plan_workflow, read_plan
-from resilient_flows.workflow._rundir import create_run_dir
+from resilient_flows.workflow._recorded_plan import create_run_dir
 
 REPO = Path(__file__).resolve().parents[1]
 

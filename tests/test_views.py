@@ -18,16 +18,15 @@ from rich.console import Console
 
 from resilient_flows.cli import main
 from resilient_flows.rundir import _metrics as metrics_module
-from resilient_flows.rundir import run_layout
+from resilient_flows.rundir import end_lease, run_layout
 from resilient_flows.rundir._metrics import MetricsReader
-from resilient_flows.training import end_lease
 from resilient_flows.workflow import _status as status_module
 from resilient_flows.workflow._blocks import RunnerLock
 from resilient_flows.workflow._families import STATES, describe_families, family_of, family_stats
 from resilient_flows.workflow._plan import plan_workflow
 from resilient_flows.workflow._plots import BEST_DRAWN, LEGEND_FAMILIES, loss_figure, plot_losses
+from resilient_flows.workflow._recorded_plan import create_run_dir
 from resilient_flows.workflow._report import status_table
-from resilient_flows.workflow._rundir import create_run_dir
 from resilient_flows.workflow._status import MemberStatus, StatusTracker
 from resilient_flows.workflow.schema import load_workflow
 
@@ -458,7 +457,7 @@ def test_the_runner_imports_parsl_but_not_torch() -> None:
     """Members import torch in their workers; the runner, which polls all of them, need not."""
     probe = (
         "import sys, resilient_flows.workflow._runner\n"
-        "from resilient_flows.training._control import newest_committed\n"
+        "from resilient_flows.training._members import newest_committed\n"
         "newest_committed([])\n"  # what the retry handler asks after a failure
         "print(*(m for m in ('torch', 'parsl') if m in sys.modules))"
     )

@@ -11,20 +11,12 @@ import pytest
 from parsl.jobs.states import JobState, JobStatus
 
 from resilient_flows.checkpoint import CheckpointStats
-from resilient_flows.rundir import member_layout, run_layout
-from resilient_flows.training import (
-    CheckpointSpec,
-    FaultSpec,
-    MemberSpec,
-    Preempted,
-    read_events,
-    request_preemption,
-    run_member,
-)
+from resilient_flows.rundir import member_layout, request_preemption, run_layout
+from resilient_flows.rundir._block import BLOCK_ENV
+from resilient_flows.rundir._control import read_stop_request
+from resilient_flows.training import CheckpointSpec, FaultSpec, MemberSpec, Preempted, read_events, run_member
 from resilient_flows.training import _autotune as autotune
-from resilient_flows.training._control import read_stop_request
 from resilient_flows.training._walltime import (
-    BLOCK_ENV,
     DEFAULT_COMMIT_S,
     MIN_DRAIN_S,
     MIN_WORK_STEPS,

@@ -19,10 +19,10 @@ from conftest import REPO, python_env
 from slurm import wait_for
 
 from resilient_flows.errors import SiteConfigError
+from resilient_flows.rundir._heartbeat import attempt_heartbeat_path, read_attempt_heartbeat
 from resilient_flows.sites import load_site
 from resilient_flows.sites._parsl import DEFAULT_PRELOAD, WARM_MODULE, add_preload, is_warm, split_argv
 from resilient_flows.training import preloaded_modules, read_events, run_member
-from resilient_flows.training._heartbeat import heartbeat_path, read_heartbeat
 from resilient_flows.workflow import read_plan
 
 CLI = Path(sys.executable).with_name("resilient-flows")
@@ -186,7 +186,7 @@ def test_a_member_whose_worker_is_killed_resumes_on_a_warm_worker_bit_exact_and_
     )
     try:
         wait_for(lambda: sum(e["kind"] == "checkpointed" for e in read_events(run_dir)) >= 2, 180, "two checkpoints")
-        beat = read_heartbeat(heartbeat_path(run_dir, "m"))
+        beat = read_attempt_heartbeat(attempt_heartbeat_path(run_dir, "m"))
         assert beat is not None
         killed = int(beat["pid"])
         server = int(Path(f"/proc/{killed}/stat").read_text().rsplit(")", 1)[1].split()[1])

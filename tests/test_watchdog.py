@@ -27,8 +27,8 @@ from slurm import wait_for
 from resilient_flows.apps import ResumingRetryHandler
 from resilient_flows.errors import WorkflowError
 from resilient_flows.rundir import read_records, run_layout
+from resilient_flows.rundir._heartbeat import BEAT_S, Heartbeat, attempt_heartbeat_path, read_attempt_heartbeat
 from resilient_flows.training import CheckpointSpec, MemberSpec, TrainContext, read_events, run_member
-from resilient_flows.training._heartbeat import BEAT_S, Heartbeat, heartbeat_path, read_heartbeat
 from resilient_flows.workflow import read_plan
 from resilient_flows.workflow._blocks import BlockLedger, RunnerLock, cancel_block, process_start_time
 from resilient_flows.workflow._watchdog import START_FACTOR, WATCH_S, Watchdog, clear_heartbeats, stall_timeout
@@ -50,7 +50,7 @@ class Clock:
 
 def beat(run_dir: Path, task: str, **fields: object) -> None:
     """A heartbeat record as a beating attempt writes it (a new mtime each call)."""
-    path = heartbeat_path(run_dir, task)
+    path = attempt_heartbeat_path(run_dir, task)
     path.parent.mkdir(parents=True, exist_ok=True)
     record = {"task": task, "attempt": 1, "pid": 1, "host": "n1", "block": "0", "step": None, "step_s": None}
     path.write_text(json.dumps({**record, **fields}))
@@ -66,15 +66,17 @@ _stamps = iter(range(10**18, 2 * 10**18, 10**6))
 
 def test_a_heartbeat_rewrites_its_record_in_place_and_removes_it_on_exit(tmp_path: Path) -> None:
     with Heartbeat(tmp_path, "m-0", attempt=3, beat_s=0.05) as heartbeat:
-        path = heartbeat_path(tmp_path, "m-0")
-        first = read_heartbeat(path)
+        path = attempt_heartbeat_path(tmp_path, "m-0")
+        first = read_attempt_heartbeat(path)
         assert first is not None and first["attempt"] == 3 and first["pid"] == os.getpid()
         assert first["step"] is None and first["step_s"] is None
         for step in range(5):
             heartbeat.progress(step)
             time.sleep(0.06)
         deadline = time.monotonic() + 30  # the beat that writes step 4 comes late on a loaded machine
-        while (record := read_heartbeat(path)) is not None and record["step"] != 4 and time.monotonic() < deadline:
+        while (
+            (record := read_attempt_heartbeat(path)) is not None and record["step"] != 4 and time.monotonic() < deadline
+        ):
             time.sleep(0.05)
         assert record is not None and record["step"] == 4 and record["step_s"] > 0
         assert os.stat(path).st_mtime_ns > 0 and path.stat().st_size >= 512  # padded, rewritten in place
@@ -86,18 +88,18 @@ def test_a_member_s_heartbeat_tells_the_newest_checkpoint_its_attempt_committed(
         name="h", workload="mlp-digits", params={"hidden": 8}, steps=4, checkpoint=CheckpointSpec(interval_steps=2)
     )
     context = TrainContext(spec, tmp_path)
-    path = heartbeat_path(tmp_path, "h")
+    path = attempt_heartbeat_path(tmp_path, "h")
     try:
-        assert read_heartbeat(path)["committed"] is None
+        assert read_attempt_heartbeat(path)["committed"] is None
         model = torch.nn.Linear(2, 2)
         context.track(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
         for step in context.steps(4):
             context.log(step, loss=1.0)
         context.checkpointer.wait()
         deadline = time.monotonic() + 3 * BEAT_S
-        while read_heartbeat(path)["committed"] != 3 and time.monotonic() < deadline:
+        while read_attempt_heartbeat(path)["committed"] != 3 and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert read_heartbeat(path)["committed"] == 3
+        assert read_attempt_heartbeat(path)["committed"] == 3
     finally:
         context.close()
 
@@ -114,13 +116,13 @@ def test_a_lost_attempt_whose_only_checkpoint_went_with_its_node_retries_free(
     assert ResumingRetryHandler(retries=2)(WorkerLost(3, "n1"), record) == cost
     (failed,) = [e for e in read_events(tmp_path) if e["kind"] == "failed"]
     assert failed["cause"] == ("lost after progress" if cost == 0 else "lost without progress")
-    assert not heartbeat_path(tmp_path, "m").exists()
+    assert not attempt_heartbeat_path(tmp_path, "m").exists()
 
 
 def test_a_heartbeat_is_removed_when_the_task_raises(tmp_path: Path) -> None:
     with pytest.raises(RuntimeError), Heartbeat(tmp_path, "s", attempt=1):
         raise RuntimeError("boom")
-    assert not heartbeat_path(tmp_path, "s").exists()
+    assert not attempt_heartbeat_path(tmp_path, "s").exists()
 
 
 # ----------------------------------------------------------------------------- the watchdog
@@ -193,12 +195,12 @@ class GonePool:
 def test_a_heartbeat_that_finds_its_pool_gone_says_so_once_and_keeps_its_file(tmp_path: Path) -> None:
     told: list[str] = []
     heartbeat = Heartbeat(tmp_path, "m", attempt=1, beat_s=60.0, on_pool_lost=told.append, pool=GonePool(after=2))
-    path = heartbeat_path(tmp_path, "m")
+    path = attempt_heartbeat_path(tmp_path, "m")
     with heartbeat:
         deadline = time.monotonic() + 60
         while not told and time.monotonic() < deadline:
             time.sleep(0.05)
-        record = read_heartbeat(path)
+        record = read_attempt_heartbeat(path)
     assert told == ["its worker pool (pid 9) exited"]  # at once, not after the 60 s beat
     assert record is not None and record["pool_lost"] == "its worker pool (pid 9) exited"
     assert path.exists()  # for the runner to read; the retry handler removes it
@@ -272,7 +274,7 @@ def test_a_block_whose_task_stopped_beating_is_lost_after_the_stall_timeout(tmp_
     beat(tmp_path, "m", block="0")
     clock.advance(5.0)
     assert quiet_blocks(watchdog, 1) == []  # beating
-    heartbeat_path(tmp_path, "m").unlink()  # its rank 0 exited; the srun step waits for the others
+    attempt_heartbeat_path(tmp_path, "m").unlink()  # its rank 0 exited; the srun step waits for the others
     clock.advance(2.0)
     assert quiet_blocks(watchdog, 1) == []
     clock.advance(30.5)
@@ -303,11 +305,13 @@ def test_a_retry_waiting_out_its_backoff_keeps_its_block_beating(
 
     monkeypatch.setenv("PARSL_WORKER_BLOCK_ID", "0")
     seen: list[dict | None] = []
-    monkeypatch.setattr(apps.time, "sleep", lambda s: seen.append(read_heartbeat(heartbeat_path(tmp_path, "m"))))
+    monkeypatch.setattr(
+        apps.time, "sleep", lambda s: seen.append(read_attempt_heartbeat(attempt_heartbeat_path(tmp_path, "m")))
+    )
     apps._wait(16.0, str(tmp_path), "m")
     (record,) = seen
     assert record is not None and (record["attempt"], record["block"], record["waiting_s"]) == (None, "0", 16.0)
-    assert not heartbeat_path(tmp_path, "m").exists()  # the attempt's own heartbeat takes over
+    assert not attempt_heartbeat_path(tmp_path, "m").exists()  # the attempt's own heartbeat takes over
 
 
 def test_a_finished_attempt_is_never_lost_and_old_heartbeats_are_cleared(tmp_path: Path) -> None:
@@ -316,7 +320,7 @@ def test_a_finished_attempt_is_never_lost_and_old_heartbeats_are_cleared(tmp_pat
     beat(tmp_path, "a")
     beat(tmp_path, "b")
     assert watchdog.check([]) == []
-    heartbeat_path(tmp_path, "a").unlink()  # a ended cleanly
+    attempt_heartbeat_path(tmp_path, "a").unlink()  # a ended cleanly
     clock.advance(10.0)
     assert [lost.task for lost in watchdog.check([])] == ["b"]
     clear_heartbeats(tmp_path)
@@ -447,7 +451,7 @@ def running_pool(run_dir: Path) -> int:
     pools = set(pools_of(run_dir))
     found = set()
     for path in run_layout(run_dir).heartbeats.iterdir():
-        beat = read_heartbeat(path)
+        beat = read_attempt_heartbeat(path)
         pid = None if beat is None else beat.get("pid")
         for _ in range(8):
             if pid is None or pid in pools:

@@ -132,7 +132,7 @@ def test_preempt_writes_the_control_request_of_a_known_member(
     tmp_path: Path, capsys: pytest.CaptureFixture, workers_import_tests: None
 ) -> None:
     from resilient_flows.workflow import plan_workflow
-    from resilient_flows.workflow._rundir import create_run_dir
+    from resilient_flows.workflow._recorded_plan import create_run_dir
 
     workflow = load_workflow(write(tmp_path, GOOD))
     run_dir = create_run_dir(tmp_path / "run", plan_workflow(workflow), GOOD)

@@ -32,8 +32,8 @@ _SOURCES = {
         "COMMENT_PREFIX",
         "CheckpointHeartbeat",
         "HeartbeatReader",
-        "heartbeat_path",
-        "read_heartbeat",
+        "checkpoint_heartbeat_path",
+        "read_checkpoint_heartbeat",
     ),
     "resilient_flows.checkpoint._manifest": ("read_manifest",),
     "resilient_flows.checkpoint._reader": ("read_checkpoint",),
@@ -105,10 +105,10 @@ if TYPE_CHECKING:  # the names' definitions, for type checkers and editors (a te
         HeartbeatReader as HeartbeatReader,
     )
     from resilient_flows.checkpoint._heartbeat import (
-        heartbeat_path as heartbeat_path,
+        checkpoint_heartbeat_path as checkpoint_heartbeat_path,
     )
     from resilient_flows.checkpoint._heartbeat import (
-        read_heartbeat as read_heartbeat,
+        read_checkpoint_heartbeat as read_checkpoint_heartbeat,
     )
     from resilient_flows.checkpoint._manifest import (
         read_manifest as read_manifest,

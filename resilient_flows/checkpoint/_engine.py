@@ -1,7 +1,7 @@
 """Checkpointer: the one object a training loop holds.
 
 It is a facade over three parts, each with its contract where it is defined, as in PyTorch's DCP:
-what each rank writes (:mod:`~resilient_flows.checkpoint._planner`: boxes of replicated and sharded
+what each rank writes (:mod:`~resilient_flows.checkpoint._writeplan`: boxes of replicated and sharded
 arrays, balanced by bytes), how it is written (:mod:`~resilient_flows.checkpoint._writer`: host
 arena -> node-local tiers -> shared tier, committed per tier), and how it is read back
 (:mod:`~resilient_flows.checkpoint._reader`: verify, reshard into the live layout).
@@ -40,7 +40,6 @@ from resilient_flows.checkpoint._comm import as_comm, first_problem
 from resilient_flows.checkpoint._flat import flatten_state
 from resilient_flows.checkpoint._heartbeat import HeartbeatWriter
 from resilient_flows.checkpoint._peer import Ring
-from resilient_flows.checkpoint._planner import ArraySpec, WriteItem, array_specs, plan_writes, shard_order, whole_items
 from resilient_flows.checkpoint._reader import Restored, SkippedCheckpoint, read_agreed
 from resilient_flows.checkpoint._registry import BuddyLink
 from resilient_flows.checkpoint._shardfile import ShardEntry
@@ -48,6 +47,14 @@ from resilient_flows.checkpoint._snapshot import CopyTask, CopyWorker, HostArena
 from resilient_flows.checkpoint._state import RANK_LOCAL, Stateful, TrainState
 from resilient_flows.checkpoint._tiers import Tier
 from resilient_flows.checkpoint._tree import Leaf, dtype_of
+from resilient_flows.checkpoint._writeplan import (
+    ArraySpec,
+    WriteItem,
+    array_specs,
+    plan_writes,
+    shard_order,
+    whole_items,
+)
 from resilient_flows.checkpoint._writer import CheckpointStats, WriteJob, WritePipeline
 from resilient_flows.errors import STORAGE_FULL, CheckpointError, Failure, StorageFullError
 

@@ -78,7 +78,7 @@ class HeartbeatWriter:
     """Rank 0's heartbeat: the file, and (under Slurm) the job comment that points to it."""
 
     def __init__(self, directory: Path) -> None:
-        self.path = heartbeat_path(directory)
+        self.path = checkpoint_heartbeat_path(directory)
         self.restore_s: float | None = None
         self._commits: deque[float] = deque(maxlen=PERIOD_GAPS + 1)
         self._published = False
@@ -142,12 +142,12 @@ def _publish_in_slurm_comment(path: Path) -> None:
         logger.warning("cannot publish the checkpoint heartbeat in Slurm job %s's comment: %s", job, exc)
 
 
-def heartbeat_path(tier: str | os.PathLike) -> Path:
+def checkpoint_heartbeat_path(tier: str | os.PathLike) -> Path:
     """Where the heartbeat of the shared tier ``tier`` lies."""
     return Path(tier) / FILENAME
 
 
-def read_heartbeat(path: str | os.PathLike, *, owner: int | None = None) -> CheckpointHeartbeat:
+def read_checkpoint_heartbeat(path: str | os.PathLike, *, owner: int | None = None) -> CheckpointHeartbeat:
     """Read and check a heartbeat file; ``ValueError`` (or ``OSError``) says what is wrong with it.
 
     The reader may be a preemption agent running as root and the path a user's choice, so the file
@@ -284,7 +284,7 @@ class HeartbeatReader:
                 slot.since = time.monotonic()
                 key, slot.path, owner = item
                 try:
-                    result: CheckpointHeartbeat | Exception = read_heartbeat(slot.path, owner=owner)
+                    result: CheckpointHeartbeat | Exception = read_checkpoint_heartbeat(slot.path, owner=owner)
                 except Exception as exc:  # any failure is this file's, reported as the reason for it
                     result = exc
                 slot.path = None

@@ -32,9 +32,9 @@ from dataclasses import dataclass
 import torch
 
 from resilient_flows.checkpoint._boxes import Box, piece_of
-from resilient_flows.checkpoint._planner import WriteItem
 from resilient_flows.checkpoint._shardfile import ShardEntry
 from resilient_flows.checkpoint._tree import Leaf
+from resilient_flows.checkpoint._writeplan import WriteItem
 
 
 class HostArena:

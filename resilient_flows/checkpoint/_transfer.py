@@ -27,10 +27,10 @@ import torch
 from resilient_flows.checkpoint._boxes import Box, held_boxes, piece_of
 from resilient_flows.checkpoint._flat import FlatState, flatten_state
 from resilient_flows.checkpoint._manifest import ArrayRecord, PieceRecord, check_cover
-from resilient_flows.checkpoint._planner import ArraySpec, WriteItem, array_specs, plan_writes, whole_items
 from resilient_flows.checkpoint._reader import Target, live_arrays
 from resilient_flows.checkpoint._state import Stateful, TrainState
 from resilient_flows.checkpoint._tree import Leaf
+from resilient_flows.checkpoint._writeplan import ArraySpec, WriteItem, array_specs, plan_writes, whole_items
 
 
 @dataclass(frozen=True)

@@ -44,7 +44,6 @@ from resilient_flows.checkpoint._comm import Comm, first_problem
 from resilient_flows.checkpoint._heartbeat import HeartbeatWriter
 from resilient_flows.checkpoint._manifest import ArrayRecord, Manifest, PieceRecord, write_manifest
 from resilient_flows.checkpoint._peer import Ring, copies_within, held_bytes, plan_step, replicate
-from resilient_flows.checkpoint._planner import WriteItem
 from resilient_flows.checkpoint._registry import BuddyLink
 from resilient_flows.checkpoint._shardfile import (
     ShardEntry,
@@ -56,6 +55,7 @@ from resilient_flows.checkpoint._shardfile import (
 )
 from resilient_flows.checkpoint._snapshot import HostArena, Snapshot
 from resilient_flows.checkpoint._tiers import MANIFEST, Tier, shard_filename
+from resilient_flows.checkpoint._writeplan import WriteItem
 from resilient_flows.errors import CheckpointError, Failure, PeerTransferError
 
 logger = logging.getLogger(__name__)

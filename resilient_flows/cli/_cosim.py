@@ -20,7 +20,7 @@ from resilient_flows.cosched import (
     POLICIES,
     OnDemandStream,
     SimConfig,
-    SimResult,
+    TraceSimResult,
     comparison_caption,
     comparison_document,
     comparison_table,
@@ -101,7 +101,7 @@ def run_cosim(args: argparse.Namespace, out: Console | None = None) -> int:
     jobs = [job for job in trace.jobs if args.until is None or job.submit_time < args.until]
     with out.status("simulating") as status:
         results = run_policies(jobs, base, policies, stream, args.ondemand_queue, status=status)
-        sweep: list[SimResult] = []
+        sweep: list[TraceSimResult] = []
         if args.plot is not None:
             for policy in (p for p in policies if p not in BASELINES):
                 for ratio in args.sweep:

@@ -30,8 +30,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from resilient_flows.errors import WorkflowError
-from resilient_flows.rundir import run_layout
-from resilient_flows.training import holding_runner, process_start_time, read_lease
+from resilient_flows.rundir import holding_runner, process_start_time, read_lease, run_layout
 
 __all__ = ["detach_runner"]
 

@@ -82,8 +82,7 @@ def _logs(args: argparse.Namespace) -> int:
 def _first_attempt(run_dir: Path, layout: TaskLayout) -> dict[int, dict[int, Path]]:
     """The member's logs once its first attempt started, waiting while a runner holds the run
     (``logs --follow`` right after ``run --detach``); none if no runner does."""
-    from resilient_flows.rundir import attempt_logs
-    from resilient_flows.training import holding_runner
+    from resilient_flows.rundir import attempt_logs, holding_runner
 
     found = attempt_logs(layout)
     while not found and holding_runner(run_dir) is not None:
@@ -111,8 +110,7 @@ def _follow(run_dir: Path, name: str, layout: TaskLayout, attempt: int, path: Pa
     """Copy the attempt's log as it grows until the attempt is over: a later attempt started, the
     member has its result, or its heartbeat stopped (having beaten, or with no runner holding the
     run to start it). Ctrl-C ends it quietly: following is no part of the run."""
-    from resilient_flows.rundir import attempt_logs, follow_log
-    from resilient_flows.training import holding_runner
+    from resilient_flows.rundir import attempt_logs, follow_log, holding_runner
     from resilient_flows.workflow._liveness import fresh_heartbeats
 
     beaten = False

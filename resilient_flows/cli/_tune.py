@@ -25,7 +25,7 @@ from resilient_flows.mlc import InvalidParameterError, MLCParams, Objective
 from resilient_flows.units import duration_argument, parse_duration, parse_size
 
 if TYPE_CHECKING:
-    from resilient_flows.mlc import SimResult
+    from resilient_flows.mlc import FailureSimResult
 
 #: The version of the ``tune --json`` document; README.md ("Output for scripts") lists its fields.
 TUNE_VERSION = 1
@@ -102,7 +102,7 @@ def objective_from_args(args: argparse.Namespace) -> Objective:
 
 
 def run_tune(args: argparse.Namespace) -> int:
-    from resilient_flows.mlc import Recommender, candidates, search, simulate
+    from resilient_flows.mlc import Recommender, candidates, search, simulate_failures
 
     p = params_from_args(args)
     objective = objective_from_args(args)
@@ -114,7 +114,7 @@ def run_tune(args: argparse.Namespace) -> int:
         started = time.perf_counter()
         chosen["search"] = search(p, trials=args.trials, objective=objective)
         search_s = time.perf_counter() - started
-    results = {name: simulate(p, config, trials=args.trials, seed=1) for name, config in chosen.items()}
+    results = {name: simulate_failures(p, config, trials=args.trials, seed=1) for name, config in chosen.items()}
     if args.json:
         print_document(_document(p, args.trials, results, search_s))
         return 0
@@ -142,7 +142,9 @@ def run_tune(args: argparse.Namespace) -> int:
     return 0
 
 
-def _document(p: MLCParams, trials: int, results: dict[str, SimResult], search_s: float | None) -> dict[str, Any]:
+def _document(
+    p: MLCParams, trials: int, results: dict[str, FailureSimResult], search_s: float | None
+) -> dict[str, Any]:
     """``tune --json``: each method's configuration and what the simulator measured of it, on the
     same failures; ``search_seconds`` is how long ``--search`` took (null without it)."""
     return {
@@ -166,7 +168,7 @@ def _document(p: MLCParams, trials: int, results: dict[str, SimResult], search_s
     }
 
 
-def _traffic(result: SimResult) -> str:
+def _traffic(result: FailureSimResult) -> str:
     """Bytes per hour per node when the bytes are known, else flushes per hour."""
     if result.traffic is not None:
         return f"{result.traffic / 1e9:.1f} GB/h/node"

@@ -240,7 +240,7 @@ def _status(args: argparse.Namespace) -> int:
 
 
 def _preempt(args: argparse.Namespace) -> int:
-    from resilient_flows.training import has_result, request_preemption
+    from resilient_flows.rundir import has_result, request_preemption
     from resilient_flows.workflow import read_plan, run_members
 
     names = [m.name for m in run_members(Path(args.run_dir), read_plan(Path(args.run_dir)))]

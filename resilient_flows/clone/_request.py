@@ -15,20 +15,18 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from resilient_flows.errors import CloneError
-from resilient_flows.rundir import EventLog, member_layout, run_layout
+from resilient_flows.rundir import CloneOrder, EventLog, member_layout, run_layout, write_clone_order
 from resilient_flows.training import (
     BUILTIN_PARAMS,
     OPTIMIZER_KEYS,
     STRUCTURAL,
     CheckpointSpec,
-    CloneOrder,
     MemberSpec,
     ParentSpec,
     fill_command,
     read_spec,
     register_member,
     registered_members,
-    write_clone_order,
 )
 
 

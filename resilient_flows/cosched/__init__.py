@@ -49,9 +49,8 @@ _SOURCES = {
         "OnDemandStream",
         "SimConfig",
         "SimMetrics",
-        "SimResult",
-        "simulate",
-        "young_interval",
+        "TraceSimResult",
+        "simulate_trace",
     ),
     "resilient_flows.cosched._slurm": ("SlurmBatch",),
     "resilient_flows.cosched._swf": (
@@ -141,13 +140,10 @@ if TYPE_CHECKING:  # the names' definitions, for type checkers and editors (a te
         SimMetrics as SimMetrics,
     )
     from resilient_flows.cosched._simulator import (
-        SimResult as SimResult,
+        TraceSimResult as TraceSimResult,
     )
     from resilient_flows.cosched._simulator import (
-        simulate as simulate,
-    )
-    from resilient_flows.cosched._simulator import (
-        young_interval as young_interval,
+        simulate_trace as simulate_trace,
     )
     from resilient_flows.cosched._slurm import (
         SlurmBatch as SlurmBatch,

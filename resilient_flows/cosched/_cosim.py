@@ -17,7 +17,7 @@ from rich.status import Status
 from rich.table import Table
 
 from resilient_flows.cosched._policies import BASELINES
-from resilient_flows.cosched._simulator import METRIC_UNITS, OnDemandStream, SimConfig, SimResult, simulate
+from resilient_flows.cosched._simulator import METRIC_UNITS, OnDemandStream, SimConfig, TraceSimResult, simulate_trace
 from resilient_flows.cosched._swf import SwfJob, SwfTrace
 
 DEFAULT_POLICIES = ("dp", *BASELINES)
@@ -50,7 +50,7 @@ def run_policies(
     stream: OnDemandStream,
     ondemand_queue: int | None = None,
     status: Status | None = None,
-) -> list[SimResult]:
+) -> list[TraceSimResult]:
     """Simulate ``jobs`` once per policy, with ``base``'s settings and the same on-demand requests.
 
     The stream covers the submissions, from the first to the last, so that the load of on-demand
@@ -62,11 +62,11 @@ def run_policies(
     for policy in policies:
         if status is not None:
             status.update(f"simulating {policy} ({len(jobs)} jobs, {len(requests)} on-demand requests)")
-        results.append(simulate(jobs, replace(base, policy=policy), requests, ondemand_queue=ondemand_queue))
+        results.append(simulate_trace(jobs, replace(base, policy=policy), requests, ondemand_queue=ondemand_queue))
     return results
 
 
-def plot_tradeoff(results: Sequence[SimResult], sweep: Sequence[SimResult], path: str | Path) -> None:
+def plot_tradeoff(results: Sequence[TraceSimResult], sweep: Sequence[TraceSimResult], path: str | Path) -> None:
     """Mean on-demand wait against lost node-hours: a curve per swept policy, a point per baseline.
 
     The lower left is better; a sweep shows what each increment of ``beta / alpha`` buys in batch
@@ -76,7 +76,7 @@ def plot_tradeoff(results: Sequence[SimResult], sweep: Sequence[SimResult], path
 
     figure = Figure(figsize=(7, 4.5), layout="constrained")
     axes = figure.add_subplot()
-    curves: dict[str, list[SimResult]] = {}
+    curves: dict[str, list[TraceSimResult]] = {}
     for result in sweep:
         curves.setdefault(result.config.policy, []).append(result)
     for policy, points in curves.items():
@@ -103,7 +103,7 @@ def plot_tradeoff(results: Sequence[SimResult], sweep: Sequence[SimResult], path
     figure.savefig(path, dpi=120)
 
 
-def comparison_table(results: Sequence[SimResult], caption: str) -> Table:
+def comparison_table(results: Sequence[TraceSimResult], caption: str) -> Table:
     table = Table(caption=caption)
     table.add_column("policy")
     for _, heading in _COLUMNS:
@@ -125,7 +125,7 @@ def _cell(name: str, value: float | int | str | None) -> str:
     return f"{value:,.0f}" if abs(value) >= 100 else f"{value:.2f}"
 
 
-def comparison_caption(trace: SwfTrace, jobs: int, result: SimResult, stream: OnDemandStream) -> str:
+def comparison_caption(trace: SwfTrace, jobs: int, result: TraceSimResult, stream: OnDemandStream) -> str:
     """What was compared: the trace, the machine, the on-demand stream and the weights, for the table's foot."""
     config = result.config
     durations = (
@@ -145,8 +145,8 @@ def comparison_caption(trace: SwfTrace, jobs: int, result: SimResult, stream: On
 def comparison_document(
     trace: SwfTrace,
     jobs: int,
-    results: Sequence[SimResult],
-    sweep: Sequence[SimResult],
+    results: Sequence[TraceSimResult],
+    sweep: Sequence[TraceSimResult],
     stream: OnDemandStream,
     ondemand_queue: int | None,
 ) -> dict:
@@ -186,7 +186,7 @@ def comparison_document(
     }
 
 
-def _metrics(result: SimResult) -> dict:
+def _metrics(result: TraceSimResult) -> dict:
     return {name: _v(value, METRIC_UNITS[name]) for name, value in asdict(result.metrics).items()}
 
 

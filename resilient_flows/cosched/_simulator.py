@@ -36,6 +36,7 @@ from resilient_flows.cosched._jobs import TIME_SLACK, Decision, OnDemandRequest,
 from resilient_flows.cosched._policies import decide
 from resilient_flows.cosched._swf import SwfJob
 from resilient_flows.errors import InvalidJobError
+from resilient_flows.mlc._analytic import young_interval
 
 #: Checkpoint period when neither an interval nor Young's inputs are given: hourly, a common
 #: setting for long training runs.
@@ -48,15 +49,6 @@ SLOWDOWN_BOUND = 10.0
 # Event kinds. Every event at one time is applied before anything is scheduled, so events are
 # ordered by time and then by when they were pushed: submissions keep the trace's order.
 _END, _ONDEMAND_END, _DEADLINE, _ONDEMAND_ARRIVAL, _SUBMIT = range(5)
-
-
-def young_interval(checkpoint_cost: float, mtbf: float, machine_nodes: int, job_nodes: int) -> float:
-    """Young's checkpoint period ``sqrt(2 * C * MTBF_job)`` with ``MTBF_job = mtbf * machine_nodes / job_nodes``.
-
-    Node failures are taken as independent, so a job on a fraction of the machine fails that much
-    less often and can checkpoint more rarely.
-    """
-    return math.sqrt(2.0 * checkpoint_cost * mtbf * machine_nodes / job_nodes)
 
 
 @dataclass(frozen=True)
@@ -108,9 +100,11 @@ class SimConfig:
             raise InvalidJobError(f"restart_cost must be a finite number of seconds >= 0, got {self.restart_cost!r}")
 
     def interval_for(self, job_nodes: int) -> float:
-        """Checkpoint period of a job on ``job_nodes`` nodes."""
+        """Checkpoint period of a job on ``job_nodes`` nodes: Young's interval for the job's own MTBF,
+        ``mtbf * nodes / job_nodes`` (node failures are taken as independent, so a job on a fraction
+        of the machine fails that much less often and can checkpoint more rarely)."""
         if self.checkpoint_cost is not None and self.mtbf is not None:
-            return young_interval(self.checkpoint_cost, self.mtbf, self.nodes, job_nodes)
+            return young_interval(self.checkpoint_cost, self.mtbf * self.nodes / job_nodes)
         return DEFAULT_CHECKPOINT_INTERVAL if self.checkpoint_interval is None else self.checkpoint_interval
 
 
@@ -264,7 +258,7 @@ class SimMetrics:
 
 
 @dataclass(frozen=True)
-class SimResult:
+class TraceSimResult:
     """What happened in one run: every allocation, every decision, every batch job, and the metrics."""
 
     config: SimConfig
@@ -287,20 +281,20 @@ class SimResult:
         return steps
 
 
-def simulate(
+def simulate_trace(
     jobs: Iterable[SwfJob],
     config: SimConfig,
     ondemand: Sequence[OnDemandRequest] = (),
     *,
     ondemand_queue: int | None = None,
-) -> SimResult:
+) -> TraceSimResult:
     """Replay ``jobs`` on ``config.nodes`` nodes, answering the ``ondemand`` requests with ``config.policy``.
 
     Parameters
     ----------
     jobs:
         Trace jobs (any order; replayed by submit time). Jobs without a run time or a processor
-        count, and jobs larger than the machine, are skipped and counted in ``SimResult.skipped``:
+        count, and jobs larger than the machine, are skipped and counted in ``TraceSimResult.skipped``:
         a trace cut from a bigger machine stays usable, and the count says how much of it was.
     config:
         The machine, policy and checkpointing.
@@ -435,7 +429,7 @@ class _Simulation:
         self.seq += 1
         heapq.heappush(self.events, (t, self.seq, kind, payload, token))
 
-    def run(self) -> SimResult:
+    def run(self) -> TraceSimResult:
         started = time.perf_counter()
         for job in self.batch:
             self.push(job.submit, _SUBMIT, job)
@@ -632,7 +626,7 @@ class _Simulation:
     def release(self, nodes: int) -> None:
         self.free += nodes
 
-    def result(self, elapsed: float) -> SimResult:
+    def result(self, elapsed: float) -> TraceSimResult:
         records = tuple(
             JobRecord(j.id, j.nodes, j.submit, j.work, j.estimate, j.first_start, j.finish, j.preemptions)
             for j in self.batch
@@ -660,4 +654,4 @@ class _Simulation:
             jobs_total=len(records),
             elapsed=elapsed,
         )
-        return SimResult(self.config, tuple(self.segments), tuple(self.decisions), records, metrics, self.skipped)
+        return TraceSimResult(self.config, tuple(self.segments), tuple(self.decisions), records, metrics, self.skipped)

@@ -50,9 +50,9 @@ _SOURCES = {
     ),
     "resilient_flows.mlc._search": ("search",),
     "resilient_flows.mlc._simulator": (
-        "SimResult",
-        "simulate",
-        "simulate_many",
+        "FailureSimResult",
+        "simulate_failures",
+        "simulate_failures_many",
     ),
     "resilient_flows.mlc._tune": ("candidates",),
 }
@@ -122,13 +122,13 @@ if TYPE_CHECKING:  # the names' definitions, for type checkers and editors (a te
         search as search,
     )
     from resilient_flows.mlc._simulator import (
-        SimResult as SimResult,
+        FailureSimResult as FailureSimResult,
     )
     from resilient_flows.mlc._simulator import (
-        simulate as simulate,
+        simulate_failures as simulate_failures,
     )
     from resilient_flows.mlc._simulator import (
-        simulate_many as simulate_many,
+        simulate_failures_many as simulate_failures_many,
     )
     from resilient_flows.mlc._tune import (
         candidates as candidates,

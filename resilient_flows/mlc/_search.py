@@ -37,7 +37,7 @@ import numpy as np
 
 from resilient_flows.mlc._analytic import young_interval
 from resilient_flows.mlc._params import MLCConfig, MLCParams, Objective, check_count
-from resilient_flows.mlc._simulator import MAX_WALL_FACTOR, SimResult, simulate_many
+from resilient_flows.mlc._simulator import MAX_WALL_FACTOR, FailureSimResult, simulate_failures_many
 
 logger = logging.getLogger(__name__)
 
@@ -175,7 +175,7 @@ def _near(every: int, step: float, largest: int, reach: int) -> list[int]:
     return sorted(x for x in spread if 1 <= x <= largest)
 
 
-def _config(tau: float, everys: tuple[int, int], r: SimResult) -> MLCConfig:
+def _config(tau: float, everys: tuple[int, int], r: FailureSimResult) -> MLCConfig:
     e, d = everys
     return MLCConfig(tau, e or None, r.efficiency, l3_every=d or None, predicted_traffic=r.traffic)
 
@@ -195,7 +195,7 @@ class _Search:
 
     def __init__(self, p: MLCParams, trials: int, seed: int, objective: Objective) -> None:
         self.p, self.trials, self.seed, self.objective = p, trials, seed, objective
-        self.results: dict[_Key, SimResult] = {}
+        self.results: dict[_Key, FailureSimResult] = {}
         self.scores: dict[_Key, float] = {}
         self.top = 0.0
 
@@ -209,7 +209,7 @@ class _Search:
 
     def evaluate(
         self, intervals: Sequence[float] | np.ndarray, everys: Sequence[int], deeps: Sequence[int]
-    ) -> SimResult | None:
+    ) -> FailureSimResult | None:
         """Simulate the candidates not seen yet; return the best-scoring result of this batch."""
         p = self.p
         todo = [
@@ -221,12 +221,12 @@ class _Search:
         ]
         configs = [MLCConfig(tau, e or None, l3_every=d or None) for tau, e, d in todo]
         factor = MAX_WALL_FACTOR if self.top <= 0 else min(MAX_WALL_FACTOR, self.CAP_MARGIN / self.top)
-        results = simulate_many(p, configs, self.trials, self.seed, max_wall_factor=factor)
+        results = simulate_failures_many(p, configs, self.trials, self.seed, max_wall_factor=factor)
         again = [
             i for i, r in enumerate(results) if r.stopped and factor < MAX_WALL_FACTOR and r.efficiency >= self.top
         ]
         if again:
-            redone = simulate_many(p, [configs[i] for i in again], self.trials, self.seed)
+            redone = simulate_failures_many(p, [configs[i] for i in again], self.trials, self.seed)
             for i, r in zip(again, redone, strict=True):
                 results[i] = r
         for key, r in zip(todo, results, strict=True):

@@ -45,7 +45,7 @@ repeats (idle, or blocked, at the same place in the ``l3_every`` cycle); from th
 periodic and extended in closed form. Each trial then advances from one failure to the next by
 looking the failure's time up in its schedule (a binary search): how many segments were
 committed, which flushes had completed. It does not step through segments. All trials (of all
-configurations, for :func:`simulate_many`) advance in lock step, one failure or restart per numpy
+configurations, for :func:`simulate_failures_many`) advance in lock step, one failure or restart per numpy
 step.
 
 Common random numbers. Failure arrival times are drawn per trial index from a generator seeded by
@@ -84,8 +84,8 @@ _HOUR = 3600.0
 
 
 @dataclass(frozen=True)
-class SimResult:
-    """What :func:`simulate` measured for one configuration.
+class FailureSimResult:
+    """What :func:`simulate_failures` measured for one configuration.
 
     ``efficiency`` is ``solve_time / wall_time``. It is the ratio to the mean wall time, not the mean of
     per-trial ratios, so it is the throughput of many runs. ``wall_time_ci`` is the normal 95%
@@ -113,7 +113,7 @@ class SimResult:
     wall_times: np.ndarray = field(repr=False, compare=False)
 
 
-def simulate(
+def simulate_failures(
     p: MLCParams,
     c: MLCConfig,
     trials: int = 1000,
@@ -121,7 +121,7 @@ def simulate(
     *,
     max_wall_factor: float = MAX_WALL_FACTOR,
     max_events: int = MAX_EVENTS,
-) -> SimResult:
+) -> FailureSimResult:
     """Simulate ``trials`` runs of the job ``p`` checkpointing as ``c`` says.
 
     Parameters
@@ -140,12 +140,12 @@ def simulate(
 
     Returns
     -------
-    SimResult
+    FailureSimResult
     """
-    return simulate_many(p, [c], trials, seed, max_wall_factor=max_wall_factor, max_events=max_events)[0]
+    return simulate_failures_many(p, [c], trials, seed, max_wall_factor=max_wall_factor, max_events=max_events)[0]
 
 
-def simulate_many(
+def simulate_failures_many(
     p: MLCParams,
     configs: Sequence[MLCConfig],
     trials: int = 1000,
@@ -153,8 +153,9 @@ def simulate_many(
     *,
     max_wall_factor: float = MAX_WALL_FACTOR,
     max_events: int = MAX_EVENTS,
-) -> list[SimResult]:
-    """:func:`simulate` for several configurations at once, with common random numbers; much faster than a loop."""
+) -> list[FailureSimResult]:
+    """:func:`simulate_failures` for several configurations at once, with common random numbers; much
+    faster than a loop."""
     if not isinstance(p, MLCParams):
         raise TypeError(f"p must be an MLCParams, got {type(p).__name__}")
     for i, c in enumerate(configs):
@@ -208,7 +209,7 @@ def _result(
     stopped: np.ndarray,
     failures: tuple[np.ndarray, np.ndarray, np.ndarray],
     flushes: np.ndarray,
-) -> SimResult:
+) -> FailureSimResult:
     n = len(wall)
     mean = float(wall.mean())
     half = _Z95 * float(wall.std(ddof=1)) / math.sqrt(n) if n > 1 else math.nan
@@ -216,7 +217,7 @@ def _result(
     floor = _failure_free_wall(p, c.interval)
     f1, f2, f3 = failures
     rate = float(flushes.sum()) / float(wall.sum()) * _HOUR
-    return SimResult(
+    return FailureSimResult(
         config=c,
         trials=n,
         efficiency=p.solve_time / mean,
@@ -256,7 +257,7 @@ def _checkpoint_costs(p: MLCParams, tau: np.ndarray) -> np.ndarray:
 class FailureArrivals:
     """Failure inter-arrival gaps of one level, by (trial, index), the same for every configuration.
 
-    Public so that a driver of real runs can inject the very failures that :func:`simulate` with
+    Public so that a driver of real runs can inject the very failures that :func:`simulate_failures` with
     the same ``seed`` and ``trials`` meets: then each measured trial has a simulated twin, and
     their difference is the model's error, not sampling noise (``benchmarks/mlc_validate.py``).
 

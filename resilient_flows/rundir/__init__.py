@@ -2,11 +2,18 @@
 
 Every name a run directory holds is spelled in :mod:`resilient_flows.rundir._layout` and nowhere
 else; the rest of the code asks a :class:`RunLayout` or a :class:`TaskLayout` where things are,
-and reads and writes its files through them. The append-only logs and the plan have modules of their own:
+and reads and writes its files through them. The append-only logs and the plan file have modules of their own:
 :mod:`~resilient_flows.rundir._events` (the event log), :mod:`~resilient_flows.rundir._metrics`
 (a member's metrics), :mod:`~resilient_flows.rundir._ledger` (the runners' blocks) and
-:mod:`~resilient_flows.rundir._plan`. What readers find damaged they record in a
+:mod:`~resilient_flows.rundir._planfile`. What readers find damaged they record in a
 :class:`~resilient_flows.rundir._damage.DamageLog`, for the views to report.
+
+The runner-member protocol lives here too, writers and readers together:
+:mod:`~resilient_flows.rundir._lease` (the runner's lease, by which members and the runner's guard
+tell that the runner is gone), :mod:`~resilient_flows.rundir._control` (requests to a running
+member: stop, retire, clone) and :mod:`~resilient_flows.rundir._heartbeat` (each running attempt's
+heartbeat, by which the runner tells a live attempt from a dead or silent one), with the Parsl
+block they name (:mod:`~resilient_flows.rundir._block`).
 
 Everything read from a run or checkpoint directory is read through one safe reader, exported
 here: :func:`open_regular` (a regular file only: no symbolic link followed, never blocking on a
@@ -40,6 +47,17 @@ _SOURCES = {
         "follow_log",
         "tail_lines",
     ),
+    "resilient_flows.rundir._block": (
+        "BLOCK_ENV",
+        "current_block",
+    ),
+    "resilient_flows.rundir._control": (
+        "CloneOrder",
+        "clone_order_path",
+        "request_preemption",
+        "request_retirement",
+        "write_clone_order",
+    ),
     "resilient_flows.rundir._damage": (
         "Damage",
         "DamageLog",
@@ -52,12 +70,37 @@ _SOURCES = {
         "read_events",
     ),
     "resilient_flows.rundir._files": ("read_json",),
+    "resilient_flows.rundir._heartbeat": (
+        "BEAT_S",
+        "Heartbeat",
+        "PoolLook",
+        "analytics_task",
+        "attempt_heartbeat_path",
+        "read_attempt_heartbeat",
+    ),
     "resilient_flows.rundir._layout": (
         "RunLayout",
         "TaskLayout",
+        "count_attempt",
+        "has_result",
+        "member_dir",
         "member_layout",
         "run_layout",
         "stage_layout",
+    ),
+    "resilient_flows.rundir._lease": (
+        "DEFAULT_ORPHAN_TIMEOUT_S",
+        "LeaseRenewer",
+        "MIN_ORPHAN_TIMEOUT_S",
+        "RENEW_S",
+        "RunnerLease",
+        "TOKEN_ENV",
+        "end_lease",
+        "holding_runner",
+        "process_start_time",
+        "read_lease",
+        "stat_fields",
+        "superseded",
     ),
     "resilient_flows.rundir._ledger": (
         "append_record",
@@ -67,7 +110,7 @@ _SOURCES = {
         "MetricsLog",
         "MetricsReader",
     ),
-    "resilient_flows.rundir._plan": (
+    "resilient_flows.rundir._planfile": (
         "encode_plan",
         "read_plan_document",
         "refuse_occupied",
@@ -97,6 +140,13 @@ if TYPE_CHECKING:  # the names' definitions, for type checkers and editors (a te
     from resilient_flows.rundir._attemptlogs import failure_tail as failure_tail
     from resilient_flows.rundir._attemptlogs import follow_log as follow_log
     from resilient_flows.rundir._attemptlogs import tail_lines as tail_lines
+    from resilient_flows.rundir._block import BLOCK_ENV as BLOCK_ENV
+    from resilient_flows.rundir._block import current_block as current_block
+    from resilient_flows.rundir._control import CloneOrder as CloneOrder
+    from resilient_flows.rundir._control import clone_order_path as clone_order_path
+    from resilient_flows.rundir._control import request_preemption as request_preemption
+    from resilient_flows.rundir._control import request_retirement as request_retirement
+    from resilient_flows.rundir._control import write_clone_order as write_clone_order
     from resilient_flows.rundir._damage import (
         Damage as Damage,
     )
@@ -121,12 +171,21 @@ if TYPE_CHECKING:  # the names' definitions, for type checkers and editors (a te
     from resilient_flows.rundir._files import (
         read_json as read_json,
     )
+    from resilient_flows.rundir._heartbeat import BEAT_S as BEAT_S
+    from resilient_flows.rundir._heartbeat import Heartbeat as Heartbeat
+    from resilient_flows.rundir._heartbeat import PoolLook as PoolLook
+    from resilient_flows.rundir._heartbeat import analytics_task as analytics_task
+    from resilient_flows.rundir._heartbeat import attempt_heartbeat_path as attempt_heartbeat_path
+    from resilient_flows.rundir._heartbeat import read_attempt_heartbeat as read_attempt_heartbeat
     from resilient_flows.rundir._layout import (
         RunLayout as RunLayout,
     )
     from resilient_flows.rundir._layout import (
         TaskLayout as TaskLayout,
     )
+    from resilient_flows.rundir._layout import count_attempt as count_attempt
+    from resilient_flows.rundir._layout import has_result as has_result
+    from resilient_flows.rundir._layout import member_dir as member_dir
     from resilient_flows.rundir._layout import (
         member_layout as member_layout,
     )
@@ -136,6 +195,18 @@ if TYPE_CHECKING:  # the names' definitions, for type checkers and editors (a te
     from resilient_flows.rundir._layout import (
         stage_layout as stage_layout,
     )
+    from resilient_flows.rundir._lease import DEFAULT_ORPHAN_TIMEOUT_S as DEFAULT_ORPHAN_TIMEOUT_S
+    from resilient_flows.rundir._lease import MIN_ORPHAN_TIMEOUT_S as MIN_ORPHAN_TIMEOUT_S
+    from resilient_flows.rundir._lease import RENEW_S as RENEW_S
+    from resilient_flows.rundir._lease import TOKEN_ENV as TOKEN_ENV
+    from resilient_flows.rundir._lease import LeaseRenewer as LeaseRenewer
+    from resilient_flows.rundir._lease import RunnerLease as RunnerLease
+    from resilient_flows.rundir._lease import end_lease as end_lease
+    from resilient_flows.rundir._lease import holding_runner as holding_runner
+    from resilient_flows.rundir._lease import process_start_time as process_start_time
+    from resilient_flows.rundir._lease import read_lease as read_lease
+    from resilient_flows.rundir._lease import stat_fields as stat_fields
+    from resilient_flows.rundir._lease import superseded as superseded
     from resilient_flows.rundir._ledger import (
         append_record as append_record,
     )
@@ -148,16 +219,16 @@ if TYPE_CHECKING:  # the names' definitions, for type checkers and editors (a te
     from resilient_flows.rundir._metrics import (
         MetricsReader as MetricsReader,
     )
-    from resilient_flows.rundir._plan import (
+    from resilient_flows.rundir._planfile import (
         encode_plan as encode_plan,
     )
-    from resilient_flows.rundir._plan import (
+    from resilient_flows.rundir._planfile import (
         read_plan_document as read_plan_document,
     )
-    from resilient_flows.rundir._plan import (
+    from resilient_flows.rundir._planfile import (
         refuse_occupied as refuse_occupied,
     )
-    from resilient_flows.rundir._plan import (
+    from resilient_flows.rundir._planfile import (
         write_plan as write_plan,
     )
 

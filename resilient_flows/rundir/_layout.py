@@ -39,6 +39,7 @@ and written atomically (:mod:`resilient_flows.rundir._files`).
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -310,6 +311,23 @@ class RunLayout:
         """The workflow file as given, kept beside its plan."""
         write_atomically(self.workflow, source_text)
 
+    def spec_files(self) -> list[Path]:
+        """The spec file of every member directory, in the order they were written (registered). A
+        symbolic link is no member directory (walks of a run directory follow none), but a spec file
+        that is one is listed, for its reader to refuse and say so."""
+        try:
+            entries = list(os.scandir(self.members))
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+        spec_name = TaskLayout(self.members).spec.name
+        found = []
+        for entry in entries:
+            if entry.is_dir(follow_symlinks=False):
+                path = Path(entry.path, spec_name)
+                with contextlib.suppress(FileNotFoundError):
+                    found.append((path.lstat().st_mtime_ns, entry.name, path))
+        return [path for _, _, path in sorted(found)]
+
     def heartbeat(self, task: str) -> Path:
         return self.heartbeats / task
 
@@ -350,3 +368,18 @@ def member_layout(run_dir: str | os.PathLike, name: str) -> TaskLayout:
 
 def stage_layout(run_dir: str | os.PathLike, name: str) -> TaskLayout:
     return RunLayout(Path(run_dir)).stage(name)
+
+
+def member_dir(run_dir: str | os.PathLike, name: str) -> Path:
+    return member_layout(run_dir, name).root
+
+
+def has_result(run_dir: str | os.PathLike, name: str) -> bool:
+    """Whether member ``name`` finished: its result is written last, durably, once its
+    final checkpoint is committed, so whatever its process does afterwards cannot undo that."""
+    return member_layout(run_dir, name).has_result()
+
+
+def count_attempt(directory: Path) -> int:
+    """Count one more attempt of the task whose directory this is; which attempt it is (1 for the first)."""
+    return TaskLayout(directory).count_attempt()

@@ -37,7 +37,7 @@ from typing import Any
 
 from resilient_flows.envvars import expand_env
 from resilient_flows.errors import SiteConfigError
-from resilient_flows.training import DEFAULT_ORPHAN_TIMEOUT_S, MIN_ORPHAN_TIMEOUT_S
+from resilient_flows.rundir import DEFAULT_ORPHAN_TIMEOUT_S, MIN_ORPHAN_TIMEOUT_S
 from resilient_flows.units import parse_duration, parse_size
 
 _REQUIRED = ("nodes", "cores_per_node")
@@ -75,7 +75,7 @@ class SiteFacts:
     signal before it is killed: set it below the time between the batch system's warning signal
     and its kill. ``None``: the launcher's default, unless the member says. ``orphan_timeout_s``
     is how long the runner may be gone before its members stop and its blocks are cancelled
-    (see :mod:`resilient_flows.training._lease`). ``network_interface`` names the interface the
+    (see :mod:`resilient_flows.rundir._lease`). ``network_interface`` names the interface the
     nodes reach each other on, for members whose ranks span nodes (exported to them as
     ``GLOO_SOCKET_IFNAME``): a node with several networks otherwise leaves gloo to guess from
     its host name. ``None``: gloo's own choice. ``peer_memory`` bounds, in bytes per node, what a

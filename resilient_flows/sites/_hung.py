@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterable
 
 from parsl.executors.high_throughput.errors import WorkerLost
 
-from resilient_flows.training._lease import stat_fields
+from resilient_flows.rundir._lease import stat_fields
 
 __all__ = ["HUNG_S", "LATE_S", "LOOK_S", "HangWatch", "WorkerHung", "process_state"]
 

@@ -46,18 +46,11 @@ _SOURCES = {
         "EXIT_PREEMPTED",
         "RunContract",
     ),
-    "resilient_flows.training._control": (
-        "CloneOrder",
-        "clone_order_path",
-        "has_result",
+    "resilient_flows.training._members": (
         "latest_committed_step",
-        "member_dir",
         "read_spec",
         "register_member",
         "registered_members",
-        "request_preemption",
-        "request_retirement",
-        "write_clone_order",
     ),
     "resilient_flows.training._digest": ("state_digest",),
     "resilient_flows.training._distributed": (
@@ -70,27 +63,6 @@ _SOURCES = {
     ),
     "resilient_flows.training._faults": ("PEER_LOST", "POOL_LOST", "attempt_fault", "record_fault", "record_pool_lost"),
     "resilient_flows.training._functions": ("import_function",),
-    "resilient_flows.training._heartbeat": (
-        "BEAT_S",
-        "Heartbeat",
-        "analytics_task",
-        "heartbeat_path",
-        "read_heartbeat",
-    ),
-    "resilient_flows.training._lease": (
-        "DEFAULT_ORPHAN_TIMEOUT_S",
-        "LeaseRenewer",
-        "MIN_ORPHAN_TIMEOUT_S",
-        "RENEW_S",
-        "RunnerLease",
-        "TOKEN_ENV",
-        "end_lease",
-        "holding_runner",
-        "process_start_time",
-        "read_lease",
-        "stat_fields",
-        "superseded",
-    ),
     "resilient_flows.training._nodefile": ("pbs_hosts",),
     "resilient_flows.training._params": (
         "check_params",
@@ -208,39 +180,6 @@ if TYPE_CHECKING:  # the names' definitions, for type checkers and editors (a te
     from resilient_flows.training._contract import (
         RunContract as RunContract,
     )
-    from resilient_flows.training._control import (
-        CloneOrder as CloneOrder,
-    )
-    from resilient_flows.training._control import (
-        clone_order_path as clone_order_path,
-    )
-    from resilient_flows.training._control import (
-        has_result as has_result,
-    )
-    from resilient_flows.training._control import (
-        latest_committed_step as latest_committed_step,
-    )
-    from resilient_flows.training._control import (
-        member_dir as member_dir,
-    )
-    from resilient_flows.training._control import (
-        read_spec as read_spec,
-    )
-    from resilient_flows.training._control import (
-        register_member as register_member,
-    )
-    from resilient_flows.training._control import (
-        registered_members as registered_members,
-    )
-    from resilient_flows.training._control import (
-        request_preemption as request_preemption,
-    )
-    from resilient_flows.training._control import (
-        request_retirement as request_retirement,
-    )
-    from resilient_flows.training._control import (
-        write_clone_order as write_clone_order,
-    )
     from resilient_flows.training._digest import (
         state_digest as state_digest,
     )
@@ -280,59 +219,20 @@ if TYPE_CHECKING:  # the names' definitions, for type checkers and editors (a te
     from resilient_flows.training._functions import (
         import_function as import_function,
     )
-    from resilient_flows.training._heartbeat import (
-        BEAT_S as BEAT_S,
-    )
-    from resilient_flows.training._heartbeat import (
-        Heartbeat as Heartbeat,
-    )
-    from resilient_flows.training._heartbeat import (
-        analytics_task as analytics_task,
-    )
-    from resilient_flows.training._heartbeat import (
-        heartbeat_path as heartbeat_path,
-    )
-    from resilient_flows.training._heartbeat import (
-        read_heartbeat as read_heartbeat,
-    )
-    from resilient_flows.training._lease import (
-        DEFAULT_ORPHAN_TIMEOUT_S as DEFAULT_ORPHAN_TIMEOUT_S,
-    )
-    from resilient_flows.training._lease import (
-        MIN_ORPHAN_TIMEOUT_S as MIN_ORPHAN_TIMEOUT_S,
-    )
-    from resilient_flows.training._lease import (
-        RENEW_S as RENEW_S,
-    )
-    from resilient_flows.training._lease import (
-        TOKEN_ENV as TOKEN_ENV,
-    )
-    from resilient_flows.training._lease import (
-        LeaseRenewer as LeaseRenewer,
-    )
-    from resilient_flows.training._lease import (
-        RunnerLease as RunnerLease,
-    )
-    from resilient_flows.training._lease import (
-        end_lease as end_lease,
-    )
-    from resilient_flows.training._lease import (
-        holding_runner as holding_runner,
-    )
-    from resilient_flows.training._lease import (
-        process_start_time as process_start_time,
-    )
-    from resilient_flows.training._lease import (
-        read_lease as read_lease,
-    )
-    from resilient_flows.training._lease import (
-        stat_fields as stat_fields,
-    )
-    from resilient_flows.training._lease import (
-        superseded as superseded,
-    )
     from resilient_flows.training._loader import DataPositions as DataPositions
     from resilient_flows.training._loader import ResumableLoader as ResumableLoader
+    from resilient_flows.training._members import (
+        latest_committed_step as latest_committed_step,
+    )
+    from resilient_flows.training._members import (
+        read_spec as read_spec,
+    )
+    from resilient_flows.training._members import (
+        register_member as register_member,
+    )
+    from resilient_flows.training._members import (
+        registered_members as registered_members,
+    )
     from resilient_flows.training._nodefile import (
         pbs_hosts as pbs_hosts,
     )

@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 from resilient_flows.checkpoint._registry import BuddyLink, register, run_secret
-from resilient_flows.training._lease import read_lease
+from resilient_flows.rundir._lease import read_lease
 
 logger = logging.getLogger(__name__)
 

@@ -38,12 +38,14 @@ from typing import Any
 
 from resilient_flows.capped import open_regular
 from resilient_flows.errors import PermanentError, Preempted, ResilientFlowsError
+from resilient_flows.procgroup import kill_group
 from resilient_flows.rundir import EventLog, member_layout
+from resilient_flows.rundir._heartbeat import Heartbeat
 from resilient_flows.training._contract import EXIT_CANNOT_RUN, EXIT_PREEMPTED, STOP_SIGNALS, RunContract
-from resilient_flows.training._control import latest_committed_step
 from resilient_flows.training._faults import record_pool_lost
-from resilient_flows.training._heartbeat import Heartbeat
+from resilient_flows.training._members import latest_committed_step
 from resilient_flows.training._output import open_attempt_log
+from resilient_flows.training._pool import PoolWatch
 from resilient_flows.training._spec import MemberSpec
 
 logger = logging.getLogger(__name__)
@@ -125,7 +127,9 @@ def run_command(spec_dict: dict[str, Any], run_dir: str) -> dict[str, Any]:
         record_pool_lost(layout.root, reason)
         orphaned(reason)
 
-    beating = Heartbeat(run_dir, spec.name, attempt, on_orphaned=orphaned, on_pool_lost=pool_lost)
+    beating = Heartbeat(
+        run_dir, spec.name, attempt, on_orphaned=orphaned, on_pool_lost=pool_lost, pool=PoolWatch.find()
+    )
     with open(open_attempt_log(layout, attempt, header=shlex.join(spec.command)), "ab") as log, beating:
         try:
             process = subprocess.Popen(
@@ -147,7 +151,7 @@ def run_command(spec_dict: dict[str, Any], run_dir: str) -> dict[str, Any]:
             with _forwarding(stop):
                 status, why = _wait(process, stop, grace)
         finally:
-            _kill_group(process.pid)  # whatever it left behind must not write into the next attempt
+            kill_group(process.pid)  # whatever it left behind must not write into the next attempt
     if status == 0:
         return _finish(spec, run_dir, attempt, events)
     if status < 0 and layout.command_report.is_file():
@@ -235,7 +239,7 @@ def _wait(process: subprocess.Popen, stop: _Stop, grace: float) -> tuple[int, st
             pass
         if stop.since is not None and not killed and time.monotonic() - stop.since > grace:
             killed = f"still running {grace:g} s after {stop.reason}"
-            _kill_group(process.pid)
+            kill_group(process.pid)
 
 
 def _signal_name(number: int) -> str:
@@ -244,11 +248,6 @@ def _signal_name(number: int) -> str:
         return signal.Signals(number).name
     except ValueError:
         return f"signal {number}"
-
-
-def _kill_group(group: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(group, signal.SIGKILL)
 
 
 def _finish(spec: MemberSpec, run_dir: str, attempt: int, events: EventLog, status: int = 0) -> dict[str, Any]:

@@ -20,7 +20,9 @@ import torch
 
 from resilient_flows.checkpoint import Checkpointer, TrainState
 from resilient_flows.errors import Preempted, ResilientFlowsError, Superseded
-from resilient_flows.rundir import EventLog, MetricsLog, member_layout
+from resilient_flows.rundir import EventLog, MetricsLog, count_attempt, member_layout
+from resilient_flows.rundir._block import current_block
+from resilient_flows.rundir._heartbeat import Heartbeat
 from resilient_flows.training._buddyservice import buddy_link
 from resilient_flows.training._contract import (
     member_tiers,
@@ -29,18 +31,17 @@ from resilient_flows.training._contract import (
     node_peer_dir,
     peer_capacity,
 )
-from resilient_flows.training._control import count_attempt
 from resilient_flows.training._digest import state_digest
 from resilient_flows.training._distributed import shutdown_process_group
 from resilient_flows.training._faults import record_pool_lost
 from resilient_flows.training._fork import CloneStart
-from resilient_flows.training._heartbeat import Heartbeat
 from resilient_flows.training._loader import DataPositions, ResumableLoader, loader_arguments
 from resilient_flows.training._parallel import join_member_ranks, wrap_model
 from resilient_flows.training._peerwatch import PeerWatch, watch_peers
+from resilient_flows.training._pool import PoolWatch
 from resilient_flows.training._spec import MemberSpec
 from resilient_flows.training._stream import StreamLoader, is_stream, stream_loader
-from resilient_flows.training._walltime import current_block, drain_in_s
+from resilient_flows.training._walltime import drain_in_s
 from resilient_flows.training.boundary import Cadence, CheckpointSaver, CommRanks, StepRuntime, member_events
 
 
@@ -131,11 +132,18 @@ class TrainContext:
 
     def _start_beating(self, ranks: CommRanks) -> None:
         """Rank 0 beats for the attempt; every rank stops here, before anything is trained or
-        announced, when its runner was superseded (see :class:`~resilient_flows.training.Heartbeat`)."""
+        announced, when its runner was superseded (see :class:`~resilient_flows.rundir.Heartbeat`)."""
         refused = None
         if self.rank == 0:
             stop = self.runtime.stop_orphaned
-            heartbeat = Heartbeat(self.run_dir, self.name, self.attempt, on_orphaned=stop, on_pool_lost=self._pool_lost)
+            heartbeat = Heartbeat(
+                self.run_dir,
+                self.name,
+                self.attempt,
+                on_orphaned=stop,
+                on_pool_lost=self._pool_lost,
+                pool=PoolWatch.find(),
+            )
             try:
                 self.runtime.beat(heartbeat.start())
             except Superseded as exc:

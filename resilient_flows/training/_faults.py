@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from resilient_flows.rundir import TaskLayout
-from resilient_flows.training._walltime import current_block
+from resilient_flows.rundir._block import current_block
 
 #: :func:`attempt_fault`'s kinds: a peer rank gone, the attempt's worker pool gone
 #: (:mod:`resilient_flows.training._pool`), the rank's own error.

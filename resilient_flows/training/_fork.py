@@ -25,8 +25,9 @@ from pathlib import Path
 from typing import Any
 
 from resilient_flows.checkpoint import Checkpointer, Tier, TrainState
-from resilient_flows.rundir import TaskLayout, member_layout
-from resilient_flows.training._control import CloneOrder, member_dir, read_spec
+from resilient_flows.rundir import TaskLayout, member_dir, member_layout
+from resilient_flows.rundir._control import CloneOrder
+from resilient_flows.training._members import read_spec
 from resilient_flows.training._spec import OPTIMIZER_KEYS, MemberSpec, ParentSpec
 
 logger = logging.getLogger(__name__)

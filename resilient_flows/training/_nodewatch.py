@@ -26,9 +26,9 @@ from pathlib import Path
 from typing import Any
 
 from resilient_flows.rundir import TaskLayout
+from resilient_flows.rundir._block import current_block
 from resilient_flows.training._faults import PEER_LOST
 from resilient_flows.training._lostnodes import dead_hosts, job_hosts, probe_port, record_lost
-from resilient_flows.training._walltime import current_block
 
 #: Seconds between looks at the member's fault record while its ranks run.
 POLL_S = 0.1

@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from resilient_flows.training._lease import stat_fields
+from resilient_flows.rundir._lease import stat_fields
 
 #: What names the pool process on its command line.
 POOL_COMMAND = "process_worker_pool"

@@ -12,9 +12,10 @@ from typing import Any
 
 from resilient_flows.checkpoint import read_checkpoint
 from resilient_flows.rundir import EventLog, member_layout
+from resilient_flows.rundir._heartbeat import Heartbeat, analytics_task
 from resilient_flows.training._context import TrainContext
-from resilient_flows.training._heartbeat import Heartbeat, analytics_task
 from resilient_flows.training._params import check_params, with_defaults
+from resilient_flows.training._pool import PoolWatch
 from resilient_flows.training._spec import OPTIMIZER_KEYS, MemberSpec
 from resilient_flows.training._workloads import check_call, resolve_workload
 
@@ -56,7 +57,7 @@ def evaluate_members(specs: list[dict[str, Any]], run_dir: str, request: str = "
     has no evaluation, are reported as such.
     """
     EventLog(run_dir).emit("analytics_started", None, request=request, pid=os.getpid())
-    with Heartbeat(run_dir, analytics_task(request), attempt=1):
+    with Heartbeat(run_dir, analytics_task(request), attempt=1, pool=PoolWatch.find()):
         report = _evaluate(specs, run_dir)
     EventLog(run_dir).emit("analytics", None, request=request, members=report)
     return report

@@ -29,8 +29,8 @@ from typing import Any
 from resilient_flows.errors import Preempted, ResilientFlowsError
 from resilient_flows.training._context import TrainContext
 from resilient_flows.training._contract import EXIT_PREEMPTED, RunContract
-from resilient_flows.training._control import read_spec
 from resilient_flows.training._distributed import read_launch_env
+from resilient_flows.training._members import read_spec
 from resilient_flows.training._spec import CheckpointSpec, MemberSpec
 
 logger = logging.getLogger(__name__)

@@ -19,9 +19,10 @@ from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
 from resilient_flows.rundir import EventLog, stage_layout
-from resilient_flows.training._control import newest_committed
-from resilient_flows.training._heartbeat import Heartbeat
+from resilient_flows.rundir._heartbeat import Heartbeat
+from resilient_flows.training._members import newest_committed
 from resilient_flows.training._params import check_params, signature_params
+from resilient_flows.training._pool import PoolWatch
 from resilient_flows.training._spec import StageSpec
 
 if TYPE_CHECKING:
@@ -72,7 +73,7 @@ def run_stage(spec: dict[str, Any], run_dir: str) -> Any:
     if attempt == 1 and stage.faults:  # injected faults hit the first attempt only, as for members
         schedule = _faulty(schedule, stage)
     with (
-        Heartbeat(run_dir, stage.name, attempt),
+        Heartbeat(run_dir, stage.name, attempt, pool=PoolWatch.find()),
         Context(layout.checkpoints, filter=schedule, keep=stage.keep) as ctx,
     ):
         value = loop(ctx, output=output, inputs=inputs, **stage.params)

@@ -24,9 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from resilient_flows.rundir import TaskLayout, run_layout
-
-#: The variable in which Parsl tells a worker (and the member it runs) which block it is on.
-BLOCK_ENV = "PARSL_WORKER_BLOCK_ID"
+from resilient_flows.rundir._block import current_block
 
 #: The least margin (seconds) before a block's end at which its members are asked to stop.
 MIN_DRAIN_S = 15.0
@@ -125,11 +123,6 @@ def start_refusal(times: BlockTimes | None, needed_s: float, now: float) -> str 
         f"block {times.block} is drained in {max(0.0, left):.0f} s (walltime), less than the "
         f"{needed_s:.0f} s this member needs to reach a checkpoint"
     )
-
-
-def current_block() -> str | None:
-    """The Parsl block this process runs in; None outside a Parsl worker."""
-    return os.environ.get(BLOCK_ENV)
 
 
 def read_block_times(run_dir: str | os.PathLike, block: str | None) -> BlockTimes | None:

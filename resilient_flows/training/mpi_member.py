@@ -28,9 +28,8 @@ from typing import Any, NoReturn
 
 from resilient_flows.capped import DOCUMENT_CAP
 from resilient_flows.errors import LaunchError, Preempted
-from resilient_flows.rundir import TaskLayout, read_json
+from resilient_flows.rundir import TaskLayout, member_dir, read_json
 from resilient_flows.training._contract import EXIT_PEER_LOST, EXIT_PREEMPTED
-from resilient_flows.training._control import member_dir
 from resilient_flows.training._faults import peer_gone, record_fault
 from resilient_flows.training._output import launched_rank, redirect_for_good
 from resilient_flows.training._peerwatch import prestart_helper

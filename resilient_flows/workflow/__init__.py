@@ -29,15 +29,17 @@ _SOURCES = {
         "failed_tails",
         "logs_command",
     ),
-    "resilient_flows.workflow._plan": ("plan_workflow",),
+    "resilient_flows.workflow._plan": (
+        "Plan",
+        "plan_workflow",
+    ),
     "resilient_flows.workflow._report": (
         "member_notes",
         "stage_rows",
         "stage_table",
         "status_table",
     ),
-    "resilient_flows.workflow._rundir": (
-        "Plan",
+    "resilient_flows.workflow._recorded_plan": (
         "read_plan",
         "run_members",
     ),
@@ -84,7 +86,16 @@ if TYPE_CHECKING:  # the names' definitions, for type checkers and editors (a te
     from resilient_flows.workflow._output_tails import failed_tails as failed_tails
     from resilient_flows.workflow._output_tails import logs_command as logs_command
     from resilient_flows.workflow._plan import (
+        Plan as Plan,
+    )
+    from resilient_flows.workflow._plan import (
         plan_workflow as plan_workflow,
+    )
+    from resilient_flows.workflow._recorded_plan import (
+        read_plan as read_plan,
+    )
+    from resilient_flows.workflow._recorded_plan import (
+        run_members as run_members,
     )
     from resilient_flows.workflow._report import (
         member_notes as member_notes,
@@ -97,15 +108,6 @@ if TYPE_CHECKING:  # the names' definitions, for type checkers and editors (a te
     )
     from resilient_flows.workflow._report import (
         status_table as status_table,
-    )
-    from resilient_flows.workflow._rundir import (
-        Plan as Plan,
-    )
-    from resilient_flows.workflow._rundir import (
-        read_plan as read_plan,
-    )
-    from resilient_flows.workflow._rundir import (
-        run_members as run_members,
     )
     from resilient_flows.workflow._runner import (
         prepare_run as prepare_run,

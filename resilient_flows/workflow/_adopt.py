@@ -19,7 +19,7 @@ Two attempts of one member never write at once:
 - the earlier interchanges still hold the tasks they had queued and hand them to the adopted
   attempts' workers as these free up: such a task refuses to start, since the lease now names
   another runner's token than the one its block carries
-  (:func:`~resilient_flows.training.superseded`). The runner writes its lease before it looks for
+  (:func:`~resilient_flows.rundir.superseded`). The runner writes its lease before it looks for
   attempts to adopt, and a task looks at the lease again once its heartbeat file exists: either
   the runner sees that file, or the task sees the new lease;
 - an adopted attempt is resubmitted only once it is over: its heartbeat file removed (the attempt
@@ -40,8 +40,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from resilient_flows.rundir import read_records, run_layout
-from resilient_flows.training import BEAT_S, MemberSpec, has_result, process_start_time, read_heartbeat, stat_fields
+from resilient_flows.rundir import (
+    BEAT_S,
+    has_result,
+    process_start_time,
+    read_attempt_heartbeat,
+    read_records,
+    run_layout,
+    stat_fields,
+)
+from resilient_flows.training import MemberSpec
 
 __all__ = ["FRESH_S", "RESULT_GRACE_S", "Adoption", "adoptable"]
 
@@ -70,7 +78,7 @@ def live_attempts(run_dir: Path, now: float | None = None) -> dict[str, dict[str
             fresh = now - path.stat().st_mtime <= FRESH_S
         except OSError:  # it ended meanwhile
             continue
-        record = read_heartbeat(path)
+        record = read_attempt_heartbeat(path)
         if fresh and _alive(record or {}):
             found[name] = record if record is not None else {}
     return found
@@ -178,7 +186,7 @@ class Adoption:
             now = self.clock()
             if mtime != self._changed[name][0]:
                 self._changed[name] = (mtime, now)
-                record = read_heartbeat(self.heartbeats / name)
+                record = read_attempt_heartbeat(self.heartbeats / name)
                 adoptee.record = record if record is not None else adoptee.record
             if not _alive(adoptee.record):  # killed on this host: it writes nothing more
                 resubmit.extend(self._end(name))

@@ -15,7 +15,6 @@ never by a job or group number alone, which another run (on another cluster) may
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import signal
@@ -32,7 +31,17 @@ from parsl.executors.status_handling import BlockProviderExecutor
 from parsl.providers import LocalProvider
 
 from resilient_flows.errors import WorkflowError, is_storage_full
-from resilient_flows.rundir import FULL_WAIT_S, append_record, read_records, run_layout
+from resilient_flows.procgroup import kill_group
+from resilient_flows.rundir import (
+    DEFAULT_ORPHAN_TIMEOUT_S,
+    FULL_WAIT_S,
+    RENEW_S,
+    append_record,
+    process_start_time,
+    read_lease,
+    read_records,
+    run_layout,
+)
 from resilient_flows.sites._parsl import (
     foreign_job,
     go_file,
@@ -44,12 +53,6 @@ from resilient_flows.sites._parsl import (
     local_job_script,
     mark_scaled_in,
     set_job_record,
-)
-from resilient_flows.training import (
-    DEFAULT_ORPHAN_TIMEOUT_S,
-    RENEW_S,
-    process_start_time,
-    read_lease,
 )
 from resilient_flows.workflow._stragglers import kill_stragglers, new_token
 
@@ -222,7 +225,7 @@ def retire_block(executor: BlockProviderExecutor, block: str | None) -> bool:
     group = _local_group(executor.provider, job_id)
     executor.provider.cancel([job_id])
     if group is not None:  # LocalProvider sends SIGTERM, which a stopped (hung) worker never acts on
-        timer = threading.Timer(KILL_GRACE_S, _kill_group, (group,))
+        timer = threading.Timer(KILL_GRACE_S, kill_group, (group,))
         timer.daemon = True
         timer.start()
     mark_scaled_in(executor, str(block))
@@ -238,11 +241,6 @@ def _local_group(provider: Any, job_id: str) -> int | None:
         return None if pid is None else os.getpgid(pid)
     except ProcessLookupError:
         return None
-
-
-def _kill_group(group: int) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(group, signal.SIGKILL)
 
 
 def cancel_block(provider: Any, record: dict[str, Any]) -> bool:
@@ -293,7 +291,7 @@ def _kill_recorded(pid: int | None, started: int | None, sig: signal.Signals, gr
 class RunnerLock:
     """The run's lease file: which process runs the run now, so that a second runner is refused, and
     how long it may be gone before its members stop (the lease, see
-    :mod:`resilient_flows.training._lease`)."""
+    :mod:`resilient_flows.rundir._lease`)."""
 
     run_dir: Path
     orphan_timeout_s: float = DEFAULT_ORPHAN_TIMEOUT_S

@@ -22,8 +22,8 @@ import random
 from typing import Any
 
 from resilient_flows.clone import request_clone
-from resilient_flows.rundir import EventLog
-from resilient_flows.training import MemberSpec, request_retirement
+from resilient_flows.rundir import EventLog, request_retirement
+from resilient_flows.training import MemberSpec
 from resilient_flows.workflow._status import MemberStatus
 
 

@@ -6,7 +6,7 @@ the last look and the newest metrics of running members, the member index lists 
 directories only when a clone was added, and the table is drawn only at each refresh, never by a
 timer of its own.
 
-The run is over for the view when no runner holds it (:func:`~resilient_flows.training.holding_runner`):
+The run is over for the view when no runner holds it (:func:`~resilient_flows.rundir.holding_runner`):
 its lease was let go of, its runner's process ended on this host, or a runner on another host left
 it unrenewed for two renewals.
 """
@@ -19,9 +19,9 @@ from pathlib import Path
 from rich.console import Console, Group, RenderableType
 from rich.live import Live
 
-from resilient_flows.training import holding_runner
+from resilient_flows.rundir import holding_runner
+from resilient_flows.workflow._recorded_plan import MemberIndex, read_plan
 from resilient_flows.workflow._report import stage_table, status_table
-from resilient_flows.workflow._rundir import MemberIndex, read_plan
 from resilient_flows.workflow._status import StatusTracker
 
 #: Seconds between two redraws: a run's state changes at the pace of steps and checkpoints,

@@ -38,9 +38,8 @@ from typing import Any
 from parsl.executors import HighThroughputExecutor
 
 from resilient_flows.errors import Preempted
-from resilient_flows.rundir import member_layout, run_layout
+from resilient_flows.rundir import BEAT_S, member_layout, read_attempt_heartbeat, request_preemption, run_layout
 from resilient_flows.sites._parsl import DFK_LOGGER, hold_managers
-from resilient_flows.training import BEAT_S, read_heartbeat, request_preemption
 
 #: The signals that stop a run.
 INTERRUPTS = (signal.SIGINT, signal.SIGTERM)
@@ -206,7 +205,7 @@ def _beating(run_dir: Path, members: set[str]) -> dict[str, dict[str, Any]]:
             fresh = now - path.stat().st_mtime < 3 * BEAT_S
         except OSError:
             continue
-        record = read_heartbeat(path)
+        record = read_attempt_heartbeat(path)
         if fresh and record is not None:
             found[path.name] = record
     return found

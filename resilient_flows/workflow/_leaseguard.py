@@ -1,6 +1,6 @@
 """The runner's guard: once a dead runner's lease expired, cancel its blocks and its interchange.
 
-Members stop by themselves when the runner's lease expires (:mod:`resilient_flows.training._lease`),
+Members stop by themselves when the runner's lease expires (:mod:`resilient_flows.rundir._lease`),
 but the runner's interchange lives on its host and its worker pools wait for that interchange: a
 pilot job would hold its nodes until its walltime. The runner therefore starts this guard in a
 session of its own (the SIGKILL or hang-up that ends the runner does not reach it), on its own
@@ -29,8 +29,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from resilient_flows.rundir import EventLog, run_layout
-from resilient_flows.training import BEAT_S, RunnerLease, process_start_time, read_lease
+from resilient_flows.rundir import BEAT_S, EventLog, RunnerLease, process_start_time, read_lease, run_layout
 
 if TYPE_CHECKING:
     from resilient_flows.training import MemberSpec
@@ -61,7 +60,7 @@ def guard(run_dir: Path, runner: int, started: int | None, poll_s: float = POLL_
 def _retire(run_dir: Path, runner: int, lease: RunnerLease) -> list[str]:
     from resilient_flows.sites import SiteFile
     from resilient_flows.workflow._blocks import BlockLedger
-    from resilient_flows.workflow._rundir import read_plan
+    from resilient_flows.workflow._recorded_plan import read_plan
 
     events = EventLog(run_dir)
     events.emit(

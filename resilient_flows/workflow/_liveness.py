@@ -20,8 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from resilient_flows.rundir import DamageLog, run_layout
-from resilient_flows.training import BEAT_S, holding_runner, read_lease
+from resilient_flows.rundir import BEAT_S, DamageLog, holding_runner, read_lease, run_layout
 
 #: A heartbeat rewritten within this many seconds belongs to an attempt that still trains: a few
 #: beats, so that a beat delayed by a busy node or a slow shared file system is not taken for silence.

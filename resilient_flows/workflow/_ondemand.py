@@ -29,8 +29,8 @@ from parsl.executors import HighThroughputExecutor, ThreadPoolExecutor
 
 from resilient_flows.cosched import OnDemandRequest, RunningJob, decide
 from resilient_flows.errors import WorkflowError
-from resilient_flows.rundir import EventLog, read_events
-from resilient_flows.training import MemberSpec, latest_committed_step, request_preemption
+from resilient_flows.rundir import EventLog, read_events, request_preemption
+from resilient_flows.training import MemberSpec, latest_committed_step
 from resilient_flows.workflow._status import MemberStatus
 from resilient_flows.workflow.schema import AnalyticsConfig, CoschedConfig
 

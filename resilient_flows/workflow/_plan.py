@@ -1,20 +1,37 @@
-"""Binding a workflow to a site: what ``validate`` checks and ``run`` starts from.
+"""The plan: a workflow bound to a site, what ``validate`` checks and ``run`` starts from.
 
 Planning reads the site's facts (node-local scratch, node MTBF) and builds its ``parsl.Config``
 (which imports Parsl), so that a mistake in the site file is found by ``validate`` as by ``run``,
 and imports the workflow's functions as a worker will (:mod:`resilient_flows.workflow._preflight`),
-so that a member that cannot start is found before anything is queued.
+so that a member that cannot start is found before anything is queued. A run records its plan in
+its run directory (:mod:`resilient_flows.workflow._recorded_plan`).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass, field
 
 from resilient_flows.errors import WorkflowError
 from resilient_flows.sites import SiteFile, SiteOptions
 from resilient_flows.training import MemberSpec
 from resilient_flows.workflow._monitoring import check_monitoring
 from resilient_flows.workflow._preflight import check_functions
-from resilient_flows.workflow._rundir import Plan
 from resilient_flows.workflow.schema import SiteConfig, Workflow
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A validated workflow bound to a site: what ``run`` starts and ``resume`` continues.
+
+    ``site_file``: the site as planning read it, so that the run builds its Parsl configuration
+    from the same reading; None in a plan read back from the run directory (a resume reads the
+    site anew, once).
+    """
+
+    workflow: Workflow
+    site: str
+    members: tuple[MemberSpec, ...]
+    site_file: SiteFile | None = field(default=None, compare=False, repr=False)
 
 
 def plan_workflow(

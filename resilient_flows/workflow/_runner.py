@@ -44,7 +44,17 @@ from resilient_flows.apps import (
 )
 from resilient_flows.clone import request_clone
 from resilient_flows.errors import ResilientFlowsError, WorkflowError, is_storage_full
-from resilient_flows.rundir import FULL_WAIT_S, EventLog, run_layout
+from resilient_flows.rundir import (
+    FULL_WAIT_S,
+    TOKEN_ENV,
+    EventLog,
+    LeaseRenewer,
+    clone_order_path,
+    end_lease,
+    has_result,
+    member_dir,
+    run_layout,
+)
 from resilient_flows.sites import SiteFacts, SiteFile, SiteOptions
 from resilient_flows.sites._parsl import (
     add_preload,
@@ -58,19 +68,7 @@ from resilient_flows.sites._parsl import (
     record_pid,
     shutdown_started,
 )
-from resilient_flows.training import (
-    TOKEN_ENV,
-    LeaseRenewer,
-    MemberSpec,
-    StageSpec,
-    clone_order_path,
-    end_lease,
-    has_result,
-    latest_committed_step,
-    member_dir,
-    preloaded_modules,
-    stage_finished,
-)
+from resilient_flows.training import MemberSpec, StageSpec, latest_committed_step, preloaded_modules, stage_finished
 from resilient_flows.workflow._adopt import Adoption, adoptable
 from resilient_flows.workflow._blocks import (
     BlockLedger,
@@ -85,17 +83,16 @@ from resilient_flows.workflow._leaseguard import stop_wait_s
 from resilient_flows.workflow._monitoring import monitoring_hub, visualize_note
 from resilient_flows.workflow._ondemand import LOST_PRIORITY, OnDemandAnalytics, worker_slots
 from resilient_flows.workflow._output_tails import OutputTails, failed_tails, logs_command
-from resilient_flows.workflow._plan import plan_workflow
-from resilient_flows.workflow._report import campaign_table, ondemand_table, stage_table, status_table, write_report
-from resilient_flows.workflow._rundir import (
+from resilient_flows.workflow._plan import Plan, plan_workflow
+from resilient_flows.workflow._recorded_plan import (
     MemberIndex,
-    Plan,
     create_run_dir,
     default_run_dir,
     read_plan,
     require_writable,
     run_members,
 )
+from resilient_flows.workflow._report import campaign_table, ondemand_table, stage_table, status_table, write_report
 from resilient_flows.workflow._runlog import library_output_to_log
 from resilient_flows.workflow._standby import Kept, Standby, cancel_kept, left_waiting, lower_init_blocks
 from resilient_flows.workflow._status import StatusTracker

@@ -25,7 +25,7 @@ A runner killed while members waited to restart (a resume finds no live attempt 
 its standby pool waiting too: the runner that resumes the run takes it over in the same way
 (:func:`left_waiting`) instead of cancelling it with the rest and starting its first block cold;
 its go file then also carries the new runner's token, which the pool's workers take on (tasks
-check it: :func:`~resilient_flows.training.superseded`).
+check it: :func:`~resilient_flows.rundir.superseded`).
 
 A lost block is retired as before (:func:`~resilient_flows.workflow._blocks.retire_block`);
 its Parsl status turns terminal, and the next look activates the standby.
@@ -53,6 +53,7 @@ from typing import Any
 from parsl.executors.status_handling import BlockProviderExecutor
 from parsl.providers import LocalProvider
 
+from resilient_flows.rundir import process_start_time
 from resilient_flows.sites._parsl import (
     add_block,
     block_launch_command,
@@ -63,7 +64,6 @@ from resilient_flows.sites._parsl import (
     take_block,
     tell_go,
 )
-from resilient_flows.training import process_start_time
 
 logger = logging.getLogger(__name__)
 

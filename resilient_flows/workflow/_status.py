@@ -22,8 +22,15 @@ from pathlib import Path
 from typing import Any
 
 from resilient_flows.errors import DamagedFileError, FileTooLargeError
-from resilient_flows.rundir import NO_CHECKPOINT, DamageLog, EventTail, MetricsReader, TaskLayout, member_layout
-from resilient_flows.training import member_dir
+from resilient_flows.rundir import (
+    NO_CHECKPOINT,
+    DamageLog,
+    EventTail,
+    MetricsReader,
+    TaskLayout,
+    member_dir,
+    member_layout,
+)
 
 #: The state a member is in after each kind of event.
 _STATE_AFTER = {

@@ -27,7 +27,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from resilient_flows.training import ENV_NAMES, TOKEN_ENV, stat_fields
+from resilient_flows.rundir import TOKEN_ENV, stat_fields
+from resilient_flows.training import ENV_NAMES
 
 __all__ = ["TOKEN_ENV", "carry_token", "is_straggler", "kill_commands", "kill_stragglers", "new_token"]
 

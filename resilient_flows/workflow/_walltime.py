@@ -33,9 +33,9 @@ from typing import Any
 from parsl.jobs.states import JobState
 from parsl.providers import SlurmProvider
 
-from resilient_flows.rundir import EventLog, run_layout
+from resilient_flows.rundir import EventLog, request_preemption, run_layout
 from resilient_flows.sites._parsl import hold_block
-from resilient_flows.training import BlockTimes, Pace, drain_margin_s, request_preemption
+from resilient_flows.training import BlockTimes, Pace, drain_margin_s
 from resilient_flows.workflow._blocks import retire_block
 
 logger = logging.getLogger(__name__)

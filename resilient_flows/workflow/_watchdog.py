@@ -9,7 +9,7 @@ any of these states waits forever. The watchdog looks every :data:`WATCH_S` seco
 - each running attempt's heartbeat record: an attempt that saw its worker pool gone (the pool
   process, or its multiprocessing manager: :mod:`resilient_flows.training._pool`) says so in its
   next beat, and its block is lost at once (the fast path: within a look of the beat);
-- each running attempt's heartbeat (:mod:`resilient_flows.training._heartbeat`): an attempt whose
+- each running attempt's heartbeat (:mod:`resilient_flows.rundir._heartbeat`): an attempt whose
   file has not changed for longer than its stall timeout is lost;
 - each block's managers, as the interchange reports them: a block that holds tasks of which none
   beats for longer than the site's stall timeout is lost (:data:`START_FACTOR` times that since it
@@ -36,9 +36,8 @@ from typing import Any
 
 from parsl.executors import HighThroughputExecutor
 
-from resilient_flows.rundir import run_layout
+from resilient_flows.rundir import read_attempt_heartbeat, run_layout
 from resilient_flows.sites._parsl import ANSWER_S, interchange_exit, interchange_managers
-from resilient_flows.training import read_heartbeat
 
 logger = logging.getLogger(__name__)
 
@@ -179,7 +178,7 @@ class Watchdog:
                 continue
             beat = self._beats.get(name)
             if beat is None or beat.mtime_ns != mtime:
-                record = read_heartbeat(path)
+                record = read_attempt_heartbeat(path)
                 previous = {} if beat is None else beat.record
                 self._beats[name] = _Beat(mtime, now, record if record is not None else previous)
 

@@ -9,8 +9,8 @@ from typing import Any, TypeGuard
 import torch
 
 from resilient_flows.integrations.lightning._package import ModelCheckpoint
-from resilient_flows.rundir import MetricsLog, TaskLayout
-from resilient_flows.training import MemberSpec, RunContract, member_dir
+from resilient_flows.rundir import MetricsLog, TaskLayout, member_dir
+from resilient_flows.training import MemberSpec, RunContract
 from resilient_flows.training.boundary import Request, StepRuntime, member_events
 
 

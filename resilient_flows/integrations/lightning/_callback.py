@@ -11,8 +11,8 @@ from resilient_flows.integrations.lightning._boundary import lightning_runtime, 
 from resilient_flows.integrations.lightning._checkpoint_io import ResilientCheckpointIO
 from resilient_flows.integrations.lightning._data import place_loaders
 from resilient_flows.integrations.lightning._package import Callback, run_contract
-from resilient_flows.rundir import TaskLayout
-from resilient_flows.training import MemberSpec, member_dir, read_spec, state_digest
+from resilient_flows.rundir import TaskLayout, member_dir
+from resilient_flows.training import MemberSpec, read_spec, state_digest
 from resilient_flows.training.boundary import StepRuntime, Stop
 
 #: Strategies whose ``load_checkpoint`` bypasses the CheckpointIO plugin (Lightning 2.6), and what to use.

@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from resilient_flows.rundir import TaskLayout
-from resilient_flows.training._control import read_stop_request
+from resilient_flows.rundir._control import read_stop_request
 from resilient_flows.training._spec import FaultSpec
 
 logger = logging.getLogger(__name__)
@@ -20,7 +20,7 @@ Request = tuple[str, str]
 def pending_request(stop_reason: str | None, look: bool, directory: Path | None) -> Request | None:
     """This rank's request at a boundary: a stop for ``stop_reason`` (a signal, the runner gone),
     else the runner's request in the member's ``directory`` when rank 0 ``look``s (its
-    :class:`~resilient_flows.training._control.RequestWatch` says the directory may hold one)."""
+    :class:`~resilient_flows.rundir._control.RequestWatch` says the directory may hold one)."""
     if stop_reason is not None:
         return ("preempt", stop_reason)
     return read_stop_request(directory) if look and directory is not None else None

@@ -23,14 +23,14 @@ from typing import Any
 
 from resilient_flows.errors import StorageFullError
 from resilient_flows.rundir import EventLog, MetricsLog
+from resilient_flows.rundir._block import current_block
+from resilient_flows.rundir._control import CloneOrder, RequestWatch, read_clone_orders
+from resilient_flows.rundir._heartbeat import Heartbeat
 from resilient_flows.training._contract import EXIT_PREEMPTED
-from resilient_flows.training._control import CloneOrder, RequestWatch, read_clone_orders
 from resilient_flows.training._fork import Handoff, mark_forking
-from resilient_flows.training._heartbeat import Heartbeat
 from resilient_flows.training._spec import FaultSpec
 from resilient_flows.training._walltime import (
     Pace,
-    current_block,
     read_block_times,
     read_pace,
     start_refusal,

@@ -27,14 +27,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from resilient_flows.checkpoint import heartbeat_path, read_heartbeat, scan
+from resilient_flows.checkpoint import checkpoint_heartbeat_path, read_checkpoint_heartbeat, scan
 from resilient_flows.clone import clone_seed
 from resilient_flows.rundir import DamageLog, MetricsReader, member_layout
 from resilient_flows.training import MemberSpec
 from resilient_flows.workflow._families import family_of, family_stats, group_by_family
 from resilient_flows.workflow._liveness import liveness
 from resilient_flows.workflow._member_table import last_error
-from resilient_flows.workflow._rundir import MemberIndex, read_plan
+from resilient_flows.workflow._recorded_plan import MemberIndex, read_plan
 from resilient_flows.workflow._status import MemberStatus, StatusTracker, free_stop
 from resilient_flows.workflow.dashboard._curves import LossSampler, family_band
 
@@ -171,9 +171,9 @@ class RunModel:
         :data:`HEARTBEAT_FOLLOW_S` after its last event while the tier lags behind its newest
         checkpoint (the copy to the shared tier finishes after the member's last event)."""
         facts.heartbeat_looked = True
-        path = heartbeat_path(member_layout(self.run_dir, name).checkpoints)
+        path = checkpoint_heartbeat_path(member_layout(self.run_dir, name).checkpoints)
         try:
-            beat = read_heartbeat(path)
+            beat = read_checkpoint_heartbeat(path)
         except OSError:  # none yet
             beat = None
         except ValueError as exc:  # its writer replaces it whole: damaged

@@ -1,6 +1,6 @@
 """What each rank writes: every distinct box of the state exactly once, balanced by bytes.
 
-The planner sees each array as the boxes its ranks hold (:mod:`resilient_flows.checkpoint._boxes`):
+The write plan sees each array as the boxes its ranks hold (:mod:`resilient_flows.checkpoint._boxes`):
 one box held by every rank for replicated state, one box per shard for a ``DTensor``. A box with a
 single holder is written by that holder. A box held by several ranks (replicated state, or a
 ``Replicate`` placement of a mesh dimension) is cut along its first dimension into pieces, and
@@ -64,7 +64,7 @@ class WriteItem:
 
 
 def array_specs(arrays: Mapping[str, Leaf], held: Callable[[str, Leaf], Sequence[HeldBox]]) -> tuple[ArraySpec, ...]:
-    """The planner's view of ``arrays``; ``held(name, leaf)`` says who holds which box of each
+    """The write plan's view of ``arrays``; ``held(name, leaf)`` says who holds which box of each
     (:func:`~resilient_flows.checkpoint._boxes.held_boxes`, which a caller may cache)."""
     return tuple(
         ArraySpec(name, dtype_of(name, leaf), tuple(leaf.shape), tuple(held(name, leaf)))

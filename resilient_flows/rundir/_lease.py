@@ -35,7 +35,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from resilient_flows.errors import DamagedFileError, FileTooLargeError
-from resilient_flows.rundir import DamageLog, run_layout
+from resilient_flows.rundir._damage import DamageLog
+from resilient_flows.rundir._layout import run_layout
 
 logger = logging.getLogger(__name__)
 

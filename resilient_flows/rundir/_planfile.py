@@ -1,7 +1,7 @@
 """The plan's file in the run directory: written once when the run is created, read by every later command.
 
 What a plan holds (the validated workflow, its site, the members' specs) is the workflow's
-business (:mod:`resilient_flows.workflow._rundir`); here is only the document on disk, which must
+business (:mod:`resilient_flows.workflow._recorded_plan`); here is only the document on disk, which must
 stay under :data:`~resilient_flows.capped.PLAN_CAP` so that a resume can read it back.
 """
 

@@ -28,26 +28,35 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from resilient_flows.capped import CONTROL_CAP
 from resilient_flows.errors import Superseded
-from resilient_flows.rundir import read_json, run_layout
-from resilient_flows.training._lease import orphaned, superseded
-from resilient_flows.training._pool import PoolWatch
-from resilient_flows.training._walltime import current_block
+from resilient_flows.rundir._block import current_block
+from resilient_flows.rundir._files import read_json
+from resilient_flows.rundir._layout import run_layout
+from resilient_flows.rundir._lease import orphaned, superseded
 
 logger = logging.getLogger(__name__)
 
 #: Seconds between beats. A stall timeout must be several of these.
 BEAT_S = 2.0
 
-#: Seconds between two looks at the attempt's worker pool (:mod:`resilient_flows.training._pool`):
-#: a lost pool is written into the next beat at once, for the runner to see within its next look.
+#: Seconds between two looks at the attempt's worker pool (:class:`PoolLook`): a lost pool is
+#: written into the next beat at once, for the runner to see within its next look.
 POOL_LOOK_S = 0.5
 
 #: Least size of every record: space-padded JSON, so that a rewrite never leaves a longer old tail.
 RECORD_BYTES = 512
+
+
+class PoolLook(Protocol):
+    """What a heartbeat asks of the worker pool that runs its attempt (the member's side finds the
+    pool: :class:`~resilient_flows.training._pool.PoolWatch`)."""
+
+    def lost(self) -> str | None:
+        """Why the pool can no longer run this attempt; None while it can."""
+        ...
 
 
 def analytics_task(request: str) -> str:
@@ -55,11 +64,11 @@ def analytics_task(request: str) -> str:
     return f"analytics@{request}"
 
 
-def heartbeat_path(run_dir: str | os.PathLike, task: str) -> Path:
+def attempt_heartbeat_path(run_dir: str | os.PathLike, task: str) -> Path:
     return run_layout(run_dir).heartbeat(task)
 
 
-def read_heartbeat(path: Path) -> dict[str, Any] | None:
+def read_attempt_heartbeat(path: Path) -> dict[str, Any] | None:
     """The record in a heartbeat file, or None when it is absent, being rewritten or oversized."""
     try:
         record = read_json(path, CONTROL_CAP, "heartbeat")
@@ -81,16 +90,16 @@ class Heartbeat:
     process leaves its file to go stale, which is the point, and so does an attempt whose pool
     was lost (see below).
 
-    Each beat also looks at the runner's lease (:mod:`~resilient_flows.training._lease`): once the
+    Each beat also looks at the runner's lease (:mod:`~resilient_flows.rundir._lease`): once the
     runner has been gone longer than its orphan timeout, ``on_orphaned(reason)`` is called, once,
     from the beating thread; the attempt then commits a checkpoint and stops.
 
     A task whose runner was superseded (a ``resume`` took the run over) never beats on: once its
     file exists, :meth:`start` looks at the lease once more and raises :class:`Superseded`,
-    removing the file (see :func:`~resilient_flows.training._lease.superseded`).
+    removing the file (see :func:`~resilient_flows.rundir._lease.superseded`).
 
-    Every :data:`POOL_LOOK_S` seconds the thread also looks at the Parsl worker pool that runs the
-    attempt (:class:`~resilient_flows.training._pool.PoolWatch`). Once it is gone, the attempt beats
+    Given ``pool``, every :data:`POOL_LOOK_S` seconds the thread also looks at the Parsl worker pool
+    that runs the attempt (:class:`PoolLook`; None: nothing is watched). Once it is gone, the attempt beats
     at once with ``pool_lost`` (why) in its record, which the runner's watchdog takes for its
     block's loss at its next look, and ``on_pool_lost(reason)`` is called, once: the attempt
     records the machine's fault and stops as for an orphaned runner.
@@ -105,9 +114,9 @@ class Heartbeat:
         on_orphaned: Callable[[str], None] | None = None,
         waiting_s: float | None = None,
         on_pool_lost: Callable[[str], None] | None = None,
-        pool: PoolWatch | None = None,
+        pool: PoolLook | None = None,
     ) -> None:
-        self.path = heartbeat_path(run_dir, task)
+        self.path = attempt_heartbeat_path(run_dir, task)
         self.run_dir = Path(run_dir)
         self.beat_s = beat_s
         self.on_orphaned = on_orphaned
@@ -149,8 +158,6 @@ class Heartbeat:
         self.stop()
 
     def start(self) -> Heartbeat:
-        if self.pool is None:
-            self.pool = PoolWatch.find()
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         self._beat()

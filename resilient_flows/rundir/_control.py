@@ -1,8 +1,4 @@
-"""A member's directory in a run: its spec, and the control channel to it while it runs.
-
-A member's spec file (:attr:`TaskLayout.spec`) registers it (planned ones when the run starts,
-clones when they are requested); the runner submits every registered member it has not submitted
-yet.
+"""The control channel to a running member: requests it reads at step boundaries.
 
 Parsl cannot signal a running task, and a batch job's processes may sit on any node; a file in
 the member's directory on the shared file system reaches it wherever it runs. Two requests,
@@ -21,113 +17,14 @@ second, for file systems whose directory times lag behind (NFS attribute caching
 
 from __future__ import annotations
 
-import contextlib
 import os
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from resilient_flows.errors import DamagedFileError, FileTooLargeError
-from resilient_flows.rundir import DamageLog, TaskLayout, member_layout, run_layout
-from resilient_flows.training._spec import MemberSpec
-from resilient_flows.training._walltime import current_block
-
-
-def member_dir(run_dir: str | os.PathLike, name: str) -> Path:
-    return member_layout(run_dir, name).root
-
-
-def register_member(run_dir: str | os.PathLike, spec: MemberSpec) -> Path:
-    layout = member_layout(run_dir, spec.name)
-    layout.write_spec(spec.to_dict())
-    return layout.root
-
-
-def read_spec(run_dir: str | os.PathLike, name: str) -> MemberSpec | None:
-    """The registered spec of member ``name``, or None if there is no such member."""
-    try:
-        return _load_spec(member_layout(run_dir, name))
-    except FileNotFoundError:
-        return None
-
-
-def registered_members(
-    run_dir: str | os.PathLike, known: dict[Path, MemberSpec] | None = None, damage: DamageLog | None = None
-) -> list[MemberSpec]:
-    """Every member of a run, planned ones and clones, in the order they were registered.
-
-    A spec is written once, when its member is registered: pass the same ``known`` dict to
-    every call of a polling loop and each spec file is parsed once. A damaged spec is
-    :class:`~resilient_flows.errors.DamagedFileError`, or with ``damage`` (a view) recorded there
-    and its member left out.
-    """
-    root = run_layout(run_dir).members
-    paths = _spec_paths(root, TaskLayout(root).spec.name)
-    known = {} if known is None else known
-    for path in paths:
-        if path in known:
-            continue
-        try:
-            known[path] = _load_spec(TaskLayout(path.parent))
-        except (DamagedFileError, FileTooLargeError) as exc:
-            if damage is None:
-                raise
-            damage.file(path, exc.problem if isinstance(exc, DamagedFileError) else str(exc))
-    return [known[path] for path in paths if path in known]
-
-
-def _spec_paths(root: Path, spec_name: str) -> list[Path]:
-    """The spec file of every member directory in ``root``, in the order they were written. A
-    symbolic link is no member directory (walks of a run directory follow none), but a spec file
-    that is one is listed, for its reader to refuse and say so."""
-    try:
-        entries = list(os.scandir(root))
-    except (FileNotFoundError, NotADirectoryError):
-        return []
-    found = []
-    for entry in entries:
-        if entry.is_dir(follow_symlinks=False):
-            path = Path(entry.path, spec_name)
-            with contextlib.suppress(FileNotFoundError):
-                found.append((path.lstat().st_mtime_ns, entry.name, path))
-    return [path for _, _, path in sorted(found)]
-
-
-def _load_spec(layout: TaskLayout) -> MemberSpec:
-    """The spec in ``layout``; one that is JSON but no spec (a field missing or unknown) is damaged too."""
-    document = layout.read_spec()
-    try:
-        return MemberSpec.from_dict(document)
-    except (KeyError, TypeError, ValueError) as exc:
-        raise DamagedFileError(layout.spec, "member spec", f"not a member spec ({exc})") from None
-
-
-def count_attempt(directory: Path) -> int:
-    """Count one more attempt of the task whose directory this is; which attempt it is (1 for the first)."""
-    return TaskLayout(directory).count_attempt()
-
-
-def has_result(run_dir: str | os.PathLike, name: str) -> bool:
-    """Whether member ``name`` finished: its result is written last, durably, once its
-    final checkpoint is committed, so whatever its process does afterwards cannot undo that."""
-    return member_layout(run_dir, name).has_result()
-
-
-def latest_committed_step(run_dir: str | os.PathLike, spec: MemberSpec) -> int:
-    """The newest step committed in any of the member's tiers; -1 when none is."""
-    tiers = [member_layout(run_dir, spec.name).checkpoints]
-    tiers += [Path(d) for d in (spec.checkpoint.local_dir, spec.checkpoint.memory_dir) if d is not None]
-    return newest_committed(tiers)
-
-
-def newest_committed(directories: list[Path]) -> int:
-    """The newest step committed in any of these checkpoint directories; -1 when none is."""
-    from resilient_flows.checkpoint import Tier  # imports torch: not for the command line's status
-
-    return max(
-        (s for path in directories if path.is_dir() for s in Tier(path, "any").committed_steps()[:1]), default=-1
-    )
+from resilient_flows.rundir._block import current_block
+from resilient_flows.rundir._layout import TaskLayout, member_layout
 
 
 def request_preemption(

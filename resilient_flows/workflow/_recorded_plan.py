@@ -1,7 +1,9 @@
-"""A run's plan in its run directory: created with the run, read back by every later command.
+"""The run's recorded plan: written into its run directory when the run is created, read back by
+every later command, with the members (clones) registered since.
 
-The plan holds the validated workflow, the site and every member's spec, as JSON (no pickle);
-where it and the rest of the run lie is :mod:`resilient_flows.rundir`'s.
+The plan (:class:`~resilient_flows.workflow._plan.Plan`: the validated workflow, the site and
+every member's spec) is recorded as JSON (no pickle); its file, and where it and the rest of the
+run lie, are :mod:`resilient_flows.rundir`'s (:mod:`~resilient_flows.rundir._planfile`).
 """
 
 from __future__ import annotations
@@ -9,7 +11,6 @@ from __future__ import annotations
 import os
 import tempfile
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from resilient_flows.errors import WorkflowError
@@ -21,24 +22,9 @@ from resilient_flows.rundir import (
     run_layout,
     write_plan,
 )
-from resilient_flows.sites import SiteFile
 from resilient_flows.training import MemberSpec, register_member, registered_members
+from resilient_flows.workflow._plan import Plan
 from resilient_flows.workflow.schema import Workflow
-
-
-@dataclass(frozen=True)
-class Plan:
-    """A validated workflow bound to a site: what ``run`` starts and ``resume`` continues.
-
-    ``site_file``: the site as planning read it, so that the run builds its Parsl configuration
-    from the same reading; None in a plan read back from the run directory (a resume reads the
-    site anew, once).
-    """
-
-    workflow: Workflow
-    site: str
-    members: tuple[MemberSpec, ...]
-    site_file: SiteFile | None = field(default=None, compare=False, repr=False)
 
 
 def default_run_dir(workflow: Workflow) -> Path:
