@@ -17,8 +17,9 @@ page that starts empty:
 
 A run directory named by example in a command, ``runs/NAME-YYYYMMDD-HHMMSS``, stands for the run
 the page's earlier blocks made: it is replaced by the one directory of that shape that ``runs/``
-holds (none, or several, fails the block). ``--after`` is a bash command run in the page's directory after each
-block (``.ci/wheel-check`` shortens the quick start's workflow with it once ``init`` wrote it).
+holds (none, or several, fails the block). ``--after`` is a bash command run in the page's
+directory after each command, file and Python block (``.ci/wheel-check`` shortens the quick
+start's workflow with it once ``init`` wrote it, before ``run`` reads it).
 
 A block that fails stops the run with exit status 1, naming the page, the block's line, the
 command, and its output.
@@ -114,8 +115,9 @@ def with_runs(command: str, directory: Path, block: Block) -> str:
     return EXAMPLE_RUN.sub(actual, command)
 
 
-def run_block(block: Block, directory: Path, python: str, env: dict[str, str]) -> None:
-    """Run (or write) the block in ``directory``, saying what it ran and how long it took."""
+def run_block(block: Block, directory: Path, python: str, env: dict[str, str], after: str | None = None) -> None:
+    """Run (or write) the block in ``directory``, saying what it ran and how long it took; ``after``
+    runs after each of its commands (or after the file is written)."""
     first = block.text.split("\n", 1)[0]
     named = FILE_LINE.fullmatch(first)
     if block.language not in SHELLS and named is not None:
@@ -123,6 +125,7 @@ def run_block(block: Block, directory: Path, python: str, env: dict[str, str]) -
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(block.text)
         print(f"   {block.where}: wrote {named[1]}", flush=True)
+        _after(block, after, directory, env)
     elif block.language in SHELLS:
         found = commands(block)
         if not found:
@@ -130,10 +133,17 @@ def run_block(block: Block, directory: Path, python: str, env: dict[str, str]) -
         for command in found:
             command = with_runs(command, directory, block)
             _run(block, f"$ {command}", ["bash", "-eo", "pipefail", "-c", command], directory, env)
+            _after(block, after, directory, env)
     elif block.language == "python":
         _run(block, "python -", [python, "-"], directory, env, stdin=block.text)
+        _after(block, after, directory, env)
     else:
         raise BlockFailed(f"{block.where}: a {block.language or 'plain'} block is neither run nor a file (# PATH)")
+
+
+def _after(block: Block, after: str | None, directory: Path, env: dict[str, str]) -> None:
+    if after:
+        _run(block, f"(after it) {after}", ["bash", "-eo", "pipefail", "-c", after], directory, env, say=False)
 
 
 def _run(
@@ -168,10 +178,7 @@ def run_page(path: Path, name: str, directory: Path, python: str, after: str | N
         raise BlockFailed(f"{name}: no block marked {MARKER}")
     directory.mkdir(parents=True)
     for block in blocks:
-        run_block(block, directory, python, env)
-        if after:
-            argv = ["bash", "-eo", "pipefail", "-c", after]
-            _run(block, f"(after the block) {after}", argv, directory, env, say=False)
+        run_block(block, directory, python, env, after)
     return len(blocks)
 
 
@@ -181,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--docs", type=Path, required=True, help="the docs directory: pages are named relative to it")
     parser.add_argument("--work", type=Path, required=True, help="where each page's directory is made")
     parser.add_argument("--python", default=sys.executable, help="the interpreter of python blocks")
-    parser.add_argument("--after", help="a bash command run in the page's directory after each block")
+    parser.add_argument("--after", help="a bash command run in the page's directory after each command")
     args = parser.parse_args(argv)
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", "1")

@@ -132,3 +132,15 @@ def test_the_pages_wheel_check_runs() -> None:
     own = marked["guides/own-script.md"]
     assert [b.text.split("\n")[0] for b in own[:2]] == ["# workflow.yaml", "# train.py"]
     assert [b.language for b in marked["guides/inspect-export.md"]] == ["python", "python"]
+
+
+def test_after_runs_between_the_commands_of_a_block(tmp_path: Path, capsys) -> None:
+    """As wheel-check shortens the workflow that `init` wrote before the next line runs it."""
+    page = "<!-- from-wheel -->\n```console\n$ echo 3000 > steps\n$ cp steps used\n```\n"
+    docs, work = tmp_path / "docs", tmp_path / "work"
+    docs.mkdir()
+    (docs / "p.md").write_text(page)
+    after = "[ ! -f steps ] || sed -i s/3000/300/ steps"
+    argv = [str(docs / "p.md"), "--docs", str(docs), "--work", str(work), "--after", after]
+    assert docblocks.main(argv) == 0, capsys.readouterr().err
+    assert (work / "p" / "used").read_text() == "300\n"
