@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 from resilient_flows.training import TrainContext
@@ -19,3 +20,10 @@ def train(ctx: TrainContext) -> dict[str, Any]:
     if ctx.name.startswith("bad"):
         raise ValueError(f"{ctx.name} cannot train (attempt {ctx.attempt})")
     return {"member": ctx.name}
+
+
+def loop(ctx: Any, output: Path, inputs: dict[str, Path]) -> str:
+    """A stage's loop function that prints to both streams and finishes."""
+    print("stdout of the stage loudly")
+    print("stderr of the stage loudly", file=sys.stderr)
+    return "done"

@@ -164,7 +164,16 @@ def test_status_json_has_the_stages_rows(tmp_path: Path, capsys: pytest.CaptureF
     assert main(["status", "--json", str(run_dir)]) == 1  # wl has not run
     document = json.loads(capsys.readouterr().out)
     assert document["stages"] == [
-        {"name": "sim", "state": "finished", "attempts": 1, "failures": 0, "checkpoint": None, "seconds": 3.5}
+        {
+            "name": "sim",
+            "state": "finished",
+            "attempts": 1,
+            "failures": 0,
+            "checkpoint": None,
+            "seconds": 3.5,
+            "logs": [],  # this run's stage printed nothing: no attempt of it really ran
+            "log": None,
+        }
     ]
     assert document["damage"][0]["lines"] == [{"line": 2, "problem": "a stage_started event without attempt"}]
     assert document["members"][0]["state"] == "planned" and document["members"][0]["steps_done"] == 0

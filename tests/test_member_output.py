@@ -293,14 +293,15 @@ ONE_WORKER = (
 def test_each_members_output_is_in_its_own_attempt_files(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
 ) -> None:
-    """One worker runs them all, one after another: a failing Python member (two attempts), a
-    command member, and a Python member that finishes; none's output is in another's file."""
+    """One worker runs them all, one after another: a stage, a failing Python member (two
+    attempts), a command member, and a Python member that finishes; none's output is in another's
+    file, and ``status --json`` names each one's (the stage's as a member's)."""
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]))
     site = tmp_path / "one-worker.yaml"
     site.write_text(ONE_WORKER.replace("standby_pool: true", "standby_pool: false"))
     workflow = tmp_path / "wf.yaml"
     workflow.write_text(
-        "name: loud\nretries: 1\nmembers:\n"
+        "name: loud\nretries: 1\nstages:\n  - {name: loudly, loop: 'loud_workload:loop'}\nmembers:\n"
         "  - {name: bad, workload: 'loud_workload:train', steps: 1}\n"
         "  - {name: cmd, steps: 1, command: [sh, -c, 'echo out of cmd; echo err of cmd >&2; exit 3']}\n"
         "  - {name: good, workload: 'loud_workload:train', steps: 1}\n"
@@ -336,6 +337,22 @@ def test_each_members_output_is_in_its_own_attempt_files(
     assert "  ValueError: bad cannot train (attempt 2)" in status.splitlines()
     summary = (run_dir / "report/summary.txt").read_text()
     assert "  ValueError: bad cannot train (attempt 2)" in summary.splitlines()
+
+    assert main(["status", str(run_dir), "--json"]) == 1
+    document = json.loads(capsys.readouterr().out)
+    (stage,) = document["stages"]
+    assert (stage["name"], stage["state"], stage["attempts"]) == ("loudly", "finished", 1)
+    assert stage["logs"] == [{"attempt": 1, "rank": 0, "file": "stages/loudly/logs/attempt-1.log"}]
+    assert stage["log"] == "stages/loudly/logs/attempt-1.log"
+    assert body(run_dir / stage["log"]) == ["stdout of the stage loudly", "stderr of the stage loudly"]
+    members = {m["name"]: m for m in document["members"]}
+    assert [members[m]["log"] for m in ("bad", "cmd", "good")] == [
+        "members/bad/logs/attempt-2.log",
+        "members/cmd/logs/attempt-2.log",
+        "members/good/logs/attempt-1.log",
+    ]
+    assert main(["logs", str(run_dir), "loudly"]) == 0
+    assert capsys.readouterr().out == (run_dir / stage["log"]).read_text()
 
 
 @pytest.mark.mpi

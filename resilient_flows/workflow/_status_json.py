@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from resilient_flows.rundir import DamageLog, attempt_logs, member_layout
+from resilient_flows.rundir import DamageLog, TaskLayout, attempt_logs, member_layout, stage_layout
 from resilient_flows.workflow._status import MemberStatus
 
 #: The version of the ``status --json`` document.
@@ -40,13 +40,13 @@ def member_document(status: MemberStatus) -> dict[str, Any]:
     }
 
 
-def log_documents(run_dir: str | os.PathLike, name: str) -> dict[str, Any]:
-    """Where the member's output is, so that a script reads it without knowing the layout:
+def log_documents(run_dir: str | os.PathLike, layout: TaskLayout) -> dict[str, Any]:
+    """Where a member's or stage's output is, so that a script reads it without knowing the layout:
     ``logs``, every attempt's files in order (``attempt``, ``rank``, ``file``: rank 0's carries
     the launcher's messages of a member on several ranks), and ``log``, the latest attempt's
-    lowest rank's file (what ``resilient-flows logs RUN MEMBER --follow`` shows; None before any
+    lowest rank's file (what ``resilient-flows logs RUN NAME --follow`` shows; None before any
     attempt started). Files are named relative to the run directory, as ``damage`` names them."""
-    found = attempt_logs(member_layout(run_dir, name))
+    found = attempt_logs(layout)
     files = [
         {"attempt": attempt, "rank": rank, "file": str(path.relative_to(run_dir))}
         for attempt, ranks in found.items()
@@ -68,8 +68,9 @@ def status_document(
 ) -> dict[str, Any]:
     """The run (its directory, workflow name and site), every member (never grouped by family:
     a script groups as it likes), the stages' rows (see
-    :func:`~resilient_flows.workflow._report.stage_rows`), what was passed over as damaged, and
-    whether everything finished (the exit status says the same), and who holds the run
+    :func:`~resilient_flows.workflow._report.stage_rows`, with their output as a member's), what
+    was passed over as damaged, whether everything finished (the exit status says the same), and
+    who holds the run
     (``runner``: :meth:`~resilient_flows.workflow._liveness.Liveness.document`)."""
     return {
         "version": STATUS_VERSION,
@@ -77,8 +78,10 @@ def status_document(
         "workflow": workflow,
         "site": site,
         "done": done,
-        "members": [{**member_document(s), **log_documents(run_dir, s.name)} for s in statuses.values()],
-        "stages": stages,
+        "members": [
+            {**member_document(s), **log_documents(run_dir, member_layout(run_dir, s.name))} for s in statuses.values()
+        ],
+        "stages": [{**row, **log_documents(run_dir, stage_layout(run_dir, row["name"]))} for row in stages],
         "damage": damage.documents(run_dir),
         "runner": runner,
     }
