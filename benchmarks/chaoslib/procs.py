@@ -10,11 +10,7 @@ import signal
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from chaoslib.runner import Runner
-
+from typing import Protocol
 
 TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
 
@@ -92,11 +88,19 @@ class RunProcs:
         return None
 
 
+class RunnerProcesses(Protocol):
+    """The runner's processes, as many as it started (a resume starts another): the parents of
+    the run's interchanges."""
+
+    @property
+    def pids(self) -> list[int]: ...
+
+
 class Watcher:
     """Finds the processes of one run through ``/proc``; remembers every one it saw, and the
     workers' CPU time (the members' CPU)."""
 
-    def __init__(self, run_dir: Path, runner: Runner) -> None:
+    def __init__(self, run_dir: Path, runner: RunnerProcesses) -> None:
         self.marker = f"{run_dir}/parsl/"
         self.runner = runner
         self.seen: dict[tuple[int, int], tuple[str, Proc]] = {}  # (pid, start) -> (role, process)
