@@ -280,9 +280,9 @@ def test_the_report_page_carries_the_run_and_cannot_be_broken_out_of(tmp_path: P
     sample = embedded["members"]["m-0"]  # from the sampled lines: each attempt's first and last
     assert [(a["attempt"], a["first_step"], a["last_step"]) for a in sample["attempts"]] == [(1, 0, 49)]
     assert [(m["kind"], m["step"]) for m in sample["markers"]] == [("failed", 49)]
-    for asset in ("plotly.min.js", "dashboard.js", "dashboard.css"):
+    for asset in ("plotly.min.js", "dashboard-look.js", "dashboard.js", "dashboard.css"):
         assert (page.parent / "assets" / asset).stat().st_size > 0
-    assert page_html().count("<script") == 2  # the live page: Plotly and ours, no data
+    assert page_html().count("<script") == 3  # the live page: Plotly and our two, no data
 
 
 def test_the_dashboard_command_writes_the_report_page(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:

@@ -22,7 +22,7 @@ from resilient_flows.durable import write_atomically
 from resilient_flows.strictjson import dumps_strict
 
 #: The page's own assets, in this package.
-_OWN = ("dashboard.js", "dashboard.css")
+_OWN = ("dashboard-look.js", "dashboard.js", "dashboard.css")
 #: Where the embedded data goes in a report.
 _DATA_MARK = "<!-- rf-data -->"
 #: This module's package, whose assets/ the page bundles.
