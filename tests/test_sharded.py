@@ -11,11 +11,13 @@ import math
 import socket
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 import torch
 from conftest import python_env
+from rank_launch import run_ranks
 from safetensors.torch import load_file
 from sharded_worker import WIDTHS, full_tensors, model
 
@@ -32,20 +34,20 @@ def free_port() -> int:
 
 
 def launch(ranks: int, mode: str, directory: Path, *args: str, worker: Path = WORKER) -> list[dict]:
-    """Run ``worker`` (``MODE DIR ARGS...``) on ``ranks`` processes as torchrun would; each rank's report."""
+    """Run ``worker`` (``MODE DIR ARGS...``) on ``ranks`` processes as torchrun would (forked from
+    a server that imported torch once: :mod:`rank_launch`); each rank's report."""
     port = free_port()
-    procs = []
-    for rank in range(ranks):
-        env = {**python_env(), "RANK": str(rank), "WORLD_SIZE": str(ranks), "LOCAL_RANK": str(rank)}
-        env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-        procs.append(
-            subprocess.Popen(
-                [sys.executable, str(worker), mode, str(directory), *args], env=env, stderr=subprocess.PIPE, text=True
-            )
-        )
-    errors = [p.communicate(timeout=240)[1] for p in procs]
-    assert [p.returncode for p in procs] == [0] * ranks, errors
-    for text in errors:  # the exit hook closed a Checkpointer after destroy_process_group, silently
+    environs = [
+        {**python_env(), "RANK": str(rank), "WORLD_SIZE": str(ranks), "LOCAL_RANK": str(rank)}
+        | {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+        for rank in range(ranks)
+    ]
+    with tempfile.TemporaryDirectory(prefix="ranks-") as logs_dir:
+        logs = [Path(logs_dir) / f"rank-{rank}.log" for rank in range(ranks)]
+        statuses = run_ranks(worker, [mode, str(directory), *args], environs, logs)
+        outputs = [log.read_text() for log in logs]
+    assert statuses == [0] * ranks, outputs
+    for text in outputs:  # the exit hook closed a Checkpointer after destroy_process_group, silently
         assert "Traceback" not in text and "Exception ignored" not in text, text
     return [json.loads((directory / f"{mode}-{ranks}-{r}.json").read_text()) for r in range(ranks)]
 
