@@ -281,7 +281,9 @@ def plain_checkpoints(task: dict[str, Any]) -> dict[str, float]:
     out = {"step_time": statistics.median(steps[1:])}
     state = TrainState(model, optimizer)  # what TrainContext.track holds
     for tier, local in (("shared", None), ("local", task["local_dir"])):
-        checkpointer = Checkpointer(Path(task["dir"]) / tier, local_dir=local, keep=1)
+        checkpointer = Checkpointer(
+            Path(task["dir"]) / tier if local is None else [local, Path(task["dir"]) / tier], keep=1
+        )
         rows = []
         for i in range(task["reps"] + 1):
             train_step(model, optimizer, x, y)
@@ -555,20 +557,22 @@ def measure_ours(
     transport: str, work: dict[str, Any], reps: int, root: Path, local_root: Path, cold: bool
 ) -> dict[str, Any]:
     """Clones of one source over one transport: per-clone rows by how the clone started, source steps."""
+    from resilient_flows.checkpoint import CheckpointConfig, TierSpec
     from resilient_flows.clone import request_clone
     from resilient_flows.rundir import member_dir
-    from resilient_flows.training import CheckpointSpec, MemberSpec, read_events
+    from resilient_flows.training import MemberSpec, read_events
     from resilient_flows.training._members import read_spec, register_member
 
     run_dir = root / f"ours-{transport}"
-    local_dir = str(local_root / "src") if transport == "local" else None
+    shared = TierSpec("checkpoints", name="shared")
+    tiers = (TierSpec(str(local_root / "src"), name="local"), shared) if transport == "local" else (shared,)
     spec = MemberSpec(
         name="src",
         workload=WORKLOAD,
         params=dict(work),
         seed=SEED,
         steps=10**9,  # it trains until this benchmark kills it
-        checkpoint=CheckpointSpec(interval_steps=None, keep=1, local_dir=local_dir),  # it saves only to fork
+        checkpoint=CheckpointConfig(tiers=tiers, interval_steps=None, keep=1),  # it saves only to fork
         threads=1,
     )
     register_member(run_dir, spec)
