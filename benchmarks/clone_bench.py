@@ -10,7 +10,7 @@ Ours (``request_clone``; sections ``shared`` and ``node-local``)
     workload is :func:`train` below. At a request, it serves the order at its next step boundary
     with one asynchronous checkpoint and keeps training; the checkpoint is hard-linked into the
     clone's tier as it commits, and the clone restores it. Transports: the shared tier (the spec
-    has no ``checkpoint.local_dir``) and the node-local tier (``local_dir`` under ``/dev/shm``,
+    has no node-local tier) and the node-local tier (a ``local`` tier under ``/dev/shm``,
     ``--local-dir``: on this VM ``/tmp`` is the same disk as the shared directory). Each transport
     has its own source process, and its clones run two ways, alternately:
 
@@ -614,8 +614,9 @@ def measure_ours(
                 }
             )
             shutil.rmtree(member_dir(run_dir, name))
-            if clone.checkpoint.local_dir is not None:
-                shutil.rmtree(clone.checkpoint.local_dir, ignore_errors=True)
+            local = clone.checkpoint.tier("local")
+            if local is not None:
+                shutil.rmtree(local.path, ignore_errors=True)
         tail.poll()
     finally:
         for worker in workers:

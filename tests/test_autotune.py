@@ -36,7 +36,7 @@ def test_auto_tunes_after_the_warm_up_and_trains_like_a_fixed_interval(tmp_path:
     assert (params.l1_mtbf, params.l2_mtbf) == (600.0, 7200.0)
     assert 0 < params.l1_cost < params.l2_latency + 1e-9 and params.solve_time > 0
     replayed = Recommender.default().recommend(params)
-    assert (tuned["interval_s"], tuned["persist_every"]) == (replayed.interval, replayed.l2_every)
+    assert (tuned["interval_s"], tuned["shared_every"]) == (replayed.interval, replayed.l2_every)
     after = [s for s in saves if s > tuned["step"]]
     assert all(s % 10 != 9 for s in after[:-1]) or tuned["interval_s"] < 0.05  # the step interval is gone
     assert after[-1] == 299  # the final checkpoint

@@ -127,6 +127,7 @@ class Checkpointer:
     ) -> None:
         check_positive_int("keep", keep)
         specs = check_tiers(tiers)
+        self._specs = specs
         self.tiers = [Tier(spec.path, cast(str, spec.name)) for spec in specs]  # check_tiers names each
         self._every = [spec.persist_every for spec in specs]
         self._sent = [0] * len(specs)  # per tier: checkpoints sent to the tier before it
@@ -186,6 +187,11 @@ class Checkpointer:
         """The checkpointer of ``config``'s tiers and retention (placed where it runs: see
         :meth:`CheckpointConfig.placed`); ``options`` are the other keyword arguments."""
         return cls(config.tiers, keep=config.keep, **options)
+
+    @property
+    def tier_specs(self) -> tuple[TierSpec, ...]:
+        """The tiers as given, named, each with the cadence it has now (``interval: auto`` tunes the last)."""
+        return tuple(replace(spec, persist_every=every) for spec, every in zip(self._specs, self._every, strict=True))
 
     @property
     def shared_every(self) -> int:

@@ -195,14 +195,14 @@ class PathStore:
         keep: int = 2,
     ) -> None:
         check_positive_int("keep", keep)
-        specs = check_tiers(tiers)
-        if len(specs) > 2 or any(spec.peer for spec in specs):
+        *local, shared = check_tiers(tiers)  # never empty
+        if len(local) > 1 or any(spec.peer for spec in local):
             raise CheckpointConfigError(
-                f"tiers: a path store takes a shared tier and at most one node-local tier before it, got {len(specs)}"
+                f"tiers: a path store takes a shared tier and at most one node-local tier before it, got {len(local) + 1}"
             )
-        self.directory = Path(specs[-1].path).absolute()
-        self.local_dir = Path(specs[0].path).absolute() if len(specs) == 2 else None
-        self.shared_every = specs[-1].persist_every
+        self.directory = Path(shared.path).absolute()
+        self.local_dir = Path(local[0].path).absolute() if local else None
+        self.shared_every = shared.persist_every
         self.keep = keep
         self._lanes: dict[int, _Lane] = {}
         self._refs: dict[Path, Ref] | None = None  # every reference to this store, once scanned

@@ -94,8 +94,8 @@ def resilient_trainer(
     tiers:
         The shared tier's directory, or a list of tiers fastest first as a
         :class:`~resilient_flows.checkpoint.Checkpointer` takes them (``["/local/x",
-        TierSpec("/lus/x", persist_every=2)]``: committed node-locally, every second checkpoint
-        flushed on). Default: ``<output_dir>/checkpoints``.
+        TierSpec("/lus/x", ...)]``: committed node-locally, flushed on at the shared
+        :class:`~resilient_flows.checkpoint.TierSpec`'s cadence). Default: ``<output_dir>/checkpoints``.
     save_steps:
         Checkpoint every ``save_steps`` optimizer steps. Default: Trainer's own ``save_strategy``
         decides when (steps, epoch or best), and our engine writes it.

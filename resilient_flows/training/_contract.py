@@ -11,7 +11,7 @@ do through these variables, a stable interface that scripts may read directly or
 ``RESILIENT_FLOWS_CHECKPOINT``         the member's whole checkpoint configuration as JSON (a
                                        :class:`~resilient_flows.checkpoint.CheckpointConfig`:
                                        its tiers on this node, fastest first, with their paths
-                                       and ``persist_every``, the interval, ``keep``)
+                                       and cadences, the interval, ``keep``)
 ``RESILIENT_FLOWS_ATTEMPT``            which attempt this is, 1 for the first
 ``RESILIENT_FLOWS_PARAMS``             the member's params as JSON, with ``seed`` and ``steps``
 =====================================  ===========================================================

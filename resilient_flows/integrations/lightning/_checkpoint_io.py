@@ -6,7 +6,6 @@ import logging
 import os
 import time
 from collections.abc import Sequence
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -30,10 +29,10 @@ class ResilientCheckpointIO(CheckpointIO):
     tiers:
         The shared tier's directory, or a node-local tier and the shared one as a
         :class:`~resilient_flows.checkpoint.Checkpointer` takes them (``[local,
-        TierSpec(shared, persist_every=2)]``: committed in the first, every second save flushed
-        on). Default inside a workflow: the member's node-local tier and its shared one, with the
-        cadence of its checkpoint configuration (``RESILIENT_FLOWS_CHECKPOINT``); else the
-        directory of the first path saved.
+        TierSpec(shared, ...)]``: committed in the first, flushed on at the shared
+        :class:`~resilient_flows.checkpoint.TierSpec`'s cadence). Default inside a workflow:
+        the member's node-local tier and its shared one, with the cadence of its checkpoint
+        configuration (``RESILIENT_FLOWS_CHECKPOINT``); else the directory of the first path saved.
     keep:
         Checkpoints are deleted when no path names them any more (``ModelCheckpoint`` removed its
         file, ``last.ckpt`` moved on), except the ``keep`` newest. Default: the member's
@@ -62,7 +61,7 @@ class ResilientCheckpointIO(CheckpointIO):
         config = None if contract is None else contract.checkpoint_config()
         if tiers is None and config is not None:
             local = config.tier("local")  # a path store keeps one node-local tier, committed first
-            tiers = [config.shared] if local is None else [replace(local, persist_every=1), config.shared]
+            tiers = [config.shared] if local is None else [TierSpec(local.path, name="local"), config.shared]
         self.tiers = None if tiers is None else check_tiers(tiers)
         self.directory = None if self.tiers is None else Path(self.tiers[-1].path)
         self.keep = keep if keep is not None else 2 if config is None else config.keep
