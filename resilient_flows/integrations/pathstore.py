@@ -195,10 +195,10 @@ class PathStore:
         keep: int = 2,
     ) -> None:
         check_positive_int("keep", keep)
-        *local, shared = check_tiers(tiers)  # never empty
-        if len(local) > 1 or any(spec.peer for spec in local):
+        *local, shared = check_tiers(tiers)  # never empty; a peer tier needs three
+        if len(local) > 1:
             raise CheckpointConfigError(
-                f"tiers: a path store takes a shared tier and at most one node-local tier before it, got {len(local) + 1}"
+                f"tiers: a path store takes a shared tier and at most one node-local tier, got {len(local) + 1} tiers"
             )
         self.directory = Path(shared.path).absolute()
         self.local_dir = Path(local[0].path).absolute() if local else None
