@@ -70,9 +70,7 @@ def main() -> None:
         strategy="ddp" if args.devices > 1 else "auto",
         plugins=[io],
         callbacks=[
-            ModelCheckpoint(
-                io.directory, every_n_train_steps=contract.checkpoint_config().interval_steps, save_last=True
-            ),
+            ModelCheckpoint(io.directory, every_n_train_steps=every, save_last=True),
             ResilientCallback(),
         ],
         logger=False,
