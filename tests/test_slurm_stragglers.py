@@ -10,6 +10,7 @@ xdist this takes the Slurm tests' turn (``tests/conftest.py``).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -92,7 +93,8 @@ def leftovers() -> Iterator[dict[int, int]]:
     yield found
     for pid, started in found.items():
         if alive(pid, started):
-            os.kill(pid, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):  # it may end between the look and the kill
+                os.kill(pid, signal.SIGKILL)
 
 
 def test_a_slurm_block_of_this_run_spares_the_same_job_of_another_cluster(
