@@ -15,7 +15,8 @@ from chaoslib.procs import Proc, read_proc
 
 
 def running_members(run_dir: Path) -> dict[str, tuple[int, int]]:
-    """member -> (attempt, pid) of the attempts that beat now (``heartbeats/``; analytics excluded)."""
+    """member -> (attempt, pid) of the attempts that beat now (``heartbeats/``; analytics and retries
+    waiting out their backoff excluded)."""
     found = {}
     with contextlib.suppress(FileNotFoundError):
         for path in (run_dir / "heartbeats").iterdir():
@@ -23,7 +24,9 @@ def running_members(run_dir: Path) -> dict[str, tuple[int, int]]:
                 continue
             with contextlib.suppress(OSError, ValueError):
                 record = json.loads(path.read_bytes())
-                found[path.name] = (int(record["attempt"]), int(record["pid"]))
+                attempt, pid = record.get("attempt"), record.get("pid")
+                if isinstance(attempt, int) and isinstance(pid, int):  # a retry in its backoff has no attempt yet
+                    found[path.name] = (attempt, pid)
     return found
 
 
