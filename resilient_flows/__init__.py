@@ -24,7 +24,6 @@ _SOURCES = {
         "train_app",
     ),
     "resilient_flows.checkpoint": (
-        "CheckpointConfig",
         "CheckpointError",
         "CheckpointInfo",
         "CheckpointStats",
@@ -103,9 +102,6 @@ if TYPE_CHECKING:  # the names' definitions, for type checkers and editors (a te
     )
     from resilient_flows.apps import (
         train_app as train_app,
-    )
-    from resilient_flows.checkpoint import (
-        CheckpointConfig as CheckpointConfig,
     )
     from resilient_flows.checkpoint import (
         Checkpointer as Checkpointer,

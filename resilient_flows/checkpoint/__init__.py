@@ -17,14 +17,11 @@ _SOURCES = {
         "CheckpointInfo",
         "scan",
     ),
-    "resilient_flows.checkpoint._config": (
-        "CheckpointConfig",
-        "TierSpec",
-    ),
     "resilient_flows.checkpoint._engine": (
         "CheckpointStats",
         "Checkpointer",
         "SkippedCheckpoint",
+        "TierSpec",
     ),
     "resilient_flows.checkpoint._export": (
         "ExportResult",
@@ -64,7 +61,6 @@ _SOURCES = {
         "unflatten",
     ),
     "resilient_flows.errors": (
-        "CheckpointConfigError",
         "CheckpointError",
         "CorruptCheckpointError",
         "StateMismatchError",
@@ -78,12 +74,6 @@ if TYPE_CHECKING:  # the names' definitions, for type checkers and editors (a te
     from resilient_flows.checkpoint._catalog import (
         scan as scan,
     )
-    from resilient_flows.checkpoint._config import (
-        CheckpointConfig as CheckpointConfig,
-    )
-    from resilient_flows.checkpoint._config import (
-        TierSpec as TierSpec,
-    )
     from resilient_flows.checkpoint._engine import (
         Checkpointer as Checkpointer,
     )
@@ -92,6 +82,9 @@ if TYPE_CHECKING:  # the names' definitions, for type checkers and editors (a te
     )
     from resilient_flows.checkpoint._engine import (
         SkippedCheckpoint as SkippedCheckpoint,
+    )
+    from resilient_flows.checkpoint._engine import (
+        TierSpec as TierSpec,
     )
     from resilient_flows.checkpoint._export import (
         ExportResult as ExportResult,
@@ -167,9 +160,6 @@ if TYPE_CHECKING:  # the names' definitions, for type checkers and editors (a te
     )
     from resilient_flows.checkpoint._tree import (
         unflatten as unflatten,
-    )
-    from resilient_flows.errors import (
-        CheckpointConfigError as CheckpointConfigError,
     )
     from resilient_flows.errors import (
         CheckpointError as CheckpointError,
