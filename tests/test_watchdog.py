@@ -73,12 +73,14 @@ def test_a_heartbeat_rewrites_its_record_in_place_and_removes_it_on_exit(tmp_pat
         for step in range(5):
             heartbeat.progress(step)
             time.sleep(0.06)
-        deadline = time.monotonic() + 30  # the beat that writes step 4 comes late on a loaded machine
-        while (
-            (record := read_attempt_heartbeat(path)) is not None and record["step"] != 4 and time.monotonic() < deadline
-        ):
-            time.sleep(0.05)
-        assert record is not None and record["step"] == 4 and record["step_s"] > 0
+        seen: list[dict] = []
+
+        def beat_of_step_4() -> bool:  # late on a loaded machine; a read mid-rewrite is None
+            seen.append(read_attempt_heartbeat(path) or {})
+            return seen[-1].get("step") == 4
+
+        wait_for(beat_of_step_4, 30, "the beat of step 4", poll_s=0.05)
+        assert seen[-1]["step"] == 4 and seen[-1]["step_s"] > 0
         assert os.stat(path).st_mtime_ns > 0 and path.stat().st_size >= 512  # padded, rewritten in place
     assert not path.exists()
 
