@@ -284,6 +284,9 @@ def test_a_resume_takes_over_the_standby_pool_a_killed_runner_left_waiting(tmp_p
     mine = [r for r in read_records(run_layout(run_dir)) if "block" in r and r["runner"] != waiting["runner"]]
     assert (mine[0]["pid"], mine[0]["started"]) == (waiting["pid"], waiting["started"])  # no cold first block
     assert mine[0]["token"] == waiting["token"] and Path(waiting["go"]).exists()  # it carries the old one
+    gone_by = time.monotonic() + 10  # killed as the resume ended: gone once the kernel and init have reaped it
+    while process_start_time(waiting["pid"]) is not None and time.monotonic() < gone_by:
+        time.sleep(0.1)
     assert process_start_time(waiting["pid"]) is None and pools_of(run_dir) == []
     events = list(read_events(run_dir))
     assert not [e for e in events if "took the run over" in json.dumps(e)]  # no task refused its token

@@ -67,7 +67,9 @@ _SOURCES = {
         "EventTail",
         "FULL_WAIT_S",
         "NO_CHECKPOINT",
+        "ROOM_LOOK_S",
         "read_events",
+        "wait_for_room",
     ),
     "resilient_flows.rundir._files": ("read_json",),
     "resilient_flows.rundir._heartbeat": (
@@ -160,6 +162,9 @@ if TYPE_CHECKING:  # the names' definitions, for type checkers and editors (a te
         NO_CHECKPOINT as NO_CHECKPOINT,
     )
     from resilient_flows.rundir._events import (
+        ROOM_LOOK_S as ROOM_LOOK_S,
+    )
+    from resilient_flows.rundir._events import (
         EventLog as EventLog,
     )
     from resilient_flows.rundir._events import (
@@ -167,6 +172,9 @@ if TYPE_CHECKING:  # the names' definitions, for type checkers and editors (a te
     )
     from resilient_flows.rundir._events import (
         read_events as read_events,
+    )
+    from resilient_flows.rundir._events import (
+        wait_for_room as wait_for_room,
     )
     from resilient_flows.rundir._files import (
         read_json as read_json,

@@ -18,7 +18,7 @@ import json
 import math
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +29,10 @@ from resilient_flows.rundir._layout import run_layout
 
 #: How long an event waits for space on a full file system before the error is raised.
 FULL_WAIT_S = 60.0
+#: Seconds between two looks for space on a full file system: space that returns is used within
+#: this (a look is one ``statvfs``), so that what waited for it (an event, a Parsl instance to
+#: start again) goes on at once, not half a second later.
+ROOM_LOOK_S = 0.1
 
 #: What a line's ``kind`` may be, in the order a member usually goes through them.
 EVENT_KINDS = (
@@ -83,15 +87,15 @@ class EventLog:
         deadline = time.monotonic() + FULL_WAIT_S
         fd = self._open()
         try:
-            while not _has_room(fd, len(line)) and time.monotonic() < deadline:
-                time.sleep(0.5)
+            while not _has_room(os.fstatvfs, fd, len(line)) and time.monotonic() < deadline:
+                time.sleep(ROOM_LOOK_S)
             while line:
                 try:
                     line = line[os.write(fd, line) :]  # a full file system may take part of it
                 except OSError as exc:
                     if not is_storage_full(exc) or time.monotonic() > deadline:
                         raise
-                    time.sleep(0.5)
+                    time.sleep(ROOM_LOOK_S)
         finally:
             os.close(fd)
 
@@ -104,11 +108,23 @@ class EventLog:
             return os.open(self.path, flags, 0o644)
 
 
-def _has_room(fd: int, size: int) -> bool:
-    """Whether the file system of ``fd`` has room for ``size`` more bytes and a block to spare
-    (the line may start a block, the directory may need one). Quotas do not show here."""
+def wait_for_room(path: str | os.PathLike, size: int, deadline: float) -> bool:
+    """Wait until the file system of ``path`` has room for ``size`` more bytes, or until the
+    ``time.monotonic()`` ``deadline``; whether it has. For writers that cannot look at a
+    descriptor first: those that failed on a full file system and try again once it has room."""
+    while not _has_room(os.statvfs, path, size):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(ROOM_LOOK_S)
+    return True
+
+
+def _has_room(look: Callable[[Any], os.statvfs_result], where: Any, size: int) -> bool:
+    """Whether the file system that ``look`` finds for ``where`` (a descriptor or a path) has room
+    for ``size`` more bytes and a block to spare (the line may start a block, the directory may
+    need one). Quotas do not show here."""
     try:
-        found = os.fstatvfs(fd)
+        found = look(where)
     except OSError:
         return True  # cannot tell: let the write find out
     return found.f_bavail * found.f_frsize >= size + found.f_frsize

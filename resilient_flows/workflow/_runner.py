@@ -46,6 +46,7 @@ from resilient_flows.clone import request_clone
 from resilient_flows.errors import ResilientFlowsError, WorkflowError, is_storage_full
 from resilient_flows.rundir import (
     FULL_WAIT_S,
+    ROOM_LOOK_S,
     TOKEN_ENV,
     EventLog,
     LeaseRenewer,
@@ -54,6 +55,7 @@ from resilient_flows.rundir import (
     has_result,
     member_dir,
     run_layout,
+    wait_for_room,
 )
 from resilient_flows.sites import SiteFacts, SiteFile, SiteOptions
 from resilient_flows.sites._parsl import (
@@ -110,12 +112,14 @@ POLL_SECONDS = 0.5
 #: interchange reaped, blocks cancelled) takes well under a second; what takes longer is a thread
 #: stuck in a request to the lost interchange, which never returns, while members wait to resume.
 ABANDON_S = 5.0
-#: The same where the interchange exited: nothing can answer, so any wait past its own work is lost.
-ABANDON_EXITED_S = 1.0
+#: The same where the interchange exited: nothing can answer, so any wait past its own work (under
+#: a millisecond before it joins the status poller) is lost; the blocks are then cancelled here.
+ABANDON_EXITED_S = 0.2
 
-#: Seconds between two tries to start Parsl on a full file system: as often as the event log looks
-#: for room, so that a Parsl instance lost while the disk is full starts again soon after space returns.
-STORAGE_WAIT_S = 0.5
+#: Bytes a try to start Parsl on a full file system waits for: its keys, scripts and first log
+#: lines. The next try comes once they fit, so that a Parsl instance lost while the disk is full
+#: starts again as soon as space returns, without a numbered run directory per blind try.
+PARSL_START_BYTES = 64 << 10
 
 #: Seconds the guard has to exit when the runner ends.
 GUARD_EXIT_S = 5.0
@@ -454,7 +458,8 @@ def _load_parsl(config: Config, fresh: Callable[[], Config], console: Console) -
             console.print(f"[yellow]cannot start Parsl ({exc}): waiting for space[/]")
             close_parsl_logs(parsl_file_logs(config.run_dir))
             parsl.clear()
-            time.sleep(STORAGE_WAIT_S)
+            wait_for_room(config.run_dir, PARSL_START_BYTES, deadline)
+            time.sleep(ROOM_LOOK_S)  # at least this between tries, should the look see room that is not there
             config = fresh()
 
 
