@@ -22,23 +22,26 @@ from pathlib import Path
 
 from ranks import free_port
 
+from resilient_flows.sites._preload import preload
+
 GRACE_S = 15.0  # how long the other ranks may take to stop once one rank failed (a preemption commits first)
 
 
 def warm() -> None:
     """Import what every rank imports, and take an optimizer step (it imports ``torch._dynamo``),
-    in this process, once; it must stay single-threaded, for it forks."""
+    in this process, once; it must start no thread that a fork would copy mid-lock. numpy's
+    OpenBLAS pool, which starts at import on a machine of several cores, is not counted: it stops
+    and restarts around a fork, as the warm pools' fork servers count it too."""
+    failed, started = preload(["torch", "resilient_flows.training._run", "resilient_flows.training.mpi_member"])
+    if failed:
+        raise RuntimeError(f"cannot import what the ranks import: {'; '.join(failed)}")
     import torch
-
-    import resilient_flows.training._run
-    import resilient_flows.training.mpi_member  # noqa: F401
 
     weight = torch.zeros(1, requires_grad=True)
     weight.grad = torch.zeros(1)
     torch.optim.SGD([weight], lr=0.1).step()
-    threads = len(os.listdir("/proc/self/task")) if os.path.isdir("/proc/self/task") else 1
-    if threads != 1:
-        raise RuntimeError(f"the launcher runs {threads} threads: forking it would copy their locks")
+    if started:
+        raise RuntimeError(f"the launcher's imports started {started} thread(s): forking it would copy their locks")
 
 
 def run_forked(spec: Path, run_dir: Path, ranks: int, log: Path, timeout: float = 600.0) -> int:

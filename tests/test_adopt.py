@@ -15,12 +15,14 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from slurm import wait_for
 
 from resilient_flows.apps import _wait
 from resilient_flows.errors import Superseded
 from resilient_flows.rundir import TOKEN_ENV, append_record, run_layout, superseded
 from resilient_flows.rundir._heartbeat import Heartbeat, attempt_heartbeat_path
 from resilient_flows.rundir._lease import end_lease, read_lease
+from resilient_flows.sites._hung import HUNG_S, process_state
 from resilient_flows.training import MemberSpec, read_events
 from resilient_flows.training._command import run_command
 from resilient_flows.workflow import read_plan
@@ -205,6 +207,32 @@ def test_a_silent_adopted_attempt_is_given_up_with_every_other(tmp_path: Path) -
     assert resubmit == [] and lost == "adopted attempt of m-0 has not beaten for 11 s (stall timeout 10 s)"
     assert sorted(m.name for m in adopted.abandon()) == ["m-0", "m-1"]
     assert not attempt_heartbeat_path(tmp_path, "m-0").exists() and not attempt_heartbeat_path(tmp_path, "m-1").exists()
+
+
+def test_an_adopted_attempt_stopped_on_this_host_is_given_up_once_it_stayed_stopped(tmp_path: Path) -> None:
+    """A worker SIGSTOPped as its runner was killed beats no more: the resume gives it up once it
+    has seen it stopped for HUNG_S, not after the stall timeout; one continued in time is kept."""
+    clock = Clock()
+    stopped = subprocess.Popen(["sleep", "60"])
+    try:
+        beat(tmp_path, "m-0", pid=stopped.pid)
+        record = json.loads(attempt_heartbeat_path(tmp_path, "m-0").read_text())  # as adoptable() found it
+        adopted = Adoption(tmp_path, {"m-0": record}, {m.name: m for m in specs("m-0")}, lambda m, r: 10.0, clock)
+        stopped.send_signal(signal.SIGSTOP)
+        wait_for(lambda: process_state(stopped.pid) == "T", 10, "the process stopped")
+        assert adopted.update() == ([], None)
+        clock.now += HUNG_S / 2
+        stopped.send_signal(signal.SIGCONT)
+        wait_for(lambda: process_state(stopped.pid) != "T", 10, "the process continued")
+        assert adopted.update() == ([], None)  # continued: the count starts again
+        stopped.send_signal(signal.SIGSTOP)
+        wait_for(lambda: process_state(stopped.pid) == "T", 10, "the process stopped")
+        assert adopted.update() == ([], None)
+        clock.now += HUNG_S
+        assert adopted.update() == ([], f"adopted attempt of m-0 has been stopped for {HUNG_S:.0f} s (hung)")
+    finally:
+        stopped.kill()
+        stopped.wait()
 
 
 def test_an_adopted_attempt_whose_pool_is_lost_is_given_up(tmp_path: Path) -> None:

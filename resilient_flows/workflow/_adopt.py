@@ -24,9 +24,10 @@ Two attempts of one member never write at once:
   the runner sees that file, or the task sees the new lease;
 - an adopted attempt is resubmitted only once it is over: its heartbeat file removed (the attempt
   ended, and wrote its result first when it finished), its process gone (on this host), or silent
-  for its stall timeout, or its pool lost. In the last two cases it may still be alive somewhere
-  (a hung node), so every earlier block is cancelled first, and every adopted member is submitted
-  again.
+  for its stall timeout, stopped (on this host, state ``T`` for :data:`~resilient_flows.sites._hung.HUNG_S`,
+  as its pool would judge a worker that its pool can no longer look after), or its pool lost. In
+  the last three cases it may still be alive, so every earlier block is cancelled first, and
+  every adopted member is submitted again.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from resilient_flows.rundir import (
     BEAT_S,
@@ -49,6 +50,7 @@ from resilient_flows.rundir import (
     run_layout,
     stat_fields,
 )
+from resilient_flows.sites._hung import HUNG_S, process_state
 from resilient_flows.training import MemberSpec
 
 __all__ = ["FRESH_S", "RESULT_GRACE_S", "Adoption", "adoptable"]
@@ -138,6 +140,7 @@ class _Adoptee:
     record: dict[str, Any]
     future: Future = field(default_factory=Future)
     gone_at: float | None = None  # monotonic: when its heartbeat file was first seen gone
+    stopped_at: float | None = None  # monotonic: since when its process was seen stopped, look after look
 
 
 class Adoption:
@@ -193,6 +196,9 @@ class Adoption:
                 continue
             if adoptee.record.get("pool_lost") is not None:
                 return resubmit, f"adopted attempt of {name} lost its pool: {adoptee.record['pool_lost']}"
+            stopped = self._stopped_s(adoptee, now)
+            if stopped >= HUNG_S:
+                return resubmit, f"adopted attempt of {name} has been stopped for {stopped:.0f} s (hung)"
             silent, limit = now - self._changed[name][1], self.stall_s(adoptee.spec, adoptee.record)
             if silent > limit:
                 why = f"has not beaten for {silent:.0f} s (stall timeout {limit:.0f} s)"
@@ -215,6 +221,19 @@ class Adoption:
         now = self.clock()
         adoptee.gone_at = now if adoptee.gone_at is None else adoptee.gone_at
         return now - adoptee.gone_at > RESULT_GRACE_S
+
+    def _stopped_s(self, adoptee: _Adoptee, now: float) -> float:
+        """How long the attempt's process (on this host) has been seen stopped, look after look;
+        0 when it runs. A stopped worker never beats again, and its pool, which would replace it,
+        may be the reason its runner was lost: waiting out the stall timeout costs its member that
+        much more."""
+        pid = adoptee.record.get("pid")
+        here = adoptee.record.get("host") == socket.gethostname() and isinstance(pid, int)
+        if not here or process_state(cast(int, pid)) != "T":
+            adoptee.stopped_at = None
+            return 0.0
+        adoptee.stopped_at = now if adoptee.stopped_at is None else adoptee.stopped_at
+        return now - adoptee.stopped_at
 
     def _end(self, name: str) -> list[MemberSpec]:
         """Forget an attempt that is over, and its heartbeat file: left in place, it would be taken
