@@ -365,12 +365,27 @@ class ResumingRetryHandler:
         self._quick: dict[int, int] = {}  # task -> attempts in a row that ended quickly
         self._waited: dict[int, float] = {}  # task -> the backoff its latest attempt slept
         self.stopping = False
+        self.abandoned = False
+        self.given_up: set[str] = set()  # members whose task ended in an abandoned Parsl instance
 
     def stop_requeueing(self) -> None:
         """From now on, retry nothing: the runner stops, and Parsl with it."""
         self.stopping = True
 
+    def abandon(self) -> None:
+        """The runner gives this Parsl instance up (its interchange was lost) and runs what is
+        unfinished in a new one. A task that ends here from now on (a retry whose submission found
+        the instance's connections closed: ``ContextTerminated``, ``ZMQError``) is no attempt of its
+        member's: it is neither recorded nor retried here, and :attr:`given_up` names its member,
+        for the runner to submit again with the members the lost instance left unfinished."""
+        self.abandoned = True
+
     def __call__(self, exception: Exception, task_record: dict[str, Any]) -> float:
+        if self.abandoned:
+            found = _resumable_task(task_record)
+            if found is not None:
+                self.given_up.add(found[0])
+            return math.inf
         permanent = _permanent(exception)
         try:
             return self._judge(exception, task_record, permanent)

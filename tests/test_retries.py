@@ -78,6 +78,34 @@ def test_once_the_runner_stops_nothing_is_retried_and_a_stop_leaves_its_own_even
     assert [e["kind"] for e in read_events(tmp_path)] == ["failed"]
 
 
+def test_a_task_that_ends_in_an_abandoned_parsl_instance_is_no_failure_and_is_given_up(tmp_path: Path) -> None:
+    """The interchange was lost: a retry whose submission finds the instance's connections closed
+    (it raced the runner's abandon) is neither recorded nor retried, and is named for the next
+    instance; before, each such submission cost a retry, and a member could run out of them."""
+    import zmq
+
+    handler = ResumingRetryHandler(retries=2)
+    handler.abandon()
+    for error in (zmq.error.ContextTerminated(), zmq.error.ZMQError(88, "Socket operation on non-socket")):
+        assert handler(error, record_of(member(), tmp_path)) == math.inf
+    assert list(read_events(tmp_path)) == [] and handler.given_up == {"m"}
+
+
+def test_a_restart_submits_again_what_the_abandoned_instance_gave_up(tmp_path: Path) -> None:
+    from concurrent.futures import Future
+
+    from resilient_flows.workflow._runner import _Submitter
+
+    submitter = _Submitter(tmp_path)
+    done, failed, running = Future(), Future(), Future()
+    done.set_result({"member": "a"})
+    failed.set_exception(RuntimeError("out of retries in the lost instance"))
+    submitter.futures = {"a": done, "b": failed, "c": running, "d": Future()}
+    submitter.specs = {name: member(name) for name in "abcd"}
+    restarted = submitter.restart(adopted={"d"}, given_up={"b"})
+    assert [m.name for m in restarted] == ["b", "c"] and set(submitter.futures) == {"a", "d"}
+
+
 def test_a_newer_checkpoint_makes_the_next_stops_free_again(tmp_path: Path) -> None:
     spec = member()
     handler = ResumingRetryHandler(retries=5, free_without_progress=1)

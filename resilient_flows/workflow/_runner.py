@@ -286,12 +286,18 @@ class _Submitter:
     def all_done(self) -> bool:
         return not self._pending
 
-    def restart(self, adopted: set[str] | frozenset[str] = frozenset()) -> list[MemberSpec]:
+    def restart(
+        self, adopted: set[str] | frozenset[str] = frozenset(), given_up: set[str] | frozenset[str] = frozenset()
+    ) -> list[MemberSpec]:
         """Forget the futures of a Parsl instance that was given up; the members to submit again
         (stages are submitted again by :meth:`submit_stages`). The ``adopted`` members' attempts
-        run outside any Parsl instance of this runner: they are kept."""
+        run outside any Parsl instance of this runner: they are kept. The ``given_up`` members'
+        tasks ended as the instance was given up (see :meth:`ResumingRetryHandler.abandon`): they
+        are unfinished too."""
         self.stages = {name: f for name, f in self.stages.items() if f.done()}
-        unfinished = [name for name, f in self.futures.items() if not f.done() and name not in adopted]
+        unfinished = [
+            name for name, f in self.futures.items() if (not f.done() or name in given_up) and name not in adopted
+        ]
         for name in unfinished:
             del self.futures[name]
         self._pending = {f for name, f in self.futures.items() if name in adopted and not f.done()}
@@ -640,7 +646,8 @@ class _RunLoop:
                     if lost_parsl is None or self.interrupts.requested:
                         break
                     console.print(f"[bold yellow]{lost_parsl}[/]: starting Parsl again; unfinished tasks resume")
-                    self.pending = resumed_first(self.run_dir, self.submitter.restart(self._adopted()))
+                    given_up = self._given_up()
+                    self.pending = resumed_first(self.run_dir, self.submitter.restart(self._adopted(), given_up))
                     self.ondemand.drop_unfinished()
                     self.config = self.site_config()
             finally:
@@ -660,6 +667,12 @@ class _RunLoop:
         if priority is None or not self.prioritized:
             return analytics_app(specs, run_dir, part)
         return analytics_app(specs, run_dir, part, parsl_resource_specification={"priority": priority})
+
+    def _given_up(self) -> set[str]:
+        """The members whose task ended as the lost Parsl instance was given up (see
+        :meth:`ResumingRetryHandler.abandon`)."""
+        handler = self.config.retry_handler
+        return handler.given_up if isinstance(handler, ResumingRetryHandler) else set()
 
     def _adopted(self) -> set[str]:
         return set() if self.adoption is None else self.adoption.names()
@@ -773,6 +786,8 @@ class _RunLoop:
             if self.interrupts.again:
                 _kill_parsl(dfk, executors, self.ledger)
             elif lost_parsl not in (None, _DONE):
+                if isinstance(self.config.retry_handler, ResumingRetryHandler):
+                    self.config.retry_handler.abandon()  # before its connections close under its launches
                 _abandon(dfk, executors)
             else:
                 dfk.cleanup()
