@@ -273,7 +273,7 @@ def measure_engine(work: Workload, limits: Limits, root: Path, reps: int) -> dic
 
 def measure_flush(work: Workload, limits: Limits, root: Path, local: Path, reps: int) -> dict[str, float]:
     """Flush from a node-local tier to the target directory, and a raw write + fsync there, alternately."""
-    ck = Checkpointer(root / "flush-shared", local_dir=local, keep=KEEP)
+    ck = Checkpointer([local, root / "flush-shared"], keep=KEEP)
     rows = []
     for i in range(reps + KEEP):
         row, before = {"write_fsync_time": limits.write(root / "raw.bin")}, ck.stats.bytes_written

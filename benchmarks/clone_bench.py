@@ -10,7 +10,7 @@ Ours (``request_clone``; sections ``shared`` and ``node-local``)
     workload is :func:`train` below. At a request, it serves the order at its next step boundary
     with one asynchronous checkpoint and keeps training; the checkpoint is hard-linked into the
     clone's tier as it commits, and the clone restores it. Transports: the shared tier (the spec
-    has no ``checkpoint.local_dir``) and the node-local tier (``local_dir`` under ``/dev/shm``,
+    has no node-local tier) and the node-local tier (a ``local`` tier under ``/dev/shm``,
     ``--local-dir``: on this VM ``/tmp`` is the same disk as the shared directory). Each transport
     has its own source process, and its clones run two ways, alternately:
 
@@ -281,7 +281,9 @@ def plain_checkpoints(task: dict[str, Any]) -> dict[str, float]:
     out = {"step_time": statistics.median(steps[1:])}
     state = TrainState(model, optimizer)  # what TrainContext.track holds
     for tier, local in (("shared", None), ("local", task["local_dir"])):
-        checkpointer = Checkpointer(Path(task["dir"]) / tier, local_dir=local, keep=1)
+        checkpointer = Checkpointer(
+            Path(task["dir"]) / tier if local is None else [local, Path(task["dir"]) / tier], keep=1
+        )
         rows = []
         for i in range(task["reps"] + 1):
             train_step(model, optimizer, x, y)
@@ -555,20 +557,22 @@ def measure_ours(
     transport: str, work: dict[str, Any], reps: int, root: Path, local_root: Path, cold: bool
 ) -> dict[str, Any]:
     """Clones of one source over one transport: per-clone rows by how the clone started, source steps."""
+    from resilient_flows.checkpoint import CheckpointConfig, TierSpec
     from resilient_flows.clone import request_clone
     from resilient_flows.rundir import member_dir
-    from resilient_flows.training import CheckpointSpec, MemberSpec, read_events
+    from resilient_flows.training import MemberSpec, read_events
     from resilient_flows.training._members import read_spec, register_member
 
     run_dir = root / f"ours-{transport}"
-    local_dir = str(local_root / "src") if transport == "local" else None
+    shared = TierSpec("checkpoints", name="shared")
+    tiers = (TierSpec(str(local_root / "src"), name="local"), shared) if transport == "local" else (shared,)
     spec = MemberSpec(
         name="src",
         workload=WORKLOAD,
         params=dict(work),
         seed=SEED,
         steps=10**9,  # it trains until this benchmark kills it
-        checkpoint=CheckpointSpec(interval_steps=None, keep=1, local_dir=local_dir),  # it saves only to fork
+        checkpoint=CheckpointConfig(tiers=tiers, interval_steps=None, keep=1),  # it saves only to fork
         threads=1,
     )
     register_member(run_dir, spec)
@@ -610,8 +614,9 @@ def measure_ours(
                 }
             )
             shutil.rmtree(member_dir(run_dir, name))
-            if clone.checkpoint.local_dir is not None:
-                shutil.rmtree(clone.checkpoint.local_dir, ignore_errors=True)
+            local = clone.checkpoint.tier("local")
+            if local is not None:
+                shutil.rmtree(local.path, ignore_errors=True)
         tail.poll()
     finally:
         for worker in workers:

@@ -52,7 +52,8 @@ sys.path[:0] = [str(REPO), str(HERE)]
 import data_resume_member as member  # noqa: E402
 import forked_ranks  # noqa: E402
 
-from resilient_flows.training import CheckpointSpec, MemberSpec  # noqa: E402
+from resilient_flows.checkpoint import CheckpointConfig  # noqa: E402
+from resilient_flows.training import MemberSpec  # noqa: E402
 
 POSITIONS = (0.0, 0.25, 0.5, 0.75, 0.95)
 DEFAULT = {
@@ -97,7 +98,7 @@ def run_chain(root: Path, name: str, setup: dict[str, Any], attempts: list, plai
         params=params,
         seed=5,
         steps=per_epoch * setup["epochs"],
-        checkpoint=CheckpointSpec(interval_steps=4),
+        checkpoint=CheckpointConfig(interval_steps=4),
     )
     launches = []
     for ranks, _ in attempts:

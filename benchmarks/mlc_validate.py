@@ -119,7 +119,7 @@ def worker(job: dict[str, Any]) -> None:
 def train(job: dict[str, Any], emit: Any) -> None:
     import torch
 
-    from resilient_flows.checkpoint import Checkpointer
+    from resilient_flows.checkpoint import Checkpointer, TierSpec
     from resilient_flows.training._autotune import AutoTuner
 
     torch.set_num_threads(1)
@@ -129,7 +129,7 @@ def train(job: dict[str, Any], emit: Any) -> None:
     k, steps = job["k"], job["steps"]
     ckpt, start = None, 0
     if k:
-        ckpt = Checkpointer(job["shared"], local_dir=job["local"], persist_every=job["l2_every"], keep=2)
+        ckpt = Checkpointer([job["local"], TierSpec(job["shared"], persist_every=job["l2_every"])], keep=2)
         restored = ckpt.restore(state)
         emit("restored", step=-1 if restored is None else restored)
         start = 0 if restored is None else restored + 1

@@ -113,7 +113,9 @@ def rank_main(spec: dict) -> None:
 
     def checkpointer(case: str, node: str, local: bool) -> Checkpointer:
         local_dir = root / case / "nodes" / node / "local" if local else None
-        return Checkpointer(root / case / "shared", local_dir=local_dir, keep=1, comm=dist.group.WORLD)
+        return Checkpointer(
+            [local_dir, root / case / "shared"] if local_dir else root / case / "shared", keep=1, comm=dist.group.WORLD
+        )
 
     def flat(model: nn.Module, optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
         return [*model.state_dict().values(), *(s["momentum_buffer"] for s in optimizer.state.values())]

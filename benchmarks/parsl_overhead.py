@@ -106,11 +106,11 @@ from rich.table import Table
 from torch import nn
 
 from resilient_flows.apps import ResumingRetryHandler, train_app
-from resilient_flows.checkpoint import Checkpointer, TrainState, read_checkpoint
+from resilient_flows.checkpoint import CheckpointConfig, Checkpointer, TrainState, read_checkpoint
 from resilient_flows.rundir import member_dir
 from resilient_flows.rundir._events import read_events
 from resilient_flows.sites import load_site
-from resilient_flows.training import CheckpointSpec, FaultSpec, MemberSpec
+from resilient_flows.training import FaultSpec, MemberSpec
 from resilient_flows.training._workloads import batch_indices, builtin_model, evaluate_model
 
 MiB = 1 << 20
@@ -284,7 +284,7 @@ def side_by_side(root: Path, label: str, params: dict[str, Any], steps: int, rep
     ours, bare, same = [], [], True
     for i in range(reps):
         spec = MemberSpec(
-            f"{label}-{i}", WORKLOAD, params, steps=steps, checkpoint=CheckpointSpec(interval_steps=interval)
+            f"{label}-{i}", WORKLOAD, params, steps=steps, checkpoint=CheckpointConfig(interval_steps=interval)
         )
 
         def run_ours(spec: MemberSpec = spec) -> tuple[float, Any]:
@@ -373,7 +373,7 @@ def resume_once(run_dir: Path, warm: set[int], kind: str) -> dict[str, Any] | No
         WORKLOAD,
         WIDE,
         steps=KILL_STEPS,
-        checkpoint=CheckpointSpec(interval_steps=KILL_INTERVAL),
+        checkpoint=CheckpointConfig(interval_steps=KILL_INTERVAL),
         faults=(FaultSpec(kind, KILL_AT),),
     )
     watch = DeathWatch(run_dir)

@@ -268,7 +268,7 @@ FIELD_NOTES: dict[str, dict[str, str]] = {
         "cosched": "how on-demand analytics make room",
         "report": "where the report goes",
     },
-    "CheckpointConfig": {
+    "CheckpointSection": {
         "interval": "steps between checkpoints (`25`), a duration (`30s`) or `auto`",
         "keep": "committed checkpoints kept per tier",
         "overlap": "copy parameters and optimizer state while the next forward/backward pass runs",

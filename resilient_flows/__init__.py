@@ -24,6 +24,7 @@ _SOURCES = {
         "train_app",
     ),
     "resilient_flows.checkpoint": (
+        "CheckpointConfig",
         "CheckpointError",
         "CheckpointInfo",
         "CheckpointStats",
@@ -102,6 +103,9 @@ if TYPE_CHECKING:  # the names' definitions, for type checkers and editors (a te
     )
     from resilient_flows.apps import (
         train_app as train_app,
+    )
+    from resilient_flows.checkpoint import (
+        CheckpointConfig as CheckpointConfig,
     )
     from resilient_flows.checkpoint import (
         Checkpointer as Checkpointer,

@@ -14,6 +14,7 @@ __all__ = [
     "INFRASTRUCTURE",
     "PERMANENT",
     "STORAGE_FULL",
+    "CheckpointConfigError",
     "CheckpointError",
     "CloneError",
     "CorruptCheckpointError",
@@ -91,6 +92,14 @@ class PermanentError(ResilientFlowsError):
     """A failure that no retry can fix: the next attempt would meet it the same way (a workload
     its worker cannot import, a parameter its function does not take, a program that is not
     there). The retry handler fails the member at once instead of spending its retries on it."""
+
+
+class CheckpointConfigError(PermanentError, ValueError):
+    """A checkpoint configuration (a :class:`~resilient_flows.checkpoint.CheckpointConfig`, a
+    ``Checkpointer``'s tiers, or the run contract's copy of them) is not usable: an unknown tier
+    option, a cadence below 1, two tiers in one directory. The message names the field.
+
+    No retry can fix it; it is also a ``ValueError``, what callers of a constructor expect."""
 
 
 class ParamsError(PermanentError, ValueError):

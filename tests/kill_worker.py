@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 from trainkit import Problem, replicated_digest
 
-from resilient_flows.checkpoint import Checkpointer
+from resilient_flows.checkpoint import Checkpointer, TierSpec
 
 
 def debris(tier: Path) -> int:
@@ -39,7 +39,7 @@ def main(directory: Path, total: int, log_path: Path) -> None:
     with open(log_path, "a", buffering=1) as log:
         log.write(f"debris {debris(local)} {debris(shared)}\n")
         problem = Problem(seed=0, width=512, depth=4)
-        ck = Checkpointer(shared, local_dir=local, persist_every=2, keep=2)
+        ck = Checkpointer([local, TierSpec(shared, persist_every=2)], keep=2)
         restored = ck.restore(problem.state)
         log.write(f"restored {restored} {replicated_digest(problem.state)}\n")
         start = 0 if restored is None else restored + 1

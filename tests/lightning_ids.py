@@ -61,6 +61,7 @@ def main() -> None:
     contract = RunContract.from_env()
     torch.set_num_threads(1)
     io = ResilientCheckpointIO()
+    every = contract.checkpoint_config().interval_steps
     loader = ResumableLoader(Noisy(), BATCH, shuffle=True, seed=contract.params["seed"], num_workers=2)
     trainer = pl.Trainer(
         max_steps=contract.params["steps"],
@@ -69,7 +70,7 @@ def main() -> None:
         strategy="ddp" if args.devices > 1 else "auto",
         plugins=[io],
         callbacks=[
-            ModelCheckpoint(io.directory, every_n_train_steps=contract.checkpoint_interval, save_last=True),
+            ModelCheckpoint(io.directory, every_n_train_steps=every, save_last=True),
             ResilientCallback(),
         ],
         logger=False,

@@ -52,7 +52,7 @@ def main(mode: str, directory: Path) -> None:
     torch.set_num_threads(1)
     problem = make(comm)
     out: dict = {"rank": comm.rank, "size": comm.size}
-    ck = Checkpointer(directory / "shared", local_dir=directory / "local", comm=comm)
+    ck = Checkpointer([directory / "local", directory / "shared"], comm=comm)
     if mode == "reference":
         out["losses"] = [dp_step(problem, comm, s) for s in range(TOTAL)]
     elif mode == "save":

@@ -22,7 +22,7 @@ import torch.distributed as dist
 from safetensors.torch import load_file, save_file
 from sharded_worker import ddp, fresh, fsdp, full_tensors, same, trained
 
-from resilient_flows.checkpoint import Checkpointer
+from resilient_flows.checkpoint import Checkpointer, TierSpec
 
 STEPS = 6
 PERSIST_EVERY = 3
@@ -31,7 +31,7 @@ PERSIST_EVERY = 3
 def checkpointer(directory: Path) -> Checkpointer:
     local = directory / "nodes" / f"node-{dist.get_rank()}"
     return Checkpointer(
-        directory / "shared", local_dir=local, persist_every=PERSIST_EVERY, keep=STEPS, comm=dist.group.WORLD
+        [local, TierSpec(directory / "shared", persist_every=PERSIST_EVERY)], keep=STEPS, comm=dist.group.WORLD
     )
 
 

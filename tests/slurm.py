@@ -14,6 +14,7 @@ import subprocess
 import time
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
+from typing import Any
 
 import pytest
 from requires import unmet
@@ -148,6 +149,13 @@ def clear_cluster(timeout: float = 60) -> list[str]:
     left = cancel_all()
     wait_for(lambda: not [j for j, state in slurm_jobs() if j in left and state in _ACTIVE], timeout, "them to end")
     return left
+
+
+def node_local_tier(spec: Any) -> str:
+    """A planned member's node-local tier: its path still names the node (``${SLURMD_NODENAME}``)."""
+    tier = spec.checkpoint.tier("local")
+    assert tier is not None, spec.checkpoint
+    return str(tier.path)
 
 
 def remove_node_scratch(local_dir: str, cluster: Mapping[str, str]) -> None:

@@ -7,23 +7,23 @@ from pathlib import Path
 
 import pytest
 
+from resilient_flows.checkpoint import CheckpointConfig, TierSpec
 from resilient_flows.mlc import MLCParams, Recommender
 from resilient_flows.training import MemberSpec, read_events, run_member
 from resilient_flows.training._autotune import WARMUP_CHECKPOINTS
-from resilient_flows.training._spec import CheckpointSpec
 from resilient_flows.workflow import load_workflow
 
-AUTO = CheckpointSpec(interval_steps=10, auto=True, process_mtbf_s=600.0, node_mtbf_s=7200.0)
+AUTO = CheckpointConfig(interval_steps=10, auto=True, process_mtbf_s=600.0, node_mtbf_s=7200.0)
 
 
-def member(tmp_path: Path, checkpoint: CheckpointSpec) -> MemberSpec:
-    local = replace(checkpoint, local_dir=str(tmp_path / "local"))
+def member(tmp_path: Path, checkpoint: CheckpointConfig) -> MemberSpec:
+    local = replace(checkpoint, tiers=(TierSpec(str(tmp_path / "local")), TierSpec("checkpoints")))
     return MemberSpec(name="m", workload="mlp-digits", params={"hidden": 32}, seed=3, steps=300, checkpoint=local)
 
 
 def test_auto_tunes_after_the_warm_up_and_trains_like_a_fixed_interval(tmp_path: Path) -> None:
     tuned_run = run_member(member(tmp_path / "a", AUTO).to_dict(), str(tmp_path / "a"))
-    fixed = CheckpointSpec(interval_steps=10)
+    fixed = CheckpointConfig(interval_steps=10)
     fixed_run = run_member(member(tmp_path / "b", fixed).to_dict(), str(tmp_path / "b"))
     assert tuned_run["digest"] == fixed_run["digest"]  # when it checkpoints never changes what it learns
 
@@ -36,7 +36,7 @@ def test_auto_tunes_after_the_warm_up_and_trains_like_a_fixed_interval(tmp_path:
     assert (params.l1_mtbf, params.l2_mtbf) == (600.0, 7200.0)
     assert 0 < params.l1_cost < params.l2_latency + 1e-9 and params.solve_time > 0
     replayed = Recommender.default().recommend(params)
-    assert (tuned["interval_s"], tuned["persist_every"]) == (replayed.interval, replayed.l2_every)
+    assert (tuned["interval_s"], tuned["shared_every"]) == (replayed.interval, replayed.l2_every)
     after = [s for s in saves if s > tuned["step"]]
     assert all(s % 10 != 9 for s in after[:-1]) or tuned["interval_s"] < 0.05  # the step interval is gone
     assert after[-1] == 299  # the final checkpoint

@@ -15,11 +15,11 @@ import pytest
 import torch
 from conftest import python_env
 
-from resilient_flows.checkpoint import read_checkpoint
+from resilient_flows.checkpoint import CheckpointConfig, read_checkpoint
 from resilient_flows.cli import main
 from resilient_flows.clone import request_clone
 from resilient_flows.errors import CloneError
-from resilient_flows.training import CheckpointSpec, MemberSpec, read_events, run_member, state_digest
+from resilient_flows.training import MemberSpec, read_events, run_member, state_digest
 from resilient_flows.training._members import read_spec, register_member
 from resilient_flows.training._workloads import batch_indices, builtin_model
 from resilient_flows.workflow._status import loss_curve
@@ -30,7 +30,7 @@ SOURCE = MemberSpec(
     params={"lr": 0.05, "dropout": 0.2},
     seed=11,
     steps=160,
-    checkpoint=CheckpointSpec(interval_steps=25, keep=2),
+    checkpoint=CheckpointConfig(interval_steps=25, keep=2),
 )
 
 

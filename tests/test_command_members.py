@@ -16,13 +16,13 @@ from pathlib import Path
 import pytest
 
 from resilient_flows.apps import ResumingRetryHandler
+from resilient_flows.checkpoint import CheckpointConfig, TierSpec
 from resilient_flows.cli import main
 from resilient_flows.clone import request_clone
 from resilient_flows.errors import Preempted, SiteConfigError, WorkflowError
 from resilient_flows.training import MemberSpec, RunContract, read_events
 from resilient_flows.training._command import CommandFailed, CommandKilled, run_command
 from resilient_flows.training._members import read_spec, register_member
-from resilient_flows.training._spec import CheckpointSpec
 from resilient_flows.workflow import load_workflow, plan_workflow
 from resilient_flows.workflow._status import loss_curve, member_statuses
 
@@ -54,15 +54,20 @@ def test_the_contract_round_trips_through_the_environment(tmp_path: Path, monkey
         params={"lr": 0.1},
         seed=3,
         steps=50,
-        checkpoint=CheckpointSpec(interval_steps=25, local_dir="${NODE_SCRATCH}/m"),
+        checkpoint=CheckpointConfig(
+            tiers=(TierSpec("${NODE_SCRATCH}/m", name="local"), TierSpec("checkpoints", name="shared")),
+            interval_steps=25,
+        ),
         command=["true"],
     )
     contract = RunContract.for_member(spec, tmp_path / "run", attempt=2)
     env = contract.to_env()
-    assert env["RESILIENT_FLOWS_LOCAL_DIR"] == str(tmp_path / "node7/m")  # expanded where the member runs
-    assert env["RESILIENT_FLOWS_CHECKPOINT_DIR"] == str((tmp_path / "run/members/m/checkpoints").resolve())
+    shared = str((tmp_path / "run/members/m/checkpoints").resolve())
+    checkpoint = json.loads(env["RESILIENT_FLOWS_CHECKPOINT"])
+    assert [t["path"] for t in checkpoint["tiers"]] == [str(tmp_path / "node7/m"), shared]  # expanded where it runs
+    assert env["RESILIENT_FLOWS_CHECKPOINT_DIR"] == shared
     assert json.loads(env["RESILIENT_FLOWS_PARAMS"]) == {"lr": 0.1, "seed": 3, "steps": 50}
-    assert (env["RESILIENT_FLOWS_ATTEMPT"], env["RESILIENT_FLOWS_CHECKPOINT_INTERVAL"]) == ("2", "25")
+    assert (env["RESILIENT_FLOWS_ATTEMPT"], checkpoint["interval_steps"]) == ("2", 25)
     assert RunContract.from_env(env) == contract
 
     with pytest.raises(WorkflowError, match=r"^RESILIENT_FLOWS_RUN_DIR is not set: this script expects"):
@@ -77,7 +82,8 @@ def test_the_command_sees_its_contract(tmp_path: Path) -> None:
     assert result == {"member": "env", "attempts": 1, "exit_status": 0}
     seen = json.loads((tmp_path / "seen.json").read_text())
     assert RunContract.from_env(seen) == RunContract.for_member(spec, tmp_path, attempt=1)
-    assert seen["RESILIENT_FLOWS_LOCAL_DIR"] == "" and seen["RESILIENT_FLOWS_CHECKPOINT_INTERVAL"] == "10"
+    checkpoint = CheckpointConfig.from_json(seen["RESILIENT_FLOWS_CHECKPOINT"])
+    assert ([t.name for t in checkpoint.tiers], checkpoint.interval_steps) == (["shared"], 10)
     started, finished = read_events(tmp_path)
     assert (started["kind"], finished["kind"], finished["exit_status"]) == ("started", "finished", 0)
 

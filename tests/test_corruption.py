@@ -171,11 +171,11 @@ def test_a_member_whose_newest_checkpoints_are_damaged_trains_on_and_saves_them_
     """Restore falls back below two damaged checkpoints; training goes on from there, writes those
     steps afresh (it used to refuse: an older step than one already committed) and ends bitwise
     like a run that never broke."""
+    from resilient_flows.checkpoint import CheckpointConfig
     from resilient_flows.training import MemberSpec, run_member
-    from resilient_flows.training._spec import CheckpointSpec
 
     spec = MemberSpec(
-        name="m", workload="userworkload:train", params={}, steps=30, checkpoint=CheckpointSpec(interval_steps=10)
+        name="m", workload="userworkload:train", params={}, steps=30, checkpoint=CheckpointConfig(interval_steps=10)
     )
     run_member(spec.to_dict(), str(tmp_path / "run"))
     tier = tmp_path / "run/members/m/checkpoints"

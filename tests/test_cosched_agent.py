@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from slurm import cancel, require_slurm
 
-from resilient_flows.checkpoint import Checkpointer
+from resilient_flows.checkpoint import Checkpointer, TierSpec
 from resilient_flows.checkpoint._heartbeat import (
     FILENAME,
     CheckpointHeartbeat,
@@ -49,7 +49,7 @@ NOW = 1_796_396_700.0
 def test_a_checkpointer_publishes_its_newest_shared_commit_and_restore_time(tmp_path: Path) -> None:
     state = {"w": np.arange(16.0)}
     before = time.time()
-    with Checkpointer(tmp_path / "shared", local_dir=tmp_path / "local", persist_every=2) as ckpt:
+    with Checkpointer([tmp_path / "local", TierSpec(tmp_path / "shared", persist_every=2)]) as ckpt:
         for step in range(4):
             ckpt.save(step, state)
             ckpt.wait()

@@ -132,7 +132,7 @@ def test_the_document_says_what_the_run_did(tmp_path: Path) -> None:
             {"time": 6.0, "kind": "failed", "member": "m-1", "attempt": 1, "error": "WorkerLost: <b>gone</b>"},
             {"time": 6.5, "kind": "retried", "member": "m-1", "attempt": 2, "from_step": 4},
             {"time": 7.0, "kind": "ondemand", "member": None, "request": "viz", "slots": 1, "policy": "dp"},
-            {"time": 8.0, "kind": "tuned", "member": "m-0", "step": 9, "interval_s": 30.0, "persist_every": 4},
+            {"time": 8.0, "kind": "tuned", "member": "m-0", "step": 9, "interval_s": 30.0, "shared_every": 4},
         ],
     )
     checkpoints_heartbeat(run_dir, "m-0", 4)

@@ -339,7 +339,7 @@ def test_lineage_tuning_and_decisions_show_what_the_run_recorded(browser: Any, t
     for k in range(40):  # a large tree: shown folded
         clone(run_dir, "m-1", f"m-1.c{k}", step=7)
     events = EventLog(run_dir)
-    events.emit("tuned", "m-0", step=20, interval_s=12.5, persist_every=4, params={"mtbf_s": 3600}, observed={})
+    events.emit("tuned", "m-0", step=20, interval_s=12.5, shared_every=4, params={"mtbf_s": 3600}, observed={})
     events.emit("ondemand", None, request="peek", slots=1, policy="dp", free=0, jobs=[{}, {}], preempt=["m-1"], cost=3)
     with served(run_dir) as url:
         open_page(browser, url)

@@ -17,10 +17,10 @@ from benchmark_modules import load_benchmark
 from conftest import mpiexec, python_env
 from torch.utils.data import DataLoader, DistributedSampler, IterableDataset, Sampler
 
+from resilient_flows.checkpoint import CheckpointConfig
 from resilient_flows.errors import ResilientFlowsError
 from resilient_flows.training import (
     EXIT_PREEMPTED,
-    CheckpointSpec,
     DataPositions,
     MemberSpec,
     Preempted,
@@ -260,7 +260,7 @@ def spec(**params) -> MemberSpec:
         params={**base, **params},
         seed=5,
         steps=27,
-        checkpoint=CheckpointSpec(interval_steps=4),
+        checkpoint=CheckpointConfig(interval_steps=4),
     )
 
 

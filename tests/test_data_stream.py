@@ -19,9 +19,9 @@ from requires import require_module
 from streamworkload import Stream
 from torch.utils.data import DataLoader
 
-from resilient_flows.checkpoint import TrainState
+from resilient_flows.checkpoint import CheckpointConfig, TrainState
 from resilient_flows.errors import ResilientFlowsError
-from resilient_flows.training import EXIT_PREEMPTED, CheckpointSpec, DataPositions, MemberSpec, Preempted, run_member
+from resilient_flows.training import EXIT_PREEMPTED, DataPositions, MemberSpec, Preempted, run_member
 from resilient_flows.training._stream import StreamLoader, is_stream, stream_loader
 
 
@@ -38,7 +38,7 @@ def spec(**params) -> MemberSpec:
         params={**base, **params},
         seed=3,
         steps=30,
-        checkpoint=CheckpointSpec(interval_steps=4),
+        checkpoint=CheckpointConfig(interval_steps=4),
     )
 
 

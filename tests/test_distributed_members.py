@@ -13,10 +13,10 @@ import pytest
 from conftest import mpiexec, python_env
 from torch import nn
 
+from resilient_flows.checkpoint import CheckpointConfig
 from resilient_flows.cli import main
 from resilient_flows.errors import LaunchError, WorkflowError
 from resilient_flows.training import (
-    CheckpointSpec,
     FaultSpec,
     MemberSpec,
     Preempted,
@@ -178,7 +178,7 @@ def spec(name: str = "dp", workload: str = "mlp-digits", **changes) -> MemberSpe
         params={"hidden": 32},
         seed=3,
         steps=20,
-        checkpoint=CheckpointSpec(interval_steps=10),
+        checkpoint=CheckpointConfig(interval_steps=10),
     )
     return replace(base, **changes)
 

@@ -171,7 +171,7 @@ def test_workflow_reference_has_every_key() -> None:
     page = _generator().workflow_page()
     for key in Workflow.model_fields:
         assert f"| `{key}` |" in page, key
-    assert "## MemberConfig" in page and "## CheckpointConfig" in page
+    assert "## MemberConfig" in page and "## CheckpointSection" in page
 
 
 def test_rundir_reference_has_every_file() -> None:

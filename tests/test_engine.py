@@ -12,7 +12,7 @@ import pytest
 import torch
 from trainkit import Problem, digest, replicated_digest
 
-from resilient_flows.checkpoint import Checkpointer, CheckpointError, TrainState
+from resilient_flows.checkpoint import Checkpointer, CheckpointError, TierSpec, TrainState
 from resilient_flows.checkpoint._heartbeat import FILENAME
 
 
@@ -28,13 +28,13 @@ def test_resume_continues_bit_for_bit(tiers: tuple[Path, Path], overlap: bool, t
     expected = run(reference, range(30))
 
     first = Problem()
-    with Checkpointer(shared, local_dir=local if two_tiers else None) as ck:
+    with Checkpointer([local, shared] if two_tiers else shared) as ck:
         run(first, range(12))
         ck.save(11, first.state, overlap=overlap)
         run(first, range(12, 15))  # work after the checkpoint is lost on restart
 
     resumed = Problem(seed=99)  # different initial weights and generators: all must be restored
-    with Checkpointer(shared, local_dir=local if two_tiers else None) as ck:
+    with Checkpointer([local, shared] if two_tiers else shared) as ck:
         assert ck.restore(resumed.state) == 11
     assert resumed.state.extra == {"step": 11, "seen": 12 * 32}
     assert run(resumed, range(12, 30)) == expected[12:]
@@ -66,12 +66,12 @@ def test_dict_state_restores_in_place_and_keeps_identity(tiers: tuple[Path, Path
     w = torch.arange(12, dtype=torch.float32).reshape(3, 4)
     a = np.arange(5, dtype=np.int16)
     state = {"w": w, "nested": {"a": a, "ids": [1, 2, 3], "key": (0, "x")}, "lr": 0.1, "n": 7, "inf": float("inf")}
-    with Checkpointer(shared, local_dir=local) as ck:
+    with Checkpointer([local, shared]) as ck:
         ck.save(5, state)
     w.zero_()
     a[:] = -1
     state["lr"], state["n"] = 9.0, 0
-    with Checkpointer(shared, local_dir=local) as ck:
+    with Checkpointer([local, shared]) as ck:
         assert ck.restore(state) == 5
     assert state["w"] is w and torch.equal(w, torch.arange(12, dtype=torch.float32).reshape(3, 4))
     assert state["nested"]["a"] is a and a.tolist() == [0, 1, 2, 3, 4]
@@ -90,7 +90,7 @@ def test_load_returns_cpu_tensors_and_numpy_arrays(tiers: tuple[Path, Path]) -> 
 
 
 def test_nothing_to_restore_returns_none(tiers: tuple[Path, Path]) -> None:
-    with Checkpointer(tiers[0], local_dir=tiers[1]) as ck:
+    with Checkpointer([tiers[1], tiers[0]]) as ck:
         assert ck.latest_step() is None
         assert ck.restore(Problem().state) is None
         assert ck.load() is None
@@ -101,7 +101,7 @@ def test_nothing_to_restore_returns_none(tiers: tuple[Path, Path]) -> None:
 def test_retention_keeps_the_newest_per_tier_and_latest_points_at_newest(tiers: tuple[Path, Path]) -> None:
     shared, local = tiers
     problem = Problem()
-    with Checkpointer(shared, local_dir=local, keep=2, persist_every=3) as ck:
+    with Checkpointer([local, TierSpec(shared, persist_every=3)], keep=2) as ck:
         for s in range(10):
             problem.step(s)
             ck.save(s, problem.state)
@@ -117,13 +117,13 @@ def test_retention_keeps_the_newest_per_tier_and_latest_points_at_newest(tiers: 
 def test_restore_prefers_the_fastest_tier_holding_the_newest(tiers: tuple[Path, Path]) -> None:
     shared, local = tiers
     problem = Problem()
-    with Checkpointer(shared, local_dir=local, persist_every=2) as ck:
+    with Checkpointer([local, TierSpec(shared, persist_every=2)]) as ck:
         for s in range(4):
             problem.step(s)
             ck.save(s, problem.state, persist=s == 3)
     # local holds 1..3 (keep=3); shared holds 1 and 3: step 3 comes from local's copy
     shard = next((local / "step-00000003").glob("shard-*"))
-    with Checkpointer(shared, local_dir=local) as ck:
+    with Checkpointer([local, shared]) as ck:
         assert ck.restore(Problem().state) == 3
         assert ck.restored.read_from == {shard.name: [f"local on {socket.gethostname()}"]}
     # a local copy that fails its checksum gives way to shared's copy of the same step: nothing skipped
@@ -131,7 +131,7 @@ def test_restore_prefers_the_fastest_tier_holding_the_newest(tiers: tuple[Path, 
     data[-1] ^= 0xFF
     shard.write_bytes(bytes(data))
     restored = Problem()
-    with Checkpointer(shared, local_dir=local) as ck:
+    with Checkpointer([local, shared]) as ck:
         assert ck.restore(restored.state) == 3 and not ck.skipped
         assert ck.restored.read_from == {shard.name: ["shared"]}
     assert digest(restored.model.state_dict()) == digest(problem.model.state_dict())
@@ -142,7 +142,7 @@ def test_backpressure_and_bounded_staging_memory(tiers: tuple[Path, Path]) -> No
     model_bytes = sum(t.numel() * t.element_size() for t in problem.model.state_dict().values())
     param_bytes = sum(p.numel() * p.element_size() for p in problem.model.parameters())
     problem.step(0)
-    with Checkpointer(tiers[0], local_dir=tiers[1]) as ck:
+    with Checkpointer([tiers[1], tiers[0]]) as ck:
         for s in range(1, 6):
             problem.step(s)
             stats = ck.save(s, problem.state)
@@ -200,10 +200,13 @@ def test_manifest_format_and_shards_readable_by_safetensors(tiers: tuple[Path, P
 
 @pytest.mark.parametrize(
     ("kwargs", "message"),
-    [({"keep": 0}, "keep must be an integer >= 1"), ({"persist_every": 1.5}, "persist_every must be an integer")],
+    [
+        ({"keep": 0}, "^keep must be an integer >= 1"),
+        ({"local_dir": "l"}, "unexpected keyword argument 'local_dir'"),
+    ],
 )
 def test_bad_arguments_name_the_problem(tmp_path: Path, kwargs: dict, message: str) -> None:
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises((ValueError, TypeError), match=message):
         Checkpointer(tmp_path, **kwargs)
 
 
@@ -216,7 +219,7 @@ def test_bad_steps_and_states_name_the_problem(tmp_path: Path) -> None:
         with pytest.raises(CheckpointError, match="cannot checkpoint fn of type builtin_function"):
             ck.save(1, {"fn": print})
     with pytest.raises(ValueError, match="same directory"):
-        Checkpointer(tmp_path / "c", local_dir=tmp_path / "c")
+        Checkpointer([tmp_path / "c", tmp_path / "c"])
 
 
 def test_closed_checkpointer_refuses_to_save(tmp_path: Path) -> None:
@@ -302,12 +305,12 @@ def test_prune_of_a_node_local_tier_shared_by_two_ranks_leaves_nothing_behind(tm
 def test_rolling_back_to_an_older_checkpoint_needs_the_newer_ones_discarded(tiers: tuple[Path, Path]) -> None:
     shared, local = tiers
     problem = Problem()
-    with Checkpointer(shared, local_dir=local) as ck:
+    with Checkpointer([local, shared]) as ck:
         for s in range(1, 6):
             problem.step(s)
             ck.save(s, problem.state)
     rolled_back = Problem(seed=4)
-    with Checkpointer(shared, local_dir=local) as ck:
+    with Checkpointer([local, shared]) as ck:
         assert ck.restore(rolled_back.state, step=3) == 3
         rolled_back.step(4)
         with pytest.raises(CheckpointError, match=r"step 4 is older than step 5,.* discard_newer_than\(3\)"):
@@ -317,7 +320,7 @@ def test_rolling_back_to_an_older_checkpoint_needs_the_newer_ones_discarded(tier
         expected = replicated_digest(rolled_back.state)
     assert (shared / "latest").read_text().strip() == "4" and (local / "latest").read_text().strip() == "4"
     fresh = Problem(seed=8)
-    with Checkpointer(shared, local_dir=local) as ck:
+    with Checkpointer([local, shared]) as ck:
         assert ck.restore(fresh.state) == 4
     assert replicated_digest(fresh.state) == expected
 
@@ -342,13 +345,13 @@ def test_restore_creates_optimizer_state_only_where_the_checkpoint_has_some(tier
         model(torch.randn(4, 8)).square().sum().backward()
         optimizer.step()
     state = TrainState(model, optimizer, rng=False)
-    with Checkpointer(tiers[0], local_dir=tiers[1]) as ck:
+    with Checkpointer([tiers[1], tiers[0]]) as ck:
         ck.save(3, state)
     torch.manual_seed(1)
     fresh = _TwoHeads()
     fresh_optimizer = torch.optim.Adam(fresh.parameters(), lr=1e-2)
     unused_before = digest(fresh.unused.state_dict())
-    with Checkpointer(tiers[0], local_dir=tiers[1]) as ck:
+    with Checkpointer([tiers[1], tiers[0]]) as ck:
         assert ck.restore(TrainState(fresh, fresh_optimizer, rng=False)) == 3
     assert set(fresh_optimizer.state) == {fresh.used.weight, fresh.used.bias}
     assert digest(fresh_optimizer.state_dict()) == digest(optimizer.state_dict())

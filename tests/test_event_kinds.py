@@ -30,7 +30,7 @@ AS_WRITTEN: dict[str, list[dict[str, Any]]] = {
     "declined": [{"member": "m", "attempt": 2, "step": -1, "block": "0", "drain_in_s": 3.5}],
     "resumed": [{"member": "m", "attempt": 2, "step": 7, "read_from": {"shared": ["a"]}, "bytes_from": {"shared": 1}}],
     "checkpointed": [{"member": "m", "step": 3, "stall_ms": 1.25}],
-    "tuned": [{"member": "m", "step": 5, "interval_s": 30.0, "persist_every": 2}],
+    "tuned": [{"member": "m", "step": 5, "interval_s": 30.0, "shared_every": 2}],
     "preempted": [{"member": "m", "attempt": 1, "step": 12, "reason": "SIGTERM"}],
     "analytics_started": [{"member": None, "request": "r", "pid": 1}],
     "analytics": [{"member": None, "request": "r", "members": {"m": {"loss": 0.5}}}],

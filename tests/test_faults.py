@@ -192,7 +192,7 @@ def test_full_disk_during_flush_reaches_the_caller_and_keeps_earlier_checkpoints
     tmp_path: Path, small_filesystem: Path
 ) -> None:
     state = sized_state(400)  # 400 KiB shards: the third does not fit in 1 MiB
-    with Checkpointer(small_filesystem / "ckpt", local_dir=tmp_path / "local", keep=5) as ck:
+    with Checkpointer([tmp_path / "local", small_filesystem / "ckpt"], keep=5) as ck:
         for step in (1, 2):
             state["w"] += 1
             state["step"] = step
@@ -233,7 +233,7 @@ def test_full_disk_on_the_only_tier_fails_the_next_save_and_training_can_go_on(s
 def test_unwritable_shared_directory_during_flush(tmp_path: Path) -> None:
     shared, local = tmp_path / "shared", tmp_path / "local"
     problem = Problem()
-    ck = Checkpointer(shared, local_dir=local)
+    ck = Checkpointer([local, shared])
     problem.step(0)
     ck.save(0, problem.state)
     ck.wait()

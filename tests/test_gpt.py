@@ -15,12 +15,12 @@ import pytest
 import torch
 import yaml
 
-from resilient_flows.checkpoint import read_checkpoint
+from resilient_flows.checkpoint import CheckpointConfig, read_checkpoint
 from resilient_flows.examples.gpt import GPT, SIZES, Params, evaluate, parameter_count
 from resilient_flows.examples.gpt.data import corpus, split
 from resilient_flows.examples.gpt.schedule import lr_factor, warmup_cosine
 from resilient_flows.examples.gpt.train import build_model, held_out_loss
-from resilient_flows.training import CheckpointSpec, FaultSpec, MemberSpec, run_member
+from resilient_flows.training import FaultSpec, MemberSpec, run_member
 
 REPO = Path(__file__).resolve().parents[1]
 WORKLOAD = "resilient_flows.examples.gpt:train"
@@ -111,7 +111,7 @@ def _spec(name: str, steps: int, faults: tuple[FaultSpec, ...] = ()) -> MemberSp
         params={"eval_windows": 8},
         steps=steps,
         seed=5,
-        checkpoint=CheckpointSpec(interval_steps=10),
+        checkpoint=CheckpointConfig(interval_steps=10),
         faults=faults,
     )
 

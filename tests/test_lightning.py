@@ -24,6 +24,7 @@ from pytorch_lightning.plugins.io import async_plugin  # noqa: E402
 from pytorch_lightning.plugins.io.async_plugin import AsyncCheckpointIO  # noqa: E402
 from pytorch_lightning.plugins.io.torch_plugin import TorchCheckpointIO  # noqa: E402
 
+from resilient_flows.checkpoint import CheckpointConfig  # noqa: E402
 from resilient_flows.checkpoint._tiers import Tier  # noqa: E402
 from resilient_flows.checkpoint._tree import flatten  # noqa: E402
 from resilient_flows.errors import CheckpointError  # noqa: E402
@@ -31,7 +32,7 @@ from resilient_flows.integrations.lightning import ResilientCallback, ResilientC
 from resilient_flows.integrations.pathstore import load, read_ref  # noqa: E402
 from resilient_flows.training import MemberSpec, RunContract, read_events  # noqa: E402
 from resilient_flows.training._members import register_member  # noqa: E402
-from resilient_flows.training._spec import CheckpointSpec, FaultSpec  # noqa: E402
+from resilient_flows.training._spec import FaultSpec  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "workflows" / "lightning_digits.py"
@@ -82,7 +83,7 @@ def test_a_value_json_cannot_hold_is_refused_by_its_key_path(tmp_path: Path) -> 
 
 def test_paths_saved_at_one_step_share_a_checkpoint_and_removing_the_last_name_removes_it(tmp_path: Path) -> None:
     store = tmp_path / "store"
-    io = ResilientCheckpointIO(store, local_dir=tmp_path / "local", keep=1)
+    io = ResilientCheckpointIO([tmp_path / "local", store], keep=1)
     weights = torch.arange(4.0)
     io.save_checkpoint(checkpoint_of(1, weights, callbacks={"last_model_path": ""}), tmp_path / "top.ckpt")
     io.save_checkpoint(
@@ -132,7 +133,7 @@ def tiny_data() -> torch.utils.data.DataLoader:
 
 
 def test_model_checkpoint_top_k_and_last_work_unchanged_on_the_plugin(tmp_path: Path) -> None:
-    io = ResilientCheckpointIO(tmp_path / "shared", local_dir=tmp_path / "local")
+    io = ResilientCheckpointIO([tmp_path / "local", tmp_path / "shared"])
     ckpts = ModelCheckpoint(
         tmp_path / "ckpts", every_n_train_steps=5, save_top_k=2, monitor="train_loss", save_last=True
     )
@@ -222,7 +223,7 @@ def member(run_dir: Path, name: str, steps: int, faults: tuple[FaultSpec, ...] =
         params={"lr": 0.05},
         seed=3,
         steps=steps,
-        checkpoint=CheckpointSpec(interval_steps=interval, keep=2),
+        checkpoint=CheckpointConfig(interval_steps=interval, keep=2),
         faults=faults,
         command=[sys.executable, str(SCRIPT)],
     )

@@ -21,11 +21,12 @@ import pytorch_lightning as pl  # noqa: E402
 from conftest import python_env  # noqa: E402
 from pytorch_lightning.callbacks import ModelCheckpoint  # noqa: E402
 
+from resilient_flows.checkpoint import CheckpointConfig  # noqa: E402
 from resilient_flows.errors import ResilientFlowsError  # noqa: E402
 from resilient_flows.integrations.lightning import ResilientCallback, ResilientCheckpointIO  # noqa: E402
 from resilient_flows.training import MemberSpec, ResumableLoader, RunContract, read_events  # noqa: E402
 from resilient_flows.training._members import register_member  # noqa: E402
-from resilient_flows.training._spec import CheckpointSpec, FaultSpec  # noqa: E402
+from resilient_flows.training._spec import FaultSpec  # noqa: E402
 
 SCRIPT = Path(lightning_ids.__file__)
 STEPS_PER_EPOCH = -(-lightning_ids.SAMPLES // lightning_ids.BATCH)
@@ -152,7 +153,7 @@ def start(run_dir: Path, name: str, attempt: int, faults: tuple[FaultSpec, ...] 
         params={},
         seed=3,
         steps=20,
-        checkpoint=CheckpointSpec(interval_steps=5, keep=2),
+        checkpoint=CheckpointConfig(interval_steps=5, keep=2),
         faults=faults,
         command=[sys.executable, str(SCRIPT)],
     )

@@ -43,11 +43,11 @@ def committed(path: Path) -> list[int]:
 def test_a_member_checkpoints_through_memory_local_and_shared_and_resumes_from_the_fastest(tmp_path: Path) -> None:
     workflow = load_workflow(write(tmp_path, THREE))
     (spec,) = workflow.member_specs(str(tmp_path / "disk"), memory_root=str(tmp_path / "shm"))
-    assert (spec.checkpoint.memory_dir, spec.checkpoint.local_dir) == (
-        str(tmp_path / "shm/m"),
-        str(tmp_path / "disk/m"),
-    )
-    assert (spec.checkpoint.local_every, spec.checkpoint.persist_every) == (2, 2)
+    assert [(t.name, t.path, t.persist_every) for t in spec.checkpoint.tiers] == [
+        ("memory", str(tmp_path / "shm/m"), 1),
+        ("local", str(tmp_path / "disk/m"), 2),
+        ("shared", "checkpoints", 2),
+    ]
     run = tmp_path / "run"
     first = run_member(spec.to_dict(), str(run))
     # every 5 steps to memory; every 2nd of those on to the disk, every 2nd of those to the shared tier
@@ -55,8 +55,8 @@ def test_a_member_checkpoints_through_memory_local_and_shared_and_resumes_from_t
     assert committed(tmp_path / "disk/m") == [9, 19, 29, 39]
     assert committed(run / "members/m/checkpoints") == [19, 39]
     contract = RunContract.for_member(spec, run, attempt=1)
-    assert contract.to_env()["RESILIENT_FLOWS_MEMORY_DIR"] == str(tmp_path / "shm/m")
-    assert [t.name for t in contract.checkpointer_settings()["tiers"]] == ["memory", "local", "shared"]
+    assert contract.checkpoint is not None and contract.checkpoint.tiers[0].path == str(tmp_path / "shm/m")
+    assert [t.name for t in contract.checkpoint.tiers] == ["memory", "local", "shared"]
     again = run_member(spec.to_dict(), str(run))  # already done: restored from the newest, in memory
     assert again["digest"] == first["digest"]
     for node_tier in ("shm", "disk"):  # the node is lost: what is left is in the shared tier
@@ -71,11 +71,12 @@ def test_a_peer_tier_keeps_other_nodes_copies_in_node_memory_under_the_sites_bou
     (spec,) = workflow.member_specs(
         str(tmp_path / "disk"), memory_root=str(shm), peer_root=str(shm / ".peer"), peer_capacity=5
     )
-    assert (spec.checkpoint.peer_dir, spec.checkpoint.peer_capacity) == (str(tmp_path / "shm/.peer/m"), 5)
+    peer = spec.checkpoint.tier("peer")
+    assert peer is not None and (peer.path, peer.capacity) == (str(tmp_path / "shm/.peer/m"), 5)
     contract = RunContract.for_member(spec, tmp_path / "run", attempt=1)
-    assert contract.to_env()["RESILIENT_FLOWS_PEER_CAPACITY"] == "5"
     assert RunContract.from_env(contract.to_env()) == contract
-    tiers = contract.checkpointer_settings()["tiers"]
+    assert contract.checkpoint is not None
+    tiers = contract.checkpoint.tiers
     assert [(t.name, t.peer, t.capacity) for t in tiers] == [
         ("memory", False, None),
         ("local", False, None),

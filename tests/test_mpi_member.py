@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 from conftest import mpiexec, python_env
 
+from resilient_flows.checkpoint import CheckpointConfig
 from resilient_flows.cli import main
-from resilient_flows.training import CheckpointSpec, FaultSpec, MemberSpec, read_events
+from resilient_flows.training import FaultSpec, MemberSpec, read_events
 from resilient_flows.training._contract import EXIT_PEER_LOST, EXIT_PREEMPTED
 from resilient_flows.training._faults import PEER_LOST, attempt_fault
 from resilient_flows.workflow._status import loss_curve
@@ -29,7 +30,7 @@ SPEC = MemberSpec(
     params={"hidden": 48},
     seed=1,
     steps=60,
-    checkpoint=CheckpointSpec(interval_steps=10),
+    checkpoint=CheckpointConfig(interval_steps=10),
     ranks=2,
 )
 

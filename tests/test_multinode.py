@@ -29,9 +29,10 @@ import numpy as np
 import pytest
 from conftest import REPO, python_env
 from requires import unmet
-from slurm import cancel, cancel_all, remove_node_scratch, slurm_problem
+from slurm import cancel, cancel_all, node_local_tier, remove_node_scratch, slurm_problem
 
 from resilient_flows.apps import launch_prefix
+from resilient_flows.checkpoint import TierSpec
 from resilient_flows.errors import LaunchError, SiteConfigError, WorkflowError
 from resilient_flows.examples.preemptible import train
 from resilient_flows.sites._facts import parse_facts
@@ -305,7 +306,7 @@ def two_node_run(cluster: dict[str, str], tmp_path_factory: pytest.TempPathFacto
     done = _run_workflow(root / "wf.yaml", run_dir, cluster)
     assert done.returncode == 0, (done.stdout[-3000:], done.stderr[-3000:], _events(run_dir))
     yield run_dir
-    remove_node_scratch(_planned(run_dir, "ddp").checkpoint.local_dir, cluster)
+    remove_node_scratch(node_local_tier(_planned(run_dir, "ddp")), cluster)
 
 
 @pytest.mark.slow
@@ -350,7 +351,7 @@ def _assert_losses_of_one_rank(run_dir: Path, spec: MemberSpec, out: Path) -> di
     """The member of ``spec`` in ``run_dir`` logged the losses of the same member trained on one
     rank in this process (into ``out``), within float reduction noise, for each of its 20 steps;
     that one rank's result."""
-    local = replace(spec.checkpoint, local_dir=None)
+    local = replace(spec.checkpoint, tiers=(TierSpec("checkpoints"),))
     alone = replace(spec, ranks=1, nodes=1, network_interface=None, checkpoint=local, faults=())
     reference = run_member(alone.to_dict(), str(out))
     got, want = loss_curve(run_dir, spec.name), loss_curve(out, spec.name)
@@ -383,7 +384,7 @@ def test_slurm_member_on_two_nodes_runs_a_rank_on_each_host(two_node_run: Path, 
         spec = _planned(two_node_run, name)
         assert (spec.ranks, spec.nodes, spec.network_interface) == (2, 2, cluster["RESILIENT_FLOWS_TEST_IFNAME"])
         # Each rank wrote its shard to node-local scratch on its own node (the site's ${SLURMD_NODENAME}).
-        local = spec.checkpoint.local_dir
+        local = node_local_tier(spec)
         assert local is not None and "${SLURMD_NODENAME}" in local
         for rank, host in enumerate(hosts):
             step = Path(local.replace("${SLURMD_NODENAME}", host)) / "step-00000019"
@@ -803,7 +804,7 @@ def test_slurm_member_that_may_shrink_goes_on_on_the_node_left_in_its_block_with
     reference = tmp_path / "from-resume"
     step = f"step-{resumed['step']:08d}"
     shutil.copytree(shared / step, reference / "members/ddp/checkpoints" / step)
-    alone = replace(spec, network_interface=None, checkpoint=replace(spec.checkpoint, local_dir=None, peer_dir=None))
+    alone = replace(spec, network_interface=None, checkpoint=replace(spec.checkpoint, tiers=(TierSpec("checkpoints"),)))
     continued = run_member(replace(alone, params={**spec.params, "pause_ms": 0}).to_dict(), str(reference))
     result = json.loads((run_dir / "members/ddp/result.json").read_text())
     assert result["digest"] == continued["digest"]

@@ -16,9 +16,19 @@ from pathlib import Path
 
 import pytest
 from conftest import REPO
-from slurm import remove_node_scratch
-from test_multinode import SITE, _command, _crashing, _events, _planned, _slurm_node, _wait_for, cluster
+from slurm import node_local_tier, remove_node_scratch
+from test_multinode import (
+    SITE,
+    _command,
+    _crashing,
+    _events,
+    _planned,
+    _slurm_node,
+    _wait_for,
+    cluster,
+)
 
+from resilient_flows.checkpoint import TierSpec
 from resilient_flows.training import run_member
 
 __all__ = ["cluster"]  # the fixture, shared with tests/test_multinode.py
@@ -85,7 +95,7 @@ def _remove_node_scratch(run_dir: Path, cluster: dict[str, str]) -> None:
     """The run's node-local directories (checkpoints, peer copies), from every node."""
     if not (run_dir / "members" / "x" / "spec.json").exists():
         return
-    remove_node_scratch(_planned(run_dir, "x").checkpoint.local_dir, cluster)
+    remove_node_scratch(node_local_tier(_planned(run_dir, "x")), cluster)
 
 
 @pytest.mark.slow
@@ -119,7 +129,7 @@ def test_slurm_members_on_one_node_resume_a_lost_node_from_a_buddys_copy(
     assert list(resumed["bytes_from"]) == [f"peer on {second['host']}"], resumed
     assert resumed["bytes_from"][f"peer on {second['host']}"] > 0
     spec = _planned(run_dir, "x")
-    alone = replace(spec, checkpoint=replace(spec.checkpoint, local_dir=None, peer_dir=None), faults=())
+    alone = replace(spec, checkpoint=replace(spec.checkpoint, tiers=(TierSpec("checkpoints"),)), faults=())
     reference = run_member(alone.to_dict(), str(tmp_path / "reference"))
     result = json.loads((run_dir / "members" / "x" / "result.json").read_text())
     assert result["digest"] == reference["digest"]

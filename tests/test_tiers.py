@@ -20,11 +20,11 @@ import torch
 from conftest import python_env
 from trainkit import Problem
 
-from resilient_flows.checkpoint import Checkpointer, CheckpointStats, TierSpec, scan
+from resilient_flows.checkpoint import CheckpointConfig, Checkpointer, CheckpointStats, TierSpec, scan
 from resilient_flows.checkpoint import _shardfile as shardfile
 from resilient_flows.checkpoint._shardfile import ShardEntry, header_bytes, send_shard, write_shard
 from resilient_flows.checkpoint._snapshot import HostArena
-from resilient_flows.errors import CorruptCheckpointError
+from resilient_flows.errors import CheckpointConfigError, CorruptCheckpointError
 from resilient_flows.training import _autotune as autotune
 
 KIB = 1 << 10
@@ -63,35 +63,38 @@ def shard_bytes(tier: Path, step: int) -> bytes:
 
 
 @pytest.mark.parametrize(
-    ("kwargs", "message"),
+    ("tiers", "message"),
     [
-        ({"directory": "d", "tiers": ["a", "b"]}, r"tiers= replaces directory"),
-        ({"tiers": ["a"], "local_dir": "l"}, r"tiers= replaces local_dir"),
-        ({"tiers": ["a", "b"], "persist_every": 2}, r"tiers= replaces persist_every"),
-        ({"tiers": []}, r"tiers must be a non-empty list"),
-        ({"tiers": ["a", "b", "a"]}, r"tiers\[2\] and tiers\[0\] are the same directory"),
-        ({"tiers": [TierSpec("a"), TierSpec("b", persist_every=0)]}, r"tiers\[1\].persist_every must be an integer"),
-        ({"tiers": [TierSpec("a", persist_every=2), TierSpec("b")]}, r"tiers\[0\].persist_every must be 1"),
-        ({}, r"needs directory= \(the shared tier\) or tiers="),
-        ({"directory": "d", "local_dir": "d"}, r"local_dir and directory are the same directory"),
+        ([], r"^tiers must be a path or a non-empty list"),
+        ([1], r"^tiers\[0\] must be a TierSpec or a path, got 1"),
+        (["a", "b", "a"], r"^tiers\[2\].path and tiers\[0\].path are the same directory"),
+        ([TierSpec("a"), TierSpec("b", persist_every=0)], r"^tiers\[1\].persist_every must be an integer >= 1, got 0"),
+        ([TierSpec("a"), TierSpec("b", persist_every=1.5)], r"^tiers\[1\].persist_every must be an integer"),
+        ([TierSpec("a", persist_every=2), TierSpec("b")], r"^tiers\[0\].persist_every must be 1"),
+        ([TierSpec("a", name="x"), TierSpec("b", name="x")], r"^tiers\[1\].name 'x' is also tiers\[0\]'s"),
+        ([TierSpec("a", capacity=10), TierSpec("b")], r"^tiers\[0\].capacity bounds a peer tier's bytes"),
+        ([TierSpec("a"), TierSpec("p", peer=True, capacity=0), TierSpec("b")], r"^tiers\[1\].capacity must be"),
+        ([TierSpec("p", peer=True), TierSpec("b")], r"^tiers\[0\] is a peer tier: it goes after"),
+        ([TierSpec("")], r"^tiers\[0\].path must be a directory"),
     ],
 )
-def test_bad_tier_combinations_are_one_line_errors_naming_the_argument(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kwargs: dict, message: str
+def test_bad_tiers_are_one_line_errors_naming_the_field(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, tiers: list, message: str
 ) -> None:
     monkeypatch.chdir(tmp_path)
-    with pytest.raises(ValueError, match=message) as caught:
-        Checkpointer(**kwargs)
-    assert "\n" not in str(caught.value)
+    for make in (lambda: Checkpointer(tiers), lambda: CheckpointConfig(tiers=tuple(tiers))):
+        with pytest.raises(CheckpointConfigError, match=message) as caught:
+            make()
+        assert "\n" not in str(caught.value)
     assert not any(tmp_path.iterdir()), "a refused configuration created directories"
 
 
-def test_two_tier_shorthand_is_the_same_as_a_list_of_two(tmp_path: Path) -> None:
-    with Checkpointer(tmp_path / "s", local_dir=tmp_path / "l", persist_every=3) as short:
-        assert [(t.name, t.path) for t in short.tiers] == [("local", tmp_path / "l"), ("shared", tmp_path / "s")]
-        assert short.local is short.tiers[0] and short.shared is short.tiers[1] and short.persist_every == 3
-    with Checkpointer(tiers=[tmp_path / "l", TierSpec(tmp_path / "s", persist_every=3)]) as listed:
-        assert [(t.name, t.path) for t in listed.tiers] == [("local", tmp_path / "l"), ("shared", tmp_path / "s")]
+def test_a_path_is_one_tier_and_a_list_names_its_tiers(tmp_path: Path) -> None:
+    with Checkpointer(tmp_path / "s") as one:
+        assert [(t.name, t.path) for t in one.tiers] == [("shared", tmp_path / "s")] and one.local is None
+    with Checkpointer([tmp_path / "l", TierSpec(tmp_path / "s", persist_every=3)]) as two:
+        assert [(t.name, t.path) for t in two.tiers] == [("local", tmp_path / "l"), ("shared", tmp_path / "s")]
+        assert two.local is two.tiers[0] and two.shared is two.tiers[1] and two.shared_every == 3
     with Checkpointer(tiers=three(tmp_path)) as ck:
         assert [t.name for t in ck.tiers] == ["local", "local-1", "shared"] and ck.local is ck.tiers[0]
 
@@ -162,7 +165,7 @@ def test_flush_from_the_arena_and_the_reread_give_identical_verified_files(tmp_p
             release.wait(30)  # runs in the flusher: it cannot start the next flush meanwhile
 
     shared, local = tmp_path / "shared", tmp_path / "local"
-    with Checkpointer(shared, local_dir=local, keep=5) as ck:
+    with Checkpointer([local, shared], keep=5) as ck:
         ck.save(0, state_at(0), on_commit=hold_first)
         deadline = time.monotonic() + 30
         while ck.stats.persisted < 1 and time.monotonic() < deadline:
@@ -301,7 +304,7 @@ def test_autotuner_charges_each_step_the_slowdown_of_the_flush_seconds_it_overla
 
 def test_the_checkpointer_counts_the_seconds_its_flusher_works(tmp_path: Path) -> None:
     state = {"w": torch.zeros(1 << 20)}
-    with Checkpointer(tmp_path / "shared", local_dir=tmp_path / "local") as ck:
+    with Checkpointer([tmp_path / "local", tmp_path / "shared"]) as ck:
         assert ck.flush_seconds == 0.0
         began = time.perf_counter()
         for step in range(3):

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
+from resilient_flows.checkpoint import CheckpointConfig
 from resilient_flows.errors import ResilientFlowsError
 from resilient_flows.rundir import request_preemption
 from resilient_flows.rundir._metrics import MetricsLog
 from resilient_flows.training import (
-    CheckpointSpec,
     FaultSpec,
     MemberSpec,
     Preempted,
@@ -33,7 +33,7 @@ def spec(name: str = "m", workload: str = "mlp-digits", steps: int = 60, **chang
         params={"channels": 8} if workload == "cnn-digits" else {"hidden": 32},
         seed=3,
         steps=steps,
-        checkpoint=CheckpointSpec(interval_steps=10),
+        checkpoint=CheckpointConfig(interval_steps=10),
     )
     return replace(base, **changes)
 
@@ -75,7 +75,7 @@ def test_a_control_file_request_preempts_at_the_next_step(tmp_path: Path) -> Non
 
 
 def test_time_interval_checkpoints_and_final_checkpoint(tmp_path: Path) -> None:
-    timed = spec(checkpoint=CheckpointSpec(interval_steps=None, interval_s=3600.0))
+    timed = spec(checkpoint=CheckpointConfig(interval_steps=None, interval_s=3600.0))
     run_member(timed.to_dict(), str(tmp_path))
     saved = [e["step"] for e in read_events(tmp_path) if e["kind"] == "checkpointed"]
     assert saved == [59]  # nothing was due within the hour, the last step always is

@@ -27,7 +27,7 @@ transformers = require_module(
 import torch  # noqa: E402
 from conftest import REPO, python_env  # noqa: E402
 
-from resilient_flows.checkpoint import Checkpointer  # noqa: E402
+from resilient_flows.checkpoint import CheckpointConfig, Checkpointer, TierSpec  # noqa: E402
 from resilient_flows.checkpoint._tiers import Tier  # noqa: E402
 from resilient_flows.errors import CheckpointError, ResilientFlowsError  # noqa: E402
 from resilient_flows.integrations.transformers import resilient_trainer  # noqa: E402
@@ -200,13 +200,14 @@ def test_settings_it_cannot_honour_are_refused(tmp_path: Path, example) -> None:
 
 
 def member_env(run_dir: Path, attempt: int, steps: int, interval: int) -> dict[str, str]:
+    shared = run_dir / "members" / "hf" / "checkpoints"
     contract = RunContract(
         run_dir=run_dir,
         member="hf",
-        checkpoint_dir=run_dir / "members" / "hf" / "checkpoints",
+        checkpoint_dir=shared,
         attempt=attempt,
         params={"seed": SEED, "steps": steps},
-        checkpoint_interval=interval,
+        checkpoint=CheckpointConfig(tiers=(TierSpec(str(shared), name="shared"),), interval_steps=interval),
     )
     return {**python_env(), **contract.to_env(), "HF_HUB_OFFLINE": "1"}
 

@@ -21,11 +21,12 @@ transformers = require_module(
 import hf_ids  # noqa: E402
 from conftest import python_env  # noqa: E402
 
+from resilient_flows.checkpoint import CheckpointConfig  # noqa: E402
 from resilient_flows.errors import CheckpointError, ResilientFlowsError  # noqa: E402
 from resilient_flows.integrations.transformers import resilient_trainer  # noqa: E402
 from resilient_flows.training import MemberSpec, ResumableLoader, RunContract, read_events, state_digest  # noqa: E402
 from resilient_flows.training._members import register_member  # noqa: E402
-from resilient_flows.training._spec import CheckpointSpec, FaultSpec  # noqa: E402
+from resilient_flows.training._spec import FaultSpec  # noqa: E402
 
 STEPS_PER_EPOCH = hf_ids.EXAMPLES // 4
 
@@ -101,7 +102,7 @@ def start(run_dir: Path, name: str, attempt: int, faults: tuple[FaultSpec, ...] 
         params={},
         seed=hf_ids.SEED,
         steps=10,
-        checkpoint=CheckpointSpec(interval_steps=3, keep=2),
+        checkpoint=CheckpointConfig(interval_steps=3, keep=2),
         faults=faults,
         command=[sys.executable, hf_ids.__file__],
     )

@@ -10,11 +10,11 @@ from typing import Any
 import pytest
 from parsl.jobs.states import JobState, JobStatus
 
-from resilient_flows.checkpoint import CheckpointStats
+from resilient_flows.checkpoint import CheckpointConfig, CheckpointStats
 from resilient_flows.rundir import member_layout, request_preemption, run_layout
 from resilient_flows.rundir._block import BLOCK_ENV
 from resilient_flows.rundir._control import read_stop_request
-from resilient_flows.training import CheckpointSpec, FaultSpec, MemberSpec, Preempted, read_events, run_member
+from resilient_flows.training import FaultSpec, MemberSpec, Preempted, read_events, run_member
 from resilient_flows.training import _autotune as autotune
 from resilient_flows.training._walltime import (
     DEFAULT_COMMIT_S,
@@ -100,7 +100,7 @@ def _spec(steps: int = 40) -> MemberSpec:
         params={},
         seed=1,
         steps=steps,
-        checkpoint=CheckpointSpec(interval_steps=10),
+        checkpoint=CheckpointConfig(interval_steps=10),
     )
 
 
@@ -135,13 +135,15 @@ def test_a_script_member_declines_to_start_with_status_75_and_trains_nothing(
     """A command member's script (``from_env``) is held to the same start rule as a workload."""
     import torch
 
+    from resilient_flows.checkpoint import TierSpec
     from resilient_flows.training import from_env
     from resilient_flows.training._contract import RunContract
 
     monkeypatch.setenv(BLOCK_ENV, "7")
     _block_times(tmp_path, drain_in_s=2.0)
     checkpoints = member_layout(tmp_path, "m").checkpoints
-    env = RunContract(tmp_path, "m", checkpoints, params={"steps": 40, "seed": 1}, checkpoint_interval=10).to_env()
+    config = CheckpointConfig(tiers=(TierSpec(str(checkpoints), name="shared"),), interval_steps=10)
+    env = RunContract(tmp_path, "m", checkpoints, params={"steps": 40, "seed": 1}, checkpoint=config).to_env()
     model = torch.nn.Linear(2, 2)
     run = from_env(env)
     with pytest.raises(SystemExit) as stopped:

@@ -25,10 +25,11 @@ from parsl.executors.high_throughput.errors import WorkerLost
 from slurm import wait_for
 
 from resilient_flows.apps import ResumingRetryHandler
+from resilient_flows.checkpoint import CheckpointConfig
 from resilient_flows.errors import WorkflowError
 from resilient_flows.rundir import read_records, run_layout
 from resilient_flows.rundir._heartbeat import BEAT_S, Heartbeat, attempt_heartbeat_path, read_attempt_heartbeat
-from resilient_flows.training import CheckpointSpec, MemberSpec, TrainContext, read_events, run_member
+from resilient_flows.training import MemberSpec, TrainContext, read_events, run_member
 from resilient_flows.workflow import read_plan
 from resilient_flows.workflow._blocks import BlockLedger, RunnerLock, cancel_block, process_start_time
 from resilient_flows.workflow._watchdog import START_FACTOR, WATCH_S, Watchdog, clear_heartbeats, stall_timeout
@@ -87,7 +88,7 @@ def test_a_heartbeat_rewrites_its_record_in_place_and_removes_it_on_exit(tmp_pat
 
 def test_a_member_s_heartbeat_tells_the_newest_checkpoint_its_attempt_committed(tmp_path: Path) -> None:
     spec = MemberSpec(
-        name="h", workload="mlp-digits", params={"hidden": 8}, steps=4, checkpoint=CheckpointSpec(interval_steps=2)
+        name="h", workload="mlp-digits", params={"hidden": 8}, steps=4, checkpoint=CheckpointConfig(interval_steps=2)
     )
     context = TrainContext(spec, tmp_path)
     path = attempt_heartbeat_path(tmp_path, "h")

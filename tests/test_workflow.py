@@ -55,7 +55,8 @@ def test_members_expand_grid_times_seeds_in_file_order(tmp_path: Path) -> None:
     ]
     assert specs[1].faults[0].kind == "kill" and specs[1].faults[0].at_step == 25
     assert not specs[0].faults
-    assert specs[4].checkpoint.local_dir == "/scratch/run/solo" and specs[4].checkpoint.interval_steps == 10
+    local = specs[4].checkpoint.tier("local")
+    assert local is not None and local.path == "/scratch/run/solo" and specs[4].checkpoint.interval_steps == 10
 
 
 @pytest.mark.parametrize(

@@ -75,7 +75,7 @@ def main() -> Digits:
     contract = RunContract.from_env() if "RESILIENT_FLOWS_RUN_DIR" in os.environ else None
     if contract is not None:
         args.seed, args.steps = contract.params["seed"], contract.params["steps"]
-        args.every = contract.checkpoint_interval or args.every
+        args.every = contract.checkpoint_config().interval_steps or args.every
     torch.set_num_threads(1)
     pl.seed_everything(args.seed, verbose=False)
     data = load_dataset("digits")

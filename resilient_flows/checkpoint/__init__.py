@@ -17,11 +17,14 @@ _SOURCES = {
         "CheckpointInfo",
         "scan",
     ),
+    "resilient_flows.checkpoint._config": (
+        "CheckpointConfig",
+        "TierSpec",
+    ),
     "resilient_flows.checkpoint._engine": (
         "CheckpointStats",
         "Checkpointer",
         "SkippedCheckpoint",
-        "TierSpec",
     ),
     "resilient_flows.checkpoint._export": (
         "ExportResult",
@@ -61,6 +64,7 @@ _SOURCES = {
         "unflatten",
     ),
     "resilient_flows.errors": (
+        "CheckpointConfigError",
         "CheckpointError",
         "CorruptCheckpointError",
         "StateMismatchError",
@@ -74,6 +78,12 @@ if TYPE_CHECKING:  # the names' definitions, for type checkers and editors (a te
     from resilient_flows.checkpoint._catalog import (
         scan as scan,
     )
+    from resilient_flows.checkpoint._config import (
+        CheckpointConfig as CheckpointConfig,
+    )
+    from resilient_flows.checkpoint._config import (
+        TierSpec as TierSpec,
+    )
     from resilient_flows.checkpoint._engine import (
         Checkpointer as Checkpointer,
     )
@@ -82,9 +92,6 @@ if TYPE_CHECKING:  # the names' definitions, for type checkers and editors (a te
     )
     from resilient_flows.checkpoint._engine import (
         SkippedCheckpoint as SkippedCheckpoint,
-    )
-    from resilient_flows.checkpoint._engine import (
-        TierSpec as TierSpec,
     )
     from resilient_flows.checkpoint._export import (
         ExportResult as ExportResult,
@@ -160,6 +167,9 @@ if TYPE_CHECKING:  # the names' definitions, for type checkers and editors (a te
     )
     from resilient_flows.checkpoint._tree import (
         unflatten as unflatten,
+    )
+    from resilient_flows.errors import (
+        CheckpointConfigError as CheckpointConfigError,
     )
     from resilient_flows.errors import (
         CheckpointError as CheckpointError,

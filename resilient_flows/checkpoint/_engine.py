@@ -27,7 +27,6 @@ import time
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any, cast
 
 import numpy as np
@@ -37,11 +36,11 @@ import xxhash
 from resilient_flows.checkpoint._boxes import Box, HeldBox, held_boxes, is_dtensor, local_box
 from resilient_flows.checkpoint._buddy import fetch_copy
 from resilient_flows.checkpoint._comm import as_comm, first_problem
+from resilient_flows.checkpoint._config import CheckpointConfig, TierSpec, check_positive_int, check_tiers
 from resilient_flows.checkpoint._flat import flatten_state
 from resilient_flows.checkpoint._heartbeat import HeartbeatWriter
 from resilient_flows.checkpoint._peer import Ring
 from resilient_flows.checkpoint._reader import Restored, SkippedCheckpoint, read_agreed
-from resilient_flows.checkpoint._registry import BuddyLink
 from resilient_flows.checkpoint._shardfile import ShardEntry
 from resilient_flows.checkpoint._snapshot import CopyTask, CopyWorker, HostArena, Snapshot
 from resilient_flows.checkpoint._state import RANK_LOCAL, Stateful, TrainState
@@ -59,47 +58,6 @@ from resilient_flows.checkpoint._writer import CheckpointStats, WriteJob, WriteP
 from resilient_flows.errors import STORAGE_FULL, CheckpointError, Failure, StorageFullError
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class TierSpec:
-    """One storage tier of a :class:`Checkpointer`, in a list ordered fastest first.
-
-    Parameters
-    ----------
-    path:
-        The tier's directory. Every tier but the last is node-local (``/dev/shm/...``,
-        ``/local/scratch/...``): each node keeps its own ranks' shards there. The last one is
-        shared by every node (the parallel file system) and survives the job.
-    persist_every:
-        Every ``persist_every``-th checkpoint sent to the previous tier is also sent on to this
-        one, in the background. The first tier gets every checkpoint (it must be 1 there).
-    name:
-        How messages and ``on_commit`` call the tier. Default: ``"local"`` for the first of
-        several, ``"local-<index>"`` for the next node-local ones, ``"peer"`` for a peer tier,
-        ``"shared"`` for the last.
-    peer:
-        A peer tier (between the node-local tiers and the shared one): a node-local directory,
-        best in node memory, where each node keeps a copy of the shards of the previous node of
-        a ring over the ranks' nodes, sent over ``comm`` in the background. A member that loses
-        a node restores that node's shards from its buddy instead of the shared tier. With one
-        node there is no buddy, and the tier stays empty.
-    capacity:
-        A peer tier's bound, in bytes per node: each node keeps as many of its buddy's
-        checkpoints as fit (at most ``keep``), and none when one does not fit.
-    buddies:
-        A peer tier for ranks that all run on one node: how to reach the checkpoint transfer
-        services of other nodes (:class:`~resilient_flows.checkpoint._registry.BuddyLink`). Rank 0
-        sends each checkpoint that reaches the tier to a buddy node, and a restore on another
-        node fetches it back from there before reading the shared tier.
-    """
-
-    path: str | os.PathLike
-    persist_every: int = 1
-    name: str | None = None
-    peer: bool = False
-    capacity: int | None = None
-    buddies: BuddyLink | None = None
 
 
 @dataclass(frozen=True)
@@ -121,21 +79,18 @@ class Checkpointer:
 
     Parameters
     ----------
-    directory:
-        The shared (persistent) tier: a directory on the parallel file system.
-    local_dir:
-        Optional node-local tier (``/tmp``, ``/local/scratch``, ...). Checkpoints are committed
-        there first and flushed to ``directory`` in the background.
-    persist_every:
-        With ``local_dir``, every ``persist_every``-th checkpoint also goes to the shared tier.
-        ``save(..., persist=True)`` forces it (use it for the last checkpoint before a walltime).
     tiers:
-        Instead of the three above, any number of tiers, fastest first, each a :class:`TierSpec`
-        (or a path, for ``TierSpec(path)``): e.g. ``[TierSpec("/dev/shm/x"),
-        TierSpec("/scratch/x", persist_every=2), TierSpec("/lus/x", persist_every=4)]``. A
-        checkpoint is committed in the first, then flushed on from tier to tier in the
-        background, from host memory while the next save has not reused it. ``persist=True``
-        sends it through every tier. Restore takes the newest valid step found in any tier.
+        Where checkpoints go: one directory (``Checkpointer("ckpt")``: a single shared tier), or
+        any number of tiers, fastest first, each a :class:`TierSpec` or a path (for
+        ``TierSpec(path)``): e.g. ``[TierSpec("/dev/shm/x"), TierSpec("/scratch/x",
+        persist_every=2), TierSpec("/lus/x", persist_every=4)]``. A checkpoint is committed in
+        the first, then flushed on from tier to tier in the background, from host memory while
+        the next save has not reused it. ``save(..., persist=True)`` sends it through every tier
+        (use it for the last checkpoint before a walltime). Restore takes the newest valid step
+        found in any tier. A workflow member's tiers come whole from its
+        :class:`~resilient_flows.checkpoint.CheckpointConfig` (:meth:`from_config`). A bad list
+        (an option out of range, two tiers in one directory) raises
+        :class:`~resilient_flows.errors.CheckpointConfigError` naming the field.
     keep:
         Committed checkpoints kept per tier; older ones are pruned after each commit.
     comm:
@@ -162,20 +117,18 @@ class Checkpointer:
 
     def __init__(
         self,
-        directory: str | os.PathLike | None = None,
+        tiers: str | os.PathLike | Sequence[TierSpec | str | os.PathLike],
         *,
-        local_dir: str | os.PathLike | None = None,
-        persist_every: int | None = None,
-        tiers: Sequence[TierSpec | str | os.PathLike] | None = None,
         keep: int = 3,
         comm: Any = None,
         pin_memory: bool | None = None,
         heartbeat: bool = True,
         node: str | None = None,
     ) -> None:
-        _check_positive_int("keep", keep)
-        specs = _tier_specs(directory, local_dir, persist_every, tiers)
-        self.tiers = [Tier(spec.path, cast(str, spec.name)) for spec in specs]  # _tier_specs names each
+        check_positive_int("keep", keep)
+        specs = check_tiers(tiers)
+        self._specs = specs
+        self.tiers = [Tier(spec.path, cast(str, spec.name)) for spec in specs]  # check_tiers names each
         self._every = [spec.persist_every for spec in specs]
         self._sent = [0] * len(specs)  # per tier: checkpoints sent to the tier before it
         self.shared = self.tiers[-1]
@@ -229,15 +182,25 @@ class Checkpointer:
         self._pipeline.comm.allgather(None)  # nobody writes before every rank has cleaned up
         atexit.register(_close_at_exit, weakref.ref(self))
 
+    @classmethod
+    def from_config(cls, config: CheckpointConfig, **options: Any) -> Checkpointer:
+        """The checkpointer of ``config``'s tiers and retention (placed where it runs: see
+        :meth:`CheckpointConfig.placed`); ``options`` are the other keyword arguments."""
+        return cls(config.tiers, keep=config.keep, **options)
+
     @property
-    def persist_every(self) -> int:
-        """The last tier's ``persist_every``: what ``local_dir`` + ``persist_every`` set, and what
-        ``interval: auto`` tunes."""
+    def tier_specs(self) -> tuple[TierSpec, ...]:
+        """The tiers as given, named, each with the cadence it has now (``interval: auto`` tunes the last)."""
+        return tuple(replace(spec, persist_every=every) for spec, every in zip(self._specs, self._every, strict=True))
+
+    @property
+    def shared_every(self) -> int:
+        """The last tier's cadence (its :attr:`TierSpec.persist_every`): what ``interval: auto`` tunes."""
         return self._every[-1]
 
-    @persist_every.setter
-    def persist_every(self, value: int) -> None:
-        _check_positive_int("persist_every", value)
+    @shared_every.setter
+    def shared_every(self, value: int) -> None:
+        check_positive_int("tiers[-1].persist_every", value)
         self._every[-1] = value
 
     @property
@@ -626,73 +589,6 @@ def _as_stateful(state: Any) -> Stateful:
     raise TypeError(
         f"cannot checkpoint a {type(state).__name__}: pass a TrainState, a dict, or an object with state_dict()"
     )
-
-
-def _check_positive_int(name: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
-
-
-def _tier_specs(
-    directory: str | os.PathLike | None,
-    local_dir: str | os.PathLike | None,
-    persist_every: int | None,
-    tiers: Sequence[TierSpec | str | os.PathLike] | None,
-) -> list[TierSpec]:
-    """The tiers, fastest first, named: from ``tiers=`` or from the two-tier shorthand."""
-    if tiers is None:
-        if directory is None:
-            raise ValueError("Checkpointer needs directory= (the shared tier) or tiers=")
-        every = 1 if persist_every is None else persist_every
-        _check_positive_int("persist_every", every)
-        if local_dir is None:
-            return [TierSpec(directory, every, name="shared")]
-        if _same_path(Path(local_dir), Path(directory)):
-            raise ValueError(f"local_dir and directory are the same directory {Path(directory)}")
-        return [TierSpec(local_dir, name="local"), TierSpec(directory, every, name="shared")]
-    given = [name for name, value in (("directory", directory), ("local_dir", local_dir)) if value is not None]
-    if persist_every is not None:
-        given.append("persist_every")
-    if given:
-        raise ValueError(f"tiers= replaces {' and '.join(given)}: give each tier's path and persist_every in tiers")
-    if isinstance(tiers, str | os.PathLike) or not tiers:
-        raise ValueError(f"tiers must be a non-empty list of TierSpec or paths, got {tiers!r}")
-    specs = [spec if isinstance(spec, TierSpec) else TierSpec(spec) for spec in tiers]
-    seen: dict[Path, int] = {}
-    for index, spec in enumerate(specs):
-        _check_positive_int(f"tiers[{index}].persist_every", spec.persist_every)
-        where = Path(spec.path).resolve()
-        if where in seen:
-            raise ValueError(f"tiers[{index}] and tiers[{seen[where]}] are the same directory {where}")
-        seen[where] = index
-    for index, spec in enumerate(specs):
-        if spec.peer and not 0 < index < len(specs) - 1:
-            raise ValueError(
-                f"tiers[{index}] is a peer tier: it goes after a node-local tier and before the shared one, "
-                "since it copies what the first tier committed and cannot outlive the nodes"
-            )
-        if spec.buddies is not None and not spec.peer:
-            raise ValueError(f"tiers[{index}].buddies reach other nodes' copies: only a peer tier has them")
-        if spec.capacity is not None and (not spec.peer or spec.capacity < 1):
-            raise ValueError(f"tiers[{index}].capacity bounds a peer tier's bytes per node; got {spec.capacity!r}")
-    if sum(spec.peer for spec in specs) > 1:
-        raise ValueError("at most one peer tier: each node keeps one buddy's copies")
-    if specs[0].persist_every != 1:
-        first = specs[0].persist_every
-        raise ValueError(f"tiers[0].persist_every must be 1 (the first tier gets every save), got {first}")
-    return [replace(spec, name=spec.name or _tier_name(i, len(specs), spec.peer)) for i, spec in enumerate(specs)]
-
-
-def _tier_name(index: int, count: int, peer: bool) -> str:
-    if peer:
-        return "peer"
-    if index == count - 1:
-        return "shared"
-    return "local" if index == 0 else f"local-{index}"
-
-
-def _same_path(a: Path, b: Path) -> bool:
-    return a.resolve() == b.resolve()
 
 
 def _close_at_exit(ref: weakref.ref) -> None:

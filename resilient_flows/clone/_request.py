@@ -20,7 +20,6 @@ from resilient_flows.training import (
     BUILTIN_PARAMS,
     OPTIMIZER_KEYS,
     STRUCTURAL,
-    CheckpointSpec,
     MemberSpec,
     ParentSpec,
     fill_command,
@@ -119,13 +118,9 @@ def _new_names(run_dir: Path, member: str, n: int) -> list[str]:
 def _clone_spec(source: MemberSpec, name: str, changes: dict[str, Any], parent: ParentSpec, ranks: int) -> MemberSpec:
     params = {**source.params, **{k: v for k, v in changes.items() if k not in ("seed", "steps")}}
     seed, steps = int(changes.get("seed", source.seed)), int(changes.get("steps", source.steps))
-    local, memory, peer = source.checkpoint.local_dir, source.checkpoint.memory_dir, source.checkpoint.peer_dir
-    checkpoint: CheckpointSpec = replace(
-        source.checkpoint,
-        local_dir=None if local is None else str(PurePosixPath(local).parent / name),
-        memory_dir=None if memory is None else str(PurePosixPath(memory).parent / name),
-        peer_dir=None if peer is None else str(PurePosixPath(peer).parent / name),
-    )
+    *node_local, shared = source.checkpoint.tiers  # the planner names node-local tiers <root>/<member>
+    tiers = [replace(tier, path=str(PurePosixPath(tier.path).parent / name)) for tier in node_local]
+    checkpoint = replace(source.checkpoint, tiers=(*tiers, shared))
     command = source.command
     if source.command_template is not None:  # the clone's own command line: {lr} is its lr
         workdir = None if source.workdir is None else Path(source.workdir)

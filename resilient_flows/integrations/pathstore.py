@@ -34,6 +34,7 @@ import logging
 import os
 import shutil
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,9 +42,10 @@ from typing import Any
 import torch
 
 from resilient_flows.capped import CONTROL_CAP, DOCUMENT_CAP, open_regular, parse_json, read_capped
-from resilient_flows.checkpoint import MANIFEST, Checkpointer, Tier, flatten, read_checkpoint, unflatten
+from resilient_flows.checkpoint import MANIFEST, Checkpointer, Tier, TierSpec, flatten, read_checkpoint, unflatten
+from resilient_flows.checkpoint._config import check_positive_int, check_tiers
 from resilient_flows.durable import fsync_dir, write_durably
-from resilient_flows.errors import CheckpointError, FileTooLargeError
+from resilient_flows.errors import CheckpointConfigError, CheckpointError, FileTooLargeError
 
 __all__ = ["REF_FORMAT", "PathStore", "Ref", "load", "read_ref"]
 
@@ -177,29 +179,30 @@ class PathStore:
 
     Parameters
     ----------
-    directory:
-        The shared tier (lane 0's step directories go straight into it, where the runner looks).
-    local_dir:
-        Optional node-local tier: commits go there first and are flushed to ``directory``.
-    persist_every:
-        With ``local_dir``, every ``persist_every``-th save also goes to the shared tier.
+    tiers:
+        The shared tier's directory (lane 0's step directories go straight into it, where the
+        runner looks), or a list of tiers as a :class:`~resilient_flows.checkpoint.Checkpointer`
+        takes them, here at most two: a node-local tier, where commits go first, and the shared
+        one, whose :class:`~resilient_flows.checkpoint.TierSpec` says how often a save goes on to it.
     keep:
         The newest lane-0 checkpoints kept even when no reference names them any more.
     """
 
     def __init__(
         self,
-        directory: str | os.PathLike,
+        tiers: str | os.PathLike | Sequence[TierSpec | str | os.PathLike],
         *,
-        local_dir: str | os.PathLike | None = None,
-        persist_every: int = 1,
         keep: int = 2,
     ) -> None:
-        if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
-            raise ValueError(f"keep must be an integer >= 1, got {keep!r}")
-        self.directory = Path(directory).absolute()
-        self.local_dir = None if local_dir is None else Path(local_dir).absolute()
-        self.persist_every = persist_every
+        check_positive_int("keep", keep)
+        *local, shared = check_tiers(tiers)  # never empty; a peer tier needs three
+        if len(local) > 1:
+            raise CheckpointConfigError(
+                f"tiers: a path store takes a shared tier and at most one node-local tier, got {len(local) + 1} tiers"
+            )
+        self.directory = Path(shared.path).absolute()
+        self.local_dir = Path(local[0].path).absolute() if local else None
+        self.shared_every = shared.persist_every
         self.keep = keep
         self._lanes: dict[int, _Lane] = {}
         self._refs: dict[Path, Ref] | None = None  # every reference to this store, once scanned
@@ -226,7 +229,7 @@ class PathStore:
             lane_index = self._free_lane(step)
             lane = self._lane(lane_index)
             self._saves += 1
-            persist = self._saves % self.persist_every == 0
+            persist = self._saves % self.shared_every == 0
             final = lane.tiers[-1] if persist or len(lane.tiers) == 1 else lane.tiers[0]
             checkpointer = lane.checkpointer
             if checkpointer is None:  # never: _lane starts its engine
@@ -271,10 +274,7 @@ class PathStore:
                 lane_tiers(self.directory, self.local_dir, index), self._lane_newest(index)
             )
         if lane.checkpointer is None:
-            local, shared = (
-                (lane.tiers[0].path, lane.tiers[1].path) if len(lane.tiers) > 1 else (None, lane.tiers[0].path)
-            )
-            lane.checkpointer = Checkpointer(shared, local_dir=local, persist_every=1, keep=_NO_RETENTION)
+            lane.checkpointer = Checkpointer([tier.path for tier in lane.tiers], keep=_NO_RETENTION)
         return lane
 
     def _settler(self, lane: _Lane, final: Tier) -> Any:

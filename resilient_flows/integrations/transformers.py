@@ -32,6 +32,7 @@ import json
 import logging
 import os
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, cast
 
@@ -45,7 +46,15 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
         "resilient_flows.integrations.transformers needs transformers: pip install 'resilient-flows[transformers]'"
     ) from exc
 
-from resilient_flows.checkpoint import Checkpointer, TrainState, capture_rng, read_manifest, restore_rng, unflatten
+from resilient_flows.checkpoint import (
+    Checkpointer,
+    TierSpec,
+    TrainState,
+    capture_rng,
+    read_manifest,
+    restore_rng,
+    unflatten,
+)
 from resilient_flows.errors import CheckpointError, CorruptCheckpointError, ResilientFlowsError
 from resilient_flows.integrations._trainer_data import TrainerData, serves_data
 from resilient_flows.training import ENV_NAMES, DataPositions
@@ -65,12 +74,10 @@ _TRAINER_STATE_FILE = "trainer_state.json"  # the name Trainer looks for in a re
 
 def resilient_trainer(
     trainer: Trainer,
-    directory: str | os.PathLike | None = None,
+    tiers: str | os.PathLike | Sequence[TierSpec | str | os.PathLike] | None = None,
     *,
-    local_dir: str | os.PathLike | None = None,
     save_steps: int | None = None,
     keep: int | None = None,
-    persist_every: int | None = None,
     resumable_data: bool | None = None,
 ) -> ResilientTrainerCallback:
     """Make ``trainer`` checkpoint through resilient-flows and stop cleanly on SIGTERM/SIGUSR1.
@@ -84,17 +91,16 @@ def resilient_trainer(
     ----------
     trainer:
         The ``Trainer`` (or subclass) to change; call before ``trainer.train``.
-    directory:
-        The shared tier. Default: ``<output_dir>/checkpoints``.
-    local_dir:
-        Optional node-local tier, committed first and flushed to ``directory`` in the background.
+    tiers:
+        The shared tier's directory, or a list of tiers fastest first as a
+        :class:`~resilient_flows.checkpoint.Checkpointer` takes them (``["/local/x",
+        TierSpec("/lus/x", ...)]``: committed node-locally, flushed on at the shared
+        :class:`~resilient_flows.checkpoint.TierSpec`'s cadence). Default: ``<output_dir>/checkpoints``.
     save_steps:
         Checkpoint every ``save_steps`` optimizer steps. Default: Trainer's own ``save_strategy``
         decides when (steps, epoch or best), and our engine writes it.
     keep:
         Committed checkpoints kept per tier (default 3); replaces ``save_total_limit``.
-    persist_every:
-        With ``local_dir``: every n-th checkpoint also goes to ``directory`` (default 1).
     resumable_data:
         Train from a :class:`~resilient_flows.training.ResumableLoader` built from the Trainer's
         own data settings (dataset, collator, ``per_device_train_batch_size`` times the ranks,
@@ -120,20 +126,18 @@ def resilient_trainer(
     serve_data = serves_data(trainer, resumable_data)
     if save_steps is not None and (isinstance(save_steps, bool) or not isinstance(save_steps, int) or save_steps < 1):
         raise ValueError(f"save_steps must be an integer >= 1, got {save_steps!r}")
-    given = {"directory": directory, "local_dir": local_dir, "save_steps": save_steps, "keep": keep}
+    given = {"tiers": tiers, "save_steps": save_steps, "keep": keep}
     if os.environ.get(ENV_NAMES["run_dir"]):
-        ignored = [name for name, value in {**given, "persist_every": persist_every}.items() if value is not None]
+        ignored = [name for name, value in given.items() if value is not None]
         if ignored:
             logger.warning("running as a workflow member: its checkpoint settings win over %s", ", ".join(ignored))
         run: _Member | _Standalone = _Member()
     else:
         run = _Standalone(
             # TrainingArguments sets output_dir ("trainer_output" when not given) in __post_init__
-            Path(cast(str, trainer.args.output_dir)) / "checkpoints" if directory is None else Path(directory),
-            local_dir=local_dir,
+            Path(cast(str, trainer.args.output_dir)) / "checkpoints" if tiers is None else tiers,
             save_steps=save_steps,
             keep=3 if keep is None else keep,
-            persist_every=1 if persist_every is None else persist_every,
         )
     callback = ResilientTrainerCallback(trainer, run, TrainerData(trainer, run.positions) if serve_data else None)
     trainer.add_callback(callback)
@@ -432,16 +436,12 @@ class _Standalone:
 
     def __init__(
         self,
-        directory: Path,
+        tiers: str | os.PathLike | Sequence[TierSpec | str | os.PathLike],
         *,
-        local_dir: str | os.PathLike | None,
         save_steps: int | None,
         keep: int,
-        persist_every: int,
     ) -> None:
-        self.checkpointer = Checkpointer(
-            directory, local_dir=local_dir, keep=keep, persist_every=persist_every, comm=_world_group()
-        )
+        self.checkpointer = Checkpointer(tiers, keep=keep, comm=_world_group())
         self.save_steps = save_steps
         self.positions = DataPositions()
         self._saver = CheckpointSaver(self.checkpointer)

@@ -239,12 +239,13 @@ class MLCConfig:
         means one checkpoint, at the end.
     l2_every:
         Every ``l2_every``-th L1 checkpoint since the job (re)started is also flushed to L2, as the
-        engine's ``persist_every`` counts; ``None`` never flushes (the one-level case).
+        engine's tier cadence (a :class:`~resilient_flows.checkpoint.TierSpec`'s) counts; ``None``
+        never flushes (the one-level case).
     predicted_efficiency:
         What a model or the search expects ``solve_time / wall_time`` to be; ``None`` when unknown.
     l3_every:
         With three levels, every ``l3_every``-th L2 checkpoint since the job (re)started goes on to
-        L3. It counts L2 checkpoints, not L1 ones, as the ``persist_every`` of the engine's third
+        L3. It counts L2 checkpoints, not L1 ones, as the cadence of the engine's third
         tier counts saves sent to its second: one L3 checkpoint every ``l2_every * l3_every`` L1
         checkpoints. ``None``: never.
     predicted_traffic:

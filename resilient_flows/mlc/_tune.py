@@ -2,7 +2,7 @@
 
 The formulas see the job as one level whose failures are all failures (``1 / M = 1 / l1_mtbf
 + 1 / l2_mtbf + 1 / l3_mtbf``) and flush every checkpoint, which is what the engine does by default
-(``persist_every: 1``). The learned model covers two levels; it is left out for three.
+(a shared tier that takes every checkpoint). The learned model covers two levels; it is left out for three.
 """
 
 from __future__ import annotations

@@ -18,15 +18,16 @@ import math
 import os
 import re
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from resilient_flows.checkpoint import RANK_LOCAL, Checkpointer, CheckpointStats, read_manifest
+from resilient_flows.checkpoint import RANK_LOCAL, Checkpointer, CheckpointStats, TierSpec, read_manifest
+from resilient_flows.checkpoint._config import check_tiers
 from resilient_flows.errors import CheckpointError, StateMismatchError
 from resilient_flows.resilience._capture import Array, find_arrays
 
@@ -128,17 +129,16 @@ class Context:
 
     Parameters
     ----------
-    directory:
-        Root of this context's checkpoints; label ``x`` checkpoints in ``directory/x``.
+    tiers:
+        Root of this context's checkpoints, one directory or a list of tiers fastest first (as a
+        :class:`~resilient_flows.checkpoint.Checkpointer` takes them: a path or a
+        :class:`~resilient_flows.checkpoint.TierSpec` each); label ``x`` checkpoints in
+        ``<tier>/x`` of each.
     filter:
         ``filter(label, i) -> bool`` decides after iteration ``i`` ran whether to checkpoint it.
         Default: :func:`every` ``(1)``, every iteration. Use ``every(10)`` or ``every(seconds=60)``.
-    local_dir:
-        Optional node-local tier; label ``x`` uses ``local_dir/x``. Passed to each Checkpointer.
     keep:
         Committed checkpoints kept per label and tier.
-    persist_every:
-        With ``local_dir``, every ``persist_every``-th checkpoint of a label goes to ``directory``.
     comm:
         An ``mpi4py`` communicator or ``torch.distributed`` group. With it, every rank saves its
         own arrays (they are stored per rank, as for a domain decomposition, not sharded as
@@ -162,21 +162,18 @@ class Context:
 
     def __init__(
         self,
-        directory: str | os.PathLike,
+        tiers: str | os.PathLike | Sequence[TierSpec | str | os.PathLike],
         *,
         filter: Filter | None = None,
-        local_dir: str | os.PathLike | None = None,
         keep: int = 3,
-        persist_every: int = 1,
         comm: Any = None,
     ) -> None:
         if filter is not None and not callable(filter):
             raise ValueError(f"filter must be callable as filter(label, i), got {filter!r}")
-        self.directory = Path(directory)
-        self.local_dir = Path(local_dir) if local_dir is not None else None
+        self.tiers = check_tiers(tiers)
+        self.directory = Path(self.tiers[-1].path)
         self.filter: Filter = filter if filter is not None else every(1)
         self.keep = keep
-        self.persist_every = persist_every
         self.comm = comm
         self._labels: dict[str, _Label] = {}
         self._registered: dict[str | None, dict[str, Array]] = {}
@@ -313,13 +310,8 @@ class Context:
         if state is None:
             if not isinstance(label, str) or not _LABEL.fullmatch(label) or label in (".", ".."):
                 raise ValueError(f"label must be a directory name of letters, digits, '_', '.', '-', got {label!r}")
-            checkpointer = Checkpointer(
-                self.directory / label,
-                local_dir=self.local_dir / label if self.local_dir is not None else None,
-                keep=self.keep,
-                persist_every=self.persist_every,
-                comm=self.comm,
-            )
+            tiers = [replace(tier, path=Path(tier.path) / label) for tier in self.tiers]
+            checkpointer = Checkpointer(tiers, keep=self.keep, comm=self.comm)
             latest = checkpointer.latest_step()
             state = self._labels[label] = _Label(checkpointer, -1 if latest is None else latest)
         return state

@@ -88,7 +88,6 @@ _SOURCES = {
         "from_env",
     ),
     "resilient_flows.training._spec": (
-        "CheckpointSpec",
         "FaultSpec",
         "MemberSpec",
         "OPTIMIZER_KEYS",
@@ -286,9 +285,6 @@ if TYPE_CHECKING:  # the names' definitions, for type checkers and editors (a te
     )
     from resilient_flows.training._spec import (
         PARALLEL_MODES as PARALLEL_MODES,
-    )
-    from resilient_flows.training._spec import (
-        CheckpointSpec as CheckpointSpec,
     )
     from resilient_flows.training._spec import (
         FaultSpec as FaultSpec,

@@ -10,8 +10,9 @@ flush ran (from :attr:`~resilient_flows.checkpoint.Checkpointer.flush_seconds`),
 shorter than a step are measured too (see :meth:`AutoTuner.l2_slowdown`); and the bytes of a
 checkpoint per node with the bandwidths the tiers gave them. With the failure rates the planner
 put in the spec, :class:`~resilient_flows.mlc.Recommender` turns these into a time interval and a
-``persist_every``, which hold for the rest of the attempt; the choice and what it was made from
-go to the run's event log as a ``tuned`` event.
+shared tier's cadence (``shared_every``: every how many checkpoints go on to it), which hold for
+the rest of the attempt; the choice and what it was made from go to the run's event log as a
+``tuned`` event.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from resilient_flows.checkpoint import CheckpointStats
 from resilient_flows.mlc import MLCConfig, MLCParams, Recommender
 
 WARMUP_CHECKPOINTS = 3
-#: ``persist_every`` when the recommender says never flush (no lost nodes to fear).
+#: The shared tier's cadence when the recommender says never flush (no lost nodes to fear).
 MAX_PERSIST_EVERY = 1 << 30
 #: Floor of a measured duration, so that a ratio of two never divides by zero.
 FLOOR_S = 1e-4
@@ -148,5 +149,5 @@ def tuned_fields(params: MLCParams, config: MLCConfig, observed: dict[str, Any] 
     the measurement ``observed``. Parameters at their defaults are left out (an infinite MTBF or
     bandwidth is no JSON number); ``MLCParams(**params)`` fills them in again."""
     given = {f.name: getattr(params, f.name) for f in dataclass_fields(params) if getattr(params, f.name) != f.default}
-    fields = {"params": given, "interval_s": config.interval, "persist_every": config.l2_every}
+    fields = {"params": given, "interval_s": config.interval, "shared_every": config.l2_every}
     return fields | ({"observed": observed} if observed is not None else {})

@@ -13,6 +13,7 @@ import functools
 import os
 import socket
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, cast
 
@@ -24,13 +25,7 @@ from resilient_flows.rundir import EventLog, MetricsLog, count_attempt, member_l
 from resilient_flows.rundir._block import current_block
 from resilient_flows.rundir._heartbeat import Heartbeat
 from resilient_flows.training._buddyservice import buddy_link
-from resilient_flows.training._contract import (
-    member_tiers,
-    node_local_dir,
-    node_memory_dir,
-    node_peer_dir,
-    peer_capacity,
-)
+from resilient_flows.training._contract import member_checkpoint
 from resilient_flows.training._digest import state_digest
 from resilient_flows.training._distributed import shutdown_process_group
 from resilient_flows.training._faults import record_pool_lost
@@ -326,21 +321,15 @@ class TrainContext:
     # ------------------------------------------------------------------ internals
 
     def _checkpointer(self, comm: Any) -> Checkpointer:
-        ck, spec = self.spec.checkpoint, self.spec
-        peer = node_peer_dir(spec)
-        buddies = None
-        if peer is not None and spec.nodes == 1:  # no ring over its own nodes: buddies on other nodes
-            buddies = buddy_link(self.run_dir, spec.name, Path(peer), peer_capacity(spec))
-        tiers = member_tiers(
-            self.layout.checkpoints,
-            node_local_dir(spec),
-            node_memory_dir(spec),
-            ck.local_every,
-            ck.persist_every,
-            peer=None if peer is None else (peer, peer_capacity(spec)),
-            buddies=buddies,
-        )
-        return Checkpointer(tiers=tiers, keep=ck.keep, comm=comm if self.group is None else self.group)
+        """The member's checkpointer, from its configuration as it is; a peer tier of a member on
+        one node (no ring over its own nodes) reaches buddies on other nodes."""
+        config = member_checkpoint(self.spec, self.run_dir)
+        peer = next((tier for tier in config.tiers if tier.peer), None)
+        if peer is not None and self.spec.nodes == 1:
+            link = buddy_link(self.run_dir, self.spec.name, Path(peer.path), cast(int, peer.capacity))
+            tiers = tuple(replace(tier, buddies=link) if tier is peer else tier for tier in config.tiers)
+            config = replace(config, tiers=tiers)
+        return Checkpointer.from_config(config, comm=comm if self.group is None else self.group)
 
     def _hosts(self) -> dict[str, Any]:
         """Every rank's host, in rank order, for a member of several ranks: where it really ran

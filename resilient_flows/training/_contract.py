@@ -8,15 +8,12 @@ do through these variables, a stable interface that scripts may read directly or
 ``RESILIENT_FLOWS_RUN_DIR``            the run directory (absolute)
 ``RESILIENT_FLOWS_MEMBER``             the member's name
 ``RESILIENT_FLOWS_CHECKPOINT_DIR``     the shared checkpoint tier: ``<run>/members/<name>/checkpoints``
-``RESILIENT_FLOWS_LOCAL_DIR``          the node-local tier on this node; empty when there is none
-``RESILIENT_FLOWS_MEMORY_DIR``         a tier in node memory before it (``/dev/shm``); empty when none
-``RESILIENT_FLOWS_PEER_DIR``           where this node keeps other nodes' shards (the peer tier);
-                                       empty when none
-``RESILIENT_FLOWS_PEER_CAPACITY``      the peer tier's bound in bytes per node
+``RESILIENT_FLOWS_CHECKPOINT``         the member's whole checkpoint configuration as JSON (a
+                                       :class:`~resilient_flows.checkpoint.CheckpointConfig`:
+                                       its tiers on this node, fastest first, with their paths
+                                       and cadences, the interval, ``keep``)
 ``RESILIENT_FLOWS_ATTEMPT``            which attempt this is, 1 for the first
 ``RESILIENT_FLOWS_PARAMS``             the member's params as JSON, with ``seed`` and ``steps``
-``RESILIENT_FLOWS_CHECKPOINT_INTERVAL`` steps between checkpoints; empty when the member
-                                       checkpoints by time only
 =====================================  ===========================================================
 
 Exit status 75 (``EX_TEMPFAIL``) means "stopped after committing a checkpoint": the member is
@@ -43,6 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from resilient_flows.checkpoint._config import CheckpointConfig, TierSpec
 from resilient_flows.envvars import expand_env
 from resilient_flows.errors import WorkflowError
 from resilient_flows.rundir import member_layout
@@ -72,74 +70,54 @@ ENV_NAMES = {
     "run_dir": f"{_PREFIX}RUN_DIR",
     "member": f"{_PREFIX}MEMBER",
     "checkpoint_dir": f"{_PREFIX}CHECKPOINT_DIR",
-    "local_dir": f"{_PREFIX}LOCAL_DIR",
-    "memory_dir": f"{_PREFIX}MEMORY_DIR",
-    "peer_dir": f"{_PREFIX}PEER_DIR",
-    "peer_capacity": f"{_PREFIX}PEER_CAPACITY",
+    "checkpoint": f"{_PREFIX}CHECKPOINT",
     "attempt": f"{_PREFIX}ATTEMPT",
     "params": f"{_PREFIX}PARAMS",
-    "checkpoint_interval": f"{_PREFIX}CHECKPOINT_INTERVAL",
 }
 
 
-def node_local_dir(spec: MemberSpec) -> str | None:
-    """The member's node-local tier on this node: a site may name the node in it (``${VAR}``),
-    so it is expanded where the member runs, never where it was planned."""
-    local = spec.checkpoint.local_dir
-    return None if local is None else expand_env(local, f"member {spec.name}", "node-local checkpoint directory")
-
-
-def node_memory_dir(spec: MemberSpec) -> str | None:
-    """The member's tier in node memory on this node, expanded where the member runs."""
-    memory = spec.checkpoint.memory_dir
-    return None if memory is None else expand_env(memory, f"member {spec.name}", "node-memory checkpoint directory")
-
-
-def node_peer_dir(spec: MemberSpec) -> str | None:
-    """Where this node keeps other nodes' copies of the member's shards, expanded where it runs."""
-    peer = spec.checkpoint.peer_dir
-    return None if peer is None else expand_env(peer, f"member {spec.name}", "peer checkpoint directory")
-
-
-def peer_capacity(spec: MemberSpec) -> int:
-    """The peer tier's bound per node: the site's ``peer_memory``, else a quarter of this node's
-    memory, so that copies of other nodes' shards never crowd out the training itself."""
-    if spec.checkpoint.peer_capacity is not None:
-        return spec.checkpoint.peer_capacity
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 4
+def member_checkpoint(spec: MemberSpec, run_dir: str | os.PathLike) -> CheckpointConfig:
+    """The member's checkpoint configuration on this node: its shared tier in the member's
+    directory, its node-local paths expanded (a site may name the node in them, ``${VAR}``, so this
+    runs where the member runs, never where it was planned), a peer tier's capacity decided."""
+    where = f"member {spec.name}"
+    root = member_layout(run_dir, spec.name).root.resolve()
+    return spec.checkpoint.placed(root, lambda path: expand_env(path, where, "checkpoint tier path"))
 
 
 @dataclass(frozen=True)
 class RunContract:
-    """One attempt of one member, as its process sees it (see the module's table)."""
+    """One attempt of one member, as its process sees it (see the module's table).
+
+    ``checkpoint`` is None for a process whose launcher set no configuration: it then checkpoints
+    with the defaults to ``checkpoint_dir`` alone (see :meth:`checkpoint_config`)."""
 
     run_dir: Path
     member: str
     checkpoint_dir: Path
     attempt: int = 1
     params: dict[str, Any] = field(default_factory=dict)
-    local_dir: Path | None = None
-    checkpoint_interval: int | None = None
-    memory_dir: Path | None = None
-    peer_dir: Path | None = None
-    peer_capacity: int | None = None
+    checkpoint: CheckpointConfig | None = None
 
     @classmethod
     def for_member(cls, spec: MemberSpec, run_dir: str | os.PathLike, attempt: int) -> RunContract:
         """The contract of ``attempt`` of ``spec`` in ``run_dir``; call it where the member runs."""
-        local, memory, peer = node_local_dir(spec), node_memory_dir(spec), node_peer_dir(spec)
+        checkpoint = member_checkpoint(spec, run_dir)
         return cls(
             run_dir=Path(run_dir).resolve(),
             member=spec.name,
-            checkpoint_dir=member_layout(run_dir, spec.name).checkpoints.resolve(),
+            checkpoint_dir=Path(checkpoint.shared.path),
             attempt=attempt,
             params={**spec.params, "seed": spec.seed, "steps": spec.steps},
-            local_dir=None if local is None else Path(local),
-            checkpoint_interval=spec.checkpoint.interval_steps,
-            memory_dir=None if memory is None else Path(memory),
-            peer_dir=None if peer is None else Path(peer),
-            peer_capacity=None if peer is None else peer_capacity(spec),
+            checkpoint=checkpoint,
         )
+
+    def checkpoint_config(self) -> CheckpointConfig:
+        """The configuration the member checkpoints with: the contract's, or the defaults' with
+        one tier, ``checkpoint_dir``."""
+        if self.checkpoint is not None:
+            return self.checkpoint
+        return CheckpointConfig(tiers=(TierSpec(str(self.checkpoint_dir), name="shared"),))
 
     def to_env(self) -> dict[str, str]:
         """The variables to add to the command's environment."""
@@ -147,19 +125,17 @@ class RunContract:
             ENV_NAMES["run_dir"]: str(self.run_dir),
             ENV_NAMES["member"]: self.member,
             ENV_NAMES["checkpoint_dir"]: str(self.checkpoint_dir),
-            ENV_NAMES["local_dir"]: "" if self.local_dir is None else str(self.local_dir),
-            ENV_NAMES["memory_dir"]: "" if self.memory_dir is None else str(self.memory_dir),
-            ENV_NAMES["peer_dir"]: "" if self.peer_dir is None else str(self.peer_dir),
-            ENV_NAMES["peer_capacity"]: "" if self.peer_capacity is None else str(self.peer_capacity),
+            ENV_NAMES["checkpoint"]: "" if self.checkpoint is None else self.checkpoint.to_json(),
             ENV_NAMES["attempt"]: str(self.attempt),
             ENV_NAMES["params"]: json.dumps(self.params),
-            ENV_NAMES["checkpoint_interval"]: "" if self.checkpoint_interval is None else str(self.checkpoint_interval),
         }
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> RunContract:
         """The contract of this process; a :class:`WorkflowError` naming the first variable that is
-        missing or malformed (a script started outside a workflow has none of them)."""
+        missing or malformed (a script started outside a workflow has none of them), or a
+        :class:`~resilient_flows.errors.CheckpointConfigError` naming the variable and the field of
+        a checkpoint configuration that is not one."""
         env = os.environ if environ is None else environ
 
         def get(key: str, required: bool = True) -> str:
@@ -176,52 +152,15 @@ class RunContract:
                 raise ValueError("not a JSON object")
         except ValueError as exc:
             raise WorkflowError(f"{ENV_NAMES['params']} is not a JSON object of params ({exc})") from None
-        local, interval, attempt = get("local_dir", False), get("checkpoint_interval", False), get("attempt", False)
-        memory, peer, capacity = get("memory_dir", False), get("peer_dir", False), get("peer_capacity", False)
+        checkpoint, attempt = get("checkpoint", False), get("attempt", False)
         return cls(
             run_dir=Path(get("run_dir")),
             member=get("member"),
             checkpoint_dir=Path(get("checkpoint_dir")),
             attempt=_positive(attempt or "1", ENV_NAMES["attempt"]),
             params=params,
-            local_dir=Path(local) if local else None,
-            checkpoint_interval=_positive(interval, ENV_NAMES["checkpoint_interval"]) if interval else None,
-            memory_dir=Path(memory) if memory else None,
-            peer_dir=Path(peer) if peer else None,
-            peer_capacity=_positive(capacity, ENV_NAMES["peer_capacity"]) if capacity else None,
+            checkpoint=CheckpointConfig.from_json(checkpoint, ENV_NAMES["checkpoint"]) if checkpoint else None,
         )
-
-    def checkpointer_settings(self) -> dict[str, Any]:
-        """Keyword arguments of :class:`~resilient_flows.checkpoint.Checkpointer` for this member's
-        tiers: a list of them, fastest first, when there is a memory or a peer tier."""
-        if self.memory_dir is None and self.peer_dir is None:
-            return {"directory": self.checkpoint_dir, "local_dir": self.local_dir}
-        peer = None if self.peer_dir is None else (self.peer_dir, self.peer_capacity)
-        return {"tiers": member_tiers(self.checkpoint_dir, self.local_dir, self.memory_dir, peer=peer)}
-
-
-def member_tiers(
-    shared: str | os.PathLike,
-    local: str | os.PathLike | None,
-    memory: str | os.PathLike | None,
-    local_every: int = 1,
-    shared_every: int = 1,
-    peer: tuple[str | os.PathLike, int | None] | None = None,
-    buddies: Any = None,
-) -> list[Any]:
-    """A member's tiers as :class:`~resilient_flows.checkpoint.TierSpec`, fastest first, named as
-    workflows name them (``memory``, ``local``, ``peer``, ``shared``); the first takes every
-    checkpoint, the peer tier every one that reached the tier before it. ``peer`` is the peer
-    tier's directory and bound per node, left out without a node-local tier before it;
-    ``buddies`` how a member on one node reaches other nodes' services for it (a ``BuddyLink``)."""
-    from resilient_flows.checkpoint import TierSpec  # imports torch: only where the member runs
-
-    tiers = [TierSpec(memory, name="memory")] if memory is not None else []
-    if local is not None:
-        tiers.append(TierSpec(local, persist_every=local_every if tiers else 1, name="local"))
-    if peer is not None and tiers:
-        tiers.append(TierSpec(peer[0], name="peer", peer=True, capacity=peer[1], buddies=buddies))
-    return [*tiers, TierSpec(shared, persist_every=shared_every if tiers else 1, name="shared")]
 
 
 def _positive(text: str, name: str) -> int:

@@ -27,6 +27,7 @@ from typing import Any
 from resilient_flows.checkpoint import Checkpointer, Tier, TrainState
 from resilient_flows.rundir import TaskLayout, member_dir, member_layout
 from resilient_flows.rundir._control import CloneOrder
+from resilient_flows.training._contract import member_checkpoint
 from resilient_flows.training._members import read_spec
 from resilient_flows.training._spec import OPTIMIZER_KEYS, MemberSpec, ParentSpec
 
@@ -64,8 +65,9 @@ class Handoff:
             if self.rank == 0:  # when the source served the order: a clone's clock starts there at the earliest
                 member_layout(self.run_dir, clone.name).write_handoff({"step": step, "forked_at": self.forked_at})
             if tier.name == "local":
-                if self.world_size == 1 and clone.checkpoint.local_dir is not None:
-                    Tier(clone.checkpoint.local_dir, "local").adopt(tier.step_dir(step), step)
+                local = member_checkpoint(clone, self.run_dir).tier("local")  # on this node: expanded here
+                if self.world_size == 1 and local is not None:
+                    Tier(local.path, "local").adopt(tier.step_dir(step), step)
             elif self.rank == 0:
                 Tier(member_layout(self.run_dir, clone.name).checkpoints, "shared").adopt(tier.step_dir(step), step)
         if tier.name == "shared" and self.rank == 0:

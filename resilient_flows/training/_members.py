@@ -66,9 +66,8 @@ def _load_spec(layout: TaskLayout) -> MemberSpec:
 
 def latest_committed_step(run_dir: str | os.PathLike, spec: MemberSpec) -> int:
     """The newest step committed in any of the member's tiers; -1 when none is."""
-    tiers = [member_layout(run_dir, spec.name).checkpoints]
-    tiers += [Path(d) for d in (spec.checkpoint.local_dir, spec.checkpoint.memory_dir) if d is not None]
-    return newest_committed(tiers)
+    placed = spec.checkpoint.placed(member_layout(run_dir, spec.name).root)  # paths as planned: not on the node
+    return newest_committed([Path(tier.path) for tier in placed.tiers if not tier.peer])
 
 
 def newest_committed(directories: list[Path]) -> int:

@@ -31,7 +31,7 @@ from resilient_flows.training._context import TrainContext
 from resilient_flows.training._contract import EXIT_PREEMPTED, RunContract
 from resilient_flows.training._distributed import read_launch_env
 from resilient_flows.training._members import read_spec
-from resilient_flows.training._spec import CheckpointSpec, MemberSpec
+from resilient_flows.training._spec import MemberSpec
 
 logger = logging.getLogger(__name__)
 
@@ -39,9 +39,9 @@ logger = logging.getLogger(__name__)
 def from_env(environ: Mapping[str, str] | None = None) -> ScriptRun:
     """The member this process runs, from its run contract; ready to :meth:`~ScriptRun.restore`.
 
-    The member's registered spec supplies what the contract does not carry
-    (retention, ``persist_every``, time intervals, injected faults); a process started by another
-    launcher that sets only the contract gets the defaults. Under ``torchrun`` every rank calls it;
+    The contract carries the member's whole checkpoint configuration; its registered spec supplies
+    the rest (injected faults, ``parallel``); a process started by another launcher that sets only
+    the contract's required variables gets the defaults. Under ``torchrun`` every rank calls it;
     they form one process group and write one sharded checkpoint. (``mpiexec`` and ``srun``
     ranks are not recognised: their variables may be inherited from the worker pool's launch.)
     """
@@ -155,8 +155,8 @@ class ScriptRun:
 
 
 def _member_spec(contract: RunContract) -> MemberSpec:
-    """The member as registered, with the contract's tiers and interval (they win), or one made
-    from the contract alone; its rank count is the launcher's."""
+    """The member as registered, or one made from the contract alone, with the contract's
+    checkpoint configuration as it is; its rank count is the launcher's."""
     registered = read_spec(contract.run_dir, contract.member)
     params = {k: v for k, v in contract.params.items() if k not in ("seed", "steps")}
     base = registered or MemberSpec(
@@ -166,16 +166,6 @@ def _member_spec(contract: RunContract) -> MemberSpec:
         seed=int(contract.params.get("seed", 0)),
         steps=int(contract.params.get("steps", 0)),
     )
-    checkpoint = base.checkpoint if registered is not None else CheckpointSpec()
-    if contract.checkpoint_interval is not None:
-        checkpoint = replace(checkpoint, interval_steps=contract.checkpoint_interval)
-    checkpoint = replace(
-        checkpoint,
-        local_dir=None if contract.local_dir is None else str(contract.local_dir),
-        memory_dir=None if contract.memory_dir is None else str(contract.memory_dir),
-        peer_dir=None if contract.peer_dir is None else str(contract.peer_dir),
-        peer_capacity=contract.peer_capacity,
-    )
     launched = read_launch_env()  # MPI and Slurm variables may be the worker pool's, inherited: not ours
     ranks = launched.world_size if launched is not None and launched.launcher == "torchrun" else 1
-    return replace(base, params=params, checkpoint=checkpoint, ranks=ranks)
+    return replace(base, params=params, checkpoint=contract.checkpoint_config(), ranks=ranks)

@@ -12,40 +12,12 @@ import signal
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal, get_args
 
+from resilient_flows.checkpoint._config import CheckpointConfig
 from resilient_flows.errors import WorkflowError
 
 #: How a member's ranks share the model: replicated (DDP) or sharded (FSDP2).
 ParallelMode = Literal["ddp", "fsdp"]
 PARALLEL_MODES: tuple[ParallelMode, ...] = get_args(ParallelMode)
-
-
-@dataclass(frozen=True)
-class CheckpointSpec:
-    """When and where a member checkpoints.
-
-    ``interval_steps`` and ``interval_s`` may both be set: whichever comes first triggers a
-    checkpoint. ``local_dir`` is the node-local tier (the site's scratch), or None for the shared
-    tier only; ``memory_dir`` a tier in node memory before it (``/dev/shm``), or None. With a memory
-    tier, ``local_every`` is the local tier's ``persist_every``; ``persist_every`` is always the
-    shared tier's. With ``auto`` the member replaces both intervals and ``persist_every`` by the
-    recommender's choice once it has measured its checkpoints (failure rates from the two MTBFs).
-    ``peer_dir`` is where this node keeps other nodes' copies of their shards (the peer tier, after
-    the node-local ones), bounded by ``peer_capacity`` bytes per node, or None without one.
-    """
-
-    interval_steps: int | None = 10
-    interval_s: float | None = None
-    keep: int = 3
-    overlap: bool = False
-    persist_every: int = 1
-    local_dir: str | None = None
-    auto: bool = False
-    memory_dir: str | None = None
-    local_every: int = 1
-    process_mtbf_s: float | None = None
-    node_mtbf_s: float | None = None
-    peer_dir: str | None = None
-    peer_capacity: int | None = None
 
 
 @dataclass(frozen=True)
@@ -104,6 +76,8 @@ class MemberSpec:
 
     ``family`` is the workflow entry it was expanded from (a ``count``/``seeds``/``grid`` member, a
     campaign; clones inherit their source's): views of large runs group members by it.
+    ``checkpoint`` is the member's whole checkpoint configuration, its node-local tiers placed by
+    the planner (their paths may name the node, ``${VAR}``, expanded where the member runs).
     ``stall_timeout_s``: how long a running attempt may stay silent (no heartbeat) before the
     runner declares it lost; None leaves it to the runner (10x its step time, at least the site's).
 
@@ -122,7 +96,7 @@ class MemberSpec:
     params: dict[str, Any]
     seed: int = 0
     steps: int = 100
-    checkpoint: CheckpointSpec = field(default_factory=CheckpointSpec)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     faults: tuple[FaultSpec, ...] = ()
     evaluate: str | None = None
     threads: int = 1
@@ -171,12 +145,14 @@ class MemberSpec:
         return replace(self, ranks=ranks, nodes=nodes, min_nodes=least)
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return {**asdict(self), "checkpoint": self.checkpoint.to_dict()}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> MemberSpec:
         values = dict(data)
-        values["checkpoint"] = CheckpointSpec(**values.get("checkpoint", {}))
+        values["checkpoint"] = CheckpointConfig.from_dict(
+            values.get("checkpoint", {}), f"member {data.get('name')!r}: checkpoint"
+        )
         values["faults"] = tuple(FaultSpec(**f) for f in values.get("faults", ()))
         if values.get("parent") is not None:
             values["parent"] = ParentSpec(**values["parent"])

@@ -5,16 +5,18 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from resilient_flows.checkpoint import TierSpec
+from resilient_flows.checkpoint._config import check_tiers
 from resilient_flows.errors import CheckpointError
 from resilient_flows.integrations.lightning._package import CheckpointIO, ModelCheckpoint, run_contract
 from resilient_flows.integrations.pathstore import PathStore, load
 from resilient_flows.rundir import EventLog
-from resilient_flows.training import read_spec
 
 logger = logging.getLogger(__name__)
 
@@ -24,19 +26,17 @@ class ResilientCheckpointIO(CheckpointIO):
 
     Parameters
     ----------
-    directory:
-        The shared tier. Default: the member's checkpoint directory inside a workflow
-        (``RESILIENT_FLOWS_CHECKPOINT_DIR``), else the directory of the first path saved.
-    local_dir:
-        Optional node-local tier, committed first and flushed to ``directory`` in the background.
-        Default: the member's (``RESILIENT_FLOWS_LOCAL_DIR``) inside a workflow.
-    persist_every:
-        With ``local_dir``, every ``persist_every``-th save also goes to ``directory``. Default:
-        the member's ``checkpoint.persist_every``, else 1.
+    tiers:
+        The shared tier's directory, or a node-local tier and the shared one as a
+        :class:`~resilient_flows.checkpoint.Checkpointer` takes them (``[local,
+        TierSpec(shared, ...)]``: committed in the first, flushed on at the shared
+        :class:`~resilient_flows.checkpoint.TierSpec`'s cadence). Default inside a workflow:
+        the member's node-local tier and its shared one, with the cadence of its checkpoint
+        configuration (``RESILIENT_FLOWS_CHECKPOINT``); else the directory of the first path saved.
     keep:
         Checkpoints are deleted when no path names them any more (``ModelCheckpoint`` removed its
         file, ``last.ckpt`` moved on), except the ``keep`` newest. Default: the member's
-        ``checkpoint.keep``, else 2.
+        ``keep``, else 2.
 
     A save returns once the checkpoint's tensors are copied into host buffers: later in-place
     updates do not reach it. Everything else in the checkpoint must be JSON (numbers, strings,
@@ -52,26 +52,19 @@ class ResilientCheckpointIO(CheckpointIO):
 
     def __init__(
         self,
-        directory: str | os.PathLike | None = None,
+        tiers: str | os.PathLike | Sequence[TierSpec | str | os.PathLike] | None = None,
         *,
-        local_dir: str | os.PathLike | None = None,
-        persist_every: int | None = None,
         keep: int | None = None,
     ) -> None:
         super().__init__()
         contract = run_contract()
-        spec = None if contract is None else read_spec(contract.run_dir, contract.member)
-        if directory is None and contract is not None:
-            directory = contract.checkpoint_dir
-            local_dir = contract.local_dir if local_dir is None else local_dir
-        if persist_every is None:
-            persist_every = 1 if spec is None else spec.checkpoint.persist_every
-        if keep is None:
-            keep = 2 if spec is None else spec.checkpoint.keep
-        self.directory = None if directory is None else Path(directory)
-        self.local_dir = None if local_dir is None else Path(local_dir)
-        self.persist_every = persist_every
-        self.keep = keep
+        config = None if contract is None else contract.checkpoint_config()
+        if tiers is None and config is not None:
+            local = config.tier("local")  # a path store keeps one node-local tier, committed first
+            tiers = [config.shared] if local is None else [TierSpec(local.path, name="local"), config.shared]
+        self.tiers = None if tiers is None else check_tiers(tiers)
+        self.directory = None if self.tiers is None else Path(self.tiers[-1].path)
+        self.keep = keep if keep is not None else 2 if config is None else config.keep
         self._contract = contract
         self._store: PathStore | None = None
         self.last_stall = 0.0
@@ -123,10 +116,8 @@ class ResilientCheckpointIO(CheckpointIO):
 
     def _writer(self, path: Any) -> PathStore:
         if self._store is None:
-            directory = self.directory if self.directory is not None else Path(path).absolute().parent
-            self._store = PathStore(
-                directory, local_dir=self.local_dir, persist_every=self.persist_every, keep=self.keep
-            )
+            tiers = self.tiers if self.tiers is not None else Path(path).absolute().parent
+            self._store = PathStore(tiers, keep=self.keep)
         return self._store
 
 

@@ -9,8 +9,8 @@ from collections.abc import Callable
 from typing import Any
 
 from resilient_flows.checkpoint import Checkpointer
+from resilient_flows.checkpoint._config import CheckpointConfig
 from resilient_flows.training._autotune import MAX_PERSIST_EVERY, AutoTuner, tuned_fields
-from resilient_flows.training._spec import CheckpointSpec
 from resilient_flows.training.boundary._ranks import Ranks
 
 
@@ -19,7 +19,7 @@ class Cadence:
 
     def __init__(
         self,
-        spec: CheckpointSpec,
+        spec: CheckpointConfig,
         steps: int,
         checkpointer: Checkpointer,
         drain_in: Callable[[], float | None] = lambda: None,
@@ -67,12 +67,12 @@ class Cadence:
         if choice is None:
             return
         tuner.done = True
-        self.interval_s, ck.persist_every, fields = choice
+        self.interval_s, ck.shared_every, fields = choice
         self.interval_steps = None
         emit("tuned", step=step, **fields)
 
 
-def _tuner(spec: CheckpointSpec, steps: int) -> AutoTuner:
+def _tuner(spec: CheckpointConfig, steps: int) -> AutoTuner:
     """The tuner of an ``auto`` spec, whose planner set both failure rates."""
     if spec.process_mtbf_s is None or spec.node_mtbf_s is None:
         raise ValueError("auto checkpoint intervals need process_mtbf_s and node_mtbf_s")

@@ -477,7 +477,7 @@ def describe(kind: str, event: dict[str, Any]) -> str:
             f", ends in {get('end_in_s')} s" if get("end_in_s") is not None else ""
         )
     elif kind == "tuned":
-        every = get("persist_every")
+        every = get("shared_every")
         text = f"at step {get('step')}: a checkpoint every {get('interval_s')} s, to the shared tier every {every}"
     else:
         text = str(get("reason") or "")

@@ -36,7 +36,7 @@ _SOURCES = {
     "resilient_flows.workflow.schema._models": (
         "AnalyticsConfig",
         "AnalyticsWhen",
-        "CheckpointConfig",
+        "CheckpointSection",
         "CloneConfig",
         "CoschedConfig",
         "ExploreConfig",
@@ -88,7 +88,7 @@ if TYPE_CHECKING:  # the names' definitions, for type checkers and editors (a te
         AnalyticsWhen as AnalyticsWhen,
     )
     from resilient_flows.workflow.schema._models import (
-        CheckpointConfig as CheckpointConfig,
+        CheckpointSection as CheckpointSection,
     )
     from resilient_flows.workflow.schema._models import (
         CloneConfig as CloneConfig,

@@ -14,10 +14,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path, PurePosixPath
 from typing import Any, cast
 
-from resilient_flows.training import CheckpointSpec, FaultSpec, MemberSpec, StageSpec, fill_command, stage_output
+from resilient_flows.checkpoint._config import MEMBER_SHARED, CheckpointConfig, TierSpec
+from resilient_flows.training import FaultSpec, MemberSpec, StageSpec, fill_command, stage_output
 from resilient_flows.workflow.schema._fields import to_seconds
 from resilient_flows.workflow.schema._models import (
-    CheckpointConfig,
+    CheckpointSection,
     ExploreConfig,
     FaultConfig,
     MemberConfig,
@@ -68,38 +69,41 @@ def families(members: Sequence[MemberConfig], explore: Sequence[ExploreConfig]) 
     ]
 
 
-def checkpoint_spec(
-    config: CheckpointConfig,
+def checkpoint_config(
+    section: CheckpointSection,
     local_dir: str | None,
     site_node_mtbf_s: float | None = None,
     memory_dir: str | None = None,
     peer_dir: str | None = None,
     peer_capacity: int | None = None,
-) -> CheckpointSpec:
-    """The member's checkpointing; a tier named in ``config`` that the site lacks (``local_dir`` or
+) -> CheckpointConfig:
+    """The member's checkpointing, its tiers placed on the site: the one conversion of a workflow's
+    ``checkpoint:`` section. A tier named in ``section`` that the site lacks (``local_dir`` or
     ``memory_dir`` None) is left out, and the tier after it counts the checkpoints of the one
-    before. A ``peer`` tier needs a node-local tier before it, that the site has."""
-    auto = config.interval == "auto"
-    steps = AUTO_WARMUP_STEPS if auto else config.interval if isinstance(config.interval, int) else None
-    seconds = None if auto or isinstance(config.interval, int) else to_seconds(config.interval, "interval")
-    node = to_seconds(config.node_mtbf, "node_mtbf") if config.node_mtbf is not None else site_node_mtbf_s
-    every = config.persist_every if isinstance(config.persist_every, dict) else {"shared": config.persist_every}
-    memory = memory_dir if "memory" in config.tiers else None
-    local = local_dir if "local" in config.tiers else None
-    peer = peer_dir if "peer" in config.tiers and (memory or local) else None
-    return CheckpointSpec(
+    before. A ``peer`` tier needs a node-local tier before it, that the site has; its capacity None
+    is decided where the member runs. The shared tier is the member's own checkpoint directory."""
+    auto = section.interval == "auto"
+    steps = AUTO_WARMUP_STEPS if auto else section.interval if isinstance(section.interval, int) else None
+    seconds = None if auto or isinstance(section.interval, int) else to_seconds(section.interval, "interval")
+    node = to_seconds(section.node_mtbf, "node_mtbf") if section.node_mtbf is not None else site_node_mtbf_s
+    every = section.persist_every if isinstance(section.persist_every, dict) else {"shared": section.persist_every}
+    memory = memory_dir if "memory" in section.tiers else None
+    local = local_dir if "local" in section.tiers else None
+    peer = peer_dir if "peer" in section.tiers and (memory or local) else None
+    tiers = [TierSpec(memory, name="memory")] if memory is not None else []
+    if local is not None:
+        tiers.append(TierSpec(local, every.get("local", 1) if tiers else 1, name="local"))
+    if peer is not None:
+        tiers.append(TierSpec(peer, name="peer", peer=True, capacity=peer_capacity))
+    tiers.append(TierSpec(MEMBER_SHARED, every.get("shared", 1) if tiers else 1, name="shared"))
+    return CheckpointConfig(
+        tiers=tuple(tiers),
         interval_steps=steps,
         interval_s=seconds,
-        keep=config.keep,
-        overlap=config.overlap,
-        persist_every=every.get("shared", 1),
-        local_every=every.get("local", 1) if memory else 1,
-        local_dir=local,
-        memory_dir=memory,
-        peer_dir=peer,
-        peer_capacity=peer_capacity if peer else None,
+        keep=section.keep,
+        overlap=section.overlap,
         auto=auto,
-        process_mtbf_s=to_seconds(config.process_mtbf, "process_mtbf"),
+        process_mtbf_s=to_seconds(section.process_mtbf, "process_mtbf"),
         node_mtbf_s=node if node is not None else DEFAULT_NODE_MTBF_S,
     )
 
@@ -117,7 +121,7 @@ class SpecBuilder:
     ``peer`` tier) and ``peer_capacity`` its bound per node (None: decided where the member runs).
     """
 
-    checkpoint: CheckpointConfig
+    checkpoint: CheckpointSection
     faults: Sequence[FaultConfig]
     directory: Path | None
     local_root: str | None = None
@@ -163,7 +167,7 @@ class SpecBuilder:
             params=params,
             seed=seed,
             steps=member.steps,
-            checkpoint=checkpoint_spec(
+            checkpoint=checkpoint_config(
                 member.checkpoint or self.checkpoint, local, self.node_mtbf_s, memory, peer, self.peer_capacity
             ),
             faults=self._faults(name),

@@ -51,7 +51,7 @@ class SiteConfig(SiteOptions):
         return {"name": data} if isinstance(data, str) else data
 
 
-class CheckpointConfig(_Section):
+class CheckpointSection(_Section):
     """``interval`` is a number of steps (``25``), a duration (``30s``) or ``auto``.
 
     ``auto`` checkpoints every ``AUTO_WARMUP_STEPS`` steps until the member has measured its own
@@ -98,7 +98,7 @@ class CheckpointConfig(_Section):
         return value
 
     @model_validator(mode="after")
-    def _persist_every(self) -> CheckpointConfig:
+    def _persist_every(self) -> CheckpointSection:
         if isinstance(self.persist_every, dict):
             for tier in self.persist_every:
                 if tier not in self.tiers[1:]:
@@ -142,7 +142,7 @@ class MemberConfig(_Section):
     min_nodes: int | None = None  # None: it never shrinks
     parallel: ParallelMode = "ddp"
     threads: Annotated[int, Field(ge=1)] = 1
-    checkpoint: CheckpointConfig | None = None  # None: the workflow's
+    checkpoint: CheckpointSection | None = None  # None: the workflow's
     after: list[Name] = []  # stages whose output it reads: it starts once they finished
     stall_timeout: float | None = None  # seconds of silence before an attempt is lost; None: the runner's rule
 

@@ -20,7 +20,7 @@ from resilient_flows.workflow.schema._expansion import SpecBuilder, expand_membe
 from resilient_flows.workflow.schema._fields import STRICT, Name, dotted, workflow_directory
 from resilient_flows.workflow.schema._models import (
     AnalyticsConfig,
-    CheckpointConfig,
+    CheckpointSection,
     CloneConfig,
     CoschedConfig,
     ExploreConfig,
@@ -41,7 +41,7 @@ class Workflow(BaseModel):
     #: Stops in a row (exit 75, a preemption) without a newer committed checkpoint that cost no
     #: retry; each further one costs one of ``retries``.
     free_stops: Annotated[int, Field(ge=0)] = 3
-    checkpoint: CheckpointConfig = CheckpointConfig()
+    checkpoint: CheckpointSection = CheckpointSection()
     stages: list[StageConfig] = []
     members: list[MemberConfig] = []
     explore: list[ExploreConfig] = []

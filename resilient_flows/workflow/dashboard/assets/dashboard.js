@@ -810,7 +810,7 @@
               { label: "member", get: (t) => t.member || "—" },
               { label: "step", get: (t) => fmtValue(t.step), num: true },
               { label: "interval s", get: (t) => fmtValue(t.interval_s), num: true },
-              { label: "shared every", get: (t) => fmtValue(t.persist_every), num: true },
+              { label: "shared every", get: (t) => fmtValue(t.shared_every), num: true },
               { label: "params", get: (t) => fmtFields(t.params) },
               { label: "observed", get: (t) => fmtFields(t.observed) },
             ],
