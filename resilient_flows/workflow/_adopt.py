@@ -39,7 +39,7 @@ from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 from resilient_flows.rundir import (
     BEAT_S,
@@ -86,10 +86,16 @@ def live_attempts(run_dir: Path, now: float | None = None) -> dict[str, dict[str
     return found
 
 
+def _local_pid(record: dict[str, Any]) -> int | None:
+    """The process that beats, where it runs on this host (which can look at it); else None."""
+    pid = record.get("pid")
+    return pid if record.get("host") == socket.gethostname() and isinstance(pid, int) else None
+
+
 def _alive(record: dict[str, Any]) -> bool:
     """Whether the process that beats lives, where this host can tell (it runs here)."""
-    pid = record.get("pid")
-    if record.get("host") != socket.gethostname() or not isinstance(pid, int):
+    pid = _local_pid(record)
+    if pid is None:
         return True
     try:
         return stat_fields(pid)[0] != "Z"
@@ -227,9 +233,8 @@ class Adoption:
         0 when it runs. A stopped worker never beats again, and its pool, which would replace it,
         may be the reason its runner was lost: waiting out the stall timeout costs its member that
         much more."""
-        pid = adoptee.record.get("pid")
-        here = adoptee.record.get("host") == socket.gethostname() and isinstance(pid, int)
-        if not here or process_state(cast(int, pid)) != "T":
+        pid = _local_pid(adoptee.record)
+        if pid is None or process_state(pid) != "T":
             adoptee.stopped_at = None
             return 0.0
         adoptee.stopped_at = now if adoptee.stopped_at is None else adoptee.stopped_at
