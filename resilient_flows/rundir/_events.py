@@ -111,8 +111,13 @@ class EventLog:
 def wait_for_room(path: str | os.PathLike, size: int, deadline: float) -> bool:
     """Wait until the file system of ``path`` has room for ``size`` more bytes, or until the
     ``time.monotonic()`` ``deadline``; whether it has. For writers that cannot look at a
-    descriptor first: those that failed on a full file system and try again once it has room."""
-    while not _has_room(os.statvfs, path, size):
+    descriptor first: those that failed on a full file system and try again once it has room. A
+    ``path`` not made yet is looked at through its nearest existing parent, on the same file system
+    as far as this can tell (a look at a missing path would see room, and not wait)."""
+    where = Path(path)
+    while not where.exists() and where != where.parent:
+        where = where.parent
+    while not _has_room(os.statvfs, where, size):
         if time.monotonic() >= deadline:
             return False
         time.sleep(ROOM_LOOK_S)
