@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -165,3 +166,99 @@ def test_the_cli_clones_and_draws_the_lineage(run_dir: Path, capsys: pytest.Capt
     assert main(["lineage", str(run_dir)]) == 0
     out = capsys.readouterr().out
     assert "src.c1" in out and "waiting for its state; lr=0.01, seed=7" in out
+
+
+def test_a_clone_that_starts_while_its_source_hands_it_a_checkpoint_keeps_the_hand_off(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The clone's Checkpointer cleans its tiers as it starts; the source's adopt into the clone's
+    tier (another process, still running) is not debris to it. Under load the runner starts the
+    clone as soon as the order is served, and the clone then waited out its seed timeout."""
+    from trainkit import Problem
+
+    from resilient_flows.checkpoint import Checkpointer, Tier
+
+    problem = Problem()
+    problem.step(0)
+    with Checkpointer(tmp_path / "source") as ck:
+        ck.save(0, problem.state)
+    clone_tier = tmp_path / "clone"
+    starts = []
+    real_link = os.link
+
+    def link_while_the_clone_starts(src: Path, dst: Path) -> None:
+        if not starts:  # the clone's first Checkpointer, in a process of its own, mid-adopt
+            starts.append(subprocess.run([sys.executable, "-c", CLONE_STARTS, str(clone_tier)], env=python_env()))
+        real_link(src, dst)
+
+    monkeypatch.setattr(os, "link", link_while_the_clone_starts)
+    target = Tier(clone_tier, "shared").adopt(Tier(tmp_path / "source", "shared").step_dir(0), 0)
+    monkeypatch.undo()
+    assert starts[0].returncode == 0
+    source_files = {p.name: p.read_bytes() for p in (tmp_path / "source" / target.name).iterdir()}
+    assert {p.name: p.read_bytes() for p in target.iterdir()} == source_files
+    restored = Problem(seed=5)
+    with Checkpointer(clone_tier) as ck:
+        assert ck.restore(restored.state) == 0
+    assert all(torch.equal(a, b) for a, b in zip(restored.model.parameters(), problem.model.parameters(), strict=True))
+
+
+CLONE_STARTS = "import sys; from resilient_flows.checkpoint import Checkpointer; Checkpointer(sys.argv[1]).close()"
+
+
+def test_what_a_dead_or_long_silent_outside_writer_left_in_a_tier_is_cleaned(tmp_path: Path) -> None:
+    import socket
+
+    from resilient_flows.checkpoint import Tier
+    from resilient_flows.checkpoint import _tiers as tiers
+
+    ended = subprocess.Popen(["true"])  # a process id that has ended
+    ended.wait()
+    here, pid = socket.gethostname(), os.getpid()
+    names = {
+        f".adopt-7-{here}.{pid + 10**7}": False,  # no such process
+        f"latest.{here}.{ended.pid}.tmp": False,
+        f".adopt-7-{here}.{os.getppid()}": True,  # a writer of this host that runs
+        f"latest.{here}.{os.getppid()}.tmp": True,
+        ".adopt-7-elsewhere.example.12": True,  # another host's, written just now
+        ".adopt-8-elsewhere.example.12": False,  # another host's, silent for longer than allowed
+        ".adopt-7-4242": False,  # the old naming: nobody to ask
+    }
+    for name in names:
+        (tmp_path / name).mkdir() if name.startswith(".adopt") else (tmp_path / name).write_text("7\n")
+    old = time.time() - tiers.FOREIGN_WRITER_S - 60
+    os.utime(tmp_path / ".adopt-8-elsewhere.example.12", (old, old))
+    Tier(tmp_path, "shared").clean_debris()
+    assert {name: (tmp_path / name).exists() for name in names} == names
+
+
+def test_a_hand_off_that_fails_sends_the_clone_to_the_newest_checkpoint_at_once(
+    run_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from trainkit import Problem
+
+    from resilient_flows.checkpoint import Checkpointer, Tier
+    from resilient_flows.rundir._control import read_clone_orders
+    from resilient_flows.training._fork import Handoff, mark_forking, wait_for_seed
+
+    (clone,) = request_clone(run_dir, "src", at_step=4)
+    problem = Problem()
+    problem.step(0)
+    source_tier = run_dir / "members/src/checkpoints"
+    with Checkpointer(source_tier) as ck:
+        ck.save(4, problem.state)
+    (order,) = read_clone_orders(run_dir / "members/src")
+    mark_forking(run_dir, "src", order, 4, 1)  # served by this process, which lives on
+
+    def full(self: Tier, source: Path, step: int) -> Path:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(Tier, "adopt", full)
+    Handoff(run_dir, "src", [order], 0, 1)(Tier(source_tier, "shared"), 4)
+    monkeypatch.undo()
+    started = time.monotonic()
+    with Checkpointer(run_dir / f"members/{clone}/checkpoints") as ck:
+        seed = wait_for_seed(run_dir, read_spec(run_dir, clone), ck, timeout=120)
+    assert time.monotonic() - started < 10  # not the seed timeout
+    assert seed.step == 4 and seed.transport == "shared tier (fallback)"
+    assert seed.fallback == "the hand-off failed: shared tier: [Errno 28] No space left on device; took step 4"

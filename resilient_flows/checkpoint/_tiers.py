@@ -9,6 +9,11 @@ flushes on from tier to tier in the background; this module only knows what lies
 Several ranks of one node share a node-local directory, and a rank's background flush may still
 read a shard there while a sibling rank prunes; so pruning a local tier removes only this rank's
 own shards, and the last rank out removes the directory.
+
+A tier may also be written from outside: a source member hands a clone its checkpoint by adopting
+it into the clone's tier (:meth:`Tier.adopt`), while the clone may be starting and cleaning that
+tier. What an outside writer leaves at the top of a tier is named after its host and process, so
+that the cleaning leaves it be while that writer may still run.
 """
 
 from __future__ import annotations
@@ -18,10 +23,13 @@ import logging
 import os
 import re
 import shutil
+import socket
+import time
 from pathlib import Path
 
 from resilient_flows.durable import fsync_dir
 from resilient_flows.errors import CorruptCheckpointError
+from resilient_flows.procgroup import process_runs
 
 #: A step directory's manifest, renamed into place last: its presence commits the step.
 MANIFEST = "manifest.json"
@@ -29,6 +37,12 @@ MANIFEST = "manifest.json"
 logger = logging.getLogger(__name__)
 
 _STEP_DIR = re.compile(r"^step-(\d{8,})$")
+#: An adopt's staging directory or a ``latest`` being replaced, named after its writer.
+_WRITTEN_BY = re.compile(r"^(?:\.adopt-\d+-|latest\.)(?P<host>.+)\.(?P<pid>\d+)(?:\.tmp)?$")
+
+#: How long the cleaning leaves what a writer on another host left in a tier: this host cannot
+#: tell whether that writer still runs, and an adopt takes seconds.
+FOREIGN_WRITER_S = 600.0
 
 
 def step_dirname(step: int) -> str:
@@ -91,8 +105,9 @@ class Tier:
     def clean_debris(self) -> list[str]:
         """Remove what interrupted writes left behind; returns what was removed.
 
-        Only call this while no writer of this directory runs (the Checkpointer's constructor,
-        which all ranks leave through a barrier).
+        Only call this while no writer of this directory's own runs (the Checkpointer's
+        constructor, which all ranks leave through a barrier). What an outside writer
+        (:meth:`adopt`) is still writing stays.
         """
         removed = []
         for _step, path in self.step_dirs().items():
@@ -104,9 +119,12 @@ class Tier:
                 tmp.unlink(missing_ok=True)
                 removed.append(f"{path.name}/{tmp.name}")
         for tmp in self.path.glob("*.tmp") if self.path.is_dir() else ():
-            tmp.unlink(missing_ok=True)
-            removed.append(tmp.name)
+            if not _writer_may_run(tmp):
+                tmp.unlink(missing_ok=True)
+                removed.append(tmp.name)
         for staging in self.path.glob(".adopt-*") if self.path.is_dir() else ():
+            if _writer_may_run(staging):
+                continue
             shutil.rmtree(staging, ignore_errors=True)
             removed.append(staging.name)
         if removed:
@@ -114,7 +132,7 @@ class Tier:
         return removed
 
     def write_latest(self, step: int) -> None:
-        tmp = self.path / f"latest.{os.getpid()}.tmp"
+        tmp = self.path / f"latest.{_writer()}.tmp"
         with open(tmp, "w") as out:
             out.write(f"{step}\n")
             out.flush()
@@ -146,7 +164,7 @@ class Tier:
         target = self.step_dir(step)
         if (target / MANIFEST).is_file():
             return target
-        staging = self.path / f".adopt-{step}-{os.getpid()}"
+        staging = self.path / f".adopt-{step}-{_writer()}"
         shutil.rmtree(staging, ignore_errors=True)
         staging.mkdir(parents=True)
         for item in sorted(source.iterdir(), key=lambda p: p.name == MANIFEST):  # the manifest last
@@ -186,3 +204,22 @@ class Tier:
                 with contextlib.suppress(OSError):  # a sibling rank's shard is left: it removes the dir
                     path.rmdir()
         return sorted(steps)
+
+
+def _writer() -> str:
+    """This process, as the names of what it is writing say: its host and its id."""
+    return f"{socket.gethostname()}.{os.getpid()}"
+
+
+def _writer_may_run(path: Path) -> bool:
+    """Whether the process that is writing ``path`` may still run: one of this host is looked at,
+    one of another host is given :data:`FOREIGN_WRITER_S` since its last change."""
+    named = _WRITTEN_BY.match(path.name)
+    if named is None:
+        return False
+    if named["host"] == socket.gethostname():
+        return int(named["pid"]) != os.getpid() and process_runs(int(named["pid"]))
+    try:
+        return time.time() - path.stat().st_mtime < FOREIGN_WRITER_S
+    except OSError:
+        return False

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from resilient_flows.checkpoint import Checkpointer, Tier, TrainState
+from resilient_flows.procgroup import process_runs
 from resilient_flows.rundir import TaskLayout, member_dir, member_layout
 from resilient_flows.rundir._control import CloneOrder
 from resilient_flows.training._contract import member_checkpoint
@@ -62,17 +63,29 @@ class Handoff:
         for clone in self.clones:
             if clone is None:
                 continue
-            if self.rank == 0:  # when the source served the order: a clone's clock starts there at the earliest
-                member_layout(self.run_dir, clone.name).write_handoff({"step": step, "forked_at": self.forked_at})
-            if tier.name == "local":
-                local = member_checkpoint(clone, self.run_dir).tier("local")  # on this node: expanded here
-                if self.world_size == 1 and local is not None:
-                    Tier(local.path, "local").adopt(tier.step_dir(step), step)
-            elif self.rank == 0:
-                Tier(member_layout(self.run_dir, clone.name).checkpoints, "shared").adopt(tier.step_dir(step), step)
+            try:
+                self._hand(clone, tier, step)
+            except OSError as exc:
+                logger.warning("cannot hand step %d (%s tier) to clone %s: %s", step, tier.name, clone.name, exc)
+                if tier.name != "shared":
+                    continue  # the shared tier's hand-off follows
+                with contextlib.suppress(OSError):  # the clone falls back to the newest committed checkpoint
+                    member_layout(self.run_dir, clone.name).write_handoff(
+                        {"step": step, "forked_at": self.forked_at, "failed": f"{tier.name} tier: {exc}"}
+                    )
         if tier.name == "shared" and self.rank == 0:
             for order in self.orders:
                 member_layout(self.run_dir, self.source).remove_fork_marker(order.request)
+
+    def _hand(self, clone: MemberSpec, tier: Tier, step: int) -> None:
+        if self.rank == 0:  # when the source served the order: a clone's clock starts there at the earliest
+            member_layout(self.run_dir, clone.name).write_handoff({"step": step, "forked_at": self.forked_at})
+        if tier.name == "local":
+            local = member_checkpoint(clone, self.run_dir).tier("local")  # on this node: expanded here
+            if self.world_size == 1 and local is not None:
+                Tier(local.path, "local").adopt(tier.step_dir(step), step)
+        elif self.rank == 0:
+            Tier(member_layout(self.run_dir, clone.name).checkpoints, "shared").adopt(tier.step_dir(step), step)
 
 
 @dataclass(frozen=True)
@@ -98,7 +111,7 @@ def wait_for_seed(run_dir: Path, spec: MemberSpec, checkpointer: Checkpointer, t
             local = checkpointer.local is not None and step in checkpointer.local.committed_steps()
             transport = "node-local tier (hard link)" if local else "shared tier (hard link)"
             return Seed(step, transport, time.time(), forked_at=_forked_at(member_dir(run_dir, spec.name)))
-        problem = _handoff_problem(run_dir, parent)
+        problem = _handoff_problem(run_dir, parent) or _failed_handoff(member_layout(run_dir, spec.name))
         if problem is None and time.monotonic() > deadline:
             problem = f"no checkpoint from {parent.member} within {timeout:.0f} s"
         if problem is not None:
@@ -120,11 +133,13 @@ def _handoff_problem(run_dir: Path, parent: ParentSpec) -> str | None:
         if pending and source.has_result():
             return f"{parent.member} finished before it could fork"
         return None
+    if source.has_result():  # it hands the checkpoint over before it finishes: it failed to
+        return f"{parent.member} finished without handing over its checkpoint of step {forking['step']}"
     attempts = _read_attempts(source)
     lost = f"before its checkpoint of step {forking['step']} committed"
     if attempts is not None and attempts > forking["attempt"]:
         return f"{parent.member} was restarted (attempt {attempts}) {lost}"
-    if forking["host"] == socket.gethostname() and not _alive(forking["pid"]):
+    if forking["host"] == socket.gethostname() and not process_runs(forking["pid"]):
         return f"{parent.member}'s process {forking['pid']} died {lost}"
     return None
 
@@ -229,6 +244,15 @@ def _read_spec(run_dir: Path, name: str) -> MemberSpec | None:
         return None
 
 
+def _failed_handoff(clone: TaskLayout) -> str | None:
+    """Why the source could not hand this clone its checkpoint, as the source recorded it; or None."""
+    try:
+        failed = clone.read_handoff().get("failed")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return f"the hand-off failed: {failed}" if isinstance(failed, str) else None
+
+
 def _forked_at(directory: Path) -> float | None:
     try:
         return float(TaskLayout(directory).read_handoff()["forked_at"])
@@ -241,13 +265,3 @@ def _read_attempts(layout: TaskLayout) -> int | None:
         return layout.read_attempts()
     except (OSError, ValueError):
         return None
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
