@@ -184,6 +184,32 @@ def test_an_attempt_that_saw_its_pool_gone_makes_its_block_lost_at_the_next_look
     assert watchdog.check([]) == []  # reported once
 
 
+def test_a_pool_on_the_runner_s_host_that_its_attempts_did_not_see_gone_is_lost_at_the_next_look(
+    tmp_path: Path,
+) -> None:
+    """A SIGKILLed pool's workers may die with it before they look: the runner looks at the pool
+    named in the beat itself, where it runs on its host, and says why for the attempts."""
+    import socket
+
+    clock = Clock()
+    watchdog = Watchdog(tmp_path, site_stall_s=30.0, timeouts={}, clock=clock)
+    pool = subprocess.Popen(["sleep", "60"])
+    named = {"pid": pool.pid, "started": process_start_time(pool.pid)}
+    here = socket.gethostname()
+    beat(tmp_path, "a", block="3", pid=11, host=here, pool=named)
+    beat(tmp_path, "b", block="4", pid=12, host="elsewhere", pool={"pid": 2**22 + 7, "started": 1})  # cannot look
+    assert watchdog.check([]) == []
+    pool.kill()
+    pool.wait()
+    clock.advance(WATCH_S)
+    (lost,) = watchdog.check([])
+    why = f"its worker pool (pid {pool.pid}) exited"
+    assert (lost.task, lost.block, lost.seen_by, lost.pool_gone) == (None, "3", "a", why)
+    assert lost.reason == f"the worker pool of block 3 is gone, as the runner saw on {here} (running a): {why}"
+    clock.advance(WATCH_S)
+    assert watchdog.check([]) == []  # reported once
+
+
 class GonePool:
     """A pool watch that finds the pool gone from its ``after``-th look on."""
 
@@ -193,6 +219,9 @@ class GonePool:
     def lost(self) -> str | None:
         self.looks += 1
         return "its worker pool (pid 9) exited" if self.looks >= self.after else None
+
+    def process(self) -> dict[str, int] | None:
+        return {"pid": 9, "started": 5}
 
 
 def test_a_heartbeat_that_finds_its_pool_gone_says_so_once_and_keeps_its_file(tmp_path: Path) -> None:
@@ -206,6 +235,7 @@ def test_a_heartbeat_that_finds_its_pool_gone_says_so_once_and_keeps_its_file(tm
         record = read_attempt_heartbeat(path)
     assert told == ["its worker pool (pid 9) exited"]  # at once, not after the 60 s beat
     assert record is not None and record["pool_lost"] == "its worker pool (pid 9) exited"
+    assert record["pool"] == {"pid": 9, "started": 5}  # for a runner on the same host to look at
     assert path.exists()  # for the runner to read; the retry handler removes it
 
 
@@ -558,6 +588,15 @@ TWO_MEMBERS = WORKFLOW.replace("count: 6", "count: 2")
 TWO_LONGER = TWO_MEMBERS.replace("steps: 300", "steps: 1500")
 
 
+def descendants(pid: int) -> list[int]:
+    everything, found, frontier = processes(), [], [pid]
+    while frontier:
+        children = [child for child, (parent, _) in everything.items() if parent in frontier]
+        found.extend(children)
+        frontier = children
+    return found
+
+
 def pool_and_manager(run_dir: Path) -> tuple[int, int]:
     """The run's worker pool and its multiprocessing manager (the pool's oldest spawned child)."""
     pool = running_pool(run_dir)
@@ -566,12 +605,14 @@ def pool_and_manager(run_dir: Path) -> tuple[int, int]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("target", ["pool", "manager"])
+@pytest.mark.parametrize("target", ["pool", "manager", "pool-and-workers"])
 def test_a_lost_pool_is_noticed_by_its_members_not_by_parsl_s_threshold(tmp_path: Path, target: str) -> None:
     """The pool SIGKILLed (its workers train on, orphaned), or its multiprocessing manager (its
     heartbeat thread answers on, so Parsl never notices): the members see it at their next look
     at the pool, the runner fails their tasks at once, and they resume free on the standby block that
-    waited, started and preloaded, before the fault. (The
+    waited, started and preloaded, before the fault. The pool and all its workers SIGKILLed
+    together (a warm pool's fork server ends with it, and its workers with the server, before
+    they look): the runner, on the pool's host, sees it and says so for them. (The
     site's own stall timeout, 30 s, so that a block slow to start on a loaded machine is not lost.)"""
     run_dir = tmp_path / "run"
     (tmp_path / "wf.yaml").write_text(TWO_LONGER)
@@ -587,7 +628,8 @@ def test_a_lost_pool_is_noticed_by_its_members_not_by_parsl_s_threshold(tmp_path
         wait_for(lambda: len(blocks_of(run_dir)) >= 2, 120, "a standby block beside the running one")
         pool, manager = pool_and_manager(run_dir)
         killed = time.time()
-        os.kill(pool if target == "pool" else manager, signal.SIGKILL)
+        for pid in {"pool": [pool], "manager": [manager]}.get(target) or [pool, *descendants(pool)]:
+            os.kill(pid, signal.SIGKILL)
         out, _ = runner.communicate(timeout=240)
     finally:
         if runner.poll() is None:
@@ -614,7 +656,7 @@ def test_a_lost_pool_is_noticed_by_its_members_not_by_parsl_s_threshold(tmp_path
     # (the watchdog's block, or the one the retry handler retired when a member's own stop came first)
     blocked = f"ManagerLost: Task failure due to loss of manager block-{lost['block'] + ' ' if lost else ''}"
     assert all(e["error"].startswith((blocked, "Preempted: ")) for e in ended), ended
-    if target == "pool":  # nothing in it could report: the runner failed the tasks
+    if target != "manager":  # nothing in it could report: the runner failed the tasks
         assert lost is not None and all(e["error"].startswith(blocked) for e in ended), ended
     assert pools_of(run_dir) == []
     # the lost members resumed in the standby, started before the fault, not in a block started for them

@@ -58,6 +58,12 @@ class PoolLook(Protocol):
         """Why the pool can no longer run this attempt; None while it can."""
         ...
 
+    def process(self) -> dict[str, int] | None:
+        """The pool process's ``pid`` and ``started`` (clock ticks after boot), written into every
+        beat so that a runner on the same host looks at it too: the attempts of a killed pool may
+        die before their next look. None when there is none to name."""
+        ...
+
 
 def analytics_task(request: str) -> str:
     """The heartbeat name of an analytics request's task: ``@`` keeps it apart from member names."""
@@ -131,6 +137,7 @@ class Heartbeat:
             "block": current_block(),
             "started": round(time.time(), 3),
             **({} if waiting_s is None else {"waiting_s": waiting_s}),
+            **({} if pool is None or (process := pool.process()) is None else {"pool": process}),
         }
         self._step: int | None = None
         self._committed: int | None = None

@@ -61,9 +61,17 @@ _SOURCES = {
         "read_launch_env",
         "shutdown_process_group",
     ),
-    "resilient_flows.training._faults": ("PEER_LOST", "POOL_LOST", "attempt_fault", "record_fault", "record_pool_lost"),
+    "resilient_flows.training._faults": (
+        "PEER_LOST",
+        "POOL_LOST",
+        "attempt_fault",
+        "record_fault",
+        "record_pool_lost",
+        "record_pool_seen_lost",
+    ),
     "resilient_flows.training._functions": ("import_function",),
     "resilient_flows.training._nodefile": ("pbs_hosts",),
+    "resilient_flows.training._pool": ("pool_exited", "pool_process_gone"),
     "resilient_flows.training._params": (
         "check_params",
         "declared_names",
@@ -215,6 +223,9 @@ if TYPE_CHECKING:  # the names' definitions, for type checkers and editors (a te
     from resilient_flows.training._faults import (
         record_pool_lost as record_pool_lost,
     )
+    from resilient_flows.training._faults import (
+        record_pool_seen_lost as record_pool_seen_lost,
+    )
     from resilient_flows.training._functions import (
         import_function as import_function,
     )
@@ -253,6 +264,8 @@ if TYPE_CHECKING:  # the names' definitions, for type checkers and editors (a te
     from resilient_flows.training._params import (
         with_defaults as with_defaults,
     )
+    from resilient_flows.training._pool import pool_exited as pool_exited
+    from resilient_flows.training._pool import pool_process_gone as pool_process_gone
     from resilient_flows.training._probe import (
         LOOP as LOOP,
     )

@@ -103,17 +103,31 @@ def record_pool_lost(directory: Path, reason: str) -> None:
     machine's fault whatever error it then reports). Never raises."""
     layout = TaskLayout(directory)
     with contextlib.suppress(OSError, ValueError):
-        layout.write_fault(
-            {
-                "attempt": layout.read_attempts(),
-                "kind": POOL_LOST,
-                "rank": 0,
-                "host": socket.gethostname(),
-                "block": current_block(),
-                "reason": reason[:400],
-                "time": round(time.time(), 3),
-            }
-        )
+        _write_pool_lost(layout, layout.read_attempts(), socket.gethostname(), current_block(), reason)
+
+
+def record_pool_seen_lost(directory: Path, attempt: int, host: str, block: str, reason: str) -> None:
+    """Record, for attempt ``attempt`` (which ran in ``block`` on ``host``), that the runner saw its
+    worker pool gone: the attempt may have died with its pool before it could look and say so.
+    A record of the attempt's failure already there wins. Never raises."""
+    layout = TaskLayout(directory)
+    with contextlib.suppress(OSError, ValueError):
+        if layout.read_attempts() == attempt and attempt_fault(directory, attempt) is None:
+            _write_pool_lost(layout, attempt, host, block, reason)
+
+
+def _write_pool_lost(layout: TaskLayout, attempt: int, host: str, block: str | None, reason: str) -> None:
+    layout.write_fault(
+        {
+            "attempt": attempt,
+            "kind": POOL_LOST,
+            "rank": 0,
+            "host": host,
+            "block": block,
+            "reason": reason[:400],
+            "time": round(time.time(), 3),
+        }
+    )
 
 
 def attempt_fault(directory: Path, attempt: int | None = None) -> dict[str, Any] | None:

@@ -55,10 +55,24 @@ class PoolWatch:
     def lost(self) -> str | None:
         """Why the pool can no longer run this attempt; None while it can (or nothing is watched)."""
         if self.pool is not None and not _alive(self.pool):
-            return f"its worker pool (pid {self.pool.pid}) exited"
+            return pool_exited(self.pool.pid)
         if self.manager is not None and not _alive(self.manager):
             return f"its worker pool's multiprocessing manager (pid {self.manager.pid}) exited"
         return None
+
+    def process(self) -> dict[str, int] | None:
+        return None if self.pool is None else {"pid": self.pool.pid, "started": self.pool.started}
+
+
+def pool_exited(pid: int) -> str:
+    """Why an attempt lost its pool, when the pool process is gone: the attempt and the runner
+    (which looks at a pool on its own host too) say it alike."""
+    return f"its worker pool (pid {pid}) exited"
+
+
+def pool_process_gone(record: dict[str, int]) -> bool:
+    """Whether the pool process a heartbeat names (:meth:`PoolWatch.process`) is gone from this host."""
+    return not _alive(_Proc(record["pid"], record["started"]))
 
 
 def _stat(pid: int) -> tuple[str, int, int] | None:

@@ -70,7 +70,14 @@ from resilient_flows.sites._parsl import (
     record_pid,
     shutdown_started,
 )
-from resilient_flows.training import MemberSpec, StageSpec, latest_committed_step, preloaded_modules, stage_finished
+from resilient_flows.training import (
+    MemberSpec,
+    StageSpec,
+    latest_committed_step,
+    preloaded_modules,
+    record_pool_seen_lost,
+    stage_finished,
+)
 from resilient_flows.workflow._adopt import Adoption, adoptable
 from resilient_flows.workflow._blocks import (
     BlockLedger,
@@ -437,8 +444,18 @@ def _handle_lost(
                 watchdog.forget_block(executor.label, lost.block)
                 console.print(f"cancelled block {lost.block} of {executor.label}; its tasks are retried")
             if lost.block is not None:
+                if lost.pool_gone is not None:  # before the retry handler asks why the attempts ended
+                    _record_pool_seen_lost(submitter, lost.block, lost.pool_gone, watchdog.beats())
                 fail_lost_tasks(executor, str(lost.block), {**submitter.stages, **submitter.futures}, watchdog.beats())
     return None
+
+
+def _record_pool_seen_lost(submitter: _Submitter, block: str, why: str, beats: Mapping[str, Mapping[str, Any]]) -> None:
+    """Record the pool's loss for each member attempt that ran in ``block``, as it would have."""
+    for name, beat in beats.items():
+        attempt, host = beat.get("attempt"), beat.get("host")
+        if name in submitter.futures and str(beat.get("block")) == block and isinstance(attempt, int):
+            record_pool_seen_lost(member_dir(submitter.run_dir, name), attempt, str(host), block, why)
 
 
 def _executor_of(submitter: _Submitter, name: str | None) -> str | None:

@@ -8,7 +8,9 @@ any of these states waits forever. The watchdog looks every :data:`WATCH_S` seco
 
 - each running attempt's heartbeat record: an attempt that saw its worker pool gone (the pool
   process, or its multiprocessing manager: :mod:`resilient_flows.training._pool`) says so in its
-  next beat, and its block is lost at once (the fast path: within a look of the beat);
+  next beat, and its block is lost at once (the fast path: within a look of the beat); a pool on
+  the runner's own host, named in the beat, the runner looks at itself, as its attempts may die
+  with it before they look;
 - each running attempt's heartbeat (:mod:`resilient_flows.rundir._heartbeat`): an attempt whose
   file has not changed for longer than its stall timeout is lost;
 - each block's managers, as the interchange reports them: a block that holds tasks of which none
@@ -28,6 +30,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -38,6 +41,7 @@ from parsl.executors import HighThroughputExecutor
 
 from resilient_flows.rundir import read_attempt_heartbeat, run_layout
 from resilient_flows.sites._parsl import ANSWER_S, interchange_exit, interchange_managers
+from resilient_flows.training import pool_exited, pool_process_gone
 
 logger = logging.getLogger(__name__)
 
@@ -58,7 +62,8 @@ class Lost:
     """What the watchdog found: a silent attempt (``task`` set), a block whose tasks never beat, or
     an executor whose interchange exited (``block`` None, ``executor`` set). ``silent_s``: how
     long a silent attempt had not beaten, on the runner's clock; ``seen_by``: the task that saw its
-    block's pool gone (whose executor is the block's)."""
+    block's pool gone (whose executor is the block's); ``pool_gone``: why, where the runner saw it
+    itself (its attempts could not say so: the runner records it for them)."""
 
     reason: str
     task: str | None = None
@@ -67,6 +72,7 @@ class Lost:
     executor: str | None = None
     silent_s: float | None = None
     seen_by: str | None = None
+    pool_gone: str | None = None
 
 
 @dataclass
@@ -130,7 +136,7 @@ class Watchdog:
             return []
         self._looked = now
         self._read_beats(now)
-        found = [*self._lost_pools(), *self._silent_attempts(now)]
+        found = [*self._lost_pools(now), *self._silent_attempts(now)]
         for executor in executors:
             if not isinstance(executor, HighThroughputExecutor):
                 continue
@@ -182,8 +188,10 @@ class Watchdog:
                 previous = {} if beat is None else beat.record
                 self._beats[name] = _Beat(mtime, now, record if record is not None else previous)
 
-    def _lost_pools(self) -> Iterable[Lost]:
-        """The blocks whose pool a running attempt saw gone, once each (the first to say so)."""
+    def _lost_pools(self, now: float) -> Iterable[Lost]:
+        """The blocks whose pool a running attempt saw gone, once each (the first to say so); then
+        those whose pool the runner sees gone on its own host (``pool_gone``): the attempts of a
+        killed pool may die with it before they look."""
         said: set[str] = set()
         for name, beat in sorted(self._beats.items()):
             why, block = beat.record.get("pool_lost"), beat.record.get("block")
@@ -196,6 +204,20 @@ class Watchdog:
                 block=str(block),
                 seen_by=name,
             )
+        for name, beat in sorted(self._beats.items()):
+            block = beat.record.get("block")
+            if block is None or str(block) in said or now - beat.changed > self.site_stall_s:
+                continue
+            why = _local_pool_gone(beat.record)
+            if why is not None:
+                said.add(str(block))
+                yield Lost(
+                    f"the worker pool of block {block} is gone, as the runner saw on {beat.record.get('host')} "
+                    f"(running {name}): {why}",
+                    block=str(block),
+                    seen_by=name,
+                    pool_gone=why,
+                )
 
     def _silent_attempts(self, now: float) -> Iterable[Lost]:
         for name, beat in self._beats.items():
@@ -245,6 +267,18 @@ class Watchdog:
                     block=block,
                     executor=label,
                 )
+
+
+def _local_pool_gone(record: dict[str, Any]) -> str | None:
+    """Why an attempt's pool (:meth:`~resilient_flows.rundir.PoolLook.process`), on this host, can
+    no longer run it; None while it runs, or where this host cannot look."""
+    pool = record.get("pool")
+    if record.get("host") != socket.gethostname() or not isinstance(pool, dict):
+        return None
+    pid, started = pool.get("pid"), pool.get("started")
+    if not isinstance(pid, int) or not isinstance(started, int):
+        return None
+    return pool_exited(pid) if pool_process_gone({"pid": pid, "started": started}) else None
 
 
 def _key(lost: Lost) -> tuple[Any, ...]:
