@@ -53,7 +53,7 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
 
 @pytest.hookimpl(tryfirst=True, optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """Under ``pytest -n 2`` the Slurm tests run one after another on one worker: they fill the
+    """Under xdist the Slurm tests run one after another on one worker: they fill the
     one-node cluster's CPUs and find their pilot jobs by name. The multi-node tests
     (``tests/test_multinode.py``) use a cluster of their own but take the same turn: on a 2-core
     machine both clusters' nodes share those two CPUs, and each family times its pilot jobs'
