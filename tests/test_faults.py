@@ -166,8 +166,25 @@ def unmount(mount: Path, wait_s: float = 30.0) -> None:
         if done.returncode == 0:
             return
         if "busy" not in done.stderr or time.monotonic() > deadline:
-            raise RuntimeError(f"umount {mount}: {done.stderr.strip()}")
+            raise RuntimeError(f"umount {mount}: {done.stderr.strip()}; used by: {holders(mount) or 'none found'}")
         time.sleep(0.5)
+
+
+def holders(mount: Path) -> list[str]:
+    """The processes whose working directory, open files or mappings lie in ``mount``."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            links = [os.readlink(proc / "cwd"), *(os.readlink(fd) for fd in (proc / "fd").iterdir())]
+            mapped = (proc / "maps").read_text()
+            command = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if any(link.startswith(str(mount)) for link in links) or str(mount) in mapped:
+            found.append(f"{proc.name} ({command[:120]})")
+    return found
 
 
 def make_unwritable(path: Path) -> None:

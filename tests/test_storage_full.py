@@ -83,6 +83,7 @@ def test_a_runner_starts_parsl_once_the_full_run_directory_has_room(small_filesy
     import io
 
     import parsl
+    from parsl.config import Config
     from rich.console import Console
 
     from resilient_flows.sites import SiteFile
@@ -95,8 +96,14 @@ def test_a_runner_starts_parsl_once_the_full_run_directory_has_room(small_filesy
     threading.Timer(3.0, ballast.unlink).start()
     out = io.StringIO()
     started = time.monotonic()
-    config = _site_config(SiteFile.open("local"), run_dir, 0, 0)
-    dfk, _ = _load_parsl(config, lambda: _site_config(SiteFile.open("local"), run_dir, 0, 0), Console(file=out))
+
+    def without_blocks() -> Config:  # the interchange is what must start; a pool would only linger
+        config = _site_config(SiteFile.open("local"), run_dir, 0, 0)
+        config.executors[0].provider.init_blocks = 0
+        return config
+
+    config = without_blocks()
+    dfk, _ = _load_parsl(config, without_blocks, Console(file=out))
     try:
         assert time.monotonic() - started >= 2.5
         assert "waiting for space" in out.getvalue() and "No space left on device" in out.getvalue()

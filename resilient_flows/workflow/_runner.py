@@ -69,6 +69,7 @@ from resilient_flows.sites._parsl import (
     parsl_file_logs,
     record_pid,
     shutdown_started,
+    start_initial_blocks,
 )
 from resilient_flows.training import (
     MemberSpec,
@@ -474,7 +475,9 @@ def _load_parsl(config: Config, fresh: Callable[[], Config], console: Console) -
     while True:
         try:
             with shielded():  # its interchange never sees a terminal's Ctrl-C: see _interrupt
-                return parsl.load(config), config
+                dfk = parsl.load(config)
+            start_initial_blocks(dfk)
+            return dfk, config
         except OSError as exc:
             if not is_storage_full(exc) or time.monotonic() > deadline:
                 raise

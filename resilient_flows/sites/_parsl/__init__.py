@@ -54,6 +54,9 @@ The DataFlowKernel (:mod:`._dfk`), in the runner:
   future made to ignore the interchange's later report of the same loss;
 - a retry launched with the record's ``kwargs`` and ``resource_specification``: the retry
   handler sets a backoff and a priority there;
+- ``job_status_poller`` (its ``callback`` and ``make_callback``): one scaling pass made as the
+  instance starts, so that its initial blocks are submitted at once, not a ``strategy_period``
+  later;
 - ``cleanup_called``: a second shutdown refused; the loggers Parsl attaches its log files to
   (``parsl``, ``concurrent.futures``), closed after a shutdown; its task failures logged on
   :data:`DFK_LOGGER`.
@@ -76,6 +79,7 @@ from resilient_flows.sites._parsl._dfk import (  # noqa: E402
     retry_with_kwarg,
     retry_with_priority,
     shutdown_started,
+    start_initial_blocks,
 )
 from resilient_flows.sites._parsl._executor import (  # noqa: E402
     ANSWER_S,
@@ -134,6 +138,7 @@ PARSL_INTERNALS = frozenset(
         "connected_managers",
         "exec_fu",
         "interchange_proc",
+        "job_status_poller",
         "job_ids_to_block",
         "remote_pid",
         "HOLD_MANAGER",
@@ -191,6 +196,7 @@ __all__ = [
     "set_job_record",
     "shutdown_started",
     "split_argv",
+    "start_initial_blocks",
     "take_block",
     "tell_go",
     "warm_launch_cmd",

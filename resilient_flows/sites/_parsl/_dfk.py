@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import logging
+import threading
 from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +28,7 @@ __all__ = [
     "retry_with_kwarg",
     "retry_with_priority",
     "shutdown_started",
+    "start_initial_blocks",
 ]
 
 #: The logger Parsl's DataFlowKernel logs each task's failure to.
@@ -97,6 +99,26 @@ def retry_with_priority(task_record: dict[str, Any], priority: int) -> None:
     """Have the task's next try sent at ``priority`` (HTEX's queue order, lower first): the
     DataFlowKernel launches a retry with the record's ``resource_specification``."""
     task_record["resource_specification"] = {**(task_record.get("resource_specification") or {}), "priority": priority}
+
+
+def start_initial_blocks(dfk: Any) -> None:
+    """Have a new DataFlowKernel submit its executors' initial blocks now.
+
+    Parsl submits them at its job status poller's first scaling pass after the executors were
+    added; the poller makes a pass as it starts, before they are, so the blocks waited a whole
+    ``strategy_period`` (5 s by default) at every start. The poller's passes (its ``callback``,
+    made by ``make_callback``) are made to take one lock, and one is made now: two passes never
+    scale out together.
+    """
+    poller = dfk.job_status_poller
+    passes, lock = poller.callback, threading.Lock()
+
+    def one_pass(*args: Any) -> None:
+        with lock:
+            passes(*args)
+
+    poller.callback = one_pass
+    poller.make_callback()  # as the poller's thread makes it: a failure is logged, as Parsl logs its own
 
 
 def shutdown_started(dfk: Any) -> bool:
