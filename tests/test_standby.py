@@ -37,6 +37,21 @@ def site(tmp_path: Path, executor: dict[str, Any]) -> Path:
 STANDBY = {"type": "HighThroughputExecutor", "label": "w", "warm_workers": True, "standby_pool": True}
 
 
+@pytest.fixture(autouse=True)
+def joined(monkeypatch: pytest.MonkeyPatch) -> set[str]:
+    """The blocks whose pools have joined the interchange, as it lists them (every block told to go,
+    unless a test says otherwise): these executors are never started."""
+    blocks: set[str] = set()
+
+    def managers(executor: Any, timeout_s: float) -> list[dict[str, Any]]:
+        return [{"block_id": block} for block in (blocks or set(executor.status_facade))]
+
+    from resilient_flows.workflow import _standby
+
+    monkeypatch.setattr(_standby, "interchange_managers", managers)
+    return blocks
+
+
 def standby_executor(tmp_path: Path) -> Any:
     """The executor of a standby site as a runner configures it, whose blocks are recorded as Parsl
     records them but never launched; its run directory is ``tmp_path``."""
@@ -120,6 +135,23 @@ def test_the_runner_runs_one_block_keeps_one_waiting_and_runs_it_once_the_first_
     executor._status["2"] = JobStatus(JobState.FAILED)  # a standby that could not start is replaced
     assert standby.update([executor]) == []
     assert sorted(executor.status_facade) == ["0", "1", "2", "3"] and go_files(tmp_path) == ["go-0", "go-1"]
+
+
+def test_the_first_standby_waits_until_the_first_block_s_pool_joined_the_interchange(
+    tmp_path: Path, joined: set[str]
+) -> None:
+    """Its imports would otherwise compete for the cores with those of the first block."""
+    executor = standby_executor(tmp_path)
+    standby = Standby()
+    executor.scale_out_facade(1)
+    executor._tasks = {0: None}
+    joined.add("none yet")
+    assert standby.update([executor]) == [("w", "0")]
+    assert standby.update([executor]) == []
+    assert sorted(executor.status_facade) == ["0"]  # block 0 runs, no standby yet
+    joined.add("0")
+    assert standby.update([executor]) == []
+    assert sorted(executor.status_facade) == ["0", "1"] and go_files(tmp_path) == ["go-0"]
 
 
 def test_no_standby_is_started_once_no_task_is_outstanding(tmp_path: Path) -> None:

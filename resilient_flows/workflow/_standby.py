@@ -14,8 +14,9 @@ look of the runner:
 - starts a new standby block once none waits, a block runs and tasks are outstanding: at once,
   because faults come in bursts (a pool lost seconds after the last one should find its
   replacement preloaded), at the price of the standby's imports competing for the cores with
-  the first block's start or with the restores of the members that a lost block's replacement
-  took over;
+  the restores of the members that a lost block's replacement took over. The instance's first
+  standby waits until a running block's pool has joined the interchange: started beside the
+  first block, its imports would compete with that block's and delay every member's start;
 - holds the provider's ``max_blocks`` at the running count plus the waiting ones, so that Parsl's
   strategy, which counts a waiting block as a block, starts a block only for a running one that
   is missing. Should the strategy and the runner start one at the same moment, the extra block
@@ -59,6 +60,7 @@ from resilient_flows.sites._parsl import (
     block_launch_command,
     foreign_job,
     go_file,
+    interchange_managers,
     is_standby,
     set_job_record,
     take_block,
@@ -69,6 +71,10 @@ logger = logging.getLogger(__name__)
 
 #: How many blocks of an executor wait as standbys.
 STANDBY_BLOCKS = 1
+
+#: Seconds the interchange has to list its managers when the runner asks whether the first
+#: block's pool has joined (the runner's loop waits that long for a hung one).
+JOIN_ANSWER_S = 0.5
 
 
 @dataclass(frozen=True)
@@ -94,6 +100,7 @@ class Standby:
         self._running: dict[str, set[str]] = {}  # executor -> the blocks told to go
         self._target: dict[str, int] = {}  # executor -> the blocks it runs (the site's max_blocks)
         self._adopted: dict[tuple[str, str], str] = {}  # (executor, block) -> the go file of a kept pool
+        self._joined: set[str] = set()  # executors a running block of which has joined the interchange
 
     def keep(self, executors: Iterable[Any]) -> list[Kept]:
         """Take one waiting block of each standby executor out of its (lost) Parsl instance, so that
@@ -156,6 +163,7 @@ class Standby:
             and executor.outstanding() > 0
             and bool(running)
             and len(alive) < target + STANDBY_BLOCKS
+            and self._joined_once(executor, running)
         )
         if wanted:
             provider.max_blocks = target + len(waiting) + 1
@@ -164,6 +172,14 @@ class Standby:
             logger.info("started standby block %s of %s", ", ".join(new) or "(none)", label)
         provider.max_blocks = target + len(waiting)
         return activated
+
+    def _joined_once(self, executor: Any, running: list[str]) -> bool:
+        """Whether a running block's pool of ``executor`` has joined its interchange in this instance."""
+        if executor.label not in self._joined:
+            managers = interchange_managers(executor, JOIN_ANSWER_S) or []
+            if any(str(manager.get("block_id")) in running for manager in managers):
+                self._joined.add(executor.label)
+        return executor.label in self._joined
 
     def _go(self, executor: Any, block: str) -> None:
         """Create the go file of ``block``: its pool joins the interchange. An adopted pool's file
