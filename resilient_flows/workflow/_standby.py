@@ -47,7 +47,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -60,7 +60,6 @@ from resilient_flows.sites._parsl import (
     block_launch_command,
     foreign_job,
     go_file,
-    interchange_managers,
     is_standby,
     set_job_record,
     take_block,
@@ -71,10 +70,6 @@ logger = logging.getLogger(__name__)
 
 #: How many blocks of an executor wait as standbys.
 STANDBY_BLOCKS = 1
-
-#: Seconds the interchange has to list its managers when the runner asks whether the first
-#: block's pool has joined (the runner's loop waits that long for a hung one).
-JOIN_ANSWER_S = 0.5
 
 
 @dataclass(frozen=True)
@@ -137,10 +132,14 @@ class Standby:
             )
         return left
 
-    def update(self, executors: Iterable[Any]) -> list[tuple[str, str]]:
-        """Activate and start standby blocks as the module says; the (executor, block) pairs activated."""
+    def update(self, executors: Iterable[Any], joined: Mapping[str, Collection[str]]) -> list[tuple[str, str]]:
+        """Activate and start standby blocks as the module says; the (executor, block) pairs
+        activated. ``joined``: by executor, the blocks whose pools the interchange has listed (as
+        the watchdog last asked it: a question of the standby's own could time out, and a command
+        that timed out leaves Parsl's channel to the interchange unusable)."""
         activated = []
         for executor in _standbys(executors):
+            self._joined_once(executor, joined.get(executor.label, ()))
             activated.extend((executor.label, block) for block in self._update_one(executor))
         return activated
 
@@ -163,7 +162,7 @@ class Standby:
             and executor.outstanding() > 0
             and bool(running)
             and len(alive) < target + STANDBY_BLOCKS
-            and self._joined_once(executor, running)
+            and executor.label in self._joined
         )
         if wanted:
             provider.max_blocks = target + len(waiting) + 1
@@ -173,13 +172,10 @@ class Standby:
         provider.max_blocks = target + len(waiting)
         return activated
 
-    def _joined_once(self, executor: Any, running: list[str]) -> bool:
-        """Whether a running block's pool of ``executor`` has joined its interchange in this instance."""
-        if executor.label not in self._joined:
-            managers = interchange_managers(executor, JOIN_ANSWER_S) or []
-            if any(str(manager.get("block_id")) in running for manager in managers):
-                self._joined.add(executor.label)
-        return executor.label in self._joined
+    def _joined_once(self, executor: Any, joined: Collection[str]) -> None:
+        """Note once a block told to go has joined the interchange: the first standby waits for it."""
+        if any(block in joined for block in self._running.get(executor.label, ())):
+            self._joined.add(executor.label)
 
     def _go(self, executor: Any, block: str) -> None:
         """Create the go file of ``block``: its pool joins the interchange. An adopted pool's file

@@ -39,7 +39,9 @@ The executor, interchange and providers (:mod:`._executor`), in the runner:
 - ``_status`` and ``_simulated_status`` set to ``SCALED_IN`` for a block the runner cancelled, as
   ``scale_in_facade`` does, so that the block error handler counts no failure;
 - ``connected_managers`` and ``connected_blocks`` replaced by ``list`` on an executor whose
-  interchange is lost, so that Parsl's shutdown does not wait for it;
+  interchange is lost, so that Parsl's shutdown does not wait for it, and the ``close`` of its
+  ``outgoing_q`` and ``command_client`` by nothing: a retry's launch blocked sending to the lost
+  interchange would abort the process when its socket is closed under it;
 - ``blocks_to_job_id``, ``job_ids_to_block``, ``_status``, ``_simulated_status``,
   ``_block_id_counter`` and ``_get_launch_command``: a waiting standby block moved from a lost
   Parsl instance to the next (:mod:`resilient_flows.workflow._standby`);
@@ -136,6 +138,7 @@ PARSL_INTERNALS = frozenset(
         "command_client",
         "connected_blocks",
         "connected_managers",
+        "outgoing_q",
         "exec_fu",
         "interchange_proc",
         "job_status_poller",

@@ -93,9 +93,22 @@ def kill_interchange(executor: Any, wait_s: float | None = None) -> bool:
 def disconnect(executor: Any) -> None:
     """Make the executor's ``connected_managers`` and ``connected_blocks`` answer an empty list
     without asking its interchange, which would never answer (it exited or hung): Parsl's
-    shutdown and status poll call them, and would wait for good."""
+    shutdown and status poll call them, and would wait for good.
+
+    Its shutdown then leaves the task and command sockets open: a thread may be blocked for good
+    sending on one (a retry launched as the interchange died: a socket with no peer blocks its
+    sender), and closing a socket under a blocked sender aborts the process (a libzmq
+    assertion). The two sockets of each lost interchange are left to the process's end.
+    """
     executor.connected_managers = list
     executor.connected_blocks = list
+    for pipe in ("outgoing_q", "command_client"):
+        if hasattr(executor, pipe):
+            getattr(executor, pipe).close = _left_open
+
+
+def _left_open() -> None:
+    """What closing a lost interchange's socket does: nothing (see :func:`disconnect`)."""
 
 
 def interchange_managers(executor: Any, timeout_s: float = ANSWER_S) -> list[dict[str, Any]] | None:
