@@ -37,11 +37,6 @@ def site(tmp_path: Path, executor: dict[str, Any]) -> Path:
 STANDBY = {"type": "HighThroughputExecutor", "label": "w", "warm_workers": True, "standby_pool": True}
 
 
-def every(executor: Any) -> dict[str, set[str]]:
-    """Every block of ``executor`` listed by its interchange, as the watchdog passes them on."""
-    return {executor.label: set(executor.status_facade)}
-
-
 def standby_executor(tmp_path: Path) -> Any:
     """The executor of a standby site as a runner configures it, whose blocks are recorded as Parsl
     records them but never launched; its run directory is ``tmp_path``."""
@@ -108,37 +103,23 @@ def go_files(tmp_path: Path) -> list[str]:
 def test_the_runner_runs_one_block_keeps_one_waiting_and_runs_it_once_the_first_is_lost(tmp_path: Path) -> None:
     executor = standby_executor(tmp_path)
     standby = Standby()
-    assert standby.update([executor], every(executor)) == []  # no block yet: nothing to run, no standby beside nothing
+    assert standby.update([executor]) == []  # no block yet: nothing to run, no standby beside nothing
     assert sorted(executor.status_facade) == []
     executor.scale_out_facade(1)  # the strategy's initial block
     executor._tasks = {0: None, 1: None, 2: None}  # outstanding
-    assert standby.update([executor], every(executor)) == [("w", "0")]
+    assert standby.update([executor]) == [("w", "0")]
     assert go_files(tmp_path) == ["go-0"] and Path(go_file(executor.worker_logdir, "0")).exists()
-    assert standby.update([executor], every(executor)) == []  # 0 joined the interchange: a standby
     assert sorted(executor.status_facade) == ["0", "1"] and go_files(tmp_path) == ["go-0"]  # 1 waits
     assert executor.provider.max_blocks == 2  # the strategy counts the waiting block: it starts none
-    assert standby.update([executor], every(executor)) == []
+    assert standby.update([executor]) == []
     assert sorted(executor.status_facade) == ["0", "1"]
     executor._status["0"] = JobStatus(JobState.SCALED_IN)  # the runner retired the lost block
-    assert standby.update([executor], every(executor)) == [("w", "1")]  # and a new standby beside it
+    assert standby.update([executor]) == [("w", "1")]  # and a new standby beside it
     assert go_files(tmp_path) == ["go-0", "go-1"]
     assert sorted(executor.status_facade) == ["0", "1", "2"] and executor.provider.max_blocks == 2
     executor._status["2"] = JobStatus(JobState.FAILED)  # a standby that could not start is replaced
-    assert standby.update([executor], every(executor)) == []
+    assert standby.update([executor]) == []
     assert sorted(executor.status_facade) == ["0", "1", "2", "3"] and go_files(tmp_path) == ["go-0", "go-1"]
-
-
-def test_the_first_standby_waits_until_the_first_block_s_pool_joined_the_interchange(tmp_path: Path) -> None:
-    """Its imports would otherwise compete for the cores with those of the first block."""
-    executor = standby_executor(tmp_path)
-    standby = Standby()
-    executor.scale_out_facade(1)
-    executor._tasks = {0: None}
-    assert standby.update([executor], {}) == [("w", "0")]
-    assert standby.update([executor], {"w": set()}) == []
-    assert sorted(executor.status_facade) == ["0"]  # block 0 runs, no standby yet
-    assert standby.update([executor], {"w": {"0"}}) == []
-    assert sorted(executor.status_facade) == ["0", "1"] and go_files(tmp_path) == ["go-0"]
 
 
 def test_no_standby_is_started_once_no_task_is_outstanding(tmp_path: Path) -> None:
@@ -146,7 +127,7 @@ def test_no_standby_is_started_once_no_task_is_outstanding(tmp_path: Path) -> No
     standby = Standby()
     executor.scale_out_facade(1)
     executor._tasks = {}
-    assert standby.update([executor], every(executor)) == [("w", "0")]
+    assert standby.update([executor]) == [("w", "0")]
     assert sorted(executor.status_facade) == ["0"] and executor.provider.max_blocks == 1
 
 
@@ -158,7 +139,7 @@ def test_an_executor_without_standby_is_left_alone(tmp_path: Path) -> None:
     executor._launch_block = lambda block: "100"
     executor.scale_out_facade(1)
     executor._tasks = {0: None}
-    assert Standby().update([executor], every(executor)) == []
+    assert Standby().update([executor]) == []
     assert go_files(tmp_path) == [] and sorted(executor.status_facade) == ["0"]
 
 
@@ -190,7 +171,7 @@ def test_a_waiting_pool_of_a_lost_instance_is_the_next_instance_s_first_block(tm
     old.scale_out_facade(2)
     old._tasks = {0: None}
     old.provider.resources = {job: {"job_id": job, "remote_pid": 4242, "status": None} for job in ("100", "101")}
-    assert before.update([old], every(old)) == [("w", "0")]
+    assert before.update([old]) == [("w", "0")]
     (kept,) = before.keep([old])
     assert (kept.label, kept.block, kept.job_id) == ("w", "1", "101")
     assert kept.go == go_file(old.worker_logdir, "1")
@@ -206,7 +187,7 @@ def test_a_waiting_pool_of_a_lost_instance_is_the_next_instance_s_first_block(tm
     assert after.adopt([new], [kept]) == []
     assert new.blocks_to_job_id == {"0": "101"} and new.status_facade["0"].state == JobState.RUNNING
     assert new.provider.resources["101"]["remote_pid"] == 4242
-    assert after.update([new], every(new)) == [("w", "0")]
+    assert after.update([new]) == [("w", "0")]
     assert not Path(go_file(new.worker_logdir, "0")).exists()  # the pool waits for its old file
     old_argv = split_argv(old._get_launch_command("1").split()[3:])[2]
     argv, environ = wait_for_go(old_argv)

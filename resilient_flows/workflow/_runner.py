@@ -885,7 +885,7 @@ class _RunLoop:
         if lost_parsl is not None:
             return lost_parsl
         self._fail_retired(executors, watchdog)
-        self.standby.update(executors, watchdog.joined)
+        self.standby.update(executors)
         self.ledger.record(executors)  # a standby block started now is cancelled should this runner die
         if self.block_clock is not None:
             for label, block in self.block_clock.update(executors, watchdog.beats(), self._members):

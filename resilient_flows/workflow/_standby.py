@@ -14,9 +14,8 @@ look of the runner:
 - starts a new standby block once none waits, a block runs and tasks are outstanding: at once,
   because faults come in bursts (a pool lost seconds after the last one should find its
   replacement preloaded), at the price of the standby's imports competing for the cores with
-  the restores of the members that a lost block's replacement took over. The instance's first
-  standby waits until a running block's pool has joined the interchange: started beside the
-  first block, its imports would compete with that block's and delay every member's start;
+  the first block's start or with the restores of the members that a lost block's replacement
+  took over;
 - holds the provider's ``max_blocks`` at the running count plus the waiting ones, so that Parsl's
   strategy, which counts a waiting block as a block, starts a block only for a running one that
   is missing. Should the strategy and the runner start one at the same moment, the extra block
@@ -47,7 +46,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -95,7 +94,6 @@ class Standby:
         self._running: dict[str, set[str]] = {}  # executor -> the blocks told to go
         self._target: dict[str, int] = {}  # executor -> the blocks it runs (the site's max_blocks)
         self._adopted: dict[tuple[str, str], str] = {}  # (executor, block) -> the go file of a kept pool
-        self._joined: set[str] = set()  # executors a running block of which has joined the interchange
 
     def keep(self, executors: Iterable[Any]) -> list[Kept]:
         """Take one waiting block of each standby executor out of its (lost) Parsl instance, so that
@@ -132,14 +130,10 @@ class Standby:
             )
         return left
 
-    def update(self, executors: Iterable[Any], joined: Mapping[str, Collection[str]]) -> list[tuple[str, str]]:
-        """Activate and start standby blocks as the module says; the (executor, block) pairs
-        activated. ``joined``: by executor, the blocks whose pools the interchange has listed (as
-        the watchdog last asked it: a question of the standby's own could time out, and a command
-        that timed out leaves Parsl's channel to the interchange unusable)."""
+    def update(self, executors: Iterable[Any]) -> list[tuple[str, str]]:
+        """Activate and start standby blocks as the module says; the (executor, block) pairs activated."""
         activated = []
         for executor in _standbys(executors):
-            self._joined_once(executor, joined.get(executor.label, ()))
             activated.extend((executor.label, block) for block in self._update_one(executor))
         return activated
 
@@ -162,7 +156,6 @@ class Standby:
             and executor.outstanding() > 0
             and bool(running)
             and len(alive) < target + STANDBY_BLOCKS
-            and executor.label in self._joined
         )
         if wanted:
             provider.max_blocks = target + len(waiting) + 1
@@ -171,11 +164,6 @@ class Standby:
             logger.info("started standby block %s of %s", ", ".join(new) or "(none)", label)
         provider.max_blocks = target + len(waiting)
         return activated
-
-    def _joined_once(self, executor: Any, joined: Collection[str]) -> None:
-        """Note once a block told to go has joined the interchange: the first standby waits for it."""
-        if any(block in joined for block in self._running.get(executor.label, ())):
-            self._joined.add(executor.label)
 
     def _go(self, executor: Any, block: str) -> None:
         """Create the go file of ``block``: its pool joins the interchange. An adopted pool's file

@@ -129,8 +129,6 @@ class Watchdog:
         self._reported: set[tuple[Any, ...]] = set()
         self._looked = float("-inf")
         self.ignored: set[str] = set()
-        #: By executor, every block whose pool the interchange has listed at a look.
-        self.joined: dict[str, set[str]] = {}
 
     def check(self, executors: Iterable[Any]) -> list[Lost]:
         now = self.clock()
@@ -152,7 +150,6 @@ class Watchdog:
                 reason = f"the interchange of executor {executor.label} did not answer within {ANSWER_S:.0f} s"
                 found.append(Lost(reason, executor=executor.label))
                 continue
-            self.joined.setdefault(executor.label, set()).update(str(m.get("block_id")) for m in managers)
             found.extend(self._quiet_blocks(executor.label, managers, now))
         fresh = [lost for lost in found if _key(lost) not in self._reported]
         self._reported.update(_key(lost) for lost in fresh)

@@ -98,13 +98,21 @@ def disconnect(executor: Any) -> None:
     Its shutdown then leaves the task and command sockets open: a thread may be blocked for good
     sending on one (a retry launched as the interchange died: a socket with no peer blocks its
     sender), and closing a socket under a blocked sender aborts the process (a libzmq
-    assertion). The two sockets of each lost interchange are left to the process's end.
+    assertion). The two sockets of each lost interchange are left to the process's end, and kept
+    referenced: a ZeroMQ context that is garbage-collected terminates itself, which waits for its
+    open sockets for good.
     """
     executor.connected_managers = list
     executor.connected_blocks = list
-    for pipe in ("outgoing_q", "command_client"):
-        if hasattr(executor, pipe):
-            getattr(executor, pipe).close = _left_open
+    for name in ("outgoing_q", "command_client"):
+        pipe = getattr(executor, name, None)
+        if pipe is not None:
+            pipe.close = _left_open
+            _LEFT_OPEN.append(pipe)
+
+
+#: The pipes of lost interchanges, left open (see :func:`disconnect`).
+_LEFT_OPEN: list[Any] = []
 
 
 def _left_open() -> None:
