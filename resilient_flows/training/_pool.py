@@ -70,9 +70,9 @@ def pool_exited(pid: int) -> str:
     return f"its worker pool (pid {pid}) exited"
 
 
-def pool_process_gone(record: dict[str, int]) -> bool:
+def pool_process_gone(pid: int, started: int) -> bool:
     """Whether the pool process a heartbeat names (:meth:`PoolWatch.process`) is gone from this host."""
-    return not _alive(_Proc(record["pid"], record["started"]))
+    return not _alive(_Proc(pid, started))
 
 
 def _stat(pid: int) -> tuple[str, int, int] | None:

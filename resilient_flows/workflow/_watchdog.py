@@ -278,7 +278,7 @@ def _local_pool_gone(record: dict[str, Any]) -> str | None:
     pid, started = pool.get("pid"), pool.get("started")
     if not isinstance(pid, int) or not isinstance(started, int):
         return None
-    return pool_exited(pid) if pool_process_gone({"pid": pid, "started": started}) else None
+    return pool_exited(pid) if pool_process_gone(pid, started) else None
 
 
 def _key(lost: Lost) -> tuple[Any, ...]:
