@@ -21,9 +21,18 @@ from slurm import wait_for
 from resilient_flows.errors import SiteConfigError
 from resilient_flows.rundir._heartbeat import attempt_heartbeat_path, read_attempt_heartbeat
 from resilient_flows.sites import load_site
-from resilient_flows.sites._parsl import DEFAULT_PRELOAD, WARM_MODULE, add_preload, is_warm, split_argv
+from resilient_flows.sites._parsl import (
+    DEFAULT_PRELOAD,
+    POOL_PRELOAD,
+    TRAINING_PRELOAD,
+    WARM_MODULE,
+    is_warm,
+    set_preload,
+    split_argv,
+)
 from resilient_flows.training import preloaded_modules, read_events, run_member
-from resilient_flows.workflow import read_plan
+from resilient_flows.workflow import load_workflow, plan_workflow, read_plan
+from resilient_flows.workflow._runner import worker_preload
 
 CLI = Path(sys.executable).with_name("resilient-flows")
 
@@ -49,16 +58,36 @@ def test_warm_workers_start_the_pool_through_the_warm_module_with_the_default_pr
     assert not is_warm(plain) and plain.launch_cmd.startswith("process_worker_pool.py ")
 
 
-def test_the_runs_workloads_join_the_preload_once_each_and_only_python_names(tmp_path: Path) -> None:
+def test_a_run_sets_its_pools_preload_once_each_and_only_python_names(tmp_path: Path) -> None:
     (executor,) = load_site(
         site(tmp_path, {"type": "HighThroughputExecutor", "label": "w", "warm_workers": True})
     ).executors
-    add_preload(executor, ["mine", "torch", "mine", "x;rm -rf ~", "pkg.sub"])
+    set_preload(executor, ["mine", "torch", "mine", "x;rm -rf ~", "pkg.sub"])
     argv = executor.launch_cmd.split()[3:]
     modules, standby, pool_argv = split_argv(argv)
-    assert modules == [*DEFAULT_PRELOAD, "mine", "pkg.sub"]
+    assert modules == [*POOL_PRELOAD, "mine", "torch", "pkg.sub"]
     assert standby is False
     assert pool_argv[:2] == ["{debug}", "{max_workers_per_node}"]
+    set_preload(executor, [])
+    assert split_argv(executor.launch_cmd.split()[3:])[0] == list(POOL_PRELOAD)
+
+
+def test_pools_import_torch_only_where_a_worker_trains_or_evaluates(tmp_path: Path) -> None:
+    """A one-rank workload member trains in its worker: torch and its workload are preloaded. A
+    command member or a member on several ranks only starts processes from its worker: nothing
+    more than the pool's own modules, unless stages or analytics run in the workers."""
+    (tmp_path / "wf.yaml").write_text(
+        "name: p\nmembers:\n"
+        "  - {name: one, workload: mlp-digits, steps: 2}\n"
+        "  - {name: two, workload: mlp-digits, steps: 2, ranks: 2}\n"
+        f"  - {{name: cmd, steps: 2, command: [{sys.executable}, x.py]}}\n"
+    )
+    members = plan_workflow(load_workflow(tmp_path / "wf.yaml"), build_site=False).members
+    one, two, cmd = sorted(members, key=lambda m: ["one", "two", "cmd"].index(m.name))
+    assert worker_preload([one, two, cmd], stages=False, analytics=False) == (*TRAINING_PRELOAD, "sklearn.datasets")
+    assert worker_preload([two, cmd], stages=False, analytics=False) == ()
+    assert worker_preload([two, cmd], stages=True, analytics=False) == TRAINING_PRELOAD
+    assert worker_preload([cmd], stages=False, analytics=True) == TRAINING_PRELOAD
 
 
 def test_a_builtin_workload_preloads_its_data_loader_and_a_module_workload_its_module() -> None:

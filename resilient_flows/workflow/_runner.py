@@ -59,7 +59,7 @@ from resilient_flows.rundir import (
 )
 from resilient_flows.sites import SiteFacts, SiteFile, SiteOptions
 from resilient_flows.sites._parsl import (
-    add_preload,
+    TRAINING_PRELOAD,
     close_parsl_logs,
     disconnect,
     interchange_answers,
@@ -68,6 +68,7 @@ from resilient_flows.sites._parsl import (
     kill_interchange,
     parsl_file_logs,
     record_pid,
+    set_preload,
     shutdown_started,
     start_initial_blocks,
 )
@@ -337,6 +338,18 @@ def resumed_first(run_dir: Path, members: list[MemberSpec]) -> list[MemberSpec]:
     return started + [m for m in members if m not in started]
 
 
+def worker_preload(members: Sequence[MemberSpec], stages: bool, analytics: bool) -> tuple[str, ...]:
+    """What a run's warm pools import ahead besides their own module and the member runtime:
+    torch and the workloads' modules where an attempt trains or evaluates in its worker (a
+    one-rank workload member, a stage, analytics); nothing where every member is a command or
+    spans ranks, whose workers only start the processes that import them. A member cloned later
+    onto one rank imports them in its worker."""
+    trained = sorted({m.workload for m in members if not m.command and m.ranks == 1})
+    if not (trained or stages or analytics):
+        return ()
+    return (*TRAINING_PRELOAD, *(module for workload in trained for module in preloaded_modules(workload)))
+
+
 def _site_config(
     site: SiteFile,
     run_dir: Path,
@@ -344,7 +357,7 @@ def _site_config(
     free_stops: int,
     monitor_as: str | None = None,
     token: str | None = None,
-    workloads: tuple[str, ...] = (),
+    preload: tuple[str, ...] = (),
     shrinkable: bool = False,
     retired: queue.SimpleQueue | None = None,
 ) -> Config:
@@ -353,7 +366,7 @@ def _site_config(
     that carry the runner's ``token``, where given (what is left of them is found by it: see
     :mod:`resilient_flows.workflow._stragglers`) and, where ``monitor_as`` names the workflow,
     Parsl's monitoring into the run's database (see :mod:`resilient_flows.workflow._monitoring`).
-    Warm worker pools preload the modules the ``workloads`` import as well. Where a member is
+    Warm worker pools preload ``preload`` (see :func:`worker_preload`). Where a member is
     ``shrinkable`` (``min_nodes`` below its ``nodes``), blocks outlive a lost node, spares or not.
     The blocks the retry handler retires are put in ``retired``, where given, for the runner to fail
     their other tasks."""
@@ -371,9 +384,8 @@ def _site_config(
     )
     if token is not None:
         carry_token(config, token)
-    modules = [m for w in workloads for m in preloaded_modules(w)]
     for executor in config.executors:
-        add_preload(executor, modules)
+        set_preload(executor, preload)
     if _prioritized(config):
         handler.lost_priority = LOST_PRIORITY
     return config
@@ -635,7 +647,7 @@ class _RunLoop:
             workflow.free_stops,
             workflow.name if workflow.monitoring else None,
             token=self.ledger.token,
-            workloads=tuple(sorted({m.workload for m in plan.members})),
+            preload=worker_preload(plan.members, bool(workflow.stages), bool(workflow.analytics)),
             shrinkable=any(m.min_nodes is not None and m.min_nodes < m.nodes for m in plan.members),
             retired=self.retired,
         )

@@ -80,15 +80,17 @@ logger = logging.getLogger(__name__)
 __all__ = [
     "DEFAULT_PRELOAD",
     "POOL_MODULE",
+    "POOL_PRELOAD",
     "POOL_SCRIPT",
     "STANDBY_FLAG",
+    "TRAINING_PRELOAD",
     "WARM_MODULE",
-    "add_preload",
     "go_file",
     "is_standby",
     "is_warm",
     "read_go",
     "run_pool",
+    "set_preload",
     "split_argv",
     "tell_go",
     "warm_launch_cmd",
@@ -104,20 +106,24 @@ _PRELOAD_FLAG = "--preload"
 #: What makes a warm pool a standby: warm, it waits for its go file before it joins the interchange.
 STANDBY_FLAG = "--standby"
 _MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
-#: What every warm pool imports once: the pool's own module (its workers' code), torch, what
-#: torch imports on first use (``torch._dynamo``: any optimizer's constructor, about 1.5 s on an
-#: idle core), and what a member's attempt imports before its workload (the apps, the member
-#: runtime, the built-in workloads, numpy's RNGs). The runner adds the run's own workload modules.
-DEFAULT_PRELOAD = (
-    POOL_MODULE,
+#: What every warm pool imports once: the pool's own module (its workers' code) and what each
+#: attempt imports in its worker before anything else (the apps and the member runtime). A command
+#: member's or a multi-rank member's worker needs no more: it starts the processes that import
+#: torch.
+POOL_PRELOAD = (POOL_MODULE, "resilient_flows.apps", "resilient_flows.training")
+#: What a pool whose workers train or evaluate in their own process imports too: torch, what torch
+#: imports on first use (``torch._dynamo``: any optimizer's constructor, about 1.5 s on an idle
+#: core), numpy's RNGs, the in-worker runtime and the built-in workloads. About 4 s of CPU per
+#: pool, spent for nothing where no worker trains: the runner leaves it out there.
+TRAINING_PRELOAD = (
     "torch",
     "torch._dynamo",
     "numpy.random",
-    "resilient_flows.apps",
-    "resilient_flows.training",
     "resilient_flows.training._run",
     "resilient_flows.training._workloads",
 )
+#: What a site's warm pools import, where no runner says what its members need (a Parsl script).
+DEFAULT_PRELOAD = (*POOL_PRELOAD, *TRAINING_PRELOAD)
 
 
 def warm_launch_cmd(preload: Sequence[str], standby: bool = False) -> str:
@@ -143,18 +149,19 @@ def is_warm(executor: Any) -> bool:
     return f" -m {WARM_MODULE} " in str(getattr(executor, "launch_cmd", None) or "")
 
 
-def add_preload(executor: Any, modules: Sequence[str]) -> None:
-    """Have ``executor``'s warm pools preload ``modules`` too (the members' workloads); nothing
-    for an executor that is not warm. Call it before the executor starts: its launch command is
-    composed then. Only dotted Python names are added: the launch command goes through a shell,
-    and anything else is no module a worker could import anyway."""
-    names = [m for m in modules if _MODULE_NAME.fullmatch(m)]
-    if not is_warm(executor) or not names:
+def set_preload(executor: Any, modules: Sequence[str]) -> None:
+    """Have ``executor``'s warm pools preload ``modules`` (after :data:`POOL_PRELOAD`, which every
+    pool imports) instead of what the site gave them; nothing for an executor that is not warm.
+    Call it before the executor starts: its launch command is composed then. Only dotted Python
+    names are kept: the launch command goes through a shell, and anything else is no module a
+    worker could import anyway."""
+    if not is_warm(executor):
         return
+    names = [m for m in modules if _MODULE_NAME.fullmatch(m)]
     before, flag, rest = executor.launch_cmd.partition(f" {_PRELOAD_FLAG} ")
-    listed, _, tail = rest.partition(" ")
-    merged = ",".join(dict.fromkeys([*listed.split(","), *names]))
-    executor.launch_cmd = f"{before}{flag}{merged} {tail}"
+    _, _, tail = rest.partition(" ")
+    listed = ",".join(dict.fromkeys([*POOL_PRELOAD, *names]))
+    executor.launch_cmd = f"{before}{flag}{listed} {tail}"
 
 
 def is_standby(executor: Any) -> bool:
