@@ -9,6 +9,7 @@ import os
 import signal
 import string
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -153,6 +154,69 @@ def test_a_standby_pool_goes_on_only_once_its_go_file_exists(tmp_path: Path) -> 
     Path(go_file(tmp_path, "3")).touch()
     waiting.join(60)
     assert not waiting.is_alive()
+
+
+#: A module whose import takes a while and says at which priority it ran, and a worker's function
+#: that says at which priority the worker runs.
+NICE_PROBE = """\
+import os, threading, time
+with open(os.environ["PROBE_OUT"], "a") as out:
+    out.write(f"import {os.getpid()} {os.getpriority(os.PRIO_PROCESS, threading.get_native_id())}\\n")
+time.sleep(float(os.environ["PROBE_IMPORT_S"]))
+
+def report():
+    with open(os.environ["PROBE_OUT"], "a") as out:
+        out.write(f"worker {os.getppid()} {os.getpriority(os.PRIO_PROCESS, 0)}\\n")
+"""
+
+#: A standby's start as the warm pool makes it: its fork server preloading at the lowest priority,
+#: then its go file (after argv[1] seconds), then a worker forked.
+STANDBY_START = """\
+import multiprocessing, os, sys, time
+import probe
+from resilient_flows.sites import _warmpool
+
+if __name__ == "__main__":
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(["resilient_flows.sites._preload"])
+    _warmpool.start_fork_server(["probe"], idle=os.environ["PROBE_SAID"])
+    time.sleep(float(sys.argv[1]))
+    _warmpool._hurry(os.environ["PROBE_SAID"], ["probe"])
+    _warmpool.start_fork_server(["probe"])
+    worker = context.Process(target=probe.report)
+    worker.start()
+    worker.join()
+"""
+
+
+@pytest.mark.parametrize(("go_after_s", "servers"), [(0.5, 2), (4.0, 1)], ids=["go-while-importing", "go-after"])
+def test_a_standby_imports_at_the_lowest_priority_and_its_workers_run_at_the_usual_one(
+    tmp_path: Path, go_after_s: float, servers: int
+) -> None:
+    """A standby's fork server imports niced to 19. Go while it still imports: it is replaced by
+    one that imports at the usual priority. Go once it is done: it serves the workers. Either way
+    each worker runs at the pool's own priority, never at the standby's."""
+    (tmp_path / "probe.py").write_text(NICE_PROBE)
+    (tmp_path / "start.py").write_text(STANDBY_START)
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]),
+        "PROBE_OUT": str(tmp_path / "probe.out"),
+        "PROBE_SAID": str(tmp_path / "preload"),
+        "PROBE_IMPORT_S": "1.5",
+    }
+    start = subprocess.Popen(
+        [sys.executable, str(tmp_path / "start.py"), str(go_after_s)], env=env, stderr=subprocess.PIPE, text=True
+    )
+    _, err = start.communicate(timeout=120)
+    assert start.returncode == 0, err
+    lines = [line.split() for line in (tmp_path / "probe.out").read_text().splitlines()]
+    imports = [(int(pid), int(nice)) for kind, pid, nice in lines if kind == "import" and int(pid) != start.pid]
+    ((_, server, nice),) = [line for line in lines if line[0] == "worker"]
+    assert len(imports) == servers and imports[0][1] == 19, lines
+    assert int(nice) == 0 and int(server) == imports[-1][0], lines  # forked by the server that imported last
+    if servers == 2:
+        assert imports[1][1] == 0, lines  # the replacement imported at the usual priority
 
 
 def started(executor: Any) -> Any:

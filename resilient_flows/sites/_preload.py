@@ -8,6 +8,12 @@ if it must: a broken workload module must not take the pool's fork server, and e
 it, down. Anything that starts a thread at import would be copied half-alive into every forked
 worker (see :mod:`resilient_flows.sites._warmpool`): this is checked around the imports, and said
 on stderr, which the pool's block log keeps. Each forked worker dies with the fork server.
+
+A standby pool's fork server imports at the lowest CPU priority, in a thread of its own niced to 19
+(a Linux nice value is a thread's): its imports take the cores only while the members beside it
+leave them idle. ``$RESILIENT_FLOWS_WARM_IDLE`` names the file in which it says so: its process
+id as it starts, ``ready`` once done. The thread has ended before the first fork, and each worker
+is forked from the main thread, at the priority it always had.
 """
 
 from __future__ import annotations
@@ -23,6 +29,10 @@ from pathlib import Path
 
 #: The variable naming the modules to import.
 PRELOAD_VARIABLE = "RESILIENT_FLOWS_WARM_PRELOAD"
+#: The variable naming the file of a fork server that imports at the lowest priority (see above).
+IDLE_VARIABLE = "RESILIENT_FLOWS_WARM_IDLE"
+#: What that file holds once the imports are done, after the process id.
+READY = "ready"
 #: Imported first, their threads not counted: see :func:`preload`.
 _FORK_SAFE = ("numpy", "scipy.linalg")
 #: Threads not counted, by name: jemalloc's background thread (the allocator of pyarrow, which
@@ -93,7 +103,30 @@ def _report(failed: list[str], started: int) -> None:
             print(line, file=sys.stderr, flush=True)
 
 
+def _preload_idle(modules: list[str], path: str) -> None:
+    """:func:`preload` and :func:`_report` in a thread niced to 19, ``path`` saying how far it got.
+    A module that needs the main thread to import (one that sets a signal handler) fails here
+    and is left to the workers, as any other that fails."""
+
+    def imports() -> None:
+        with contextlib.suppress(OSError):
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+        _report(*preload(modules))
+
+    with contextlib.suppress(OSError), open(path, "w") as said:
+        said.write(f"{os.getpid()}\n")
+    thread = threading.Thread(target=imports, name="resilient-flows-preload")
+    thread.start()
+    thread.join()
+    with contextlib.suppress(OSError), open(path, "a") as said:
+        said.write(f"{READY}\n")
+
+
 _NAMED = os.environ.pop(PRELOAD_VARIABLE, "")  # read once, by the fork server: its workers do not see it
-if _NAMED:
+_IDLE = os.environ.pop(IDLE_VARIABLE, "")
+if _NAMED and _IDLE:
+    _preload_idle([m for m in _NAMED.split(",") if m], _IDLE)
+elif _NAMED:
     _report(*preload([m for m in _NAMED.split(",") if m]))
+if _NAMED:
     os.register_at_fork(after_in_child=_die_with_the_server)

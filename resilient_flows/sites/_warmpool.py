@@ -22,6 +22,10 @@ A standby pool (``--standby``, a site's ``standby_pool: true``) does all of that
 own module too, and then waits, unknown to the interchange, until the runner creates its go file
 (:func:`~resilient_flows.sites._parsl.go_file`): a block whose pool is lost is replaced
 by one that is already started and preloaded (see :mod:`resilient_flows.workflow._standby`).
+Its fork server imports at the lowest CPU priority (:mod:`resilient_flows.sites._preload`): on the
+machine it shares with the members, the standby takes no core they use, and it costs nothing in
+a run that ends before the cores were idle long enough. Should the go file come before it is
+done, it is replaced by one that imports at the usual priority, as a block started cold would.
 A go file that holds a launch command (a standby adopted by the Parsl instance that replaced a
 lost interchange, or by the runner that resumed a killed one) gives the pool's arguments to run
 with instead of its own, and the environment to add (the resuming runner's token).
@@ -30,17 +34,20 @@ with instead of its own, and the environment to add (the resuming runner's token
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import importlib
 import multiprocessing
 import multiprocessing.forkserver
 import os
+import signal
 import sys
 import time
 from collections.abc import Sequence
 
+from resilient_flows.procgroup import process_runs
 from resilient_flows.sites._parsl import POOL_MODULE, go_file, read_go, run_pool, split_argv
-from resilient_flows.sites._preload import PRELOAD_VARIABLE
+from resilient_flows.sites._preload import IDLE_VARIABLE, PRELOAD_VARIABLE, READY
 
 #: Seconds between two looks of a standby pool for its go file.
 GO_LOOK_S = 0.05
@@ -50,26 +57,78 @@ def main(argv: list[str]) -> None:
     modules, standby, pool_argv = split_argv(argv)
     forkserver = multiprocessing.get_context("forkserver")
     forkserver.set_forkserver_preload(["resilient_flows.sites._preload"])
-    preloaded = functools.partial(start_fork_server, modules)
-    preloaded()  # started now, its imports under way while the pool connects
+    idle = None
+    if standby and not os.path.exists(go_file(*_block(pool_argv))):
+        idle = _preload_file(*_block(pool_argv))  # it stands by: its fork server imports at the lowest priority
+    start_fork_server(modules, idle)  # started now, its imports under way while the pool connects
     environ: dict[str, str] = {}
     if standby:
         pool_argv, environ = wait_for_go(pool_argv)
         os.environ.update(environ)
-    run_pool(pool_argv, forkserver, preloaded, environ)
+        if idle is not None:
+            _hurry(idle, modules)
+    run_pool(pool_argv, forkserver, functools.partial(start_fork_server, modules), environ)
 
 
-def start_fork_server(modules: Sequence[str]) -> None:
-    """Start the fork server, preloading ``modules``, unless it runs. Called again before each
-    worker starts: a fork server that died (multiprocessing starts another at the next worker)
-    is replaced by one that preloads too, not by one whose workers import everything again. Only
-    the fork server sees the variable: the pool's other children (its multiprocessing manager,
-    spawned, imports this module) must not preload."""
+def start_fork_server(modules: Sequence[str], idle: str | None = None) -> None:
+    """Start the fork server, preloading ``modules``, unless it runs; with ``idle`` (a standby
+    that waits for its go file), at the lowest priority, saying in that file how far it got (see
+    :mod:`resilient_flows.sites._preload`). Called again before each worker starts: a fork
+    server that died (multiprocessing starts another at the next worker) is replaced by one that
+    preloads too, not by one whose workers import everything again. Only the fork server sees the
+    variables: the pool's other children (its multiprocessing manager, spawned, imports this
+    module) must not preload."""
     os.environ[PRELOAD_VARIABLE] = ",".join(modules)
+    if idle is not None:
+        os.environ[IDLE_VARIABLE] = idle
     try:
         multiprocessing.forkserver.ensure_running()
     finally:
         del os.environ[PRELOAD_VARIABLE]
+        os.environ.pop(IDLE_VARIABLE, None)
+
+
+def _hurry(idle: str, modules: Sequence[str]) -> None:
+    """The go file came: a fork server still importing at the lowest priority would hold the
+    members' workers back as long as the cores stay busy. It is replaced by one that imports at
+    the usual priority, as a block started cold would (nothing was forked from it yet)."""
+    said = _read_said(idle)
+    if said is None or said[1:] == [READY]:
+        return
+    server = int(said[0])
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(server, signal.SIGKILL)
+    while process_runs(server):  # not reaped here: multiprocessing waits for it, and starts another
+        time.sleep(0.01)
+    start_fork_server(modules)
+
+
+def _read_said(path: str) -> list[str] | None:
+    """The lines of a fork server's preload file (its own, from this pool's block directory), or
+    None before it wrote one."""
+    try:
+        with open(path) as said:
+            lines = said.read().split()
+    except OSError:
+        return None
+    return lines if lines and lines[0].isdigit() else None
+
+
+def _block(pool_argv: Sequence[str]) -> tuple[str, str]:
+    """The pool's log directory and block id, from its arguments."""
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("--logdir", required=True)
+    parser.add_argument("--block_id", required=True)
+    known, _ = parser.parse_known_args(list(pool_argv))
+    return known.logdir, known.block_id
+
+
+def _preload_file(logdir: str, block: str) -> str:
+    """Where a standby's fork server says how far its imports got: in the block's own log
+    directory, beside the pool's logs."""
+    directory = os.path.join(logdir, f"block-{block}")
+    os.makedirs(directory, exist_ok=True)
+    return os.path.join(directory, "preload")
 
 
 def wait_for_go(pool_argv: Sequence[str]) -> tuple[list[str], dict[str, str]]:
@@ -78,11 +137,7 @@ def wait_for_go(pool_argv: Sequence[str]) -> tuple[list[str], dict[str, str]]:
     pool's arguments and the environment to add, as the file says (see
     :func:`~resilient_flows.sites._parsl.read_go`)."""
     importlib.import_module(POOL_MODULE)
-    parser = argparse.ArgumentParser(add_help=False)
-    parser.add_argument("--logdir", required=True)
-    parser.add_argument("--block_id", required=True)
-    known, _ = parser.parse_known_args(list(pool_argv))
-    go = go_file(known.logdir, known.block_id)
+    go = go_file(*_block(pool_argv))
     while not os.path.exists(go):
         time.sleep(GO_LOOK_S)
     return read_go(go, pool_argv)

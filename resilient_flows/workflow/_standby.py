@@ -13,9 +13,9 @@ look of the runner:
   forks its workers from a server that has long finished importing, in well under a second;
 - starts a new standby block once none waits, a block runs and tasks are outstanding: at once,
   because faults come in bursts (a pool lost seconds after the last one should find its
-  replacement preloaded), at the price of the standby's imports competing for the cores with
-  the first block's start or with the restores of the members that a lost block's replacement
-  took over;
+  replacement preloaded). Its imports run at the lowest CPU priority
+  (:mod:`resilient_flows.sites._warmpool`): they take no core from the first block's start or
+  from the restores of the members that a lost block's replacement took over;
 - holds the provider's ``max_blocks`` at the running count plus the waiting ones, so that Parsl's
   strategy, which counts a waiting block as a block, starts a block only for a running one that
   is missing. Should the strategy and the runner start one at the same moment, the extra block
