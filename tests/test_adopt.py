@@ -272,11 +272,13 @@ def paced_workflow() -> str:
 
 
 def pools_of(run_dir: Path) -> list[str]:
+    """The processes whose command line names ``run_dir``, each as its pid and command line."""
     found = []
     for entry in filter(str.isdigit, os.listdir("/proc")):
         with contextlib.suppress(OSError):
-            if str(run_dir) in Path(f"/proc/{entry}/cmdline").read_bytes().decode(errors="replace"):
-                found.append(entry)
+            command = Path(f"/proc/{entry}/cmdline").read_bytes().decode(errors="replace").replace("\0", " ")
+            if str(run_dir) in command:
+                found.append(f"{entry}: {command}")
     return found
 
 
