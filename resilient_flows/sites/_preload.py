@@ -109,8 +109,9 @@ def _preload_idle(modules: list[str], path: str) -> None:
     and is left to the workers, as any other that fails."""
 
     def imports() -> None:
-        with contextlib.suppress(OSError):
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+        if sys.platform.startswith("linux"):  # elsewhere a thread's id is no process id to renice
+            with contextlib.suppress(OSError):
+                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
         _report(*preload(modules))
 
     with contextlib.suppress(OSError), open(path, "w") as said:
