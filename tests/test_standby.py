@@ -172,11 +172,12 @@ def report():
 #: A standby's start as the warm pool makes it: its fork server preloading at the lowest priority,
 #: then its go file (after argv[1] seconds), then a worker forked.
 STANDBY_START = """\
-import multiprocessing, os, sys, time
+import multiprocessing, os, signal, sys, time
 import probe
 from resilient_flows.sites import _warmpool
 
 if __name__ == "__main__":
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # as the warm pool does: xdist's worker ignores it
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(["resilient_flows.sites._preload"])
     _warmpool.start_fork_server(["probe"], idle=os.environ["PROBE_SAID"])

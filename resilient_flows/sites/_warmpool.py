@@ -55,6 +55,7 @@ GO_LOOK_S = 0.05
 
 def main(argv: list[str]) -> None:
     modules, standby, pool_argv = split_argv(argv)
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # its children are waited for: an ignored SIGCHLD hides their end
     forkserver = multiprocessing.get_context("forkserver")
     forkserver.set_forkserver_preload(["resilient_flows.sites._preload"])
     idle = None
