@@ -45,12 +45,13 @@ import sys
 import time
 from collections.abc import Sequence
 
-from resilient_flows.procgroup import process_runs
 from resilient_flows.sites._parsl import POOL_MODULE, go_file, read_go, run_pool, split_argv
 from resilient_flows.sites._preload import IDLE_VARIABLE, PRELOAD_VARIABLE, READY
 
 #: Seconds between two looks of a standby pool for its go file.
 GO_LOOK_S = 0.05
+#: Seconds a standby told to go waits for its fork server to say its process id (see :func:`_hurry`).
+SAID_WAIT_S = 10.0
 
 
 def main(argv: list[str]) -> None:
@@ -94,14 +95,27 @@ def _hurry(idle: str, modules: Sequence[str]) -> None:
     members' workers back as long as the cores stay busy. It is replaced by one that imports at
     the usual priority, as a block started cold would (nothing was forked from it yet)."""
     said = _read_said(idle)
+    deadline = time.monotonic() + SAID_WAIT_S
+    while said is None and time.monotonic() < deadline:  # its first line comes at the usual priority
+        time.sleep(GO_LOOK_S)
+        said = _read_said(idle)
     if said is None or said[1:] == [READY]:
         return
     server = int(said[0])
     with contextlib.suppress(ProcessLookupError):
         os.kill(server, signal.SIGKILL)
-    while process_runs(server):  # not reaped here: multiprocessing waits for it, and starts another
+    while _unended(server):  # each of its threads, the niced one too, must end before it is replaced
         time.sleep(0.01)
     start_fork_server(modules)
+
+
+def _unended(child: int) -> bool:
+    """Whether this process's child ``child`` has not ended yet; it is left for multiprocessing to
+    wait for (which starts another fork server only once it did)."""
+    try:
+        return os.waitid(os.P_PID, child, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None
+    except ChildProcessError:
+        return False
 
 
 def _read_said(path: str) -> list[str] | None:
