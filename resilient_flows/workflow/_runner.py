@@ -29,6 +29,7 @@ import parsl
 from parsl.config import Config
 from parsl.executors import HighThroughputExecutor
 from parsl.executors.status_handling import BlockProviderExecutor
+from parsl.providers import LocalProvider
 from rich.console import Console, Group
 from rich.live import Live
 from rich.markup import escape
@@ -436,6 +437,10 @@ def _handle_lost(
     :mod:`resilient_flows.workflow._failfast`); Parsl retries them and starts new blocks. The
     reason when an interchange exited: then only a new Parsl instance helps."""
     for lost in found:
+        if lost.pool_gone is not None and not _runs_local_blocks(
+            executors, lost.executor or _executor_of(submitter, lost.seen_by)
+        ):
+            continue  # a batch job's pool seen gone here: its scheduler ends the job, Parsl's heartbeat finds it
         submitter.events.emit(
             "lost",
             lost.task,
@@ -461,6 +466,13 @@ def _handle_lost(
                     _record_pool_seen_lost(submitter, lost.block, lost.pool_gone, watchdog.beats())
                 fail_lost_tasks(executor, str(lost.block), {**submitter.stages, **submitter.futures}, watchdog.beats())
     return None
+
+
+def _runs_local_blocks(executors: Sequence[Any], label: str | None) -> bool:
+    """Whether executor ``label`` starts its blocks as processes of this host (``LocalProvider``):
+    only there does the runner fail a lost pool's tasks itself; a batch job's pool that dies keeps
+    its managers registered, and a retry would be sent to them."""
+    return any(label in (None, e.label) and isinstance(getattr(e, "provider", None), LocalProvider) for e in executors)
 
 
 def _record_pool_seen_lost(submitter: _Submitter, block: str, why: str, beats: Mapping[str, Mapping[str, Any]]) -> None:
