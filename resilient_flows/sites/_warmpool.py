@@ -60,8 +60,10 @@ def main(argv: list[str]) -> None:
     forkserver = multiprocessing.get_context("forkserver")
     forkserver.set_forkserver_preload(["resilient_flows.sites._preload"])
     idle = None
-    if standby and not os.path.exists(go_file(*_block(pool_argv))):
-        idle = _preload_file(*_block(pool_argv))  # it stands by: its fork server imports at the lowest priority
+    if standby:
+        logdir, block = _block(pool_argv)
+        if not os.path.exists(go_file(logdir, block)):  # it stands by: its fork server imports at the lowest priority
+            idle = _preload_file(logdir, block)
     start_fork_server(modules, idle)  # started now, its imports under way while the pool connects
     environ: dict[str, str] = {}
     if standby:
