@@ -80,7 +80,7 @@ resolve. The resume figures are single events per round and vary most.
 Run ``python benchmarks/parsl_overhead.py [--quick | --full] [--reps N] [--json PATH]``:
 ``--quick``: 1-second tasks, 3 rounds and 2 kills (under a minute); default: 5-second tasks, 7
 rounds and 5 kills (a few minutes); ``--full``: 15 rounds and 11 kills. Starting the workers
-(Parsl, torch and scikit-learn imported in each) takes about 10 s of any run.
+(Parsl and torch imported in each) takes about 10 s of any run.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """``mpiexec -n 2 python distributed_worker.py DIR``: the checks of test_distributed_members that need ranks.
 
-One launch does them all, since starting ranks (torch, scikit-learn, DDP's imports) costs more
+One launch does them all, since starting ranks (torch and DDP's imports) costs more
 than the checks:
 
 1. the process group forms from mpiexec's environment alone (no communicator given), all-reduces,

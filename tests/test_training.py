@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import pickle
+import subprocess
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -150,3 +152,28 @@ def test_an_attempt_with_no_step_left_reports_the_restored_step(tmp_path: Path) 
     again = run_member(spec(steps=20).to_dict(), str(tmp_path))  # restores step 19, runs nothing
     assert (first["step"], again["step"], again["attempts"]) == (19, 19, 2)
     assert again["digest"] == first["digest"] and "loss" not in again
+
+
+@pytest.mark.parametrize("name", ["digits", "breast-cancer"])
+def test_the_shipped_datasets_are_scikit_learns_tables(name: str) -> None:
+    import numpy as np
+    from sklearn import datasets
+
+    from resilient_flows.training._workloads import DATASET_DIR
+
+    table = {"digits": datasets.load_digits, "breast-cancer": datasets.load_breast_cancer}[name]()
+    with np.load(DATASET_DIR / f"{name}.npz", allow_pickle=False) as shipped:
+        assert np.array_equal(shipped["data"].astype(np.float32), table.data.astype(np.float32))
+        assert np.array_equal(shipped["target"].astype(np.int64), table.target.astype(np.int64))
+
+
+def test_a_builtin_member_trains_without_importing_scikit_learn(tmp_path: Path) -> None:
+    """Every rank of every attempt would pay about a second of CPU for scikit-learn's import."""
+    spec = MemberSpec(name="m", workload="mlp-breast-cancer", steps=2, seed=1, params={}).to_dict()
+    code = (
+        "import sys; from resilient_flows.training import run_member;"
+        f"run_member({spec!r}, {str(tmp_path)!r});"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('sklearn', 'scipy', 'pandas')))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
+    assert out.stdout.strip().splitlines()[-1] == "[]", out.stdout[-2000:]

@@ -84,21 +84,22 @@ def test_pools_import_torch_only_where_a_worker_trains_or_evaluates(tmp_path: Pa
     )
     members = plan_workflow(load_workflow(tmp_path / "wf.yaml"), build_site=False).members
     one, two, cmd = sorted(members, key=lambda m: ["one", "two", "cmd"].index(m.name))
-    assert worker_preload([one, two, cmd], stages=False, analytics=False) == (*TRAINING_PRELOAD, "sklearn.datasets")
+    assert worker_preload([one, two, cmd], stages=False, analytics=False) == TRAINING_PRELOAD
     assert worker_preload([two, cmd], stages=False, analytics=False) == ()
     assert worker_preload([two, cmd], stages=True, analytics=False) == TRAINING_PRELOAD
     assert worker_preload([cmd], stages=False, analytics=True) == TRAINING_PRELOAD
 
 
-def test_a_builtin_workload_preloads_its_data_loader_and_a_module_workload_its_module() -> None:
-    assert preloaded_modules("mlp-digits") == ("sklearn.datasets",)
+def test_a_builtin_workload_preloads_nothing_more_and_a_module_workload_its_module() -> None:
+    assert preloaded_modules("mlp-digits") == ()
     assert preloaded_modules("mine.sub:train") == ("mine.sub",)
     assert preloaded_modules("nonsense") == ()
 
 
 def test_preloading_scikit_learn_starts_no_thread_but_the_fork_safe_blas_pools() -> None:
     """A fresh interpreter, as a fork server is, with BLAS free to start its threads: what the
-    preload reports for the built-ins' loader."""
+    preload reports for scikit-learn, which a workload module may import (and with it SciPy and
+    pandas)."""
     env = {k: v for k, v in python_env().items() if not k.endswith("_NUM_THREADS")}
     code = (
         "from resilient_flows.sites._preload import preload;"

@@ -16,8 +16,6 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import sklearn.datasets  # noqa: F401  (paced's built-in loads its data with it: a warm pool preloads it with this module)
-
 from chaoslib.config import BENCH_DIR, GATE_ENV, LOOK_S, PEER_CHECKPOINTS, gate_of
 
 #: The share of its steps after which a member of a held run waits at the gate, and how long at most.

@@ -44,10 +44,10 @@ _FORK_SAFE_THREADS = frozenset({"jemalloc_bg_thd"})
 def preload(modules: list[str]) -> tuple[list[str], int]:
     """Import ``modules``: the ones that failed, each with why, and how many threads they started.
 
-    numpy and SciPy's linear algebra (where installed: scikit-learn, the built-ins' data loader,
-    imports it, and so may any workload module) are imported first and their threads are not
-    counted: each one's OpenBLAS starts its pool at import, and stops and restarts it around a
-    fork (``pthread_atfork``), so it is fork-safe."""
+    numpy and SciPy's linear algebra (where installed: scikit-learn imports it, and so may any
+    workload module) are imported first and their threads are not counted: each one's OpenBLAS
+    starts its pool at import, and stops and restarts it around a fork (``pthread_atfork``), so it
+    is fork-safe."""
     for fork_safe in _FORK_SAFE:
         with contextlib.suppress(ImportError):
             importlib.import_module(fork_safe)

@@ -40,15 +40,12 @@ BUILTIN_PARAMS: dict[str, type[BaseModel]] = {
 BUILTIN_WORKLOADS = tuple(BUILTIN_PARAMS)
 #: Params that decide the shape of a model: a clone cannot change them.
 STRUCTURAL = frozenset({"hidden", "channels"})
-#: What the built-ins import only as they load their data: scikit-learn's loaders, about 1.5 s on
-#: an idle core, paid again by every restarted member unless its warm pool imported them ahead.
-BUILTIN_DATA_MODULES = ("sklearn.datasets",)
 
 
 def preloaded_modules(workload: str) -> tuple[str, ...]:
     """The modules a warm pool imports ahead for members of ``workload``: a ``module:function``'s
-    module, a built-in's data loaders."""
+    module. A built-in needs none beyond the pool's own: its data ships as arrays."""
     if workload in BUILTIN_PARAMS:
-        return BUILTIN_DATA_MODULES
+        return ()
     module, colon, _ = workload.partition(":")
     return (module,) if colon else ()

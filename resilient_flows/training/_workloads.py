@@ -1,7 +1,8 @@
 """Built-in workloads that train for real on a laptop CPU in seconds, on data that ships offline.
 
-scikit-learn bundles the digits (8x8 images, 10 classes) and breast-cancer (30 features, 2 classes)
-sets, so these run without a network. Every batch is a pure function of (seed, step): a resumed
+The digits (8x8 images, 10 classes) and breast-cancer (30 features, 2 classes) sets ship with the
+package (``datasets/``), so these run without a network, and without importing scikit-learn,
+whose loaders hold the same tables. Every batch is a pure function of (seed, step): a resumed
 member draws exactly the batches an uninterrupted one would, without checkpointing a sampler.
 
 On several ranks each rank trains its slice of that same global batch, through ``ctx.wrap``
@@ -19,6 +20,7 @@ import inspect
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -33,6 +35,10 @@ from resilient_flows.training._distributed import local_slice
 from resilient_flows.training._functions import import_function
 from resilient_flows.training._params import declared_params
 
+#: Where the built-in datasets are: ``NAME.npz``, arrays ``data`` and ``target``.
+DATASET_DIR = Path(__file__).resolve().parent / "datasets"
+DATASETS = ("digits", "breast-cancer")
+
 
 @dataclass(frozen=True)
 class Dataset:
@@ -46,13 +52,10 @@ class Dataset:
 @functools.cache
 def load_dataset(name: str) -> Dataset:
     """A fixed 80/20 split, standardised with the training statistics."""
-    from sklearn import datasets
-
-    loaders = {"digits": datasets.load_digits, "breast-cancer": datasets.load_breast_cancer}
-    if name not in loaders:
-        raise ResilientFlowsError(f"unknown dataset {name!r}; built-in: {', '.join(loaders)}")
-    bunch = loaders[name]()
-    x, y = bunch.data.astype(np.float32), bunch.target.astype(np.int64)
+    if name not in DATASETS:
+        raise ResilientFlowsError(f"unknown dataset {name!r}; built-in: {', '.join(DATASETS)}")
+    with np.load(DATASET_DIR / f"{name}.npz", allow_pickle=False) as archive:
+        x, y = archive["data"].astype(np.float32), archive["target"].astype(np.int64)
     order = np.random.RandomState(0).permutation(len(x))
     cut = int(0.8 * len(x))
     train, test = order[:cut], order[cut:]
