@@ -45,7 +45,6 @@ import sys
 import time
 from collections.abc import Sequence
 
-from resilient_flows.sites._parsl import POOL_MODULE, go_file, read_go, run_pool, split_argv
 from resilient_flows.sites._preload import IDLE_VARIABLE, PRELOAD_VARIABLE, READY
 
 #: Seconds between two looks of a standby pool for its go file.
@@ -55,6 +54,11 @@ SAID_WAIT_S = 10.0
 
 
 def main(argv: list[str]) -> None:
+    # Parsl is imported here, not at the top: every process the pool spawns (its multiprocessing
+    # manager) imports this module again, as multiprocessing's spawn does the main module, and
+    # needs none of Parsl (0.6 s of CPU each).
+    from resilient_flows.sites._parsl import go_file, run_pool, split_argv
+
     modules, standby, pool_argv = split_argv(argv)
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # its children are waited for: an ignored SIGCHLD hides their end
     forkserver = multiprocessing.get_context("forkserver")
@@ -153,6 +157,8 @@ def wait_for_go(pool_argv: Sequence[str]) -> tuple[list[str], dict[str, str]]:
     processes and no CPU until it is needed. A cancelled block ends here by its SIGTERM. The
     pool's arguments and the environment to add, as the file says (see
     :func:`~resilient_flows.sites._parsl.read_go`)."""
+    from resilient_flows.sites._parsl import POOL_MODULE, go_file, read_go
+
     importlib.import_module(POOL_MODULE)
     go = go_file(*_block(pool_argv))
     while not os.path.exists(go):

@@ -41,31 +41,29 @@ _KIND_STYLE = {
 
 def plot_losses(statuses: dict[str, MemberStatus], path: Path, title: str) -> None:
     """Write :func:`loss_figure` to ``path`` (PNG); reads each member's metrics up to now."""
-    import matplotlib.pyplot as plt
-
     figure = loss_figure(statuses, title)
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, dpi=110)
-    plt.close(figure)
 
 
 def loss_figure(statuses: dict[str, MemberStatus], title: str) -> Figure:
-    """The loss plot of ``statuses``: per member up to :data:`GROUP_ABOVE` of them, else per family."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    """The loss plot of ``statuses``: per member up to :data:`GROUP_ABOVE` of them, else per family.
+    A figure of its own, not pyplot's: nothing global to close, and the runner (which writes one
+    at the end of every run) does not import pyplot's backends."""
+    from matplotlib.figure import Figure
 
     sample = None if len(statuses) <= GROUP_ABOVE else 2 * GRID_POINTS  # a band needs no more
     curves = {name: _curve(s, sample) for name, s in statuses.items()}
     if len(statuses) <= GROUP_ABOVE:
-        figure, axes = plt.subplots(figsize=(8, 4.5), layout="constrained")
+        figure = Figure(figsize=(8, 4.5), layout="constrained")
+        axes = figure.subplots()
         _member_lines(axes, statuses, curves)
         legend = "X: attempt lost, o: resumed from its checkpoint, ^: clone branches off"
         axes.set_title(f"{title}\n{legend}", fontsize="medium")
         _legend(axes, fontsize="small")
     else:
-        figure, (axes, timeline) = plt.subplots(2, 1, figsize=(9, 7), height_ratios=(3, 1.6), layout="constrained")
+        figure = Figure(figsize=(9, 7), layout="constrained")
+        axes, timeline = figure.subplots(2, 1, height_ratios=(3, 1.6))
         families = _family_bands(axes, statuses, curves)
         _timeline(timeline, statuses)
         grouped = f"{len(statuses)} members in {families} famil{'y' if families == 1 else 'ies'}"
