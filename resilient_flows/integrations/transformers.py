@@ -453,8 +453,16 @@ class _Standalone:
         self._runtime.signals.install()
 
     def abandon(self) -> None:
-        """``train()`` raised: a stop signal ends the process again, as before :meth:`begin`."""
-        self._runtime.signals.restore()
+        """``train()`` raised: a stop signal ends the process again, as before :meth:`begin`, and
+        the checkpoint still being written is finished before the exception goes on. A run that
+        follows, in this process or another, must not meet this one's writer at work in the same
+        directory. A failure to finish it is logged: the exception that ended ``train()`` is the
+        one to see."""
+        try:
+            self._runtime.close()
+            self.checkpointer.close()
+        except Exception:
+            logger.exception("the checkpoint being written when train() raised could not be finished")
 
     def track(self, model: Any, optimizer: Any, scheduler: Any, extra: dict[str, Any]) -> int | None:
         self._saver.state = TrainState(model, optimizer, scheduler, extra=extra, data=self.positions)
