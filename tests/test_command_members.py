@@ -391,10 +391,12 @@ def test_command_members_finish_resume_bitwise_and_cost_what_their_exit_says(tmp
 @pytest.mark.slow
 def test_pbt_replaces_a_command_member_by_a_clone_running_its_own_command_line(tmp_path: Path) -> None:
     """PBT over the plain script: seed 4 draws lr 1e-5 (hopeless) and 0.05; the first is retired at
-    the boundary after step 20, replaced by a clone of the second with a perturbed lr."""
+    the boundary after step 20 (the only one), replaced by a clone of the second with a perturbed lr.
+    Steps of 0.3 s leave the runner 6 s to see the boundary and retire the first before it ends,
+    also on a loaded machine (2 s were once too few)."""
     text = (
         "name: e\ncheckpoint: {interval: 10}\nexplore:\n"
-        f"  - {{name: p, strategy: pbt, command: [{PYTHON}, {SCRIPT}, --lr, '{{lr}}', --step-s, '0.05'], steps: 60,"
+        f"  - {{name: p, strategy: pbt, command: [{PYTHON}, {SCRIPT}, --lr, '{{lr}}', --step-s, '0.3'], steps: 40,"
         " population: 2, interval: 20, resample_probability: 0, seed: 4,"
         " hyperparameters: {lr: {values: [0.00001, 0.05]}}}\n"
     )
@@ -404,12 +406,12 @@ def test_pbt_replaces_a_command_member_by_a_clone_running_its_own_command_line(t
     (exploited,) = [e for e in events if e["kind"] == "exploited"]
     assert (exploited["member"], exploited["donor"], exploited["step"]) == ("p-0", "p-1", 20)
     clone = exploited["clone"]
-    assert read_spec(run_dir, clone).command[-4:] == ["--lr", str(exploited["overrides"]["lr"]), "--step-s", "0.05"]
+    assert read_spec(run_dir, clone).command[-4:] == ["--lr", str(exploited["overrides"]["lr"]), "--step-s", "0.3"]
     (cloned,) = [e for e in events if e["kind"] == "cloned" and e["member"] == clone]
     assert cloned["parent"] == "p-1" and cloned["overrides"] == exploited["overrides"]
     retired = json.loads((run_dir / "members" / "p-0" / "result.json").read_text())
     assert retired["retired"].startswith(f"pbt: replaced by {clone}")
-    assert json.loads((run_dir / "members" / clone / "result.json").read_text())["step"] == 59
+    assert json.loads((run_dir / "members" / clone / "result.json").read_text())["step"] == 39
 
 
 def test_a_killed_launcher_takes_its_command_along(tmp_path: Path) -> None:
