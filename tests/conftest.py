@@ -20,10 +20,16 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def on_slurm(nodeid: str) -> bool:
-    """Whether a test runs jobs on the Slurm cluster, from its id alone (the xdist controller
+    """Whether a test runs jobs on a Slurm cluster, from its id alone (the xdist controller
     schedules by id and never sees markers): ``test_slurm.py``, or "slurm" in the test's name."""
     path, _, name = nodeid.partition("::")
     return path.endswith("test_slurm.py") or "slurm" in name.partition("[")[0].lower()
+
+
+def on_slurm_nodes(nodeid: str) -> bool:
+    """Whether a Slurm test runs on the multi-node cluster (``.ci/slurm-up --nodes 3``) rather than
+    the one-node one: those are the ``test_multinode*`` files'."""
+    return on_slurm(nodeid) and Path(nodeid.partition("::")[0]).name.startswith("test_multinode")
 
 
 @pytest.hookimpl(trylast=True)
@@ -53,17 +59,19 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
 
 @pytest.hookimpl(tryfirst=True, optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """Under xdist the Slurm tests run one after another on one worker: they fill the
-    one-node cluster's CPUs and find their pilot jobs by name. The multi-node tests
-    (``tests/test_multinode.py``) use a cluster of their own but take the same turn: on a 2-core
-    machine both clusters' nodes share those two CPUs, and each family times its pilot jobs'
-    heartbeats against that load. Their minutes of waiting on the scheduler overlap the other
-    tests, each of which goes to whichever worker is free. (xdist's ``--dist loadgroup`` would do
-    this from a marker, but it renames test ids, which pytest 9 no longer lets a plugin do.)"""
+    """Under xdist the tests of each Slurm cluster run one after another on one worker: the
+    one-node cluster's tests fill its CPUs and find their pilot jobs by name; the multi-node
+    tests (``test_multinode*``) crash and boot its nodes. The two clusters are apart (their own
+    controllers, nodes and jobs), so the two turns run side by side, each a worker's, and xdist
+    starts the largest first: their minutes of waiting on the schedulers overlap the other tests,
+    each of which goes to whichever worker is free. (xdist's ``--dist loadgroup`` would do this
+    from a marker, but it renames test ids, which pytest 9 no longer lets a plugin do.)"""
     from xdist.scheduler import LoadScopeScheduling
 
     class SlurmTestsTogether(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
+            if on_slurm_nodes(nodeid):
+                return "slurm-nodes"
             return "slurm" if on_slurm(nodeid) else nodeid
 
     return SlurmTestsTogether(config, log)
@@ -71,10 +79,12 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
 
 @pytest.fixture(autouse=True)
 def _empty_slurm_cluster(request: pytest.FixtureRequest) -> None:
-    """A Slurm test starts on an empty one-node cluster: jobs an earlier test left behind (one that
-    failed before its cleanup) would hold the CPUs its pilot jobs wait for, and it would time out
-    for a reason of another test's making. They are cancelled here, and named."""
-    if not on_slurm(request.node.nodeid) or not os.environ.get("SLURM_CONF") or shutil.which("squeue") is None:
+    """A one-node Slurm test starts on an empty one-node cluster: jobs an earlier test left behind
+    (one that failed before its cleanup) would hold the CPUs its pilot jobs wait for, and it would
+    time out for a reason of another test's making. They are cancelled here, and named. A
+    multi-node test leaves that cluster alone: it runs beside the one-node tests, on its own."""
+    nodeid = request.node.nodeid
+    if not on_slurm(nodeid) or on_slurm_nodes(nodeid) or not os.environ.get("SLURM_CONF") or not shutil.which("squeue"):
         return
     from slurm import clear_cluster, slurm_problem
 

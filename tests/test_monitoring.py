@@ -21,9 +21,6 @@ from typing import Any
 
 import pytest
 from requires import require
-from test_multinode import SITE as NODES_SITE
-from test_multinode import _run_workflow as run_on_nodes
-from test_multinode import cluster  # noqa: F401 (a fixture)
 from test_workflow import write
 
 from resilient_flows.cli import main
@@ -224,27 +221,3 @@ def test_a_member_in_a_slurm_pilot_job_is_recorded_from_its_node(tmp_path: Path)
     jobs = {job for (job,) in rows(database, "select job_id from block where job_id is not null")}
     assert jobs and all(job.isdigit() for job in jobs), jobs  # Slurm's job ids: the block was a pilot job
     assert rows(database, "select count(*) from node") != [(0,)]  # the worker pool registered from its node
-
-
-@pytest.mark.slow
-@pytest.mark.slurm
-@pytest.mark.timeout(300)
-def test_a_slurm_member_on_an_emulated_node_is_recorded_across_the_node_network(
-    cluster: dict[str, str],  # noqa: F811 (the fixture)
-    tmp_path: Path,
-) -> None:
-    """On the multi-node cluster the worker pool runs in a node's network namespace, where the
-    runner's host is only its bridge address: what the node reports reaches the database there."""
-    (tmp_path / "wf.yaml").write_text(
-        f"name: mon-nodes\nsite: {NODES_SITE}\nmonitoring: true\nretries: 0\n"
-        "members:\n  - {name: m, workload: mlp-breast-cancer, steps: 10}\n"
-    )
-    run_dir = tmp_path / "run"
-    done = run_on_nodes(tmp_path / "wf.yaml", run_dir, cluster)
-    assert done.returncode == 0, (done.stdout[-3000:], done.stderr[-3000:])
-    database = run_layout(run_dir).monitoring_db
-    ((run_id,),) = rows(database, "select run_id from workflow")
-    assert list(final_states(database, run_id).values()) == ["exec_done"]
-    ((host,),) = rows(database, "select hostname from try")
-    assert host in cluster["RESILIENT_FLOWS_TEST_NODES"].split()
-    assert {h for (h,) in rows(database, "select hostname from node")} == {host}
