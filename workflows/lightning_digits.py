@@ -1,4 +1,4 @@
-"""A PyTorch Lightning script on scikit-learn's digits, as a workflow's command member (``lightning.yaml``).
+"""A PyTorch Lightning script on the digits the package ships, as a workflow's command member (``lightning.yaml``).
 
 Ordinary Lightning; the lines marked ``resilient-flows`` are what joins it to a workflow. Inside a
 workflow the checkpoint tiers, the seed, the step count and the checkpoint interval come from the
