@@ -136,6 +136,13 @@ class MemberSpec:
     def ranks_per_node(self) -> int:
         return self.ranks // self.nodes
 
+    @property
+    def trains_in_worker(self) -> bool:
+        """Whether an attempt trains in its Parsl worker's own process (a one-rank workload
+        member) rather than in processes the worker starts (a command, or ranks under a
+        launcher): what decides its app, and whether its pools import torch ahead for it."""
+        return not self.command and self.ranks == 1
+
     def with_ranks(self, ranks: int) -> MemberSpec:
         """This member on ``ranks`` ranks (a resume or clone of another size), on as many of its
         nodes as still take an equal share of them: 4 ranks on 2 nodes resized to 3 run on one.

@@ -259,13 +259,13 @@ class _Submitter:
 
     def submit(self, member: MemberSpec) -> None:
         after = self._after(member.inputs)
-        if member.command:
+        if member.trains_in_worker:
+            future = train_app(member.to_dict(), str(self.run_dir), inputs=after, **self._resources())
+        elif member.command:
             future = command_app(member.to_dict(), str(self.run_dir), inputs=after, **self._resources())
-        elif member.ranks > 1:
+        else:
             resources = self._resources(member.ranks, member.nodes)
             future = mpi_train_app(member.to_dict(), str(self.run_dir), ranks=member.ranks, inputs=after, **resources)
-        else:
-            future = train_app(member.to_dict(), str(self.run_dir), inputs=after, **self._resources())
         self.futures[member.name] = self._watch(future)
         self.specs[member.name] = member
         parent = member.parent and member.parent.member
@@ -345,7 +345,7 @@ def worker_preload(members: Sequence[MemberSpec], stages: bool, analytics: bool)
     one-rank workload member, a stage, analytics); nothing where every member is a command or
     spans ranks, whose workers only start the processes that import them. A member cloned later
     onto one rank imports them in its worker."""
-    trained = sorted({m.workload for m in members if not m.command and m.ranks == 1})
+    trained = sorted({m.workload for m in members if m.trains_in_worker})
     if not (trained or stages or analytics):
         return ()
     return (*TRAINING_PRELOAD, *(module for workload in trained for module in preloaded_modules(workload)))
