@@ -123,6 +123,47 @@ def test_the_runner_runs_one_block_keeps_one_waiting_and_runs_it_once_the_first_
     assert sorted(executor.status_facade) == ["0", "1", "2", "3"] and go_files(tmp_path) == ["go-0", "go-1"]
 
 
+def test_a_first_standby_waits_for_the_run_to_be_under_way_and_one_after_a_loss_does_not(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run that ends within ``standby_after`` never starts a standby; once its first block ran
+    that long, or lost a block, one is started."""
+    now = [1000.0]
+    monkeypatch.setattr(time, "monotonic", lambda: now[0])
+    executor = standby_executor(tmp_path)
+    standby = Standby(after_s=30.0)
+    executor.scale_out_facade(1)
+    executor._tasks = {0: None}
+    assert standby.update([executor]) == [("w", "0")]
+    now[0] += 29.9
+    assert standby.update([executor]) == [] and sorted(executor.status_facade) == ["0"]  # no standby yet
+    now[0] += 0.1
+    assert standby.update([executor]) == [] and sorted(executor.status_facade) == ["0", "1"]  # under way
+
+    lost = standby_executor(tmp_path / "lost")
+    standby = Standby(after_s=30.0)
+    lost.scale_out_facade(1)
+    lost._tasks = {0: None}
+    assert standby.update([lost]) == [("w", "0")]
+    lost._status["0"] = JobStatus(JobState.SCALED_IN)  # lost 5 s in: the strategy starts a block cold
+    now[0] += 5.0
+    lost.scale_out_facade(1)
+    assert standby.update([lost]) == [("w", "1")]
+    assert sorted(lost.status_facade) == ["0", "1", "2"]  # and a standby beside it at once: a burst
+
+
+def test_a_site_says_how_long_a_run_runs_before_its_standby_starts(tmp_path: Path) -> None:
+    text = (Path(__file__).resolve().parents[1] / "site-configs" / "local.yaml").read_text()
+    path = tmp_path / "site.yaml"
+    path.write_text(text)
+    assert SiteFile.open(path).facts().standby_after_s == 30.0
+    path.write_text(text.replace("\nfacts:\n", "\nfacts:\n  standby_after: 0s\n"))
+    assert SiteFile.open(path).facts().standby_after_s == 0.0
+    path.write_text(text.replace("\nfacts:\n", "\nfacts:\n  standby_after: soon\n"))
+    with pytest.raises(SiteConfigError, match=r"facts\.standby_after must be a duration like 30s or 0s"):
+        SiteFile.open(path).facts()
+
+
 def test_no_standby_is_started_once_no_task_is_outstanding(tmp_path: Path) -> None:
     executor = standby_executor(tmp_path)
     standby = Standby()
@@ -306,6 +347,7 @@ def test_a_resume_takes_over_the_standby_pool_a_killed_runner_left_waiting(tmp_p
         pools_of,
         processes,
         running_pool,
+        standby_at_once,
         wait_for_checkpoints,
     )
 
@@ -316,7 +358,7 @@ def test_a_resume_takes_over_the_standby_pool_a_killed_runner_left_waiting(tmp_p
     # the member whose worker survives must still train when the resume starts, to be adopted
     workflow = TWO_LONGER if killed == "every worker" else TWO_LONGER.replace("steps: 1500", "steps: 4000")
     (tmp_path / "wf.yaml").write_text(workflow)
-    site = Path(__file__).resolve().parents[1] / "site-configs" / "local.yaml"
+    site = standby_at_once(tmp_path)
     runner = subprocess.Popen(
         [CLI, "run", tmp_path / "wf.yaml", "--site", site, "--run-dir", run_dir],
         stdout=subprocess.DEVNULL,

@@ -449,6 +449,15 @@ def quick_site(tmp_path: Path) -> Path:
     return site
 
 
+def standby_at_once(tmp_path: Path) -> Path:
+    """The local site with its standby pool started as soon as a block runs (``standby_after:
+    0s``): the tests of what a lost pool's standby does lose it sooner than the default 30 s."""
+    site = tmp_path / "standby-site.yaml"
+    text = (REPO / "site-configs/local.yaml").read_text()
+    site.write_text(text.replace("\nfacts:\n", "\nfacts:\n  standby_after: 0s\n", 1))
+    return site
+
+
 def start_runner(tmp_path: Path, site: Path, **popen: object) -> subprocess.Popen:
     """``resilient-flows run`` of :data:`WORKFLOW` into ``tmp_path/run``, as a process of its own."""
     (tmp_path / "wf.yaml").write_text(WORKFLOW)
@@ -616,7 +625,7 @@ def test_a_lost_pool_is_noticed_by_its_members_not_by_parsl_s_threshold(tmp_path
     site's own stall timeout, 30 s, so that a block slow to start on a loaded machine is not lost.)"""
     run_dir = tmp_path / "run"
     (tmp_path / "wf.yaml").write_text(TWO_LONGER)
-    site = REPO / "site-configs/local.yaml"
+    site = standby_at_once(tmp_path)
     runner = subprocess.Popen(
         [CLI, "run", tmp_path / "wf.yaml", "--site", site, "--run-dir", run_dir],
         stdout=subprocess.PIPE,
@@ -674,7 +683,7 @@ def test_a_lost_interchange_hands_its_waiting_pool_to_the_next_parsl_instance(tm
     run_dir = tmp_path / "run"
     (tmp_path / "wf.yaml").write_text(TWO_LONGER)
     runner = subprocess.Popen(
-        [CLI, "run", tmp_path / "wf.yaml", "--site", REPO / "site-configs/local.yaml", "--run-dir", run_dir],
+        [CLI, "run", tmp_path / "wf.yaml", "--site", standby_at_once(tmp_path), "--run-dir", run_dir],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,

@@ -104,7 +104,7 @@ def workflow_yaml(config: Config, site: str, site_file: Path | None = None) -> s
     """The workflow: a ``count`` family of members that differ only in their seed; with
     :attr:`Config.peer_members`, members ``m-I`` and ``p-I`` in turns, the ``p-`` ones spanning two
     nodes and keeping a copy of each other node's shards (``tiers: [local, peer, shared]``).
-    ``site_file``: the run's copy of the site (``--walltime``), named instead of ``site``."""
+    ``site_file``: the run's copy of the site (:func:`harness_site`), named instead of ``site``."""
     single = config.members - config.peer_members
     stall = {"stall_timeout": f"{config.stall_timeout_s:g}s"}
 
@@ -147,6 +147,20 @@ def walltime_site(site: str, walltime_s: float, directory: Path) -> Path:
         raise ValueError(f"site {site}: expected one provider walltime and one walltime fact, found {provider}, {fact}")
     path = directory / f"{site}.yaml"
     path.write_text(text)
+    return path
+
+
+def harness_site(site: str, walltime_s: float | None, directory: Path) -> Path:
+    """The copy of ``site`` in ``directory`` that a chaos run runs on: with blocks of ``walltime_s``
+    where given (:func:`walltime_site`), and with a standby pool, where the site keeps one, from
+    its first block's start (``standby_after: 0s``). A chaos run strikes within its first minute,
+    which a long run's faults seldom do, and the standby's takeover is among what it measures."""
+    if walltime_s is None:
+        path = directory / f"{site}.yaml"
+        path.write_text((REPO / "site-configs" / f"{site}.yaml").read_text())
+    else:
+        path = walltime_site(site, walltime_s, directory)
+    path.write_text(path.read_text().replace("\nfacts:\n", "\nfacts:\n  standby_after: 0s\n", 1))
     return path
 
 

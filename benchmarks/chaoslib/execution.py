@@ -27,8 +27,8 @@ from chaoslib.config import (
     Config,
     SiteFacts,
     gate_of,
+    harness_site,
     site_kinds,
-    walltime_site,
     workflow_yaml,
 )
 from chaoslib.faults import Chaos
@@ -238,11 +238,12 @@ def run_chaos(
     """The workflow under the chaos schedule of ``seed``, its bursts spread over ``span_s`` seconds
     after the first checkpoint; the run directory on a tmpfs of ``shared_mib`` when root.
     ``kinds``: the faults to strike (default: every kind of the site, :func:`site_kinds`); with
-    :attr:`Config.walltime_s`, on a copy of the site whose blocks have that walltime."""
+    :attr:`Config.walltime_s`, on a copy of the site whose blocks have that walltime (and on a copy
+    in any case: :func:`harness_site`)."""
     facts = SiteFacts.of(site)
     kinds = site_kinds(site, config) if kinds is None else kinds
     work.mkdir(parents=True, exist_ok=True)
-    site_file = None if config.walltime_s is None else walltime_site(site, config.walltime_s, work)
+    site_file = harness_site(site, config.walltime_s, work)
     workflow = work / "chaos.yaml"
     workflow.write_text(workflow_yaml(config, site, site_file))
     with shared_tmpfs(work / "shared", shared_mib, console) as shared:

@@ -21,6 +21,9 @@ Parsl::
                                     # blocks are cancelled; default 5m
       network_interface: hsn0       # the nodes' interface for torch.distributed (GLOO_SOCKET_IFNAME);
                                     # default: the one the host name resolves to
+      standby_after: 30s            # how long a run's first block runs before a standby pool starts
+                                    # beside it (executors with standby_pool: true); 0s: at once;
+                                    # default 30s
 
 Durations take the units of :func:`resilient_flows.units.parse_duration` (s, m, h, d);
 ``walltime`` also takes Parsl's ``HH:MM:SS``, so a YAML anchor can share it with the provider.
@@ -54,10 +57,13 @@ _OPTIONAL = (
     "network_interface",
     "peer_memory",
     "spare_nodes",
+    "standby_after",
 )
 
 #: Seconds a running attempt may stay silent before it is declared lost, unless the site says.
 DEFAULT_STALL_TIMEOUT_S = 60.0
+#: Seconds a run's first block runs before its standby pool starts, unless the site says.
+DEFAULT_STANDBY_AFTER_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -82,6 +88,8 @@ class SiteFacts:
     node keeps of other nodes' checkpoints in the ``peer`` tier (``None``: a quarter of the node's
     memory, measured where the member runs). ``spare_nodes``: nodes each block holds beyond
     ``nodes``, in reserve for the members of a node that dies (see :mod:`resilient_flows.sites._spares`).
+    ``standby_after_s``: how long a run's first block runs before the runner starts a standby pool
+    beside it (see :mod:`resilient_flows.workflow._standby`); 0: at once.
     """
 
     name: str
@@ -99,6 +107,7 @@ class SiteFacts:
     network_interface: str | None = None
     peer_memory: int | None = None
     spare_nodes: int = 0
+    standby_after_s: float = DEFAULT_STANDBY_AFTER_S
 
 
 def parse_facts(raw: Any, name: str, where: str) -> SiteFacts:
@@ -135,6 +144,7 @@ def parse_facts(raw: Any, name: str, where: str) -> SiteFacts:
         network_interface=_interface(raw.get("network_interface"), where),
         peer_memory=_size(raw.get("peer_memory"), "peer_memory", where),
         spare_nodes=count(raw.get("spare_nodes", 0), "spare_nodes", where, least=0),
+        standby_after_s=_standby_after(raw.get("standby_after"), where),
     )
 
 
@@ -197,6 +207,17 @@ def parse_clock(value: Any) -> float:
         hours, minutes, seconds = (int(part) for part in value.split(":"))
         return float(hours * 3600 + minutes * 60 + seconds)
     return parse_duration(value, "walltime")
+
+
+def _standby_after(value: Any, where: str) -> float:
+    """Seconds, zero included (a standby at once), the default where the site says nothing."""
+    if value is None:
+        return DEFAULT_STANDBY_AFTER_S
+    try:
+        result = parse_duration(value, "facts.standby_after")
+    except ValueError as exc:
+        raise SiteConfigError(f"{where}: facts.standby_after must be a duration like 30s or 0s: {exc}") from None
+    return result
 
 
 def _seconds(value: Any, key: str, where: str, clock: bool = False) -> float | None:

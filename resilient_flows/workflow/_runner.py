@@ -679,7 +679,7 @@ class _RunLoop:
         self._members: set[str] = set()
         self._families: dict[str, str] = {}
         self.block_clock: BlockClock | None = None
-        self.standby = Standby({TOKEN_ENV: self.ledger.token})
+        self.standby = Standby({TOKEN_ENV: self.ledger.token})  # replaced by each Parsl instance's own
         self.kept: list[Kept] = []  # waiting pools of a lost Parsl instance (or runner), for the next one
 
     def run(self, console: Console) -> int:
@@ -773,7 +773,8 @@ class _RunLoop:
 
     def _one_parsl(self, console: Console, live: Live) -> str | None:
         """Start Parsl, submit what is pending, poll until done; why Parsl was lost, or None."""
-        if self._first_parsl:
+        first = self._first_parsl
+        if first:
             self._first_parsl = False
             self._adopt(console)
             if self.adoption is not None and not self.pending:
@@ -786,7 +787,9 @@ class _RunLoop:
         lower_init_blocks(self.config.executors, self.kept)  # a kept pool is its first block
         dfk, self.config = _load_parsl(self.config, self._fresh_config, console)
         watchdog = Watchdog(self.run_dir, self.facts.stall_timeout_s, {})
-        self.standby = Standby({TOKEN_ENV: self.ledger.token})  # block ids and go files are the new instance's
+        # block ids and go files are the new instance's; the first instance's standby waits for its
+        # run to be under way, a later one's (the interchange was lost: a burst) starts at once
+        self.standby = Standby({TOKEN_ENV: self.ledger.token}, self.facts.standby_after_s if first else 0.0)
         while not self.retired.empty():  # blocks of the lost instance, whose ids the new one reuses
             self.retired.get()
         cancel_kept(self.standby.adopt(self.config.executors, self.kept))

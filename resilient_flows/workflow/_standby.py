@@ -11,11 +11,15 @@ look of the runner:
 - activates the oldest waiting blocks while fewer blocks run than the provider's ``max_blocks``
   (the first block of a run too, within a look of its start): the pool joins the interchange and
   forks its workers from a server that has long finished importing, in well under a second;
-- starts a new standby block once none waits, a block runs and tasks are outstanding: at once,
+- starts a new standby block once none waits, a block runs and tasks are outstanding, and the run
+  is under way: its first block has run for the site's ``standby_after`` (30 s unless it says),
+  or a block was lost. A run that ends sooner never pays for a standby (a pool's start and
+  imports: several seconds of CPU), and one whose pool is lost sooner gets a block started cold,
+  which is what a standby would save it in its first seconds. After a loss it starts at once,
   because faults come in bursts (a pool lost seconds after the last one should find its
   replacement preloaded). Its imports run at the lowest CPU priority
-  (:mod:`resilient_flows.sites._warmpool`): they take no core from the first block's start or
-  from the restores of the members that a lost block's replacement took over;
+  (:mod:`resilient_flows.sites._warmpool`): they take no core from the running blocks or from
+  the restores of the members that a lost block's replacement took over;
 - holds the provider's ``max_blocks`` at the running count plus the waiting ones, so that Parsl's
   strategy, which counts a waiting block as a block, starts a block only for a running one that
   is missing. Should the strategy and the runner start one at the same moment, the extra block
@@ -46,6 +50,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -87,10 +92,15 @@ class Kept:
 
 class Standby:
     """Call :meth:`update` from the runner's loop, one instance per Parsl instance (block ids and
-    go files are those of its executors). ``environ`` goes to the pools adopted from elsewhere."""
+    go files are those of its executors). ``environ`` goes to the pools adopted from elsewhere.
+    ``after_s``: how long an executor's first running block runs before its first standby starts
+    (the site's ``standby_after``; 0 for an instance that replaces a lost one: a burst)."""
 
-    def __init__(self, environ: Mapping[str, str] | None = None) -> None:
+    def __init__(self, environ: Mapping[str, str] | None = None, after_s: float = 0.0) -> None:
         self._environ = dict(environ or {})
+        self._after_s = after_s
+        self._since: dict[str, float] = {}  # executor -> when its first block was told to go
+        self._lost: set[str] = set()  # executors that lost a block they had told to go
         self._running: dict[str, set[str]] = {}  # executor -> the blocks told to go
         self._target: dict[str, int] = {}  # executor -> the blocks it runs (the site's max_blocks)
         self._adopted: dict[tuple[str, str], str] = {}  # (executor, block) -> the go file of a kept pool
@@ -144,6 +154,8 @@ class Standby:
         alive = sorted((b for b, s in executor.status_facade.items() if not s.terminal), key=_block_order)
         running = [b for b in alive if b in told]
         waiting = [b for b in alive if b not in told]
+        if len(running) < len(told):
+            self._lost.add(label)
         activated = []
         while len(running) < target and waiting:
             block = waiting.pop(0)
@@ -151,11 +163,13 @@ class Standby:
             told.add(block)
             running.append(block)
             activated.append(block)
+            self._since.setdefault(label, time.monotonic())
         wanted = (
             len(waiting) < STANDBY_BLOCKS
             and executor.outstanding() > 0
             and bool(running)
             and len(alive) < target + STANDBY_BLOCKS
+            and self._under_way(label)
         )
         if wanted:
             provider.max_blocks = target + len(waiting) + 1
@@ -164,6 +178,11 @@ class Standby:
             logger.info("started standby block %s of %s", ", ".join(new) or "(none)", label)
         provider.max_blocks = target + len(waiting)
         return activated
+
+    def _under_way(self, label: str) -> bool:
+        """Whether the executor ``label`` lost a block, or its first block has run for ``after_s``."""
+        since = self._since.get(label)
+        return label in self._lost or (since is not None and time.monotonic() - since >= self._after_s)
 
     def _go(self, executor: Any, block: str) -> None:
         """Create the go file of ``block``: its pool joins the interchange. An adopted pool's file
