@@ -14,8 +14,8 @@ look of the runner:
 - starts a new standby block once none waits, a block runs and tasks are outstanding, and the run
   is under way: its first block has run for the site's ``standby_after`` (30 s unless it says),
   or a block was lost. A run that ends sooner never pays for a standby (a pool's start and
-  imports: several seconds of CPU), and one whose pool is lost sooner gets a block started cold,
-  which is what a standby would save it in its first seconds. After a loss it starts at once,
+  imports: several seconds of CPU), and one whose pool is lost sooner waits for a block started
+  cold, as it would without a standby, seconds on this machine. After a loss it starts at once,
   because faults come in bursts (a pool lost seconds after the last one should find its
   replacement preloaded). Its imports run at the lowest CPU priority
   (:mod:`resilient_flows.sites._warmpool`): they take no core from the running blocks or from
