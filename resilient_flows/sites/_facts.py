@@ -214,10 +214,9 @@ def _standby_after(value: Any, where: str) -> float:
     if value is None:
         return DEFAULT_STANDBY_AFTER_S
     try:
-        result = parse_duration(value, "facts.standby_after")
+        return parse_duration(value, "facts.standby_after")
     except ValueError as exc:
         raise SiteConfigError(f"{where}: facts.standby_after must be a duration like 30s or 0s: {exc}") from None
-    return result
 
 
 def _seconds(value: Any, key: str, where: str, clock: bool = False) -> float | None:

@@ -100,7 +100,6 @@ class Standby:
         self._environ = dict(environ or {})
         self._after_s = after_s
         self._since: dict[str, float] = {}  # executor -> when its first block was told to go
-        self._lost: set[str] = set()  # executors that lost a block they had told to go
         self._running: dict[str, set[str]] = {}  # executor -> the blocks told to go
         self._target: dict[str, int] = {}  # executor -> the blocks it runs (the site's max_blocks)
         self._adopted: dict[tuple[str, str], str] = {}  # (executor, block) -> the go file of a kept pool
@@ -154,8 +153,7 @@ class Standby:
         alive = sorted((b for b, s in executor.status_facade.items() if not s.terminal), key=_block_order)
         running = [b for b in alive if b in told]
         waiting = [b for b in alive if b not in told]
-        if len(running) < len(told):
-            self._lost.add(label)
+        lost = len(running) < len(told)  # a block told to go has ended: the run is under way
         activated = []
         while len(running) < target and waiting:
             block = waiting.pop(0)
@@ -169,7 +167,7 @@ class Standby:
             and executor.outstanding() > 0
             and bool(running)
             and len(alive) < target + STANDBY_BLOCKS
-            and self._under_way(label)
+            and (lost or self._ran_for_after_s(label))
         )
         if wanted:
             provider.max_blocks = target + len(waiting) + 1
@@ -179,10 +177,10 @@ class Standby:
         provider.max_blocks = target + len(waiting)
         return activated
 
-    def _under_way(self, label: str) -> bool:
-        """Whether the executor ``label`` lost a block, or its first block has run for ``after_s``."""
+    def _ran_for_after_s(self, label: str) -> bool:
+        """Whether the first block of the executor ``label`` was told to go ``after_s`` ago."""
         since = self._since.get(label)
-        return label in self._lost or (since is not None and time.monotonic() - since >= self._after_s)
+        return since is not None and time.monotonic() - since >= self._after_s
 
     def _go(self, executor: Any, block: str) -> None:
         """Create the go file of ``block``: its pool joins the interchange. An adopted pool's file
