@@ -3,7 +3,9 @@ that load nothing they skip, per-sample augmentation seeds, and the errors for w
 
 from __future__ import annotations
 
+import gc
 import json
+import multiprocessing
 import random
 import sys
 from collections.abc import Iterable
@@ -159,6 +161,21 @@ def test_a_hugging_face_dataset_with_two_workers_resumes_on_another_rank_count_a
     for loader in after:
         loader.load_state_dict(saved)
     assert trained + global_batches(after) + global_batches(after) == want
+
+
+def test_a_loader_dropped_mid_epoch_stops_its_workers_at_once() -> None:
+    """Its batch sampler refers to it weakly: no cycle keeps it for the garbage collector, whose
+    order would keep each worker 5 s."""
+    gc.disable()
+    try:
+        (loader,) = loaders(40, 8, 1, shuffle=True, num_workers=2, persistent_workers=True)
+        stream = loader.batches()
+        assert next(stream) == next(iter(loaders(40, 8, 1, shuffle=True)[0]))
+        assert len(multiprocessing.active_children()) == 2
+        del loader, stream
+        assert multiprocessing.active_children() == []
+    finally:
+        gc.enable()
 
 
 def test_augmentation_is_the_samples_whichever_rank_and_worker_loads_it() -> None:

@@ -5,7 +5,9 @@ extra to install."""
 
 from __future__ import annotations
 
+import gc
 import json
+import multiprocessing
 import subprocess
 import sys
 from dataclasses import replace
@@ -77,6 +79,22 @@ def test_a_preempted_stream_with_two_workers_resumes_at_the_next_sample(
     second = json.loads((tmp_path / "run/members/s/ids-a2-r0.jsonl").read_text().splitlines()[0])
     assert second["step"] == preempt + 1
     assert resumed["digest"] == reference["digest"] and resumed["attempts"] == 2
+
+
+def test_a_members_loader_workers_are_gone_when_its_run_returns_or_raises(
+    torchdata: ModuleType, tmp_path: Path
+) -> None:
+    """Without the garbage collector: its order (the queues before the iterator) would keep each
+    worker 5 s, in the Parsl worker that trains the next member."""
+    gc.disable()
+    try:
+        with pytest.raises(Preempted):
+            run_member(spec(preempt=5).to_dict(), str(tmp_path / "run"))
+        assert multiprocessing.active_children() == []
+        run_member(spec().to_dict(), str(tmp_path / "run"))
+        assert multiprocessing.active_children() == []
+    finally:
+        gc.enable()
 
 
 def test_a_streams_position_is_its_ranks_in_the_checkpoint(torchdata: ModuleType) -> None:

@@ -458,6 +458,7 @@ class _Standalone:
         follows, in this process or another, must not meet this one's writer at work in the same
         directory. A failure to finish it is logged: the exception that ended ``train()`` is the
         one to see."""
+        self.positions.close()
         try:
             self._runtime.close()
             self.checkpointer.close()
@@ -496,6 +497,7 @@ class _Standalone:
             if step >= 0:
                 self._runtime.commit(step)
         finally:
+            self.positions.close()
             self._runtime.close()
             self.checkpointer.close()
 

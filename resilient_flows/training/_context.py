@@ -293,11 +293,12 @@ class TrainContext:
         return out
 
     def close(self) -> None:
-        """Flush metrics, finish and stop the checkpointer, then leave the process group and stop
-        beating. Idempotent."""
+        """Flush metrics, finish and stop the checkpointer, stop the loaders' worker processes,
+        then leave the process group and stop beating. Idempotent."""
         try:
             self.checkpointer.close()
         finally:
+            self.data.close()
             self._leave_ranks()
             self.runtime.close()
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import random
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
@@ -50,6 +51,21 @@ from resilient_flows.training._data_order import (
 
 #: DataLoader arguments that decide the order, which the loader owns.
 _OWNED = ("sampler", "batch_sampler", "generator")
+
+
+def stop_workers(iterator: Iterator[Any] | None) -> None:
+    """Stop the worker processes of a ``DataLoader``'s iterator now.
+
+    A member's training function keeps its loader's iterator in a cycle of frames and generators,
+    which the garbage collector frees, and it runs the finalizers of the iterator's queues before
+    the iterator's ``__del__``: their feeder threads end before the shutdown message reaches the
+    workers, and the shutdown waits 5 s for each worker before it kills it, stalling whatever the
+    process does next (in a Parsl worker, the next member). ``_shutdown_workers`` is the step torch's own ``__del__`` takes,
+    as Lightning does; an iterator without workers has none.
+    """
+    shutdown = getattr(iterator, "_shutdown_workers", None)
+    if shutdown is not None:
+        shutdown()
 
 
 class _SeededSamples(Dataset):
@@ -91,20 +107,38 @@ def _kept_generators() -> Iterator[None]:
 
 
 class _ShareBatches:
-    """The batch sampler: this rank's share of each global batch, from a start position on."""
+    """The batch sampler: this rank's share of each global batch, from a start position on.
+
+    It refers to its loader weakly: a loader that is part of no cycle is freed once dropped, with
+    its workers stopped at once (see :func:`stop_workers` for what the garbage collector does)."""
 
     def __init__(self, loader: ResumableLoader) -> None:
-        self.loader = loader
+        self._loader = weakref.ref(loader)
         self.epoch, self.start = 0, 0
 
+    @property
+    def loader(self) -> ResumableLoader:
+        loader = self._loader()
+        if loader is None:
+            raise ResilientFlowsError("a ResumableLoader's DataLoader is read after the ResumableLoader was dropped")
+        return loader
+
     def __iter__(self) -> Iterator[list[tuple[int, int]]]:
-        loader, epoch = self.loader, self.epoch
+        # No local names the loader across a yield: the iterator's sampler would hold it.
+        epoch, (end, size, order) = self.epoch, self._epoch(self.epoch)
+        for first in range(self.start, end, size):
+            yield [(epoch, index) for index in self._share(order[first : min(first + size, end)])]
+
+    def _epoch(self, epoch: int) -> tuple[int, int, torch.Tensor]:
+        """The epoch's end position, the global batch size, and the epoch's order."""
+        loader = self.loader
         end = epoch_end(loader.length, loader.batch_size, loader.drop_last)
-        order = epoch_order(loader.length, loader.seed, epoch, loader.shuffle)
-        for first in range(self.start, end, loader.batch_size):
-            batch = order[first : min(first + loader.batch_size, end)]
-            share = batch[rank_share(len(batch), loader.rank, loader.world_size)]
-            yield [(epoch, index) for index in share.tolist()]
+        return end, loader.batch_size, epoch_order(loader.length, loader.seed, epoch, loader.shuffle)
+
+    def _share(self, batch: torch.Tensor) -> list[int]:
+        """This rank's share of a global batch, by the loader's rank now (``set_ranks`` may change it)."""
+        loader = self.loader
+        return batch[rank_share(len(batch), loader.rank, loader.world_size)].tolist()
 
     def __len__(self) -> int:
         loader = self.loader
@@ -179,6 +213,7 @@ class ResumableLoader:
         self._last_batch = self.batch_size
         generator = torch.Generator().manual_seed(derive_seed(self.seed, "workers"))  # never the global RNG
         self.loader = DataLoader(self._samples, batch_sampler=self._batches, generator=generator, **loader_kwargs)
+        self._live: Iterator[Any] | None = None  # the epoch's iterator, whose workers close() stops
 
     def _check_shares(self) -> None:
         """Every rank must get a sample of every global batch: DDP steps all ranks together."""
@@ -202,7 +237,8 @@ class ResumableLoader:
         if self.position >= end:  # the last epoch was done: this is the next one
             self.epoch, self.position = self.epoch + 1, 0
         self._batches.epoch, self._batches.start = self.epoch, self.position
-        for batch in self.loader:
+        self._live = iter(self.loader)
+        for batch in self._live:
             self._last_batch = min(self.batch_size, end - self.position)
             self.position += self._last_batch  # trained once the step that draws it ends: then it is saved
             yield batch
@@ -211,6 +247,12 @@ class ResumableLoader:
         """Batch after batch, epoch after epoch, without end."""
         while True:
             yield from self
+
+    def close(self) -> None:
+        """Stop the worker processes of the epoch being read (:func:`stop_workers`), as the
+        member's run ends: the loader is not read after it."""
+        stop_workers(self._live)
+        self._live = None
 
     def set_epoch(self, epoch: int) -> None:
         """Start ``epoch`` from its first batch; the current epoch goes on where it is (as after a
@@ -343,6 +385,11 @@ class DataPositions:
     def names(self) -> list[str]:
         """Every loader's name, sorted."""
         return sorted([*self.loaders, *self.per_rank.loaders])
+
+    def close(self) -> None:
+        """Stop every loader's worker processes, as the member's run ends."""
+        for loader in [*self.loaders.values(), *self.per_rank.loaders.values()]:
+            loader.close()
 
     def state_dict(self) -> dict[str, Any]:
         return {**self.saved, **{name: loader.state_dict() for name, loader in self.loaders.items()}}

@@ -24,6 +24,7 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from resilient_flows.errors import ResilientFlowsError
 from resilient_flows.training._data_order import derive_seed
+from resilient_flows.training._loader import stop_workers
 
 #: What installs torchdata.
 EXTRA = "pip install 'resilient-flows[data]'"
@@ -124,10 +125,19 @@ class StreamLoader:
     def __init__(self, loader: Any, *, rank: int, world_size: int, name: str = "train") -> None:
         self.loader, self.rank, self.world_size, self.name = loader, rank, world_size, name
         self.epoch = 0
+        self._live: Iterator[Any] | None = None  # the epoch's iterator, whose workers close() stops
 
     def __iter__(self) -> Iterator[Any]:
-        yield from self.loader
+        self._live = iter(self.loader)
+        yield from self._live
         self.epoch += 1
+
+    def close(self) -> None:
+        """Stop the worker processes of the epoch being read (see
+        :func:`~resilient_flows.training._loader.stop_workers`), as the member's run ends: the
+        loader is not read after it."""
+        stop_workers(self._live)
+        self._live = None
 
     def batches(self) -> Iterator[Any]:
         """Batch after batch, reading the stream again at its end, without end. The rest of an epoch

@@ -9,7 +9,7 @@ import torch
 from resilient_flows.errors import ResilientFlowsError
 from resilient_flows.integrations.lightning._boundary import lightning_runtime, step_metrics
 from resilient_flows.integrations.lightning._checkpoint_io import ResilientCheckpointIO
-from resilient_flows.integrations.lightning._data import place_loaders
+from resilient_flows.integrations.lightning._data import close_loaders, place_loaders
 from resilient_flows.integrations.lightning._package import Callback, run_contract
 from resilient_flows.rundir import TaskLayout, member_dir
 from resilient_flows.training import MemberSpec, read_spec, state_digest
@@ -129,7 +129,11 @@ class ResilientCallback(Callback):
             self._report["stopped"] = self.stopped
         TaskLayout(member_dir(self.contract.run_dir, self.contract.member)).write_command_report(self._report)
 
+    def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
+        close_loaders(trainer)
+
     def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        close_loaders(trainer)
         if self._runtime is not None:
             self._runtime.close()
         if not self._users_group:

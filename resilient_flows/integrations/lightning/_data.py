@@ -33,3 +33,10 @@ def place_loaders(trainer: Any) -> list[ResumableLoader]:
         loader.set_ranks(int(placement["rank"]), int(placement["num_replicas"]))
         loader.set_epoch(trainer.current_epoch)
     return loaders
+
+
+def close_loaders(trainer: Any) -> None:
+    """Stop the worker processes of every resumable training loader, as a fit ends or fails:
+    Lightning stops those of its own ``DataLoader`` objects only (see
+    :meth:`~resilient_flows.training.ResumableLoader.close`)."""
+    apply_to_collection(trainer.train_dataloader, ResumableLoader, ResumableLoader.close)
