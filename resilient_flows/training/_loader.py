@@ -60,8 +60,8 @@ def stop_workers(iterator: Iterator[Any] | None) -> None:
     which the garbage collector frees, and it runs the finalizers of the iterator's queues before
     the iterator's ``__del__``: their feeder threads end before the shutdown message reaches the
     workers, and the shutdown waits 5 s for each worker before it kills it, stalling whatever the
-    process does next (in a Parsl worker, the next member). ``_shutdown_workers`` is the step torch's own ``__del__`` takes,
-    as Lightning does; an iterator without workers has none.
+    process does next (in a Parsl worker, the next member). ``_shutdown_workers`` is the step
+    torch's own ``__del__`` takes, as Lightning does; an iterator without workers has none.
     """
     shutdown = getattr(iterator, "_shutdown_workers", None)
     if shutdown is not None:
