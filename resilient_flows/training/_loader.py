@@ -53,19 +53,22 @@ from resilient_flows.training._data_order import (
 _OWNED = ("sampler", "batch_sampler", "generator")
 
 
-def stop_workers(iterator: Iterator[Any] | None) -> None:
-    """Stop the worker processes of a ``DataLoader``'s iterator now.
+def stop_workers(loader: DataLoader, live: Iterator[Any] | None) -> None:
+    """Stop the worker processes of ``live``, an iterator of ``loader``, and of the iterator
+    ``loader`` keeps (persistent workers, or one torchdata's ``state_dict()`` started), now.
 
     A member's training function keeps its loader's iterator in a cycle of frames and generators,
     which the garbage collector frees, and it runs the finalizers of the iterator's queues before
     the iterator's ``__del__``: their feeder threads end before the shutdown message reaches the
     workers, and the shutdown waits 5 s for each worker before it kills it, stalling whatever the
     process does next (in a Parsl worker, the next member). ``_shutdown_workers`` is the step
-    torch's own ``__del__`` takes, as Lightning does; an iterator without workers has none.
+    torch's own ``__del__`` takes, as Lightning does; it does nothing the second time, and an
+    iterator without workers has none.
     """
-    shutdown = getattr(iterator, "_shutdown_workers", None)
-    if shutdown is not None:
-        shutdown()
+    for iterator in (live, getattr(loader, "_iterator", None)):
+        shutdown = getattr(iterator, "_shutdown_workers", None)
+        if shutdown is not None:
+            shutdown()
 
 
 class _SeededSamples(Dataset):
@@ -251,7 +254,7 @@ class ResumableLoader:
     def close(self) -> None:
         """Stop the worker processes of the epoch being read (:func:`stop_workers`), as the
         member's run ends: the loader is not read after it."""
-        stop_workers(self._live)
+        stop_workers(self.loader, self._live)
         self._live = None
 
     def set_epoch(self, epoch: int) -> None:

@@ -136,7 +136,7 @@ class StreamLoader:
         """Stop the worker processes of the epoch being read (see
         :func:`~resilient_flows.training._loader.stop_workers`), as the member's run ends: the
         loader is not read after it."""
-        stop_workers(self._live)
+        stop_workers(self.loader, self._live)
         self._live = None
 
     def batches(self) -> Iterator[Any]:
