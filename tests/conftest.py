@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -32,12 +33,21 @@ def on_slurm_nodes(nodeid: str) -> bool:
     return on_slurm(nodeid) and Path(nodeid.partition("::")[0]).name.startswith("test_multinode")
 
 
+@functools.cache
+def shares_a_module_fixture(path: str) -> bool:
+    """Whether a test file has a module-scoped fixture (``scope="module"``): its tests run on one
+    xdist worker, which makes the fixture (ranks that save a checkpoint, a run) once, not once on
+    each worker that runs one of them."""
+    return 'scope="module"' in (REPO / path).read_text()
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """A test marked ``slurm`` that :func:`on_slurm` missed would run beside another Slurm test
     (one that it names but that needs no cluster only runs in the Slurm tests' turn). Tests marked
     ``alone`` never run under xdist, where another test's load could make one miss its target:
-    they are deselected there (the README's command runs them afterwards with ``-n 0``)."""
+    they are deselected there (the README's command runs them afterwards with ``-n 0``), and the
+    others run the slow ones first."""
     for item in items:
         if item.get_closest_marker("slurm") and not on_slurm(item.nodeid):
             raise pytest.UsageError(
@@ -48,6 +58,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if alone:
             config.hook.pytest_deselected(items=alone)
             items[:] = [item for item in items if not item.get_closest_marker("alone")]
+        # The end-to-end tests first, then the quick ones: the workers end together, filling the
+        # last minutes with tests of a second, not one waiting on a test of a minute. Every
+        # worker sorts alike, as xdist requires.
+        items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
@@ -63,16 +77,21 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     one-node cluster's tests fill its CPUs and find their pilot jobs by name; the multi-node
     tests (``test_multinode*``) crash and boot its nodes. The two clusters are apart (their own
     controllers, nodes and jobs), so the two turns run side by side, each a worker's, and xdist
-    starts the largest first: their minutes of waiting on the schedulers overlap the other tests,
-    each of which goes to whichever worker is free. (xdist's ``--dist loadgroup`` would do this
-    from a marker, but it renames test ids, which pytest 9 no longer lets a plugin do.)"""
+    starts the largest first: their minutes of waiting on the schedulers overlap the other tests.
+    The tests of a file with a module-scoped fixture run on one worker too
+    (:func:`shares_a_module_fixture`); every other test goes to whichever worker is free.
+    (xdist's ``--dist loadgroup`` would do this from a marker, but it renames test ids, which
+    pytest 9 no longer lets a plugin do.)"""
     from xdist.scheduler import LoadScopeScheduling
 
     class SlurmTestsTogether(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             if on_slurm_nodes(nodeid):
                 return "slurm-nodes"
-            return "slurm" if on_slurm(nodeid) else nodeid
+            if on_slurm(nodeid):
+                return "slurm"
+            path = nodeid.partition("::")[0]
+            return path if shares_a_module_fixture(path) else nodeid
 
     return SlurmTestsTogether(config, log)
 
