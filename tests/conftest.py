@@ -38,7 +38,8 @@ def shares_a_module_fixture(path: str) -> bool:
     """Whether a test file has a module-scoped fixture (``scope="module"``): its tests run on one
     xdist worker, which makes the fixture (ranks that save a checkpoint, a run) once, not once on
     each worker that runs one of them."""
-    return 'scope="module"' in (REPO / path).read_text()
+    file = REPO / path
+    return file.is_file() and 'scope="module"' in file.read_text()
 
 
 @pytest.hookimpl(trylast=True)
