@@ -163,15 +163,20 @@ def test_a_hugging_face_dataset_with_two_workers_resumes_on_another_rank_count_a
     assert trained + global_batches(after) + global_batches(after) == want
 
 
-def test_a_loader_dropped_mid_epoch_stops_its_workers_at_once() -> None:
-    """Its batch sampler refers to it weakly: no cycle keeps it for the garbage collector, whose
-    order would keep each worker 5 s."""
+def test_a_loader_closed_or_dropped_mid_epoch_stops_its_workers_at_once() -> None:
+    """Closed, it goes on at its position with new workers when read again. Dropped, no cycle
+    keeps it for the garbage collector (its batch sampler refers to it weakly), whose order would
+    keep each worker 5 s."""
     gc.disable()
     try:
+        (plain,) = loaders(40, 8, 1, shuffle=True)
+        first, second = next(iter(plain)), next(iter(plain))
         (loader,) = loaders(40, 8, 1, shuffle=True, num_workers=2, persistent_workers=True)
         stream = loader.batches()
-        assert next(stream) == next(iter(loaders(40, 8, 1, shuffle=True)[0]))
-        assert len(multiprocessing.active_children()) == 2
+        assert next(stream) == first and len(multiprocessing.active_children()) == 2
+        loader.close()
+        assert multiprocessing.active_children() == []
+        assert next(iter(loader)) == second and len(multiprocessing.active_children()) == 2
         del loader, stream
         assert multiprocessing.active_children() == []
     finally:

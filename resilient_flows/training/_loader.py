@@ -55,20 +55,24 @@ _OWNED = ("sampler", "batch_sampler", "generator")
 
 def stop_workers(loader: DataLoader, live: Iterator[Any] | None) -> None:
     """Stop the worker processes of ``live``, an iterator of ``loader``, and of the iterator
-    ``loader`` keeps (persistent workers, or one torchdata's ``state_dict()`` started), now.
+    ``loader`` keeps (persistent workers, or one torchdata's ``state_dict()`` started), now; the
+    loader's next iterator starts new ones.
 
     A member's training function keeps its loader's iterator in a cycle of frames and generators,
     which the garbage collector frees, and it runs the finalizers of the iterator's queues before
     the iterator's ``__del__``: their feeder threads end before the shutdown message reaches the
     workers, and the shutdown waits 5 s for each worker before it kills it, stalling whatever the
     process does next (in a Parsl worker, the next member). ``_shutdown_workers`` is the step
-    torch's own ``__del__`` takes, as Lightning does; it does nothing the second time, and an
-    iterator without workers has none.
+    torch's own ``__del__`` takes, and forgetting the kept iterator lets the loader be read again,
+    as Lightning does for its own loaders; it does nothing the second time, and an iterator
+    without workers has none.
     """
     for iterator in (live, getattr(loader, "_iterator", None)):
         shutdown = getattr(iterator, "_shutdown_workers", None)
         if shutdown is not None:
             shutdown()
+    if getattr(loader, "_iterator", None) is not None:
+        loader._iterator = None
 
 
 class _SeededSamples(Dataset):
@@ -252,8 +256,8 @@ class ResumableLoader:
             yield from self
 
     def close(self) -> None:
-        """Stop the worker processes of the epoch being read (:func:`stop_workers`), as the
-        member's run ends: the loader is not read after it."""
+        """Stop the worker processes of the epoch being read now (:func:`stop_workers`), as the
+        member's run ends; a later ``for`` goes on at the position, with new ones."""
         stop_workers(self.loader, self._live)
         self._live = None
 

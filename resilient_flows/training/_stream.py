@@ -133,9 +133,8 @@ class StreamLoader:
         self.epoch += 1
 
     def close(self) -> None:
-        """Stop the worker processes of the epoch being read (see
-        :func:`~resilient_flows.training._loader.stop_workers`), as the member's run ends: the
-        loader is not read after it."""
+        """Stop the worker processes of the epoch being read now (see
+        :func:`~resilient_flows.training._loader.stop_workers`), as the member's run ends."""
         stop_workers(self.loader, self._live)
         self._live = None
 
