@@ -67,11 +67,12 @@ def stop_workers(loader: DataLoader, live: Iterator[Any] | None) -> None:
     as Lightning does for its own loaders; it does nothing the second time, and an iterator
     without workers has none.
     """
-    for iterator in (live, getattr(loader, "_iterator", None)):
+    kept = getattr(loader, "_iterator", None)
+    for iterator in (live, kept):
         shutdown = getattr(iterator, "_shutdown_workers", None)
         if shutdown is not None:
             shutdown()
-    if getattr(loader, "_iterator", None) is not None:
+    if kept is not None:
         loader._iterator = None
 
 
