@@ -45,31 +45,18 @@ def shares_a_module_fixture(path: str) -> bool:
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """A test marked ``slurm`` that :func:`on_slurm` missed would run beside another Slurm test
-    (one that it names but that needs no cluster only runs in the Slurm tests' turn). Tests marked
-    ``alone`` never run under xdist, where another test's load could make one miss its target:
-    they are deselected there (the README's command runs them afterwards with ``-n 0``), and the
-    others run the slow ones first."""
+    (one that it names but that needs no cluster only runs in the Slurm tests' turn). Under xdist
+    the slow tests run first."""
     for item in items:
         if item.get_closest_marker("slurm") and not on_slurm(item.nodeid):
             raise pytest.UsageError(
                 f"{item.nodeid}: a test marked slurm must be in test_slurm.py or have 'slurm' in its name"
             )
     if "PYTEST_XDIST_WORKER" in os.environ:
-        alone = [item for item in items if item.get_closest_marker("alone")]
-        if alone:
-            config.hook.pytest_deselected(items=alone)
-            items[:] = [item for item in items if not item.get_closest_marker("alone")]
         # The end-to-end tests first, then the quick ones: the workers end together, filling the
         # last minutes with tests of a second, not one waiting on a test of a minute. Every
         # worker sorts alike, as xdist requires.
         items.sort(key=lambda item: item.get_closest_marker("slow") is None)
-
-
-def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
-    if config.getoption("numprocesses", None) and "PYTEST_XDIST_WORKER" not in os.environ:
-        terminalreporter.write_line(
-            "tests marked alone do not run beside others under xdist: python -m pytest -n 0 -m alone", yellow=True
-        )
 
 
 @pytest.hookimpl(tryfirst=True, optionalhook=True)

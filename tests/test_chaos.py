@@ -325,12 +325,10 @@ def test_the_walltime_copy_of_a_site_sets_the_providers_limit_and_the_fact(tmp_p
         assert '      walltime: "00:02:00"' in text and "\n  walltime: 2m\n" in text, site
 
 
-@pytest.mark.alone
 def test_an_ensemble_survives_every_kind_of_fault_on_emulated_nodes(tmp_path: Path) -> None:
     survive_chaos(tmp_path, "local-nodes", chaos.NODES_KINDS)
 
 
-@pytest.mark.alone
 @pytest.mark.slurm
 def test_an_ensemble_survives_every_kind_of_fault_on_a_slurm_cluster(tmp_path: Path) -> None:
     require_slurm()

@@ -113,7 +113,6 @@ def test_a_workflow_member_survives_scancel_of_its_pilot_job(tmp_path: Path) -> 
     assert json.loads((run_dir / "members/m/result.json").read_text())["digest"] == reference["digest"]
 
 
-@pytest.mark.alone  # each block's usable minute is timed against the members' start-up
 @pytest.mark.timeout(480)
 def test_members_leave_each_block_before_its_walltime(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Blocks of Slurm's least walltime (1 minute) and members whose 50 s of steps do not fit in the
