@@ -16,7 +16,7 @@ from collections.abc import Sized
 from typing import TYPE_CHECKING, Any, TypeGuard
 
 from torch.utils.data import DataLoader, IterableDataset
-from transformers import Trainer
+from transformers.trainer import Trainer  # not the package's top level: see integrations.transformers
 
 from resilient_flows.errors import CheckpointError, ResilientFlowsError
 from resilient_flows.training import DataPositions, ResumableLoader

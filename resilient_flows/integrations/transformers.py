@@ -38,9 +38,11 @@ from typing import Any, cast
 
 import torch
 
-try:
-    from transformers import Trainer, TrainerCallback, TrainerControl, TrainerState, TrainingArguments
-    from transformers.trainer_callback import ExportableState
+try:  # from the defining modules: a type checker (an editor's, ours in CI) binding the package's top
+    # level goes through every model it lists, 10 s and more; these take a second
+    from transformers.trainer import Trainer
+    from transformers.trainer_callback import ExportableState, TrainerCallback, TrainerControl, TrainerState
+    from transformers.training_args import TrainingArguments
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise ImportError(
         "resilient_flows.integrations.transformers needs transformers: pip install 'resilient-flows[transformers]'"
