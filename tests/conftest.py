@@ -43,7 +43,7 @@ def shares_a_module_fixture(path: str) -> bool:
 
 
 @pytest.hookimpl(trylast=True)
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """A test marked ``slurm`` that :func:`on_slurm` missed would run beside another Slurm test
     (one that it names but that needs no cluster only runs in the Slurm tests' turn). Under xdist
     the slow tests run first."""
