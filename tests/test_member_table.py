@@ -25,6 +25,8 @@ from rich.console import Console
 from test_lease import CLI
 from test_views import append, make_run
 
+from resilient_flows.cli import main
+from resilient_flows.cli._console import PIPE_WIDTH
 from resilient_flows.workflow._report import status_table, write_report
 from resilient_flows.workflow._status import MemberStatus
 
@@ -141,6 +143,25 @@ def test_status_in_a_terminal_shows_every_name_and_the_error(tmp_path: Path, col
     assert all(re.search(rf"│ {re.escape(name)} +│", text) for name, _ in members), text
     shown = json.dumps(text)
     assert "RuntimeError: the loss became NaN at step 12" in text, shown
+
+
+@pytest.mark.parametrize("columns", [None, "60", "80"])
+def test_status_piped_keeps_its_lines_whole_or_fits_the_columns_the_user_set(
+    tmp_path: Path, columns: str | None, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    """A pipe (``status RUN | less``) gets the whole table, unless ``COLUMNS`` says how wide."""
+    run_dir, members = make_run(tmp_path, 3, running=0)
+    if columns is None:
+        monkeypatch.delenv("COLUMNS", raising=False)
+    else:
+        monkeypatch.setenv("COLUMNS", columns)
+    assert main(["status", str(run_dir)]) == 0
+    text = capsys.readouterr().out
+    widest = max(len(line) for line in text.splitlines())
+    assert widest <= (int(columns) if columns else PIPE_WIDTH), text
+    assert all(re.search(rf"│ {re.escape(name)} +│", text) for name, _ in members), text
+    if columns is None:  # no column dropped
+        assert "checkpoint" in text and "attempts" in text, text
 
 
 # ------------------------------------------------------------------------ `run` in a terminal

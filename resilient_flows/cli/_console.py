@@ -15,10 +15,20 @@ if TYPE_CHECKING:
     from resilient_flows.rundir import DamageLog
 
 
+#: The width of what goes to a pipe or a log file, unless ``COLUMNS`` says: lines left unwrapped.
+PIPE_WIDTH = 200
+
+
 def console(stderr: bool = False) -> Console:
-    """A terminal gets tables fitted to its width; a pipe or a log file gets unwrapped lines."""
+    """A terminal gets tables fitted to its width; a pipe or a log file gets unwrapped lines, or
+    ``COLUMNS`` of them where the user set it (``COLUMNS=80 resilient-flows status RUN | less``)."""
     stream = sys.stderr if stderr else sys.stdout
-    return Console(file=stream, width=None if stream.isatty() else 200, highlight=False)
+    return Console(file=stream, width=None if stream.isatty() else _pipe_width(), highlight=False)
+
+
+def _pipe_width() -> int:
+    columns = os.environ.get("COLUMNS", "").strip()
+    return int(columns) if columns.isdigit() and int(columns) > 0 else PIPE_WIDTH
 
 
 def print_document(document: dict[str, Any]) -> None:

@@ -13,14 +13,12 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
-import sys
 import time
 from typing import TYPE_CHECKING, Any
 
-from rich.console import Console
 from rich.table import Table
 
-from resilient_flows.cli._console import print_document
+from resilient_flows.cli._console import console, print_document
 from resilient_flows.mlc import InvalidParameterError, MLCParams, Objective
 from resilient_flows.units import duration_argument, parse_duration, parse_size
 
@@ -138,7 +136,7 @@ def run_tune(args: argparse.Namespace) -> int:
         if p.three_level:
             row.insert(3, "never" if config.l3_every is None else str(config.l3_every))
         table.add_row(*row)
-    Console(width=None if sys.stdout.isatty() else 200).print(table)  # a pipe gets unwrapped lines
+    console().print(table)
     return 0
 
 
