@@ -42,6 +42,17 @@ def shares_a_module_fixture(path: str) -> bool:
     return file.is_file() and 'scope="module"' in file.read_text()
 
 
+def pytest_configure() -> None:
+    """The views fit piped output to ``COLUMNS`` where it is set, as ``ls`` does, and the tests
+    read whole lines, so no test may inherit a width: neither one that the shell or a CI runner
+    exported nor the one that GNU readline sets when pytest's capture imports it (``COLUMNS=80``,
+    ``LINES=24``, written to the C environment behind ``os.environ``'s back, where only the
+    subprocesses see it). A test that wants a width sets it itself."""
+    for variable in ("COLUMNS", "LINES"):
+        os.environ.pop(variable, None)
+        os.unsetenv(variable)
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """A test marked ``slurm`` that :func:`on_slurm` missed would run beside another Slurm test
