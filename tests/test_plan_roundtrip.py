@@ -179,9 +179,7 @@ def command_workflow() -> str:
 
 
 def cli(*args: object, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [CLI, *map(str, args)], capture_output=True, text=True, timeout=timeout, env={**os.environ, "COLUMNS": "200"}
-    )
+    return subprocess.run([CLI, *map(str, args)], capture_output=True, text=True, timeout=timeout)
 
 
 def wait_for_a_commit(run_dir: Path, runner: subprocess.Popen, timeout: float = 120) -> int:

@@ -380,9 +380,7 @@ def test_a_resume_takes_over_the_standby_pool_a_killed_runner_left_waiting(tmp_p
         workers = sorted(pid for pid, (parent, _) in everything.items() if parent in servers)
         for pid in workers if killed == "every worker" else workers[:1]:
             os.kill(pid, signal.SIGKILL)
-        resumed = subprocess.run(
-            [CLI, "resume", run_dir], capture_output=True, text=True, timeout=300, env={**os.environ, "COLUMNS": "200"}
-        )
+        resumed = subprocess.run([CLI, "resume", run_dir], capture_output=True, text=True, timeout=300)
     finally:
         if runner.poll() is None:
             runner.kill()

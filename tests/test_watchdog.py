@@ -583,9 +583,7 @@ def test_resume_cancels_the_orphaned_pool_of_a_killed_runner(tmp_path: Path, qui
     finally:
         if runner.poll() is None:
             runner.kill()
-    resumed = subprocess.run(
-        [CLI, "resume", run_dir], capture_output=True, text=True, timeout=180, env={**os.environ, "COLUMNS": "200"}
-    )
+    resumed = subprocess.run([CLI, "resume", run_dir], capture_output=True, text=True, timeout=180)
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     assert "left by an earlier runner" in resumed.stdout
     assert pool not in processes() and pools_of(run_dir) == []
