@@ -107,8 +107,8 @@ def in_a_pty(argv: list[str], columns: int, timeout: float = 300.0) -> tuple[int
     writing after ``timeout`` seconds is interrupted (as Ctrl-C would) and fails the test."""
     master, slave = os.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, columns, 0, 0))
-    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
-    process = subprocess.Popen(argv, stdin=slave, stdout=slave, stderr=slave, env={**env, "TERM": "xterm-256color"})
+    env = {**os.environ, "TERM": "xterm-256color"}  # without COLUMNS and LINES: conftest.py takes them out
+    process = subprocess.Popen(argv, stdin=slave, stdout=slave, stderr=slave, env=env)
     os.close(slave)
     output = bytearray()
     deadline = time.monotonic() + timeout
@@ -151,9 +151,7 @@ def test_status_piped_keeps_its_lines_whole_or_fits_the_columns_the_user_set(
 ) -> None:
     """A pipe (``status RUN | less``) gets the whole table, unless ``COLUMNS`` says how wide."""
     run_dir, members = make_run(tmp_path, 3, running=0)
-    if columns is None:
-        monkeypatch.delenv("COLUMNS", raising=False)
-    else:
+    if columns is not None:  # otherwise none: conftest.py takes it out
         monkeypatch.setenv("COLUMNS", columns)
     assert main(["status", str(run_dir)]) == 0
     text = capsys.readouterr().out
