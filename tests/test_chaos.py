@@ -58,7 +58,7 @@ def survive_chaos(tmp_path: Path, site: str, kinds: tuple[str, ...]) -> None:
     chaos.write_json(tmp_path / "chaos.json", {"site": site}, list(found.values()), faults, chaos.notes(run, faults))
     log = run.log.read_text()[-6000:]
 
-    assert not run.timed_out, f"the run hung; runner log:\n{log}"
+    assert not run.timed_out, f"the run hung; runner log:\n{log}\nthe run at its timeout:\n{run.hang}"
     assert run.returncode == 0 and not run.runner_exits, log
     assert found["members_finished"].value == SMALL.members, log
     assert found["digests_equal"].value == SMALL.members
@@ -112,6 +112,36 @@ def test_every_attempt_a_fault_ended_is_charged_to_it_even_one_started_after_it(
     }
     assert found[("a", 1)].detect_s == 12.5  # from the fault: it fell silent when it struck
     assert found[("d", 1)].detect_s == pytest.approx(3.1)  # from the kill, not from its start
+
+
+@pytest.mark.timeout(10)
+def test_an_attempt_that_started_in_a_cancelled_pilot_job_is_charged_to_its_cancel() -> None:
+    """A pilot job cancelled just as its pool forked a worker for another member (the worker was
+    not there when the fault looked): that member's attempt dies with the job, and is found silent
+    10 s later. The cancel ended it, not an unexplained loss. Another block that reused the block
+    number in a later job is not doomed by it."""
+    cancel = chaos.Fault("pilot-cancel", 0, time=100.0, hit={"a": 1}, running={"a": 1}, doomed=frozenset({11}), job=7)
+    events = [
+        {"time": 80.0, "kind": "block_started", "member": None, "block": "0", "job_id": "7", "start": 79.0},
+        {**started("a", 1, 90.0, 11), "block": "0"},
+        {**started("b", 1, 100.1, 12), "block": "0"},  # the forked worker took b as the job was cancelled
+        {"time": 103.0, "kind": "failed", "member": "a", "cause": "lost after progress"},
+        {"time": 110.2, "kind": "lost", "member": "b", "attempt": 1, "silent_s": 10.1},
+        {"time": 110.3, "kind": "failed", "member": "b", "cause": "lost without progress"},
+        {"time": 111.0, "kind": "block_started", "member": None, "block": "0", "job_id": "8", "start": 110.9},
+        {**started("a", 2, 112.0, 21), "block": "0"},
+        {**started("b", 2, 112.0, 22), "block": "0"},
+        {**started("c", 1, 150.0, 23), "block": "0"},
+        {"time": 155.0, "kind": "failed", "member": "c", "cause": "lost without progress"},
+        {**started("c", 2, 160.0, 24), "block": "0"},
+    ]
+    data = chaos.RunData(["a", "b", "c"], {}, events, 0, {}, 0, 0.0)
+    found = {(loss.member, loss.attempt): loss.fault for loss in chaos.losses(data, [cancel])}
+    assert {key: fault and fault.kind for key, fault in found.items()} == {
+        ("a", 1): "pilot-cancel",
+        ("b", 1): "pilot-cancel",
+        ("c", 1): None,  # in job 8: nothing of the cancel's
+    }
 
 
 @pytest.mark.timeout(10)

@@ -106,6 +106,23 @@ def test_a_restart_submits_again_what_the_abandoned_instance_gave_up(tmp_path: P
     assert [m.name for m in restarted] == ["b", "c"] and set(submitter.futures) == {"a", "d"}
 
 
+def test_an_adopted_attempt_that_ends_after_a_restart_lets_the_run_end(tmp_path: Path) -> None:
+    """The runner resumed, adopted an earlier runner's attempt, lost its interchange and started
+    Parsl again; the adopted attempt ended after that. Before, the run then never ended."""
+    from concurrent.futures import Future
+
+    from resilient_flows.workflow._runner import _Submitter
+
+    submitter = _Submitter(tmp_path)
+    adopted, lost = Future(), Future()
+    submitter.adopt(member("a"), adopted)
+    submitter.futures["b"], submitter.specs["b"] = lost, member("b")
+    submitter._watch(lost)
+    assert [m.name for m in submitter.restart(adopted={"a"})] == ["b"] and not submitter.all_done()
+    adopted.set_result({"member": "a"})
+    assert submitter.all_done()
+
+
 def test_a_newer_checkpoint_makes_the_next_stops_free_again(tmp_path: Path) -> None:
     spec = member()
     handler = ResumingRetryHandler(retries=5, free_without_progress=1)

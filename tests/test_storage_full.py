@@ -6,6 +6,7 @@ Real file systems: a small tmpfs (root, as in CI) filled with a ballast file, fr
 from __future__ import annotations
 
 import json
+import logging
 import subprocess
 import sys
 import threading
@@ -78,8 +79,12 @@ def test_an_event_writer_killed_while_the_file_system_is_full_leaves_no_torn_lin
     assert [(e["kind"], e["member"]) for e in read_events(small_filesystem)] == [("submitted", "a"), ("finished", "a")]
 
 
-def test_a_runner_starts_parsl_once_the_full_run_directory_has_room(small_filesystem: Path) -> None:  # noqa: F811
-    """A runner resumed while the shared tier is full: Parsl's first files cannot be written."""
+def test_a_runner_starts_parsl_once_the_full_run_directory_has_room(
+    small_filesystem: Path,  # noqa: F811
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A runner resumed while the shared tier is full: Parsl's first files cannot be written. Once
+    it runs, the lines its log cannot take while the tier is full again are dropped, unreported."""
     import io
 
     import parsl
@@ -108,6 +113,16 @@ def test_a_runner_starts_parsl_once_the_full_run_directory_has_room(small_filesy
         assert time.monotonic() - started >= 2.5
         assert "waiting for space" in out.getvalue() and "No space left on device" in out.getvalue()
         assert dfk.executors["local"].interchange_proc.poll() is None  # it runs
+        capsys.readouterr()
+        ballast = fill(small_filesystem)
+        for i in range(2000):  # past the log's buffer: every line written is refused
+            logging.getLogger("parsl").info("line %d of a full file system", i)
+        ballast.unlink()
+        logging.getLogger("parsl").info("a line once there is room")
+        assert "Logging error" not in capsys.readouterr().err
+        logs = parsl_file_logs(config.run_dir)
+        logs[0].flush()
+        assert "a line once there is room" in Path(logs[0].baseFilename).read_text()
     finally:
         logs = parsl_file_logs(config.run_dir)
         dfk.cleanup()

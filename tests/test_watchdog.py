@@ -798,3 +798,48 @@ def test_holding_a_block_stops_waiting_once_the_interchange_process_exits() -> N
     _executor.hold_block(executor, "2")  # already dead: not asked
     assert asked == ["1"]
     never.set()
+
+
+def test_an_interchange_that_exits_as_parsl_starts_is_started_again_at_once(tmp_path: Path) -> None:
+    """The interchange killed as Parsl starts it (a resumed runner's, in a burst of faults): HTEX
+    would wait 120 s for its answer, then raise, and the runner died of it. Now Parsl starts again
+    within seconds; an interchange that exits every time is an error that says so."""
+    import io
+
+    import parsl
+    from rich.console import Console
+
+    from resilient_flows.sites import SiteFile
+    from resilient_flows.sites._parsl import close_parsl_logs, parsl_file_logs
+    from resilient_flows.workflow._runner import INTERCHANGE_START_TRIES, _load_parsl, _site_config
+
+    dying = [sys.executable, "-c", "import sys; sys.stdin.buffer.read(); sys.exit(3)"]  # reads its config, exits
+    dies = iter([True, False])
+
+    def config(die: bool) -> parsl.Config:
+        built = _site_config(SiteFile.open("local"), tmp_path / "run", 0, 0)
+        built.executors[0].provider.init_blocks = 0  # the interchange is what must start
+        if die:
+            built.executors[0].interchange_launch_cmd = dying
+        return built
+
+    out = io.StringIO()
+    began = time.monotonic()
+    dfk, started = _load_parsl(config(True), lambda: config(next(dies)), Console(file=out, width=200))
+    try:
+        assert time.monotonic() - began < 30  # not HTEX's 120 s
+        said = "the interchange of executor local exited (status 3) as Parsl started: starting it again"
+        assert said in out.getvalue()
+        assert started.executors[0].interchange_proc.poll() is None  # the second one runs
+    finally:
+        logs = parsl_file_logs(started.run_dir)
+        dfk.cleanup()
+        parsl.clear()
+        close_parsl_logs(logs)
+    with pytest.raises(WorkflowError, match=f"exited \\(status 3\\) as Parsl started, {INTERCHANGE_START_TRIES} times"):
+        _load_parsl(config(True), lambda: config(True), Console(file=io.StringIO()))
+
+    def terminating() -> list[threading.Thread]:  # each given up start's channel closed: none waits on
+        return [t for t in threading.enumerate() if t.name == "interchange-gone"]
+
+    wait_for(lambda: not terminating(), 10, "the given up starts' ZeroMQ contexts to terminate")

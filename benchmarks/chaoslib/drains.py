@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from chaoslib.losses import by_member, losses, walltime_stop
-from chaoslib.rundata import RunData
+from chaoslib.rundata import RunData, attempt_jobs
 from chaoslib.schedule import Fault
 
 
@@ -47,7 +47,7 @@ def drains(data: RunData, faults: list[Fault], states: dict[int, str]) -> Drains
                 stopping = None
             elif event["kind"] == "started":
                 stopping = None
-    jobs = _attempt_jobs(data)
+    jobs = attempt_jobs(data)
     ended = {int(e["job_id"]) for e in data.events if e["kind"] == "drained" and str(e.get("job_id", "")).isdigit()}
     ended |= {job for job, state in states.items() if state == "TIMEOUT"}
     killed = [
@@ -64,19 +64,3 @@ def drains(data: RunData, faults: list[Fault], states: dict[int, str]) -> Drains
         sum(state == "TIMEOUT" for state in states.values()),
         killed,
     )
-
-
-def _attempt_jobs(data: RunData) -> dict[tuple[str, int], int]:
-    """(member, attempt) -> the Slurm job of the block it started on: of the ``block_started``
-    events of its block number (reused by later Parsl instances), the last to start before it."""
-    blocks: dict[str, list[tuple[float, int]]] = {}
-    for e in data.events:
-        if e["kind"] == "block_started" and str(e.get("job_id", "")).isdigit():
-            blocks.setdefault(str(e["block"]), []).append((float(e["start"]), int(e["job_id"])))
-    out = {}
-    for e in data.events:
-        if e["kind"] == "started" and e.get("member") is not None and e.get("block") is not None:
-            candidates = [(start, job) for start, job in blocks.get(str(e["block"]), []) if start <= e["time"] + 1.0]
-            if candidates:
-                out[(e["member"], e["attempt"])] = max(candidates)[1]
-    return out

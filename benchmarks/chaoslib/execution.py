@@ -32,7 +32,7 @@ from chaoslib.config import (
     workflow_yaml,
 )
 from chaoslib.faults import Chaos
-from chaoslib.procs import Proc, Watcher, send
+from chaoslib.procs import Proc, Watcher, read_proc, send
 from chaoslib.rundata import RunData, parse_lines, read_run
 from chaoslib.runner import Runner
 from chaoslib.schedule import Fault, plan_bursts
@@ -61,6 +61,7 @@ class Execution:
     leftover_details: list[str]
     log: Path
     slurm_states: dict[int, str] = field(default_factory=dict)  # job -> last state seen (``--walltime``)
+    hang: str = ""  # a timed-out run as it stood: see :func:`hang_snapshot`
 
 
 class JobWatch(threading.Thread):
@@ -126,6 +127,7 @@ def execute(
     states: dict[int, str] = {}
     started = time.monotonic()
     timed_out = False
+    hang = ""
     try:
         runner.start()
         if jobs is not None:
@@ -137,6 +139,7 @@ def execute(
             watcher.look()
             if time.monotonic() - started > timeout_s:
                 timed_out = True
+                hang = hang_snapshot(run_dir, runner, watcher, injector)
                 break
             time.sleep(LOOK_S)
         wall_s = time.monotonic() - started
@@ -164,7 +167,35 @@ def execute(
         details,
         log,
         states,
+        hang,
     )
+
+
+def hang_snapshot(run_dir: Path, runner: Runner, watcher: Watcher, injector: Chaos | None) -> str:
+    """What a run that outlived its timeout was doing, for the report of a hang: the faults still
+    waiting for a target (a held run's members wait for them), the runner's state, the run's
+    processes, every job Slurm holds (another's can keep the node) and the run's last events."""
+    lines = []
+    if injector is not None:
+        waiting = [f"{f.kind} (burst {f.burst})" for f in injector.faults if f.time == 0.0 and f.skipped is None]
+        lines.append(f"faults waiting for a target: {', '.join(waiting) or 'none'}")
+    runner_proc = None if runner.pid is None else read_proc(runner.pid)
+    lines.append(f"runner: {'gone' if runner_proc is None else f'pid {runner_proc.pid}, state {runner_proc.state}'}")
+    procs = watcher.look()
+    for pool in procs.pools:
+        children = procs.spawned[pool.pid]
+        states = " ".join(f"{c.pid}:{c.state}" for c in children)
+        lines.append(f"pool {pool.pid} ({pool.state}): {len(children)} processes {states}")
+    lines.append(f"interchanges: {' '.join(f'{i.pid}:{i.state}' for i in procs.interchanges) or 'none'}")
+    with contextlib.suppress(subprocess.SubprocessError, OSError):
+        queue = subprocess.run(
+            ["squeue", "-h", "-t", "all", "-o", "%i %T %r %j %o"], capture_output=True, text=True, timeout=30
+        )
+        lines += ["squeue:", *(line[:160] for line in queue.stdout.splitlines())]
+    with contextlib.suppress(OSError):
+        events = (run_dir / "events.jsonl").read_text().splitlines()[-15:]
+        lines += ["last events:", *(line[:200] for line in events)]
+    return "\n".join(lines)
 
 
 def recorded_interchanges(run_dir: Path) -> list[tuple[str, Proc]]:

@@ -414,6 +414,7 @@ class Chaos(threading.Thread):
         workers = [w for pool in procs.pools if slurm_job_of(pool.pid) == job for w in procs.spawned[pool.pid][1:]]
         self._begin(fault, {}, f"Slurm job {job}", workers)
         fault.hit = dict(fault.running)
+        fault.job = job
         return subprocess.run(["scancel", str(job)], capture_output=True, timeout=30).returncode == 0
 
     def _storage_full(self, fault: Fault, rng: random.Random) -> bool:

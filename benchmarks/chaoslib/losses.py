@@ -11,7 +11,7 @@ from typing import Any
 
 import recovery_split
 
-from chaoslib.rundata import RunData
+from chaoslib.rundata import RunData, attempt_jobs
 from chaoslib.schedule import Fault
 
 #: Faults that only the runner's watchdog notices: their threshold is the member's stall timeout.
@@ -64,6 +64,7 @@ def losses(data: RunData, faults: list[Fault], slots: int | None = None) -> list
     injected = [f for f in faults if f.skipped is None and f.time > 0]
     fulls = [f for f in injected if f.kind == "storage-full"]
     ended = []  # (member, events, attempt, next attempt, detected, how, fault)
+    jobs = attempt_jobs(data)
     for name, mine in by_member(data).items():
         started = {e["attempt"]: e["time"] for e in mine if e["kind"] == "started"}
         pids = {e["attempt"]: e.get("pid") for e in mine if e["kind"] == "started"}
@@ -74,7 +75,7 @@ def losses(data: RunData, faults: list[Fault], slots: int | None = None) -> list
             if a in done:
                 continue
             detected, how = next(((t, k) for t, k in notices if started[a] < t <= started[b]), (started[b], "started"))
-            fault = attribute(name, a, started[a], pids[a], detected, how, injected)
+            fault = attribute(name, a, started[a], pids[a], jobs.get((name, a)), detected, how, injected)
             ended.append((name, mine, a, b, detected, how, fault))
     silenced = {(name, detected): fault for name, _, _, _, detected, how, fault in ended if how == "lost" and fault}
     hangs = [f for f in injected if f.kind in HANGS]
@@ -226,14 +227,22 @@ def _loss(
 
 
 def attribute(
-    name: str, attempt: int, start: float, pid: int | None, detected: float, how: str, faults: list[Fault]
+    name: str,
+    attempt: int,
+    start: float,
+    pid: int | None,
+    job: int | None,
+    detected: float,
+    how: str,
+    faults: list[Fault],
 ) -> Fault | None:
     """The fault that ended ``attempt`` of ``name``: of those between its start and the first sign
     of its loss, the first that struck it directly (every kind that strikes an attempt ends it:
     a worker stopped, then orphaned by a runner kill, was ended by the stop), else the latest
     that found it running (a full file system), else one that killed the worker
     it started on just after the fault (a task the pool had prefetched, or that its interchange
-    handed it before a cancelled job's processes died). An attempt that started after the runner
+    handed it before a cancelled job's processes died), or that cancelled the Slurm ``job`` it
+    started in (on a worker the pool forked after the fault looked). An attempt that started after the runner
     was killed, and ended when the next runner came, ran in the dead runner's orphaned blocks (its
     interchange still hands them tasks): that kill ended it. Likewise an attempt that started
     after its interchange was killed and ended when the runner started Parsl again."""
@@ -244,7 +253,11 @@ def attribute(
     found = [f for f in window if f.running.get(name) == attempt]
     if found:
         return max(found, key=lambda f: f.time)
-    doomed = [f for f in faults if pid in f.doomed and f.time - 1.0 <= start <= f.time + DOOMED_S]
+    doomed = [
+        f
+        for f in faults
+        if (pid in f.doomed or (job is not None and f.job == job)) and f.time - 1.0 <= start <= f.time + DOOMED_S
+    ]
     if doomed:
         return max(doomed, key=lambda f: f.time)
     kills = [f for f in faults if f.kind in ("runner-kill", "interchange-kill") and f.time <= start]

@@ -63,3 +63,19 @@ def members_span_s(data: RunData) -> float:
     starts = [e["time"] for e in data.events if e["kind"] == "started"]
     ends = [e["time"] for e in data.events if e["kind"] == "finished"]
     return max(ends) - min(starts) if starts and ends else 0.0
+
+
+def attempt_jobs(data: RunData) -> dict[tuple[str, int], int]:
+    """(member, attempt) -> the Slurm job of the block it started on: of the ``block_started``
+    events of its block number (reused by later Parsl instances), the last to start before it."""
+    blocks: dict[str, list[tuple[float, int]]] = {}
+    for e in data.events:
+        if e["kind"] == "block_started" and str(e.get("job_id", "")).isdigit():
+            blocks.setdefault(str(e["block"]), []).append((float(e["start"]), int(e["job_id"])))
+    out = {}
+    for e in data.events:
+        if e["kind"] == "started" and e.get("member") is not None and e.get("block") is not None:
+            candidates = [(start, job) for start, job in blocks.get(str(e["block"]), []) if start <= e["time"] + 1.0]
+            if candidates:
+                out[(e["member"], e["attempt"])] = max(candidates)[1]
+    return out

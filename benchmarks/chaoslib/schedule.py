@@ -25,6 +25,7 @@ class Fault:
     skipped: str | None = None
     flipped_step: int | None = None
     nodes: tuple[str, ...] = ()  # the nodes a node loss crashed
+    job: int | None = None  # the Slurm job a pilot-cancel cancelled: what starts in it after dies too
 
 
 def plan_bursts(kinds: tuple[str, ...], config: Config, rng: random.Random) -> list[list[Fault]]:

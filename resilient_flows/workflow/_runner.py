@@ -68,10 +68,12 @@ from resilient_flows.sites._parsl import (
     interchange_managers,
     kill_interchange,
     parsl_file_logs,
+    quiet_when_full,
     record_pid,
     set_preload,
     shutdown_started,
     start_initial_blocks,
+    watch_interchange_starts,
 )
 from resilient_flows.training import (
     MemberSpec,
@@ -110,7 +112,7 @@ from resilient_flows.workflow._standby import Kept, Standby, cancel_kept, left_w
 from resilient_flows.workflow._status import StatusTracker
 from resilient_flows.workflow._stragglers import carry_token, kill_commands, new_token
 from resilient_flows.workflow._walltime import BlockClock
-from resilient_flows.workflow._watchdog import Lost, Watchdog, clear_heartbeats, stall_timeout
+from resilient_flows.workflow._watchdog import Lost, Watchdog, clear_heartbeats, interchange_gone, stall_timeout
 from resilient_flows.workflow.dashboard import write_dashboard_report
 from resilient_flows.workflow.schema import load_workflow, run_path
 
@@ -130,6 +132,9 @@ ABANDON_EXITED_S = 0.2
 #: lines. The next try comes once they fit, so that a Parsl instance lost while the disk is full
 #: starts again as soon as space returns, without a numbered run directory per blind try.
 PARSL_START_BYTES = 64 << 10
+#: Starts of Parsl in a row whose interchange exited as it started, before the runner gives up:
+#: one is a fault (a killed process); every one, an interchange that cannot run here.
+INTERCHANGE_START_TRIES = 3
 
 #: Seconds the guard has to exit when the runner ends.
 GUARD_EXIT_S = 5.0
@@ -310,7 +315,8 @@ class _Submitter:
         ]
         for name in unfinished:
             del self.futures[name]
-        self._pending = {f for name, f in self.futures.items() if name in adopted and not f.done()}
+        # in place: each future's callback discards it from this very set, however late it ends
+        self._pending.intersection_update(f for name, f in self.futures.items() if name in adopted)
         return [self.specs[name] for name in unfinished]
 
     def _watch(self, future: Future) -> Future:
@@ -450,11 +456,14 @@ def _handle_lost(
             reason=lost.reason,
             silent_s=lost.silent_s,
         )
-        what = f"{lost.task} (attempt {lost.attempt})" if lost.task else f"executor {lost.executor}"
+        label = lost.executor or _executor_of(submitter, lost.seen_by)
+        if lost.task:
+            what = f"{lost.task} (attempt {lost.attempt})"
+        else:
+            what = f"block {lost.block}" + (f" of {label}" if label else "") if lost.block else f"executor {label}"
         console.print(f"[bold yellow]lost {what}:[/] {lost.reason}")
         if lost.task is None and lost.block is None:
             return lost.reason
-        label = lost.executor or _executor_of(submitter, lost.seen_by)
         for executor in executors:
             if label not in (None, executor.label) or not isinstance(executor, BlockProviderExecutor):
                 continue
@@ -494,23 +503,40 @@ def _executor_of(submitter: _Submitter, name: str | None) -> str | None:
 def _load_parsl(config: Config, fresh: Callable[[], Config], console: Console) -> tuple[Any, Config]:
     """``parsl.load(config)``, waiting out a full file system under the run directory (Parsl
     writes its keys and scripts there first: a runner resumed while the shared tier is full would
-    die of it), with a ``fresh`` config for each new try; the DFK and the config it runs."""
+    die of it), and starting again where an interchange exited as it started (a fault, up to
+    :data:`INTERCHANGE_START_TRIES` in a row), with a ``fresh`` config for each new try; the DFK
+    and the config it runs."""
     deadline = time.monotonic() + FULL_WAIT_S
+    exits = 0
     while True:
         try:
-            with shielded():  # its interchange never sees a terminal's Ctrl-C: see _interrupt
+            with shielded(), watch_interchange_starts(config.executors):  # shielded: see _interrupt
                 dfk = parsl.load(config)
-            start_initial_blocks(dfk)
-            return dfk, config
-        except OSError as exc:
-            if not is_storage_full(exc) or time.monotonic() > deadline:
+        except Exception as exc:  # HTEX raises a bare Exception for an interchange that never answered
+            exited = next(filter(None, map(interchange_gone, config.executors)), None)
+            if exited is not None:
+                exits += 1
+                if exits >= INTERCHANGE_START_TRIES:
+                    message = f"{exited} as Parsl started, {exits} times in a row: see its log in {config.run_dir}"
+                    raise WorkflowError(message) from exc
+                console.print(f"[yellow]{escape(exited)} as Parsl started: starting it again[/]")
+                for executor in config.executors:
+                    if interchange_gone(executor) is not None:
+                        disconnect(executor)
+            elif is_storage_full(exc) and time.monotonic() < deadline:
+                console.print(f"[yellow]cannot start Parsl ({escape(str(exc))}): waiting for space[/]")
+            else:
                 raise
-            console.print(f"[yellow]cannot start Parsl ({exc}): waiting for space[/]")
             close_parsl_logs(parsl_file_logs(config.run_dir))
             parsl.clear()
-            wait_for_room(config.run_dir, PARSL_START_BYTES, deadline)
-            time.sleep(ROOM_LOOK_S)  # at least this between tries, should the look see room that is not there
+            if exited is None:
+                wait_for_room(config.run_dir, PARSL_START_BYTES, deadline)
+                time.sleep(ROOM_LOOK_S)  # at least this between tries, should the look see room that is not there
             config = fresh()
+            continue
+        quiet_when_full(parsl_file_logs(config.run_dir), is_storage_full)
+        start_initial_blocks(dfk)
+        return dfk, config
 
 
 def _abandon(dfk: Any, executors: Sequence[Any]) -> None:

@@ -82,6 +82,12 @@ class _Beat:
     record: dict[str, Any] = field(default_factory=dict)
 
 
+def interchange_gone(executor: Any) -> str | None:
+    """Why the executor is lost, where its interchange exited; None while it runs."""
+    status = interchange_exit(executor)
+    return None if status is None else f"the interchange of executor {executor.label} exited (status {status})"
+
+
 def clear_heartbeats(run_dir: Path, keep: Iterable[str] = ()) -> None:
     """Remove the heartbeats of attempts that cannot be running: those of an earlier runner, or of
     a Parsl instance given up, whose blocks were cancelled. Left in place, they would be taken
@@ -140,9 +146,8 @@ class Watchdog:
         for executor in executors:
             if not isinstance(executor, HighThroughputExecutor):
                 continue
-            status = interchange_exit(executor)
-            if status is not None:
-                reason = f"the interchange of executor {executor.label} exited (status {status})"
+            reason = interchange_gone(executor)
+            if reason is not None:
                 found.append(Lost(reason, executor=executor.label))
                 continue
             managers = interchange_managers(executor)

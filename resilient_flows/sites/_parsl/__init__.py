@@ -78,6 +78,7 @@ from resilient_flows.sites._parsl._dfk import (  # noqa: E402
     current_try,
     fail_try,
     parsl_file_logs,
+    quiet_when_full,
     retry_with_kwarg,
     retry_with_priority,
     shutdown_started,
@@ -105,6 +106,7 @@ from resilient_flows.sites._parsl._executor import (  # noqa: E402
     record_pid,
     set_job_record,
     take_block,
+    watch_interchange_starts,
 )
 from resilient_flows.sites._parsl._pool import (  # noqa: E402
     DEFAULT_PRELOAD,
@@ -141,6 +143,8 @@ PARSL_INTERNALS = frozenset(
         "connected_blocks",
         "connected_managers",
         "outgoing_q",
+        "zmq_context",
+        "zmq_socket",
         "exec_fu",
         "interchange_proc",
         "job_status_poller",
@@ -194,6 +198,7 @@ __all__ = [
     "local_job_script",
     "mark_scaled_in",
     "parsl_file_logs",
+    "quiet_when_full",
     "read_go",
     "record_pid",
     "retry_with_kwarg",
@@ -207,4 +212,5 @@ __all__ = [
     "take_block",
     "tell_go",
     "warm_launch_cmd",
+    "watch_interchange_starts",
 ]

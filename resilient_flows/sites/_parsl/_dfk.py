@@ -12,7 +12,9 @@ from __future__ import annotations
 import contextlib
 import datetime
 import logging
+import sys
 import threading
+from collections.abc import Callable
 from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +27,7 @@ __all__ = [
     "current_try",
     "fail_try",
     "parsl_file_logs",
+    "quiet_when_full",
     "retry_with_kwarg",
     "retry_with_priority",
     "shutdown_started",
@@ -133,6 +136,22 @@ def parsl_file_logs(directory: str) -> list[logging.FileHandler]:
     root = str(Path(directory).resolve())
     handlers = logging.getLogger("parsl").handlers
     return [h for h in handlers if isinstance(h, logging.FileHandler) and h.baseFilename.startswith(root)]
+
+
+def quiet_when_full(handlers: list[logging.FileHandler], full: Callable[[BaseException], bool]) -> None:
+    """Have ``handlers`` drop the lines a full file system refuses (``full`` says which errors
+    are that), instead of printing a traceback for each to the runner's terminal: a run rides out
+    a full shared tier, and Parsl logs many lines a second meanwhile. Any other error is
+    reported as logging reports it."""
+    for handler in handlers:
+        report = handler.handleError
+
+        def handle(record: logging.LogRecord, _report: Callable[[logging.LogRecord], None] = report) -> None:
+            error = sys.exc_info()[1]
+            if error is None or not full(error):
+                _report(record)
+
+        handler.handleError = handle  # type: ignore[method-assign]
 
 
 def close_parsl_logs(handlers: list[logging.FileHandler]) -> None:

@@ -16,6 +16,7 @@ import logging
 import subprocess
 import threading
 import time
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from parsl.executors.high_throughput.errors import CommandClientTimeoutError
@@ -45,6 +46,7 @@ __all__ = [
     "record_pid",
     "set_job_record",
     "take_block",
+    "watch_interchange_starts",
 ]
 
 #: Seconds the interchange has to answer a command (the watchdog's list of managers, a hold).
@@ -53,6 +55,8 @@ ANSWER_S = 10.0
 HOLD_ANSWER_S = 5.0
 #: Seconds between two looks at the interchange process while its answer to a hold is awaited.
 HOLD_LOOK_S = 0.1
+#: Seconds between two looks at the interchanges of executors being started.
+START_LOOK_S = 0.2
 
 
 def interchange_pid(executor: Any) -> int | None:
@@ -68,6 +72,50 @@ def interchange_exit(executor: Any) -> int | None:
     waits for it for good."""
     proc = getattr(executor, "interchange_proc", None)
     return None if proc is None else proc.poll()
+
+
+@contextlib.contextmanager
+def watch_interchange_starts(executors: Sequence[Any]) -> Iterator[None]:
+    """Within, a start of ``executors`` (``parsl.load``) does not wait for an interchange that
+    exited: HTEX waits up to 120 s for its first answer, then raises.
+
+    A thread looks for such an exit and terminates the ZeroMQ context of that executor's command
+    channel: a termination makes a call blocked on one of its sockets, in any thread, raise
+    ``zmq.ContextTerminated`` at once. It then waits for the socket to be closed, which happens
+    here once the start raised. An exit after the start ended is left to the runner's poll, and
+    the socket to its executor: a poll of Parsl's may be blocked on it, and closing a socket
+    under a blocked call aborts the process.
+    """
+    ended, lock = threading.Event(), threading.Lock()
+    terminated: list[Any] = []
+
+    def watch() -> None:
+        while not ended.wait(START_LOOK_S):
+            for executor in executors:
+                client = getattr(executor, "command_client", None)
+                if client is None or interchange_exit(executor) is None:
+                    continue
+                with lock:
+                    if ended.is_set():
+                        return
+                    terminated.append(client)
+                threading.Thread(target=client.zmq_context.term, name="interchange-gone", daemon=True).start()
+                return
+
+    watcher = threading.Thread(target=watch, name="interchange-start", daemon=True)
+    watcher.start()
+    try:
+        yield
+    except BaseException:
+        with lock:
+            ended.set()
+        for client in terminated:  # nothing waits on it any more: the start raised
+            client.zmq_socket.close()
+        raise
+    finally:
+        with lock:
+            ended.set()
+        watcher.join()
 
 
 def interchange_answers(executor: Any) -> bool:
