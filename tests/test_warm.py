@@ -96,6 +96,28 @@ def test_a_builtin_workload_preloads_nothing_more_and_a_module_workload_its_modu
     assert preloaded_modules("nonsense") == ()
 
 
+def test_interchanges_and_fork_servers_skip_parsl_s_type_checks_and_the_process_that_builds_the_config_keeps_them(
+    tmp_path: Path,
+) -> None:
+    """Each pool, its fork server and each interchange import Parsl without the run-time checks
+    typeguard compiles into it (a third of the import); the site's own interchange command is
+    kept. A wrong type in the process that builds the configuration stays an error."""
+    (executor,) = load_site(site(tmp_path, {"type": "HighThroughputExecutor", "label": "w"})).executors
+    assert executor.interchange_launch_cmd == [sys.executable, "-m", "resilient_flows.sites._interchange"]
+    own = {"type": "HighThroughputExecutor", "label": "o", "interchange_launch_cmd": ["my-interchange"]}
+    assert load_site(site(tmp_path, own)).executors[0].interchange_launch_cmd == ["my-interchange"]
+    checked = (
+        "import resilient_flows.sites._preload, parsl.utils\n"
+        "try:\n    print(parsl.utils.get_all_checkpoints(rundir=3))\n"
+        "except Exception as exc:\n    print(type(exc).__name__)"
+    )
+    outs = [
+        subprocess.run([sys.executable, "-c", checked], capture_output=True, text=True, check=True, env=env).stdout
+        for env in (python_env(), {**python_env(), "RESILIENT_FLOWS_WARM_PRELOAD": "parsl.utils"})
+    ]
+    assert outs == ["TypeCheckError\n", "[]\n"]  # a process that builds a config; a fork server
+
+
 def test_preloading_scikit_learn_starts_no_thread_but_the_fork_safe_blas_pools() -> None:
     """A fresh interpreter, as a fork server is, with BLAS free to start its threads: what the
     preload reports for scikit-learn, which a workload module may import (and with it SciPy and

@@ -25,7 +25,9 @@ replaces the executor's ``launch_cmd``, so the two are not given together. With 
 takes over at once when a block's pool is lost (see :mod:`resilient_flows.workflow._standby`).
 Only a workflow runner tells a waiting pool to go, so only its configuration has standby blocks
 (``standby_blocks``): in a plain Parsl script (:func:`~resilient_flows.sites.load_site`) the same
-site's pools are warm and start at once.
+site's pools are warm and start at once. Every ``HighThroughputExecutor``'s interchange starts
+without Parsl's run-time type checks (see :mod:`resilient_flows.sites._typechecks`), unless the
+site gives its own ``interchange_launch_cmd``.
 
 String values may use the environment (``${NAME}``, ``${NAME:-default}``, ``${NAME:?hint}``,
 ``$${`` for a literal ``${``; see :mod:`resilient_flows.envvars`), so that one site file serves
@@ -56,7 +58,7 @@ from resilient_flows.envvars import expand_env
 from resilient_flows.errors import SiteConfigError
 from resilient_flows.sites import cobalt
 from resilient_flows.sites._blockerrors import PatientBlockErrorHandler
-from resilient_flows.sites._parsl import DEFAULT_PRELOAD, warm_launch_cmd
+from resilient_flows.sites._parsl import DEFAULT_PRELOAD, interchange_launch_cmd, warm_launch_cmd
 
 _NAMESPACES = (parsl.executors, parsl.providers, parsl.launchers, cobalt)
 #: Our classes a site file names beside Parsl's (``block_error_handler: {type: ...}``).
@@ -136,6 +138,9 @@ def _build(spec: Any, where: str, classes: dict[str, type], standby_blocks: bool
     args = {key: _value(key, value, f"{where}.{key}", classes) for key, value in spec.items()}
     if warm:
         args["launch_cmd"] = warm_launch_cmd(DEFAULT_PRELOAD, standby=standby and standby_blocks)
+    lean = interchange_launch_cmd() if issubclass(cls, parsl.executors.HighThroughputExecutor) else None
+    if lean is not None and "interchange_launch_cmd" not in args:
+        args["interchange_launch_cmd"] = lean
     _check_types(cls, args, f"{where} ({name})")
     try:
         built = cls(**args)

@@ -27,6 +27,8 @@ import sys
 import threading
 from pathlib import Path
 
+from resilient_flows.sites._typechecks import skip_type_checks
+
 #: The variable naming the modules to import.
 PRELOAD_VARIABLE = "RESILIENT_FLOWS_WARM_PRELOAD"
 #: The variable naming the file of a fork server that imports at the lowest priority (see above).
@@ -125,6 +127,8 @@ def _preload_idle(modules: list[str], path: str) -> None:
 
 _NAMED = os.environ.pop(PRELOAD_VARIABLE, "")  # read once, by the fork server: its workers do not see it
 _IDLE = os.environ.pop(IDLE_VARIABLE, "")
+if _NAMED:  # the pool's module imports Parsl
+    skip_type_checks()
 if _NAMED and _IDLE:
     _preload_idle([m for m in _NAMED.split(",") if m], _IDLE)
 elif _NAMED:

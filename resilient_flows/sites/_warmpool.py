@@ -46,6 +46,7 @@ import time
 from collections.abc import Sequence
 
 from resilient_flows.sites._preload import IDLE_VARIABLE, PRELOAD_VARIABLE, READY
+from resilient_flows.sites._typechecks import skip_type_checks
 
 #: Seconds between two looks of a standby pool for its go file.
 GO_LOOK_S = 0.05
@@ -57,6 +58,7 @@ def main(argv: list[str]) -> None:
     # Parsl is imported here, not at the top: every process the pool spawns (its multiprocessing
     # manager) imports this module again, as multiprocessing's spawn does the main module, and
     # needs none of Parsl (0.6 s of CPU each).
+    skip_type_checks()
     from resilient_flows.sites._parsl import go_file, run_pool, split_argv
 
     modules, standby, pool_argv = split_argv(argv)

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import runpy
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -36,6 +38,7 @@ __all__ = [
     "hold_managers",
     "interchange_answers",
     "interchange_exit",
+    "interchange_launch_cmd",
     "interchange_managers",
     "interchange_pid",
     "job_record",
@@ -44,6 +47,7 @@ __all__ = [
     "local_job_script",
     "mark_scaled_in",
     "record_pid",
+    "run_interchange",
     "set_job_record",
     "take_block",
     "watch_interchange_starts",
@@ -57,6 +61,27 @@ HOLD_ANSWER_S = 5.0
 HOLD_LOOK_S = 0.1
 #: Seconds between two looks at the interchanges of executors being started.
 START_LOOK_S = 0.2
+#: The module that HTEX's interchange script (``interchange.py``, its default launch command) is:
+#: run as a program, it reads its configuration on stdin.
+INTERCHANGE_MODULE = "parsl.executors.high_throughput.interchange"
+#: What starts it without Parsl's run-time type checks (see :mod:`resilient_flows.sites._interchange`).
+LEAN_INTERCHANGE = "resilient_flows.sites._interchange"
+
+
+def interchange_launch_cmd() -> list[str] | None:
+    """An HTEX ``interchange_launch_cmd`` that starts its interchange by :data:`LEAN_INTERCHANGE`,
+    with this interpreter; None where this Parsl's default is not the script of
+    :data:`INTERCHANGE_MODULE` (it is then kept)."""
+    from parsl.executors.high_throughput.executor import DEFAULT_INTERCHANGE_LAUNCH_CMD
+
+    if list(DEFAULT_INTERCHANGE_LAUNCH_CMD) != ["interchange.py"]:
+        return None
+    return [sys.executable, "-m", LEAN_INTERCHANGE]
+
+
+def run_interchange() -> None:
+    """Run Parsl's interchange as its script runs (``__main__``), in this process."""
+    runpy.run_module(INTERCHANGE_MODULE, run_name="__main__", alter_sys=True)
 
 
 def interchange_pid(executor: Any) -> int | None:
