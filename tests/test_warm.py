@@ -106,6 +106,9 @@ def test_interchanges_and_fork_servers_skip_parsl_s_type_checks_and_the_process_
     assert executor.interchange_launch_cmd == [sys.executable, "-m", "resilient_flows.sites._interchange"]
     own = {"type": "HighThroughputExecutor", "label": "o", "interchange_launch_cmd": ["my-interchange"]}
     assert load_site(site(tmp_path, own)).executors[0].interchange_launch_cmd == ["my-interchange"]
+    launcher = {"type": "SimpleLauncher"}
+    mpi = {"type": "MPIExecutor", "label": "m", "provider": {"type": "LocalProvider", "launcher": launcher}}
+    assert load_site(site(tmp_path, mpi)).executors[0].interchange_launch_cmd == ["interchange.py"]  # a str, it says
     checked = (
         "import resilient_flows.sites._preload, parsl.utils\n"
         "try:\n    print(parsl.utils.get_all_checkpoints(rundir=3))\n"

@@ -138,9 +138,8 @@ def _build(spec: Any, where: str, classes: dict[str, type], standby_blocks: bool
     args = {key: _value(key, value, f"{where}.{key}", classes) for key, value in spec.items()}
     if warm:
         args["launch_cmd"] = warm_launch_cmd(DEFAULT_PRELOAD, standby=standby and standby_blocks)
-    lean = interchange_launch_cmd() if issubclass(cls, parsl.executors.HighThroughputExecutor) else None
-    if lean is not None and "interchange_launch_cmd" not in args:
-        args["interchange_launch_cmd"] = lean
+    if issubclass(cls, parsl.executors.HighThroughputExecutor):
+        _lean_interchange(cls, args)
     _check_types(cls, args, f"{where} ({name})")
     try:
         built = cls(**args)
@@ -149,6 +148,21 @@ def _build(spec: Any, where: str, classes: dict[str, type], standby_blocks: bool
     if poll_s is not None:
         built.__class__ = _polled(cls, poll_s)
     return built
+
+
+def _lean_interchange(cls: type, args: dict[str, Any]) -> None:
+    """Start the executor's interchange without Parsl's run-time type checks (see the module's
+    docstring), unless the site gives its own command or the class takes none as a list (Parsl's
+    ``MPIExecutor`` annotates a string, which HTEX would run as one program's name: it keeps
+    Parsl's command)."""
+    lean = interchange_launch_cmd()
+    if lean is None or "interchange_launch_cmd" in args:
+        return
+    try:
+        _check_types(cls, {"interchange_launch_cmd": lean}, "")
+    except SiteConfigError:
+        return
+    args["interchange_launch_cmd"] = lean
 
 
 def _warm(cls: type, spec: dict[str, Any], where: str) -> bool:
