@@ -459,8 +459,10 @@ def _handle_lost(
         label = lost.executor or _executor_of(submitter, lost.seen_by)
         if lost.task:
             what = f"{lost.task} (attempt {lost.attempt})"
+        elif lost.block is not None:
+            what = f"block {lost.block} of {label}" if label else f"block {lost.block}"
         else:
-            what = f"block {lost.block}" + (f" of {label}" if label else "") if lost.block else f"executor {label}"
+            what = f"executor {label}"
         console.print(f"[bold yellow]lost {what}:[/] {lost.reason}")
         if lost.task is None and lost.block is None:
             return lost.reason
