@@ -93,7 +93,8 @@ def test_a_runner_starts_parsl_once_the_full_run_directory_has_room(
 
     from resilient_flows.sites import SiteFile
     from resilient_flows.sites._parsl import close_parsl_logs, parsl_file_logs
-    from resilient_flows.workflow._runner import _load_parsl, _site_config
+    from resilient_flows.workflow._parsl_instance import load_parsl
+    from resilient_flows.workflow._runner import _site_config
 
     run_dir = small_filesystem / "run"
     run_dir.mkdir()
@@ -108,7 +109,7 @@ def test_a_runner_starts_parsl_once_the_full_run_directory_has_room(
         return config
 
     config = without_blocks()
-    dfk, _ = _load_parsl(config, without_blocks, Console(file=out))
+    dfk, _ = load_parsl(config, without_blocks, Console(file=out))
     try:
         assert time.monotonic() - started >= 2.5
         assert "waiting for space" in out.getvalue() and "No space left on device" in out.getvalue()

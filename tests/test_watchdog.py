@@ -811,7 +811,8 @@ def test_an_interchange_that_exits_as_parsl_starts_is_started_again_at_once(tmp_
 
     from resilient_flows.sites import SiteFile
     from resilient_flows.sites._parsl import close_parsl_logs, parsl_file_logs
-    from resilient_flows.workflow._runner import INTERCHANGE_START_TRIES, _load_parsl, _site_config
+    from resilient_flows.workflow._parsl_instance import INTERCHANGE_START_TRIES, load_parsl
+    from resilient_flows.workflow._runner import _site_config
 
     dying = [sys.executable, "-c", "import sys; sys.stdin.buffer.read(); sys.exit(3)"]  # reads its config, exits
     dies = iter([True, False])
@@ -825,7 +826,7 @@ def test_an_interchange_that_exits_as_parsl_starts_is_started_again_at_once(tmp_
 
     out = io.StringIO()
     began = time.monotonic()
-    dfk, started = _load_parsl(config(True), lambda: config(next(dies)), Console(file=out, width=200))
+    dfk, started = load_parsl(config(True), lambda: config(next(dies)), Console(file=out, width=200))
     try:
         assert time.monotonic() - began < 30  # not HTEX's 120 s
         said = "the interchange of executor local exited (status 3) as Parsl started: starting it again"
@@ -837,7 +838,7 @@ def test_an_interchange_that_exits_as_parsl_starts_is_started_again_at_once(tmp_
         parsl.clear()
         close_parsl_logs(logs)
     with pytest.raises(WorkflowError, match=f"exited \\(status 3\\) as Parsl started, {INTERCHANGE_START_TRIES} times"):
-        _load_parsl(config(True), lambda: config(True), Console(file=io.StringIO()))
+        load_parsl(config(True), lambda: config(True), Console(file=io.StringIO()))
 
     def terminating() -> list[threading.Thread]:  # each given up start's channel closed: none waits on
         return [t for t in threading.enumerate() if t.name == "interchange-gone"]

@@ -18,9 +18,8 @@ import os
 import queue
 import subprocess
 import sys
-import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
@@ -44,10 +43,8 @@ from resilient_flows.apps import (
     train_app,
 )
 from resilient_flows.clone import request_clone
-from resilient_flows.errors import ResilientFlowsError, WorkflowError, is_storage_full
+from resilient_flows.errors import ResilientFlowsError, WorkflowError
 from resilient_flows.rundir import (
-    FULL_WAIT_S,
-    ROOM_LOOK_S,
     TOKEN_ENV,
     EventLog,
     LeaseRenewer,
@@ -56,24 +53,15 @@ from resilient_flows.rundir import (
     has_result,
     member_dir,
     run_layout,
-    wait_for_room,
 )
 from resilient_flows.sites import SiteFacts, SiteFile, SiteOptions
 from resilient_flows.sites._parsl import (
     TRAINING_PRELOAD,
     close_parsl_logs,
-    disconnect,
-    interchange_answers,
-    interchange_exit,
     interchange_managers,
-    kill_interchange,
     parsl_file_logs,
-    quiet_when_full,
     record_pid,
     set_preload,
-    shutdown_started,
-    start_initial_blocks,
-    watch_interchange_starts,
 )
 from resilient_flows.training import (
     MemberSpec,
@@ -92,11 +80,12 @@ from resilient_flows.workflow._blocks import (
 )
 from resilient_flows.workflow._explore import PBTController
 from resilient_flows.workflow._failfast import fail_lost_tasks
-from resilient_flows.workflow._interrupt import Drain, Interrupts, StopNow, quiet_stops, resume_line, shielded
+from resilient_flows.workflow._interrupt import Drain, Interrupts, StopNow, quiet_stops, resume_line
 from resilient_flows.workflow._leaseguard import stop_wait_s
 from resilient_flows.workflow._monitoring import monitoring_hub, visualize_note
 from resilient_flows.workflow._ondemand import LOST_PRIORITY, OnDemandAnalytics, worker_slots
 from resilient_flows.workflow._output_tails import OutputTails, failed_tails, logs_command
+from resilient_flows.workflow._parsl_instance import abandon_parsl, kill_parsl, load_parsl
 from resilient_flows.workflow._plan import Plan, plan_workflow
 from resilient_flows.workflow._recorded_plan import (
     MemberIndex,
@@ -112,29 +101,13 @@ from resilient_flows.workflow._standby import Kept, Standby, cancel_kept, left_w
 from resilient_flows.workflow._status import StatusTracker
 from resilient_flows.workflow._stragglers import carry_token, kill_commands, new_token
 from resilient_flows.workflow._walltime import BlockClock
-from resilient_flows.workflow._watchdog import Lost, Watchdog, clear_heartbeats, interchange_gone, stall_timeout
+from resilient_flows.workflow._watchdog import Lost, Watchdog, clear_heartbeats, stall_timeout
 from resilient_flows.workflow.dashboard import write_dashboard_report
 from resilient_flows.workflow.schema import load_workflow, run_path
 
 logger = logging.getLogger(__name__)
 
 POLL_SECONDS = 0.5
-
-#: Seconds Parsl has to shut down an instance whose interchange was lost: its own work (the dead
-#: interchange reaped, blocks cancelled) takes well under a second; what takes longer is a thread
-#: stuck in a request to the lost interchange, which never returns, while members wait to resume.
-ABANDON_S = 5.0
-#: The same where the interchange exited: nothing can answer, so any wait past its own work (under
-#: a millisecond before it joins the status poller) is lost; the blocks are then cancelled here.
-ABANDON_EXITED_S = 0.2
-
-#: Bytes a try to start Parsl on a full file system waits for: its keys, scripts and first log
-#: lines. The next try comes once they fit, so that a Parsl instance lost while the disk is full
-#: starts again as soon as space returns, without a numbered run directory per blind try.
-PARSL_START_BYTES = 64 << 10
-#: Starts of Parsl in a row whose interchange exited as it started, before the runner gives up:
-#: one is a fault (a killed process); every one, an interchange that cannot run here.
-INTERCHANGE_START_TRIES = 3
 
 #: Seconds the guard has to exit when the runner ends.
 GUARD_EXIT_S = 5.0
@@ -502,83 +475,6 @@ def _executor_of(submitter: _Submitter, name: str | None) -> str | None:
     return label if isinstance(label, str) else None
 
 
-def _load_parsl(config: Config, fresh: Callable[[], Config], console: Console) -> tuple[Any, Config]:
-    """``parsl.load(config)``, waiting out a full file system under the run directory (Parsl
-    writes its keys and scripts there first: a runner resumed while the shared tier is full would
-    die of it), and starting again where an interchange exited as it started (a fault, up to
-    :data:`INTERCHANGE_START_TRIES` in a row), with a ``fresh`` config for each new try; the DFK
-    and the config it runs."""
-    deadline = time.monotonic() + FULL_WAIT_S
-    exits = 0
-    while True:
-        try:
-            with shielded(), watch_interchange_starts(config.executors):  # shielded: see _interrupt
-                dfk = parsl.load(config)
-        except Exception as exc:  # HTEX raises a bare Exception for an interchange that never answered
-            exited = next(filter(None, map(interchange_gone, config.executors)), None)
-            if exited is not None:
-                exits += 1
-                if exits >= INTERCHANGE_START_TRIES:
-                    message = f"{exited} as Parsl started, {exits} times in a row: see its log in {config.run_dir}"
-                    raise WorkflowError(message) from exc
-                console.print(f"[yellow]{escape(exited)} as Parsl started: starting it again[/]")
-                for executor in config.executors:
-                    if interchange_gone(executor) is not None:
-                        disconnect(executor)
-            elif is_storage_full(exc) and time.monotonic() < deadline:
-                console.print(f"[yellow]cannot start Parsl ({escape(str(exc))}): waiting for space[/]")
-            else:
-                raise
-            close_parsl_logs(parsl_file_logs(config.run_dir))
-            parsl.clear()
-            if exited is None:
-                wait_for_room(config.run_dir, PARSL_START_BYTES, deadline)
-                time.sleep(ROOM_LOOK_S)  # at least this between tries, should the look see room that is not there
-            config = fresh()
-            continue
-        quiet_when_full(parsl_file_logs(config.run_dir), is_storage_full)
-        start_initial_blocks(dfk)
-        return dfk, config
-
-
-def _abandon(dfk: Any, executors: Sequence[Any]) -> None:
-    """Shut a Parsl instance whose interchange exited or hung: its blocks are cancelled through
-    their providers, and nothing waits for the lost interchange's answers.
-
-    Parsl's shutdown joins its status poller, which may be stuck for good in a request to a hung
-    interchange; it runs in a thread of its own, and past :data:`ABANDON_S` the blocks are
-    cancelled here instead. An interchange that exited answers nothing: a poll that asked it
-    before it died waits for good, so its shutdown gets :data:`ABANDON_EXITED_S` only.
-    """
-    wait_s = ABANDON_S
-    for executor in executors:
-        exited = interchange_exit(executor) is not None
-        if exited or not interchange_answers(executor):
-            if exited:
-                wait_s = ABANDON_EXITED_S
-            if kill_interchange(executor):
-                disconnect(executor)  # the interchange would never answer
-    if shutdown_started(dfk):  # a second Ctrl-C in the middle of its shutdown: Parsl refuses another
-        return
-    shutdown = threading.Thread(target=dfk.cleanup, name="abandon-parsl", daemon=True)
-    shutdown.start()
-    shutdown.join(wait_s)
-    if shutdown.is_alive():
-        for executor in executors:
-            jobs = list(getattr(executor, "blocks_to_job_id", {}).values())
-            if jobs and executor.provider is not None:
-                executor.provider.cancel(jobs)
-
-
-def _kill_parsl(dfk: Any, executors: Sequence[Any], ledger: BlockLedger) -> None:
-    """Stop a Parsl instance at once (a second Ctrl-C): its blocks and interchange killed, with
-    every process of theirs, then what is left of Parsl shut down as for a lost interchange."""
-    ledger.cancel_own(executors)
-    for executor in executors:
-        kill_interchange(executor, wait_s=ABANDON_S)
-    _abandon(dfk, executors)
-
-
 @contextlib.contextmanager
 def _holding(run_dir: Path, orphan_timeout_s: float, token: str | None = None) -> Iterator[None]:
     """Hold the run while the block runs: its lock, its lease (renewed from a thread, naming the
@@ -813,7 +709,7 @@ class _RunLoop:
             self._cancel_previous(console)
         clear_heartbeats(self.run_dir, keep=self._adopted())
         lower_init_blocks(self.config.executors, self.kept)  # a kept pool is its first block
-        dfk, self.config = _load_parsl(self.config, self._fresh_config, console)
+        dfk, self.config = load_parsl(self.config, self._fresh_config, console)
         watchdog = Watchdog(self.run_dir, self.facts.stall_timeout_s, {})
         # block ids and go files are the new instance's; the first instance's standby waits for its
         # run to be under way, a later one's (the interchange was lost: a burst) starts at once
@@ -859,15 +755,15 @@ class _RunLoop:
         logs = parsl_file_logs(self.config.run_dir)
         try:
             if self.interrupts.again:
-                _kill_parsl(dfk, executors, self.ledger)
+                kill_parsl(dfk, executors, self.ledger)
             elif lost_parsl not in (None, _DONE):
                 if isinstance(self.config.retry_handler, ResumingRetryHandler):
                     self.config.retry_handler.abandon()  # before its connections close under its launches
-                _abandon(dfk, executors)
+                abandon_parsl(dfk, executors)
             else:
                 dfk.cleanup()
         except StopNow:  # in the middle of a shutdown
-            _kill_parsl(dfk, executors, self.ledger)
+            kill_parsl(dfk, executors, self.ledger)
             raise
         finally:
             parsl.clear()
