@@ -483,14 +483,15 @@ def _assert_same_weights(run_dir: Path, uninterrupted: Path) -> None:
     assert result["digest"] == json.loads((uninterrupted / "members/ddp/result.json").read_text())["digest"]
 
 
-def _resumed_within(run_dir: Path, events: list[dict], intervals: int) -> dict:
-    """The resume: from a checkpoint taken before it, at most ``intervals`` checkpoints behind the
-    newest one and the step the first attempt reached (1: the newest; 2: the shared tier's copy of
-    it may not have been flushed when every node holding it crashed)."""
-    (resumed,) = [e for e in events if e["kind"] == "resumed"]
+def _resumed_within(run_dir: Path, events: list[dict], intervals: int, attempt: int = 2) -> dict:
+    """The resume of ``attempt`` (the first, by default): from a checkpoint taken before it, at most
+    ``intervals`` checkpoints behind the newest one and the step the attempt before reached (1: the
+    newest; 2: the shared tier's copy of it may not have been flushed when every node holding it
+    crashed)."""
+    (resumed,) = [e for e in events if e["kind"] == "resumed" and e["attempt"] == attempt]
     committed = [e["step"] for e in events if e["kind"] == "checkpointed" and e["time"] < resumed["time"]]
-    first_attempt = [json.loads(line) for line in (run_dir / "members/ddp/metrics.jsonl").read_text().splitlines()]
-    reached = max(m["step"] for m in first_attempt if m["attempt"] == 1)
+    metrics = [json.loads(line) for line in (run_dir / "members/ddp/metrics.jsonl").read_text().splitlines()]
+    reached = max(m["step"] for m in metrics if m["attempt"] == attempt - 1)
     assert resumed["step"] in committed[-intervals:] and reached - resumed["step"] <= 4 * intervals, (
         committed,
         reached,
@@ -559,38 +560,6 @@ def test_slurm_member_that_lost_the_node_of_its_rank_1_spends_no_retry(cluster: 
     assert [e["kind"] for e in events if e["kind"] in ("finished", "failed")][-1] == "finished"
     _resumed_within(run_dir, events, intervals=1)
     assert survivor in started[-1]["hosts"]
-
-
-@pytest.mark.slow
-@pytest.mark.slurm
-@pytest.mark.timeout(420)
-def test_slurm_member_that_lost_a_node_restarts_on_a_spare_node_of_its_block(
-    two_node_run: Path, cluster: dict[str, str], tmp_path: Path
-) -> None:
-    """With ``spare_nodes: 1`` a block holds the three nodes, submitted with ``--no-kill``. The
-    node of the member's rank 1 crashes: the surviving rank records its peer gone, the launch
-    watcher finds the dead node, records it for the block and ends the step without waiting for
-    Slurm to declare the node down; the retry, free, restarts in the same block on the survivor
-    and the spare (``srun --exclude``), reading the lost shard from the survivor's peer copy (0
-    bytes from the shared tier), and ends with the uninterrupted run's weights, bit for bit. No
-    other block is ever submitted."""
-    run_dir, events, hosts = _lose_during_run(cluster, tmp_path, both=False, rank=1, spares=1)
-    survivor, lost = hosts
-    (spare,) = set(cluster["RESILIENT_FLOWS_TEST_NODES"].split()) - set(hosts)
-    (block,) = [e for e in events if e["kind"] == "block_started"]
-    failed = [e for e in events if e["kind"] == "failed"]
-    assert [(e["cost"], e["failure_kind"]) for e in failed] == [(0.0, "infrastructure")], failed
-    assert f"node(s) {lost} lost, 2 left in its block" in failed[0]["cause"], failed
-    first, second = [e for e in events if e["kind"] == "started"]
-    assert str(first["block"]) == str(second["block"]) == str(block["block"]), (first, second, block)
-    assert second["hosts"] == [survivor, spare], second
-    record = json.loads((run_dir / "blocks" / block["job_id"] / "lost-nodes.json").read_text())
-    assert record == {"job": block["job_id"], "nodes": [lost]}
-    resumed = _resumed_within(run_dir, events, intervals=1)
-    ranks = {host: f"shard-{rank:05d}-of-00002.safetensors" for rank, host in enumerate(hosts)}
-    assert resumed["read_from"] == {f"local on {survivor}": [ranks[survivor]], f"peer on {survivor}": [ranks[lost]]}
-    assert set(resumed["bytes_from"]) == {f"local on {survivor}", f"peer on {survivor}"}, resumed["bytes_from"]
-    _assert_same_weights(run_dir, two_node_run)
 
 
 @contextlib.contextmanager
@@ -709,11 +678,15 @@ def test_slurm_member_whose_spare_died_unnoticed_gets_a_new_block_when_its_own_n
 def test_slurm_member_that_lost_two_nodes_in_a_row_uses_the_spare_then_a_new_block(
     two_node_run: Path, cluster: dict[str, str], tmp_path: Path
 ) -> None:
-    """One spare, two losses: rank 1's node dies and the member restarts on the spare in the same
-    block; then the spare, now rank 1's node, dies too. The block has one node left, fewer than
-    the member spans: it is retired, and the member resumes on a new block (which, holding a
-    spare too, waits for both nodes to boot again) to the uninterrupted run's weights. Both
-    faults are free."""
+    """One spare (``spare_nodes: 1``: a block holds the three nodes, submitted with ``--no-kill``),
+    two losses. Rank 1's node crashes: the surviving rank records its peer gone, the launch watcher
+    finds the dead node, records it for the block and ends the step without waiting for Slurm to
+    declare the node down; the retry, free, restarts in the same block on the survivor and the
+    spare (``srun --exclude``), reading the lost shard from the survivor's peer copy (0 bytes from
+    the shared tier). Then the spare, now rank 1's node, dies too. The block has one node left,
+    fewer than the member spans: it is retired, and the member resumes on a new block (which,
+    holding a spare too, waits for both nodes to boot again) to the uninterrupted run's weights,
+    bit for bit. Both faults are free."""
     run_dir, env, runner = _start_node_loss_run(cluster, tmp_path)
 
     def attempt_steps(attempt: int) -> list[int]:
@@ -746,6 +719,11 @@ def test_slurm_member_that_lost_two_nodes_in_a_row_uses_the_spare_then_a_new_blo
     assert "left in its block" not in failed[1]["cause"], failed[1]  # none to spare: the block was retired
     record = json.loads((run_dir / "blocks" / blocks[0]["job_id"] / "lost-nodes.json").read_text())
     assert record == {"job": blocks[0]["job_id"], "nodes": [lost, spare]}
+    on_the_spare = _resumed_within(run_dir, events, intervals=1)
+    ranks = {host: f"shard-{rank:05d}-of-00002.safetensors" for rank, host in enumerate(first["hosts"])}
+    read = {f"local on {survivor}": [ranks[survivor]], f"peer on {survivor}": [ranks[lost]]}
+    assert on_the_spare["read_from"] == read, on_the_spare
+    assert set(on_the_spare["bytes_from"]) == set(read), on_the_spare["bytes_from"]
     _assert_same_weights(run_dir, two_node_run)
 
 
