@@ -1,10 +1,10 @@
 """Start and stop the runner's Parsl instance through the faults that hit it.
 
-A runner may start Parsl many times in one run: after an interchange exited or hung, on a full
-file system, on a second Ctrl-C. Parsl's own ``load`` and ``cleanup`` assume a healthy
-interchange: ``load`` waits two minutes for one that already exited, and ``cleanup`` joins a
-status poller that may wait for good on one that hung. These wrap them so that each of those
-faults costs seconds.
+A runner may start Parsl many times in one run: again after an interchange exited or hung, and
+again while a full file system refuses its first files; a second Ctrl-C stops it at once.
+Parsl's own ``load`` and ``cleanup`` assume a healthy interchange: ``load`` waits two minutes
+for one that already exited, and ``cleanup`` joins a status poller that may wait for good on one
+that hung. These wrap them so that each of those faults costs seconds.
 """
 
 from __future__ import annotations
