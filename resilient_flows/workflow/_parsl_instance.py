@@ -67,16 +67,16 @@ def load_parsl(config: Config, fresh: Callable[[], Config], console: Console) ->
             with shielded(), watch_interchange_starts(config.executors):  # shielded: see _interrupt
                 dfk = parsl.load(config)
         except Exception as exc:  # HTEX raises a bare Exception for an interchange that never answered
-            exited = next(filter(None, map(interchange_gone, config.executors)), None)
+            gone = [(e, why) for e in config.executors if (why := interchange_gone(e)) is not None]
+            exited = gone[0][1] if gone else None
             if exited is not None:
                 exits += 1
                 if exits >= INTERCHANGE_START_TRIES:
                     message = f"{exited} as Parsl started, {exits} times in a row: see its log in {config.run_dir}"
                     raise WorkflowError(message) from exc
                 console.print(f"[yellow]{escape(exited)} as Parsl started: starting it again[/]")
-                for executor in config.executors:
-                    if interchange_gone(executor) is not None:
-                        disconnect(executor)
+                for executor, _ in gone:
+                    disconnect(executor)
             elif is_storage_full(exc) and time.monotonic() < deadline:
                 console.print(f"[yellow]cannot start Parsl ({escape(str(exc))}): waiting for space[/]")
             else:
